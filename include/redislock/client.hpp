@@ -1,0 +1,63 @@
+// redislock::basic_client: the entry point. Owns the connection and the process's instance id,
+// and makes the locks.
+//
+//   redislock::client client{"redis://127.0.0.1:6379"};
+//   auto m = client.mutex("orders:42", {.lease = 5s});
+//
+// Thread safety: every member may be called from any thread.
+// Lifetime: not copyable or movable; locks made by a client refer to it and must not outlive it.
+// After fork(), a child must make its own client: a connection is not shared across processes.
+#pragma once
+
+#include <concepts>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/token.hpp>
+#include <redislock/lock_options.hpp>
+#include <redislock/mutex.hpp>
+
+namespace redislock {
+
+template <connection C>
+class basic_client {
+    static_assert(detail::check_connection<C>());
+
+public:
+    using connection_type = C;
+
+    /// Takes ownership of a ready connection.
+    explicit basic_client(C conn) : connection_{std::move(conn)} {}
+
+    /// Builds the connection in place from its constructor's arguments, e.g. a URI or an
+    /// endpoint for hiredis_connection.
+    /// @throws whatever C's constructor throws (for hiredis_connection: connection_error,
+    ///         timeout_error, server_error, invalid_argument).
+    template <class... Args>
+        requires(sizeof...(Args) > 0 && std::constructible_from<C, Args...> &&
+                 !(sizeof...(Args) == 1 &&
+                   (std::same_as<std::remove_cvref_t<Args>, basic_client> || ...)))
+    explicit basic_client(Args&&... args) : connection_(std::forward<Args>(args)...) {}
+
+    basic_client(const basic_client&) = delete;
+    basic_client& operator=(const basic_client&) = delete;
+
+    /// A simple lock (SET NX PX) on `name`. @throws redislock::invalid_argument
+    basic_mutex<C> mutex(std::string_view name, lock_options options = {}) {
+        return basic_mutex<C>{*this, name, std::move(options)};
+    }
+
+    C& connection() noexcept { return connection_; }
+
+    /// Random 128-bit id of this client, the first half of every owner id it writes.
+    const std::string& instance_id() const noexcept { return instance_id_; }
+
+private:
+    C connection_;
+    std::string instance_id_ = detail::token::random().str();
+};
+
+}  // namespace redislock

@@ -1,0 +1,366 @@
+// redislock::hiredis_connection: the default connection, a thread-safe pool of hiredis contexts.
+//
+// Builds against hiredis 0.14 (Debian 12) and 1.x. Each context is opened on demand, up to
+// endpoint::pool_size at once, with the endpoint's connect and command timeouts; each new
+// context runs AUTH and SELECT as configured. A context whose connection broke (server restart,
+// CLIENT KILL, timeout) is dropped and the next call opens a fresh one; an idle context that the
+// server closed is noticed before it is reused, so a killed client does not fail the next call.
+//
+// Thread safety: execute() and execute_pipeline() may be called from any number of threads.
+// Lifetime: movable, not copyable; contexts are closed on destruction.
+// SIGPIPE: hiredis writes with write(2), so a write to a connection the server closed raises
+// SIGPIPE. If the process still has the default action (terminate), the constructor sets it to
+// SIG_IGN; an application that installed its own handler keeps it.
+#pragma once
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/time.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <hiredis/hiredis.h>
+
+#include <redislock/connection.hpp>
+#include <redislock/endpoint.hpp>
+#include <redislock/error.hpp>
+#include <redislock/reply.hpp>
+
+namespace redislock {
+
+namespace detail {
+
+struct context_deleter {
+    void operator()(redisContext* ctx) const noexcept { redisFree(ctx); }
+};
+using context_ptr = std::unique_ptr<redisContext, context_deleter>;
+
+struct reply_deleter {
+    void operator()(void* r) const noexcept { freeReplyObject(r); }
+};
+using hiredis_reply_ptr = std::unique_ptr<void, reply_deleter>;
+
+inline timeval to_timeval(std::chrono::milliseconds ms) {
+    timeval tv{};
+    tv.tv_sec = static_cast<decltype(tv.tv_sec)>(ms.count() / 1000);
+    tv.tv_usec = static_cast<decltype(tv.tv_usec)>((ms.count() % 1000) * 1000);
+    return tv;
+}
+
+inline reply convert_reply(const redisReply& r) {
+    switch (r.type) {
+        case REDIS_REPLY_STRING:
+#ifdef REDIS_REPLY_VERB
+        case REDIS_REPLY_VERB:
+#endif
+#ifdef REDIS_REPLY_BIGNUM
+        case REDIS_REPLY_BIGNUM:
+#endif
+#ifdef REDIS_REPLY_DOUBLE
+        case REDIS_REPLY_DOUBLE:
+#endif
+            return reply::string(std::string{r.str, r.len});
+        case REDIS_REPLY_STATUS: return reply::status(std::string{r.str, r.len});
+        case REDIS_REPLY_ERROR: return reply::error(std::string{r.str, r.len});
+        case REDIS_REPLY_INTEGER:
+#ifdef REDIS_REPLY_BOOL
+        case REDIS_REPLY_BOOL:
+#endif
+            return reply::integer(r.integer);
+        case REDIS_REPLY_ARRAY:
+#ifdef REDIS_REPLY_MAP
+        case REDIS_REPLY_MAP:
+#endif
+#ifdef REDIS_REPLY_SET
+        case REDIS_REPLY_SET:
+#endif
+#ifdef REDIS_REPLY_PUSH
+        case REDIS_REPLY_PUSH:
+#endif
+        {
+            std::vector<reply> elements;
+            elements.reserve(r.elements);
+            for (std::size_t i = 0; i < r.elements; ++i) {
+                elements.push_back(convert_reply(*r.element[i]));
+            }
+            return reply::array(std::move(elements));
+        }
+        default: return reply::nil();
+    }
+}
+
+/// argv as hiredis wants it (pointers and lengths), on the stack for the commands the locks send.
+class argv_buffer {
+public:
+    explicit argv_buffer(command argv) {
+        if (argv.size() > inline_capacity) {
+            heap_pointers_.resize(argv.size());
+            heap_lengths_.resize(argv.size());
+            pointers_ = heap_pointers_.data();
+            lengths_ = heap_lengths_.data();
+        }
+        for (std::size_t i = 0; i < argv.size(); ++i) {
+            pointers_[i] = argv[i].data();
+            lengths_[i] = argv[i].size();
+        }
+        size_ = static_cast<int>(argv.size());
+    }
+    argv_buffer(const argv_buffer&) = delete;
+    argv_buffer& operator=(const argv_buffer&) = delete;
+
+    int size() const noexcept { return size_; }
+    const char** pointers() noexcept { return pointers_; }
+    const std::size_t* lengths() const noexcept { return lengths_; }
+
+private:
+    static constexpr std::size_t inline_capacity = 16;
+    const char* inline_pointers_[inline_capacity]{};
+    std::size_t inline_lengths_[inline_capacity]{};
+    std::vector<const char*> heap_pointers_;
+    std::vector<std::size_t> heap_lengths_;
+    const char** pointers_ = inline_pointers_;
+    std::size_t* lengths_ = inline_lengths_;
+    int size_ = 0;
+};
+
+}  // namespace detail
+
+class hiredis_connection {
+public:
+    /// Opens one connection at once, so a wrong address or password fails here.
+    /// @throws redislock::connection_error (timeout_error) when the server cannot be reached
+    ///         within endpoint::connect_timeout; redislock::server_error when AUTH or SELECT is
+    ///         refused; redislock::invalid_argument for a pool size of 0.
+    explicit hiredis_connection(endpoint ep) : pool_{std::make_unique<pool>(std::move(ep))} {
+        if (pool_->config.pool_size == 0) {
+            throw invalid_argument{"redislock: endpoint::pool_size must be at least 1"};
+        }
+        ignore_default_sigpipe();
+        pool_->release(pool_->open());
+    }
+
+    /// @throws redislock::invalid_argument for a malformed URI; else as the endpoint overload.
+    explicit hiredis_connection(std::string_view uri) : hiredis_connection{endpoint::from_uri(uri)} {}
+
+    hiredis_connection(hiredis_connection&&) noexcept = default;
+    hiredis_connection& operator=(hiredis_connection&&) noexcept = default;
+
+    /// Sends one command and returns its reply (error replies included).
+    /// @throws redislock::connection_error, redislock::timeout_error
+    reply execute(command argv) {
+        auto ctx = pool_->acquire();
+        detail::argv_buffer args{argv};
+        detail::hiredis_reply_ptr raw{
+            redisCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths())};
+        if (!raw) {
+            fail(std::move(ctx));
+        }
+        reply result = detail::convert_reply(*static_cast<redisReply*>(raw.get()));
+        pool_->release(std::move(ctx));
+        return result;
+    }
+
+    /// Sends every command, then reads every reply: one round trip for the batch.
+    /// @throws redislock::connection_error, redislock::timeout_error
+    std::vector<reply> execute_pipeline(std::span<const command> commands) {
+        std::vector<reply> results;
+        if (commands.empty()) {
+            return results;
+        }
+        results.reserve(commands.size());
+        auto ctx = pool_->acquire();
+        for (command argv : commands) {
+            detail::argv_buffer args{argv};
+            if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
+                REDIS_OK) {
+                fail(std::move(ctx));
+            }
+        }
+        for (std::size_t i = 0; i < commands.size(); ++i) {
+            void* raw_reply = nullptr;
+            if (redisGetReply(ctx.get(), &raw_reply) != REDIS_OK || raw_reply == nullptr) {
+                fail(std::move(ctx));
+            }
+            detail::hiredis_reply_ptr raw{raw_reply};
+            results.push_back(detail::convert_reply(*static_cast<redisReply*>(raw.get())));
+        }
+        pool_->release(std::move(ctx));
+        return results;
+    }
+
+    const endpoint& config() const noexcept { return pool_->config; }
+
+    /// Connections opened so far, the first one included (a reconnect adds one).
+    std::uint64_t connections_opened() const noexcept {
+        return pool_->opened.load(std::memory_order_relaxed);
+    }
+
+private:
+    struct pool {
+        explicit pool(endpoint ep) : config{std::move(ep)} {}
+
+        endpoint config;
+        std::mutex mutex;
+        std::condition_variable slot_freed;
+        std::vector<detail::context_ptr> idle;
+        std::size_t open_count = 0;  // idle + in use
+        std::atomic<std::uint64_t> opened{0};
+
+        detail::context_ptr acquire() {
+            std::unique_lock lock{mutex};
+            for (;;) {
+                while (!idle.empty()) {
+                    detail::context_ptr ctx = std::move(idle.back());
+                    idle.pop_back();
+                    if (still_open(*ctx)) {
+                        return ctx;
+                    }
+                    --open_count;  // closed by the server while idle: drop it and try the next
+                }
+                if (open_count < config.pool_size) {
+                    ++open_count;
+                    lock.unlock();
+                    try {
+                        return open();
+                    } catch (...) {
+                        lock.lock();
+                        --open_count;
+                        slot_freed.notify_one();
+                        throw;
+                    }
+                }
+                if (!slot_freed.wait_for(lock, config.connect_timeout + config.command_timeout,
+                                         [&] { return !idle.empty() || open_count < config.pool_size; })) {
+                    throw timeout_error{"redislock: no connection to " + config.describe() +
+                                        " became free in time (pool_size " +
+                                        std::to_string(config.pool_size) + ")"};
+                }
+            }
+        }
+
+        void release(detail::context_ptr ctx) noexcept {
+            {
+                std::lock_guard lock{mutex};
+                idle.push_back(std::move(ctx));
+            }
+            slot_freed.notify_one();
+        }
+
+        void discard() noexcept {
+            {
+                std::lock_guard lock{mutex};
+                --open_count;
+            }
+            slot_freed.notify_one();
+        }
+
+        // An idle connection has nothing to read; readable or hung up means the server closed it.
+        static bool still_open(const redisContext& ctx) noexcept {
+            pollfd pfd{ctx.fd, POLLIN, 0};
+            return ::poll(&pfd, 1, 0) == 0;
+        }
+
+        detail::context_ptr open() {
+            const timeval connect_tv = detail::to_timeval(config.connect_timeout);
+            detail::context_ptr ctx{
+                config.unix_socket.empty()
+                    ? redisConnectWithTimeout(config.host.c_str(), config.port, connect_tv)
+                    : redisConnectUnixWithTimeout(config.unix_socket.c_str(), connect_tv)};
+            if (!ctx) {
+                throw connection_error{"redislock: cannot allocate a connection to " +
+                                       config.describe()};
+            }
+            if (ctx->err) {
+                std::string why = ctx->errstr;
+                if (is_timeout(*ctx)) {
+                    throw timeout_error{"redislock: connecting to " + config.describe() +
+                                        " timed out after " +
+                                        std::to_string(config.connect_timeout.count()) + " ms"};
+                }
+                throw connection_error{"redislock: cannot connect to " + config.describe() +
+                                       ": " + why};
+            }
+            if (redisSetTimeout(ctx.get(), detail::to_timeval(config.command_timeout)) != REDIS_OK) {
+                throw connection_error{"redislock: cannot set the command timeout on " +
+                                       config.describe()};
+            }
+            if (!config.password.empty()) {
+                if (config.user.empty()) {
+                    handshake(*ctx, {"AUTH", config.password}, "AUTH");
+                } else {
+                    handshake(*ctx, {"AUTH", config.user, config.password}, "AUTH");
+                }
+            }
+            if (config.db != 0) {
+                handshake(*ctx, {"SELECT", std::to_string(config.db)}, "SELECT");
+            }
+            opened.fetch_add(1, std::memory_order_relaxed);
+            return ctx;
+        }
+
+        void handshake(redisContext& ctx, std::vector<std::string> words, std::string_view what) {
+            std::vector<std::string_view> argv{words.begin(), words.end()};
+            detail::argv_buffer args{argv};
+            detail::hiredis_reply_ptr raw{
+                redisCommandArgv(&ctx, args.size(), args.pointers(), args.lengths())};
+            if (!raw) {
+                throw connection_error{"redislock: " + std::string{what} + " on " +
+                                       config.describe() + " failed: " + ctx.errstr};
+            }
+            const auto& r = *static_cast<redisReply*>(raw.get());
+            if (r.type == REDIS_REPLY_ERROR) {
+                throw server_error{"redislock: " + std::string{what} + " on " + config.describe() +
+                                   " was refused: " + std::string{r.str, r.len}};
+            }
+        }
+    };
+
+    static bool is_timeout(const redisContext& ctx) noexcept {
+#ifdef REDIS_ERR_TIMEOUT
+        if (ctx.err == REDIS_ERR_TIMEOUT) {
+            return true;
+        }
+#endif
+        return ctx.err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK ||
+                                           errno == ETIMEDOUT || errno == EINPROGRESS);
+    }
+
+    [[noreturn]] void fail(detail::context_ptr ctx) {
+        const bool timed_out = is_timeout(*ctx);
+        std::string why = ctx->errstr;
+        ctx.reset();
+        pool_->discard();
+        if (timed_out) {
+            throw timeout_error{"redislock: " + pool_->config.describe() +
+                                " did not answer within " +
+                                std::to_string(pool_->config.command_timeout.count()) + " ms"};
+        }
+        throw connection_error{"redislock: connection to " + pool_->config.describe() +
+                               " failed: " + (why.empty() ? "connection closed" : why)};
+    }
+
+    static void ignore_default_sigpipe() noexcept {
+        struct sigaction current {};
+        if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL &&
+            !(current.sa_flags & SA_SIGINFO)) {
+            ::signal(SIGPIPE, SIG_IGN);
+        }
+    }
+
+    std::unique_ptr<pool> pool_;
+};
+
+static_assert(pipelining_connection<hiredis_connection>);
+
+}  // namespace redislock

@@ -1,0 +1,41 @@
+// redislock::lock_options: how one lock behaves (lease, watchdog, fencing, loss handler, waiting).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+namespace redislock {
+
+/// Options of one lock object, given to client.mutex(), client.recursive_mutex() or
+/// client.shared_mutex(). An aggregate: write `lock_options{.lease = 5s, .watchdog = true}`.
+struct lock_options {
+    /// How long Redis keeps the lock if its holder goes silent. Must be in (0, max_lease].
+    std::chrono::milliseconds lease{30'000};
+
+    /// Renew the lease while the lock is held (see watchdog.hpp).
+    bool watchdog = false;
+
+    /// Draw a strictly increasing fencing token on every new acquisition (fencing_token()).
+    bool fencing = false;
+
+    /// Called once when a held lock is found lost: expired, deleted, or taken by another holder.
+    /// Called from the thread that found out (a lock call, or the watchdog thread), never while
+    /// the library holds an internal lock, so it may call back into the lock. Must not throw.
+    std::function<void()> on_lost{};
+
+    /// Waiting: exponential backoff with full jitter, from backoff_min doubling up to
+    /// backoff_max, never past the holder's remaining lease.
+    std::chrono::milliseconds backoff_min{1};
+    std::chrono::milliseconds backoff_max{128};
+
+    /// Explicit owner id for the reentrant kinds (and the lock's identity for the simple one):
+    /// replaces the calling thread in the owner, so a task may lock on one thread and unlock on
+    /// another. Empty means "the calling thread".
+    std::string owner{};
+};
+
+/// The longest lease accepted: 2^40 ms, about 34 years (the steady clock and PX both hold it).
+inline constexpr std::chrono::milliseconds max_lease{1LL << 40};
+
+}  // namespace redislock

@@ -1,0 +1,20 @@
+// redislock: distributed locks on Redis. Include this header for everything, with the hiredis
+// adapter as the default connection (redislock::client).
+#pragma once
+
+#include <redislock/client.hpp>
+#include <redislock/connection.hpp>
+#include <redislock/endpoint.hpp>
+#include <redislock/error.hpp>
+#include <redislock/hiredis.hpp>
+#include <redislock/lock_options.hpp>
+#include <redislock/mutex.hpp>
+#include <redislock/reply.hpp>
+#include <redislock/script.hpp>
+
+namespace redislock {
+
+using client = basic_client<hiredis_connection>;
+using mutex = basic_mutex<hiredis_connection>;
+
+}  // namespace redislock

@@ -1,0 +1,79 @@
+// redislock::reply: the library's own small value type for a Redis reply.
+//
+// Connection adapters convert their client's reply into this type, so the locks never depend on
+// a particular client library. A reply is a plain value: copyable, movable, no shared state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <redislock/error.hpp>
+
+namespace redislock {
+
+enum class reply_kind { nil, integer, string, status, error, array };
+
+class reply {
+public:
+    /// A nil reply (RESP null bulk string or null array).
+    reply() = default;
+
+    static reply nil() { return reply{}; }
+    static reply integer(std::int64_t value) {
+        reply r{reply_kind::integer};
+        r.integer_ = value;
+        return r;
+    }
+    static reply string(std::string value) { return reply{reply_kind::string, std::move(value)}; }
+    static reply status(std::string value) { return reply{reply_kind::status, std::move(value)}; }
+    static reply error(std::string value) { return reply{reply_kind::error, std::move(value)}; }
+    static reply array(std::vector<reply> elements) {
+        reply r{reply_kind::array};
+        r.elements_ = std::move(elements);
+        return r;
+    }
+
+    reply_kind kind() const noexcept { return kind_; }
+    bool is_nil() const noexcept { return kind_ == reply_kind::nil; }
+    bool is_integer() const noexcept { return kind_ == reply_kind::integer; }
+    bool is_string() const noexcept { return kind_ == reply_kind::string; }
+    bool is_status() const noexcept { return kind_ == reply_kind::status; }
+    bool is_error() const noexcept { return kind_ == reply_kind::error; }
+    bool is_array() const noexcept { return kind_ == reply_kind::array; }
+
+    /// The value of an integer reply; 0 for other kinds.
+    std::int64_t as_integer() const noexcept { return integer_; }
+    /// The text of a string, status or error reply; empty for other kinds.
+    const std::string& text() const noexcept { return text_; }
+    /// The elements of an array reply; empty for other kinds.
+    const std::vector<reply>& elements() const noexcept { return elements_; }
+
+    /// True for an error reply whose code (first word) is `code`, e.g. "NOSCRIPT".
+    bool is_error_code(std::string_view code) const noexcept {
+        return is_error() && std::string_view{text_}.substr(0, code.size()) == code &&
+               (text_.size() == code.size() || text_[code.size()] == ' ');
+    }
+
+    /// Throws server_error if this is an error reply; returns *this otherwise.
+    const reply& throw_if_error() const& {
+        if (is_error()) {
+            throw server_error{"redislock: server error: " + text_};
+        }
+        return *this;
+    }
+
+    friend bool operator==(const reply&, const reply&) = default;
+
+private:
+    explicit reply(reply_kind kind, std::string text = {}) : kind_{kind}, text_{std::move(text)} {}
+
+    reply_kind kind_ = reply_kind::nil;
+    std::int64_t integer_ = 0;
+    std::string text_;
+    std::vector<reply> elements_;
+};
+
+}  // namespace redislock
