@@ -33,6 +33,7 @@
 #include <utility>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/scripts.hpp>
 #include <redislock/detail/token.hpp>
@@ -48,7 +49,7 @@ template <connection C>
 class basic_client;
 
 template <connection C>
-class basic_mutex {
+class basic_mutex : public detail::timed_lockable<basic_mutex<C>> {
 public:
     /// Usually made by client.mutex(name, options).
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
@@ -65,31 +66,6 @@ public:
         return *this;
     }
     ~basic_mutex() { release_on_destruction(); }
-
-    /// Blocks until the lock is acquired. Tries at once, then backs off with jitter.
-    /// @throws std::system_error(resource_deadlock_would_occur) if the caller already holds it;
-    ///         redislock::connection_error, redislock::server_error (e.g. WRONGTYPE).
-    void lock() { (void)acquire_until(detail::steady::time_point::max(), {}); }
-
-    /// Blocks until acquired or `stop` is requested. Returns false when stopped first.
-    [[nodiscard]] bool lock(std::stop_token stop) {
-        return acquire_until(detail::steady::time_point::max(), stop);
-    }
-
-    /// Tries once. Returns false if someone else holds the lock.
-    [[nodiscard]] bool try_lock() { return acquire_until(detail::steady::now(), {}); }
-
-    template <class Rep, class Period>
-    [[nodiscard]] bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout,
-                                    std::stop_token stop = {}) {
-        return acquire_until(detail::deadline_after(timeout), stop);
-    }
-
-    template <class Clock, class Duration>
-    [[nodiscard]] bool try_lock_until(const std::chrono::time_point<Clock, Duration>& deadline,
-                                      std::stop_token stop = {}) {
-        return acquire_until(detail::to_steady(deadline), stop);
-    }
 
     /// Releases the lock. Never throws; a lock found lost calls on_lost.
     void unlock() noexcept {
@@ -139,7 +115,7 @@ public:
         if (r.is_integer() && r.as_integer() == 1) {
             std::lock_guard guard{state_->mutex};
             if (state_->held && state_->token == *token) {
-                state_->valid_until = sent + lease - drift(lease);
+                state_->valid_until = detail::valid_until(sent, lease);
             }
             return true;
         }
@@ -155,9 +131,7 @@ public:
         if (!state_->held || state_->lost) {
             return std::chrono::milliseconds::zero();
         }
-        const auto left = state_->valid_until - detail::steady::now();
-        return std::max(std::chrono::milliseconds::zero(),
-                        std::chrono::duration_cast<std::chrono::milliseconds>(left));
+        return detail::time_left(state_->valid_until);
     }
 
     /// Local: true while this object holds the lock, it is not known lost, and remaining() > 0.
@@ -190,6 +164,8 @@ public:
     const lock_options& options() const noexcept { return state_->options; }
 
 private:
+    friend class detail::timed_lockable<basic_mutex>;
+
     struct state {
         state(C& connection, std::string_view lock_name, lock_options opts)
             : conn{&connection}, name{lock_name}, options{std::move(opts)},
@@ -219,11 +195,6 @@ private:
         detail::steady::time_point valid_until;
         std::int64_t fence = 0;
     };
-
-    static detail::steady::duration drift(std::chrono::milliseconds lease) {
-        return std::chrono::duration_cast<detail::steady::duration>(lease / 100 +
-                                                                    std::chrono::milliseconds{2});
-    }
 
     std::optional<detail::token> held_token() const {
         std::lock_guard guard{state_->mutex};
@@ -307,7 +278,7 @@ private:
             state_->release_pending = false;
             state_->token = token;
             state_->holder = std::this_thread::get_id();
-            state_->valid_until = sent + state_->options.lease - drift(state_->options.lease);
+            state_->valid_until = detail::valid_until(sent, state_->options.lease);
             state_->fence = fence;
         }
         if (previous_lost) {

@@ -205,8 +205,8 @@ inline std::string find_executable(const std::string& name) {
 inline std::string make_temp_dir() {
     // A unix socket path must fit in sun_path (108 bytes), so fall back to /tmp for a long TMPDIR.
     std::string base = "/tmp";
-    if (const char* tmp = std::getenv("TMPDIR"); tmp != nullptr && *tmp != '\0' &&
-                                                 std::strlen(tmp) <= 60) {
+    if (const char* tmp = std::getenv("TMPDIR");
+        tmp != nullptr && *tmp != '\0' && std::strlen(tmp) <= 60) {
         base = tmp;
     }
     std::string templ = base + "/redislock-test-XXXXXX";
@@ -368,7 +368,7 @@ inline std::string read_from(const std::string& path, std::streamoff offset) {
 }
 
 inline std::streamoff file_size(const std::string& path) {
-    struct stat st{};
+    struct stat st {};
     return ::stat(path.c_str(), &st) == 0 ? static_cast<std::streamoff>(st.st_size) : 0;
 }
 
@@ -470,7 +470,7 @@ inline reply_probe probe_unix(const std::string& path, const std::vector<std::st
 class redis_server {
 public:
     struct options {
-        bool unix_socket = false;             // also listen on a unix socket in the temp dir
+        bool unix_socket = false;               // also listen on a unix socket in the temp dir
         std::vector<std::string> extra_args{};  // e.g. {"--requirepass", "pw"}
     };
 
@@ -512,13 +512,9 @@ public:
     pid_t pid() const { return pid_; }
     const std::string& dir() const { return dir_; }
 
-    void pause() {
-        signal_and_wait(SIGSTOP, true);
-    }
+    void pause() { signal_and_wait(SIGSTOP, true); }
 
-    void resume() {
-        signal_and_wait(SIGCONT, false);
-    }
+    void resume() { signal_and_wait(SIGCONT, false); }
 
     // Only the process that started the server stops it, so forked workers leaving their scope
     // or exiting do not take the server down under the parent.
@@ -594,14 +590,10 @@ private:
     }
 
     launch_result spawn_and_wait() {
-        std::vector<std::string> args{detail::find_executable("redis-server"),
-                                      "--port", std::to_string(port_),
-                                      "--bind", "127.0.0.1",
-                                      "--save", "",
-                                      "--appendonly", "no",
-                                      "--dir", dir_,
-                                      "--daemonize", "no",
-                                      "--logfile", log_path()};
+        std::vector<std::string> args{detail::find_executable("redis-server")};
+        args.insert(args.end(), {"--port", std::to_string(port_), "--bind", "127.0.0.1"});
+        args.insert(args.end(), {"--save", "", "--appendonly", "no", "--daemonize", "no"});
+        args.insert(args.end(), {"--dir", dir_, "--logfile", log_path()});
         if (!unix_path_.empty()) {
             args.insert(args.end(), {"--unixsocket", unix_path_, "--unixsocketperm", "700"});
         }
@@ -609,8 +601,8 @@ private:
 
         const auto log_start = detail::file_size(log_path());
         const auto stdout_start = detail::file_size(stdout_path());
-        detail::unique_fd out(::open(stdout_path().c_str(),
-                                     O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+        detail::unique_fd out(
+            ::open(stdout_path().c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
         if (!out) {
             throw detail::sys_error("open " + stdout_path());
         }
@@ -680,8 +672,8 @@ private:
     std::string log_tail(std::streamoff log_start, std::streamoff stdout_start) const {
         constexpr std::size_t lines = 30;
         std::string text;
-        for (const auto& [path, start] : {std::pair{log_path(), log_start},
-                                          std::pair{stdout_path(), stdout_start}}) {
+        for (const auto& [path, start] :
+             {std::pair{log_path(), log_start}, std::pair{stdout_path(), stdout_start}}) {
             std::string tail = detail::tail_lines(detail::read_from(path, start), lines);
             if (!tail.empty()) {
                 text += "--- " + path + "\n" + tail + "\n";

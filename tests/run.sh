@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# Builds the project and runs the test suite: release, then ASan+UBSan, then TSan.
+# Usage: tests/run.sh [--quick]    --quick: release build and tests only.
+set -euo pipefail
+
+usage() {
+    echo "usage: $0 [--quick]" >&2
+    exit 2
+}
+
+quick=0
+case "${1:-}" in
+    "") ;;
+    --quick) quick=1 ;;
+    -h | --help) usage ;;
+    *) echo "unknown argument: $1" >&2; usage ;;
+esac
+[[ $# -le 1 ]] || usage
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+SECONDS=0
+report_time() {
+    local status=$?
+    local verdict="PASSED"
+    [[ $status -eq 0 ]] || verdict="FAILED (exit $status)"
+    printf '\n==== %s in %dm%02ds ====\n' "$verdict" $((SECONDS / 60)) $((SECONDS % 60))
+}
+trap report_time EXIT
+
+banner() {
+    printf '\n==== %s ====\n' "$*"
+}
+
+# Builds and test runs share at most two cores.
+jobs=$(nproc 2>/dev/null || echo 1)
+((jobs <= 2)) || jobs=2
+
+packages=(
+    g++ cmake make pkg-config
+    libhiredis-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
+    redis-server redis-tools redis-sentinel
+)
+
+install_missing_packages() {
+    banner "dependencies"
+    if ! command -v dpkg >/dev/null; then
+        echo "dpkg not found: this script expects Debian 12" >&2
+        exit 1
+    fi
+    local missing=() pkg
+    for pkg in "${packages[@]}"; do
+        dpkg -s "$pkg" 2>/dev/null | grep -q '^Status: install ok installed' || missing+=("$pkg")
+    done
+    if ((${#missing[@]} == 0)); then
+        echo "all packages present"
+        return
+    fi
+    echo "installing: ${missing[*]}"
+    local as_root=()
+    if [[ $(id -u) -ne 0 ]]; then
+        command -v sudo >/dev/null || { echo "not root and sudo is missing" >&2; exit 1; }
+        as_root=(sudo)
+    fi
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
+    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y --no-install-recommends "${missing[@]}"
+    # Installing redis-server may start its system service on port 6379. The tests start their
+    # own servers on free ports, so that service is neither needed nor touched.
+}
+
+# GCC 12's sanitizer runtimes cannot map their shadow memory when the kernel uses more than 28
+# bits of mmap randomisation; running without address randomisation avoids that.
+sanitizer_launcher=()
+rnd_bits=$(cat /proc/sys/vm/mmap_rnd_bits 2>/dev/null || echo 28)
+if ((rnd_bits > 28)) && setarch "$(uname -m)" -R true 2>/dev/null; then
+    sanitizer_launcher=(setarch "$(uname -m)" -R)
+fi
+
+warnings="-Wall -Wextra -Wpedantic -Werror"
+
+# run_suite NAME CXX_FLAGS [extra cmake args...] -- [env for ctest...]
+run_suite() {
+    local name=$1 cxx_flags=$2
+    shift 2
+    local cmake_args=()
+    while (($# > 0)) && [[ $1 != -- ]]; do
+        cmake_args+=("$1")
+        shift
+    done
+    (($# == 0)) || shift
+    local test_env=("$@")
+    local dir="build/$name"
+
+    banner "$name: configure"
+    cmake -S . -B "$dir" \
+        "-DCMAKE_CXX_FLAGS=$cxx_flags" \
+        -DREDISLOCK_BUILD_TESTS=ON \
+        -DREDISLOCK_BUILD_EXAMPLES=ON \
+        -DREDISLOCK_BUILD_BENCHMARKS=ON \
+        "${cmake_args[@]}"
+
+    banner "$name: build"
+    cmake --build "$dir" -j "$jobs"
+
+    banner "$name: test"
+    local launcher=()
+    [[ $name == release ]] || launcher=("${sanitizer_launcher[@]}")
+    env "${test_env[@]}" "${launcher[@]}" \
+        ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 300
+}
+
+install_missing_packages
+
+run_suite release "$warnings" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+if ((quick)); then
+    exit 0
+fi
+
+asan_flags="-fsanitize=address,undefined"
+run_suite asan "$warnings $asan_flags -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+    -DCMAKE_BUILD_TYPE=Debug \
+    "-DCMAKE_EXE_LINKER_FLAGS=$asan_flags" \
+    "-DCMAKE_SHARED_LINKER_FLAGS=$asan_flags" \
+    -- \
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+run_suite tsan "$warnings -fsanitize=thread -fno-omit-frame-pointer" \
+    -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
+    -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
+    -- \
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
