@@ -19,6 +19,7 @@
 #include <redislock/detail/token.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/mutex.hpp>
+#include <redislock/recursive_mutex.hpp>
 
 namespace redislock {
 
@@ -48,6 +49,11 @@ public:
     /// A simple lock (SET NX PX) on `name`. @throws redislock::invalid_argument
     basic_mutex<C> mutex(std::string_view name, lock_options options = {}) {
         return basic_mutex<C>{*this, name, std::move(options)};
+    }
+
+    /// A reentrant lock (hash of owner -> count) on `name`. @throws redislock::invalid_argument
+    basic_recursive_mutex<C> recursive_mutex(std::string_view name, lock_options options = {}) {
+        return basic_recursive_mutex<C>{*this, name, std::move(options)};
     }
 
     C& connection() noexcept { return connection_; }

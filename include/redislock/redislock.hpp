@@ -9,6 +9,7 @@
 #include <redislock/hiredis.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/mutex.hpp>
+#include <redislock/recursive_mutex.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
 
@@ -16,5 +17,6 @@ namespace redislock {
 
 using client = basic_client<hiredis_connection>;
 using mutex = basic_mutex<hiredis_connection>;
+using recursive_mutex = basic_recursive_mutex<hiredis_connection>;
 
 }  // namespace redislock

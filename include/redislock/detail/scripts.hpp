@@ -69,4 +69,75 @@ return 0
 )lua",
     "9fea3c8ccd3b14e6e4ad4ee78f24041a71ca4a8c"};
 
+inline constexpr script recursive_acquire{
+    "recursive_acquire",
+    R"lua(-- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries.
+-- KEYS[1]  the lock's hash
+-- KEYS[2]  the fencing counter (same hash slot; never expires)
+-- ARGV[1]  the owner id
+-- ARGV[2]  the lease, ms (set again on every entry)
+-- ARGV[3]  '1' to draw a fencing token on a new acquisition
+-- Returns  {1, fence} acquired; {2, fence} re-entered (the fence of the first entry);
+--          {0, holder's PTTL} held by another owner. fence is 0 when none was drawn.
+-- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+    local fence = 0
+    if ARGV[3] == '1' then
+        fence = redis.call('INCR', KEYS[2])
+        redis.call('HSET', KEYS[1], 'fence', fence)
+    end
+    redis.call('HSET', KEYS[1], ARGV[1], 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, fence}
+end
+if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1 then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
+end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0}
+end
+return {0, redis.call('PTTL', KEYS[1])}
+)lua",
+    "3fba7242292b25c4bda9058f959f72ebe5bfa161"};
+
+inline constexpr script recursive_extend{
+    "recursive_extend",
+    R"lua(-- Sets a reentrant lock's lease to ARGV[2] ms from now if ARGV[1] still owns it.
+-- KEYS[1]  the lock's hash
+-- ARGV[1]  the owner id
+-- ARGV[2]  the new lease, ms
+-- Returns  1 extended; 0 not the owner's (expired, or held by another owner)
+if redis.call('TYPE', KEYS[1]).ok == 'hash' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+)lua",
+    "bc2677ae8daa81e40f386abcb109dc744f4ba324"};
+
+inline constexpr script recursive_release{
+    "recursive_release",
+    R"lua(-- Leaves a reentrant lock ARGV[2] times; deletes it and tells waiters when the count reaches 0.
+-- KEYS[1]  the lock's hash
+-- ARGV[1]  the owner id
+-- ARGV[2]  how many entries to leave (1 for unlock)
+-- ARGV[3]  the lease, ms, set again while entries remain
+-- ARGV[4]  the release channel
+-- Returns  1 released (key deleted); 0 still held (lease refreshed);
+--          -1 not the owner's (expired, or held by another owner)
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+    return -1
+end
+if redis.call('HINCRBY', KEYS[1], ARGV[1], -tonumber(ARGV[2])) > 0 then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[4], KEYS[1])
+return 1
+)lua",
+    "0adf52a8bf5f69d9bcabf51e4816bb2aacaef614"};
+
 }  // namespace redislock::detail::scripts

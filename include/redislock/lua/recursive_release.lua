@@ -1,0 +1,18 @@
+-- Leaves a reentrant lock ARGV[2] times; deletes it and tells waiters when the count reaches 0.
+-- KEYS[1]  the lock's hash
+-- ARGV[1]  the owner id
+-- ARGV[2]  how many entries to leave (1 for unlock)
+-- ARGV[3]  the lease, ms, set again while entries remain
+-- ARGV[4]  the release channel
+-- Returns  1 released (key deleted); 0 still held (lease refreshed);
+--          -1 not the owner's (expired, or held by another owner)
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+    return -1
+end
+if redis.call('HINCRBY', KEYS[1], ARGV[1], -tonumber(ARGV[2])) > 0 then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[4], KEYS[1])
+return 1

@@ -1,0 +1,341 @@
+// redislock::basic_recursive_mutex: the reentrant lock, one Redis hash per name.
+//
+// Layout: hash `name`, field <owner id> -> that owner's entry count, PEXPIRE'd with the lease on
+// every entry; with fencing also field `fence` -> the fencing token of the first entry. The
+// owner id is the client's instance id plus the calling thread, or plus lock_options::owner when
+// set, so code that hops threads (coroutines, thread pools) can lock on one thread and unlock on
+// another. The same owner re-entering through another object for the same name is a re-entry.
+//
+// TimedLockable like std::recursive_timed_mutex: lock() by the holder re-enters (one round trip
+// that also refreshes the lease); each lock() is matched by one unlock().
+//
+// Thread safety: one object may be shared by several threads. Each thread is its own owner (unless
+// lock_options::owner is set, which makes every caller the same owner): another thread of this
+// process waits as another process does. unlock() from a thread that does not hold the lock
+// through this object sends nothing and reports errc::not_holder through
+// unlock(std::error_code&); it never touches the holder's count.
+// Releases are not retried after a connection failure (a decrement is not idempotent): the
+// entry then stays in Redis until its lease runs out, and unlock(ec) says connection_failed.
+// Lifetime: the client must outlive the lock. Movable, not copyable; a moved-from object may only
+// be destroyed or assigned to. Destroying a held lock leaves every entry made through it.
+// Exceptions: lock calls throw redislock::error subclasses on failures (never for contention);
+// unlock() never throws.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/lockable.hpp>
+#include <redislock/detail/names.hpp>
+#include <redislock/detail/owner.hpp>
+#include <redislock/detail/scripts.hpp>
+#include <redislock/detail/wait.hpp>
+#include <redislock/error.hpp>
+#include <redislock/lock_options.hpp>
+#include <redislock/reply.hpp>
+#include <redislock/script.hpp>
+
+namespace redislock {
+
+template <connection C>
+class basic_client;
+
+template <connection C>
+class basic_recursive_mutex : public detail::timed_lockable<basic_recursive_mutex<C>> {
+public:
+    /// Usually made by client.recursive_mutex(name, options).
+    /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
+    ///         range, or inconsistent backoff bounds.
+    basic_recursive_mutex(basic_client<C>& client, std::string_view name,
+                          lock_options options = {})
+        : state_{std::make_unique<state>(client.connection(), client.instance_id(), name,
+                                         std::move(options))} {}
+
+    basic_recursive_mutex(basic_recursive_mutex&&) noexcept = default;
+    basic_recursive_mutex& operator=(basic_recursive_mutex&& other) noexcept {
+        if (this != &other) {
+            release_on_destruction();
+            state_ = std::move(other.state_);
+        }
+        return *this;
+    }
+    ~basic_recursive_mutex() { release_on_destruction(); }
+
+    /// Leaves one entry. Never throws; a lock found lost calls on_lost.
+    void unlock() noexcept {
+        std::error_code ignored;
+        unlock(ignored);
+    }
+
+    /// Leaves one entry and says how it went: no error (released, or still held by outer
+    /// entries); errc::not_held or errc::not_holder (misuse: nothing is sent); errc::lock_lost
+    /// (the entry had expired or the lock was taken: every entry through this object is gone);
+    /// errc::connection_failed (not retried; the entry stays until its lease runs out).
+    void unlock(std::error_code& ec) noexcept {
+        ec.clear();
+        std::string owner;
+        {
+            std::lock_guard guard{state_->mutex};
+            if (state_->depth == 0) {
+                ec = errc::not_held;
+                return;
+            }
+            if (!state_->caller_is_holder()) {
+                ec = errc::not_holder;
+                return;
+            }
+            owner = state_->holder_owner;
+        }
+        ec = leave(owner, 1);
+    }
+
+    /// Sets the lease to `lease` from now if the lock is still ours.
+    /// Returns false (and calls on_lost) if the lock was lost; false at once if not held.
+    /// @throws redislock::invalid_argument, redislock::connection_error
+    bool extend(std::chrono::milliseconds lease) {
+        detail::check_lease(lease);
+        std::optional<std::string> owner = held_owner();
+        if (!owner) {
+            return false;
+        }
+        const detail::decimal lease_text{lease.count()};
+        const auto sent = detail::steady::now();
+        const reply r = detail::run_script(*state_->conn, detail::scripts::recursive_extend,
+                                           std::array{std::string_view{state_->name}},
+                                           std::array<std::string_view, 2>{*owner,
+                                                                           lease_text.view()});
+        if (r.is_integer() && r.as_integer() == 1) {
+            std::lock_guard guard{state_->mutex};
+            if (state_->depth > 0 && state_->holder_owner == *owner) {
+                state_->valid_until = detail::valid_until(sent, lease);
+            }
+            return true;
+        }
+        mark_lost(*owner);
+        return false;
+    }
+
+    /// Local, conservative estimate of how long the lock stays ours (see basic_mutex).
+    std::chrono::milliseconds remaining() const {
+        std::lock_guard guard{state_->mutex};
+        if (state_->depth == 0 || state_->lost) {
+            return std::chrono::milliseconds::zero();
+        }
+        return detail::time_left(state_->valid_until);
+    }
+
+    /// Local: true while this object holds the lock, not known lost, and remaining() > 0.
+    bool owned() const { return remaining() > std::chrono::milliseconds::zero(); }
+
+    /// Entries made through this object by its current holder (0 when not held).
+    std::size_t depth() const {
+        std::lock_guard guard{state_->mutex};
+        return state_->depth;
+    }
+
+    /// Asks Redis whether the holder's entry is still there. A lock found lost calls on_lost.
+    /// @throws redislock::connection_error. See https://redis.io/commands/hexists/
+    bool verify() {
+        std::optional<std::string> owner = held_owner();
+        if (!owner) {
+            return false;
+        }
+        const std::array<std::string_view, 3> hexists{"HEXISTS", state_->name, *owner};
+        const reply r = state_->conn->execute(hexists);
+        if (r.is_integer() && r.as_integer() == 1) {
+            return true;
+        }
+        mark_lost(*owner);
+        return false;
+    }
+
+    /// The fencing token of the outermost acquisition; 0 when fencing is off or not held.
+    std::int64_t fencing_token() const {
+        std::lock_guard guard{state_->mutex};
+        return state_->depth > 0 ? state_->fence : 0;
+    }
+
+    const std::string& name() const noexcept { return state_->name; }
+    const lock_options& options() const noexcept { return state_->options; }
+
+private:
+    friend class detail::timed_lockable<basic_recursive_mutex>;
+
+    struct state {
+        state(C& connection, std::string_view instance, std::string_view lock_name,
+              lock_options opts)
+            : conn{&connection}, instance_id{instance}, name{lock_name},
+              options{std::move(opts)}, lease_text{options.lease.count()} {
+            detail::check_options(name, options);
+            fence_key = detail::derived_key(name, "fence");
+            channel = detail::derived_key(name, "released");
+        }
+
+        bool caller_is_holder() const {
+            return !options.owner.empty() || holder == std::this_thread::get_id();
+        }
+        std::string caller_owner() const { return detail::owner_id(instance_id, options.owner); }
+
+        C* conn;
+        std::string instance_id;
+        std::string name;
+        lock_options options;
+        detail::decimal lease_text;
+        std::string fence_key;
+        std::string channel;
+
+        mutable std::mutex mutex;  // guards the members below; never held across a round trip
+        std::size_t depth = 0;     // entries made through this object by its holder
+        bool lost = false;         // held, but a round trip found it gone (on_lost called)
+        std::thread::id holder;
+        std::string holder_owner;
+        detail::steady::time_point valid_until;
+        std::int64_t fence = 0;
+    };
+
+    std::optional<std::string> held_owner() const {
+        std::lock_guard guard{state_->mutex};
+        if (state_->depth == 0) {
+            return std::nullopt;
+        }
+        return state_->holder_owner;
+    }
+
+    bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
+        const std::string owner = state_->caller_owner();
+        return detail::acquire_with_backoff([&] { return attempt(owner); }, deadline, stop,
+                                            state_->options);
+    }
+
+    // One attempt: std::nullopt when acquired or re-entered, else the holder's TTL.
+    std::optional<detail::holder_ttl> attempt(const std::string& owner) {
+        const auto sent = detail::steady::now();
+        const reply r = detail::run_script(
+            *state_->conn, detail::scripts::recursive_acquire,
+            std::array<std::string_view, 2>{state_->name, state_->fence_key},
+            std::array<std::string_view, 3>{owner, state_->lease_text.view(),
+                                            state_->options.fencing ? "1" : "0"});
+        if (r.is_error()) {
+            throw server_error{"redislock: cannot lock '" + state_->name + "': " + r.text()};
+        }
+        if (!r.is_array() || r.elements().size() != 2) {
+            throw server_error{"redislock: unexpected reply to a reentrant acquisition"};
+        }
+        const std::int64_t status = r.elements()[0].as_integer();
+        const std::int64_t value = r.elements()[1].as_integer();
+        if (status == 0) {
+            return detail::holder_ttl{value};
+        }
+        bool previous_lost = false;
+        {
+            std::lock_guard guard{state_->mutex};
+            if (state_->depth > 0 && state_->holder_owner != owner) {
+                // Another owner still counted entries here, yet we got in: its lease ran out.
+                previous_lost = !state_->lost;
+                state_->depth = 0;
+            }
+            if (state_->depth == 0) {
+                state_->lost = false;
+                state_->holder = std::this_thread::get_id();
+                state_->holder_owner = owner;
+                state_->fence = value;
+            }
+            ++state_->depth;
+            state_->valid_until = detail::valid_until(sent, state_->options.lease);
+        }
+        if (previous_lost) {
+            notify_lost();
+        }
+        return std::nullopt;
+    }
+
+    // Leaves `entries` entries of `owner` in Redis and updates the local count.
+    std::error_code leave(const std::string& owner, std::size_t entries) noexcept {
+        std::optional<std::int64_t> outcome;
+        try {
+            const detail::decimal count{static_cast<long long>(entries)};
+            const reply r = detail::run_script(
+                *state_->conn, detail::scripts::recursive_release,
+                std::array{std::string_view{state_->name}},
+                std::array<std::string_view, 4>{owner, count.view(), state_->lease_text.view(),
+                                                state_->channel});
+            outcome = r.is_integer() ? r.as_integer() : -1;
+        } catch (...) {
+        }
+        bool was_lost = false;
+        {
+            std::lock_guard guard{state_->mutex};
+            if (state_->depth == 0 || state_->holder_owner != owner) {
+                return outcome && *outcome >= 0 ? std::error_code{} : errc::lock_lost;
+            }
+            if (outcome && *outcome == -1) {
+                was_lost = !state_->lost;
+                state_->depth = 0;
+            } else {
+                state_->depth -= std::min(entries, state_->depth);
+            }
+            if (state_->depth == 0) {
+                state_->lost = false;
+            }
+        }
+        if (!outcome) {
+            return errc::connection_failed;
+        }
+        if (*outcome == -1) {
+            if (was_lost) {
+                notify_lost();
+            }
+            return errc::lock_lost;
+        }
+        return {};
+    }
+
+    void mark_lost(const std::string& owner) {
+        {
+            std::lock_guard guard{state_->mutex};
+            if (state_->depth == 0 || state_->holder_owner != owner || state_->lost) {
+                return;
+            }
+            state_->lost = true;
+        }
+        notify_lost();
+    }
+
+    void notify_lost() noexcept {
+        if (state_->options.on_lost) {
+            state_->options.on_lost();
+        }
+    }
+
+    void release_on_destruction() noexcept {
+        if (!state_) {
+            return;
+        }
+        std::string owner;
+        std::size_t entries = 0;
+        {
+            std::lock_guard guard{state_->mutex};
+            entries = state_->depth;
+            owner = state_->holder_owner;
+        }
+        if (entries > 0) {
+            (void)leave(owner, entries);
+        }
+    }
+
+    std::unique_ptr<state> state_;
+};
+
+}  // namespace redislock
