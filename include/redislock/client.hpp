@@ -20,6 +20,7 @@
 #include <redislock/lock_options.hpp>
 #include <redislock/mutex.hpp>
 #include <redislock/recursive_mutex.hpp>
+#include <redislock/shared_mutex.hpp>
 
 namespace redislock {
 
@@ -54,6 +55,12 @@ public:
     /// A reentrant lock (hash of owner -> count) on `name`. @throws redislock::invalid_argument
     basic_recursive_mutex<C> recursive_mutex(std::string_view name, lock_options options = {}) {
         return basic_recursive_mutex<C>{*this, name, std::move(options)};
+    }
+
+    /// A read-write lock (one hash, per-holder leases) on `name`.
+    /// @throws redislock::invalid_argument
+    basic_shared_mutex<C> shared_mutex(std::string_view name, lock_options options = {}) {
+        return basic_shared_mutex<C>{*this, name, std::move(options)};
     }
 
     C& connection() noexcept { return connection_; }

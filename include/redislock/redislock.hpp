@@ -12,11 +12,13 @@
 #include <redislock/recursive_mutex.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
+#include <redislock/shared_mutex.hpp>
 
 namespace redislock {
 
 using client = basic_client<hiredis_connection>;
 using mutex = basic_mutex<hiredis_connection>;
 using recursive_mutex = basic_recursive_mutex<hiredis_connection>;
+using shared_mutex = basic_shared_mutex<hiredis_connection>;
 
 }  // namespace redislock

@@ -140,4 +140,160 @@ return 1
 )lua",
     "0adf52a8bf5f69d9bcabf51e4816bb2aacaef614"};
 
+inline constexpr script shared_acquire{
+    "shared_acquire",
+    R"lua(-- Enters a read-write lock for reading ('r') or writing ('w').
+-- Hash fields: mode = 'read' | 'write' | 'free' (marks the hash as a read-write lock);
+--   r:<owner>, w:<owner> = '<count> <expiry ms>', each holder with its own lease in server time;
+--   q:<owner> = '0 <expiry ms>', a writer waiting (new readers then wait too); fence.
+-- KEYS[1]  the lock's hash
+-- KEYS[2]  the fencing counter (same hash slot; never expires)
+-- ARGV[1]  the owner id
+-- ARGV[2]  'r' or 'w'
+-- ARGV[3]  the lease, ms
+-- ARGV[4]  '1' to draw a fencing token (writers)
+-- ARGV[5]  how long, ms, a writer that must wait keeps its place in the queue ('0': not queued)
+-- Returns  {1, fence} entered; {2, fence} re-entered; {0, ms} must wait (longest lease in the
+--          way); {-1, 0} refused: a reader asking for the write lock would deadlock
+-- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a read-write lock')
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+
+-- Drop expired entries; note ours, and who else holds or waits.
+local mine, others, latest, longest = {}, {}, now, 0
+local fields = redis.call('HGETALL', KEYS[1])
+for i = 1, #fields, 2 do
+    local tag, owner = string.sub(fields[i], 1, 1), string.sub(fields[i], 3)
+    local count, expiry = string.match(fields[i + 1], '^(%d+) (%d+)$')
+    if string.sub(fields[i], 2, 2) == ':' and expiry then
+        expiry = tonumber(expiry)
+        if expiry <= now then
+            redis.call('HDEL', KEYS[1], fields[i])
+        else
+            latest = math.max(latest, expiry)
+            if owner == me then
+                mine[tag] = tonumber(count)
+            else
+                others[tag] = true
+                longest = math.max(longest, expiry - now)
+            end
+        end
+    end
+end
+
+local result
+if want == 'w' and mine.r and not mine.w then
+    return {-1, 0}
+elseif mine[want] then
+    result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0}
+elseif others.w or (want == 'w' and others.r) or (want == 'r' and others.q and not mine.w) then
+    if want == 'w' and ARGV[5] ~= '0' then
+        local until_ms = now + tonumber(ARGV[5])
+        redis.call('HSET', KEYS[1], 'q:' .. me, '0 ' .. until_ms)
+        latest = math.max(latest, until_ms)
+    end
+    redis.call('PEXPIRE', KEYS[1], latest - now)
+    return {0, longest}
+else
+    local fence = 0
+    if want == 'w' then
+        redis.call('HDEL', KEYS[1], 'q:' .. me)
+        if ARGV[4] == '1' then
+            fence = redis.call('INCR', KEYS[2])
+            redis.call('HSET', KEYS[1], 'fence', fence)
+        end
+    end
+    result = {1, fence}
+end
+redis.call('HSET', KEYS[1], want .. ':' .. me, ((mine[want] or 0) + 1) .. ' ' .. (now + lease),
+           'mode', (want == 'w' or mine.w) and 'write' or 'read')
+redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
+return result
+)lua",
+    "f703bc28d1496e8a9820637dc709b9b7e1a34870"};
+
+inline constexpr script shared_extend{
+    "shared_extend",
+    R"lua(-- Sets the lease of one holder of a read-write lock to ARGV[3] ms from now, if still held.
+-- Layout: see shared_acquire.lua.
+-- KEYS[1]  the lock's hash
+-- ARGV[1]  the owner id
+-- ARGV[2]  'r' or 'w'
+-- ARGV[3]  the new lease, ms; '0' only checks that the entry is still held
+-- Returns  1 held (and extended); 0 not held (expired, or never)
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local field = ARGV[2] .. ':' .. ARGV[1]
+local count, expiry = string.match(redis.call('HGET', KEYS[1], field) or '', '^(%d+) (%d+)$')
+if not count or tonumber(expiry) <= now then
+    return 0
+end
+local lease = tonumber(ARGV[3])
+if lease > 0 then
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. (now + lease))
+    if redis.call('PTTL', KEYS[1]) < lease then
+        redis.call('PEXPIRE', KEYS[1], lease)
+    end
+end
+return 1
+)lua",
+    "28e6e552948806c2b2d9ac8faf07a0b89cfc54ba"};
+
+inline constexpr script shared_release{
+    "shared_release",
+    R"lua(-- Leaves a read-write lock ARGV[3] times in mode ARGV[2]; tells waiters when a mode is freed.
+-- Layout: see shared_acquire.lua.
+-- KEYS[1]  the lock's hash
+-- ARGV[1]  the owner id
+-- ARGV[2]  'r' or 'w'
+-- ARGV[3]  how many entries to leave (1 for unlock)
+-- ARGV[4]  the release channel
+-- Returns  1 released (the key is deleted when no one else holds or waits);
+--          0 still held by outer entries; -1 not held (expired, or never)
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local field = ARGV[2] .. ':' .. ARGV[1]
+local entry = redis.call('HGET', KEYS[1], field)
+local count, expiry = string.match(entry or '', '^(%d+) (%d+)$')
+if not count or tonumber(expiry) <= now then
+    return -1
+end
+count = tonumber(count) - tonumber(ARGV[3])
+if count > 0 then
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry)
+    return 0
+end
+redis.call('HDEL', KEYS[1], field)
+if ARGV[2] == 'w' then
+    redis.call('HDEL', KEYS[1], 'fence')
+end
+
+-- What is left: holders set the mode and the key's lease; with no one left, the key goes.
+local writer, holders, latest = false, false, now
+local fields = redis.call('HGETALL', KEYS[1])
+for i = 1, #fields, 2 do
+    local tag = string.sub(fields[i], 1, 2)
+    local left = tonumber(string.match(fields[i + 1], ' (%d+)$') or 0)
+    if left > now and (tag == 'r:' or tag == 'w:' or tag == 'q:') then
+        latest = math.max(latest, left)
+        writer = writer or tag == 'w:'
+        holders = holders or tag ~= 'q:'
+    end
+end
+if latest == now then
+    redis.call('DEL', KEYS[1])
+else
+    redis.call('HSET', KEYS[1], 'mode', writer and 'write' or (holders and 'read' or 'free'))
+    redis.call('PEXPIRE', KEYS[1], latest - now)
+end
+redis.call('PUBLISH', ARGV[4], KEYS[1])
+return 1
+)lua",
+    "191e007385bd9b0a4528b314b23c260af71533e4"};
+
 }  // namespace redislock::detail::scripts

@@ -1,0 +1,22 @@
+-- Sets the lease of one holder of a read-write lock to ARGV[3] ms from now, if still held.
+-- Layout: see shared_acquire.lua.
+-- KEYS[1]  the lock's hash
+-- ARGV[1]  the owner id
+-- ARGV[2]  'r' or 'w'
+-- ARGV[3]  the new lease, ms; '0' only checks that the entry is still held
+-- Returns  1 held (and extended); 0 not held (expired, or never)
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local field = ARGV[2] .. ':' .. ARGV[1]
+local count, expiry = string.match(redis.call('HGET', KEYS[1], field) or '', '^(%d+) (%d+)$')
+if not count or tonumber(expiry) <= now then
+    return 0
+end
+local lease = tonumber(ARGV[3])
+if lease > 0 then
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. (now + lease))
+    if redis.call('PTTL', KEYS[1]) < lease then
+        redis.call('PEXPIRE', KEYS[1], lease)
+    end
+end
+return 1

@@ -1,0 +1,47 @@
+-- Leaves a read-write lock ARGV[3] times in mode ARGV[2]; tells waiters when a mode is freed.
+-- Layout: see shared_acquire.lua.
+-- KEYS[1]  the lock's hash
+-- ARGV[1]  the owner id
+-- ARGV[2]  'r' or 'w'
+-- ARGV[3]  how many entries to leave (1 for unlock)
+-- ARGV[4]  the release channel
+-- Returns  1 released (the key is deleted when no one else holds or waits);
+--          0 still held by outer entries; -1 not held (expired, or never)
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local field = ARGV[2] .. ':' .. ARGV[1]
+local entry = redis.call('HGET', KEYS[1], field)
+local count, expiry = string.match(entry or '', '^(%d+) (%d+)$')
+if not count or tonumber(expiry) <= now then
+    return -1
+end
+count = tonumber(count) - tonumber(ARGV[3])
+if count > 0 then
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry)
+    return 0
+end
+redis.call('HDEL', KEYS[1], field)
+if ARGV[2] == 'w' then
+    redis.call('HDEL', KEYS[1], 'fence')
+end
+
+-- What is left: holders set the mode and the key's lease; with no one left, the key goes.
+local writer, holders, latest = false, false, now
+local fields = redis.call('HGETALL', KEYS[1])
+for i = 1, #fields, 2 do
+    local tag = string.sub(fields[i], 1, 2)
+    local left = tonumber(string.match(fields[i + 1], ' (%d+)$') or 0)
+    if left > now and (tag == 'r:' or tag == 'w:' or tag == 'q:') then
+        latest = math.max(latest, left)
+        writer = writer or tag == 'w:'
+        holders = holders or tag ~= 'q:'
+    end
+end
+if latest == now then
+    redis.call('DEL', KEYS[1])
+else
+    redis.call('HSET', KEYS[1], 'mode', writer and 'write' or (holders and 'read' or 'free'))
+    redis.call('PEXPIRE', KEYS[1], latest - now)
+end
+redis.call('PUBLISH', ARGV[4], KEYS[1])
+return 1

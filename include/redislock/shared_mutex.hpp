@@ -1,0 +1,414 @@
+// redislock::basic_shared_mutex: the read-write lock, one Redis hash per name.
+//
+// Layout (see lua/shared_acquire.lua): field r:<owner> or w:<owner> = "<count> <expiry ms>" for
+// every holder, each with its own lease in server time, so one reader's release or expiry never
+// frees another; q:<owner> marks a waiting writer, which makes new readers wait (no writer
+// starvation); `mode` marks the hash as a read-write lock; `fence` holds the writer's fencing
+// token. The key's own TTL is the longest lease in it. Everything is in one key, so it works on
+// Redis Cluster. Owners are as for basic_recursive_mutex: client instance id plus the calling
+// thread, or plus lock_options::owner.
+//
+// TimedLockable (write side) and SharedTimedLockable (read side), so std::unique_lock,
+// std::shared_lock and std::scoped_lock work with it.
+//
+//   state of the caller    | lock()               | lock_shared()        | unlock()  | unlock_shared()
+//   -----------------------+----------------------+----------------------+-----------+----------------
+//   free                   | writes               | reads                | not_held  | not_held
+//   others read            | waits                | reads (unless a      | not_held  | not_held
+//                          |                      | writer waits: waits) |           |
+//   others write           | waits                | waits                | not_held  | not_held
+//   caller reads           | throws (deadlock)    | re-enters            | not_held  | leaves one
+//   caller writes          | re-enters            | reads too (downgrade)| leaves one| not_held
+//   caller writes + reads  | re-enters            | re-enters            | leaves one| leaves one
+//
+// Thread safety: one object may be shared by several threads; each thread is its own owner
+// (unless lock_options::owner is set), so several threads may read through one object at once.
+// owned(), remaining(), extend(), verify() and fencing_token() concern the calling owner.
+// Releases are not retried after a connection failure (a decrement is not idempotent).
+// Lifetime: the client must outlive the lock. Movable, not copyable; a moved-from object may only
+// be destroyed or assigned to. Destroying the object leaves every entry made through it.
+// Exceptions: lock calls throw redislock::error subclasses on failures (never for contention),
+// and std::system_error(resource_deadlock_would_occur) for a reader asking to write;
+// unlock() and unlock_shared() never throw.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/lockable.hpp>
+#include <redislock/detail/names.hpp>
+#include <redislock/detail/owner.hpp>
+#include <redislock/detail/scripts.hpp>
+#include <redislock/detail/wait.hpp>
+#include <redislock/error.hpp>
+#include <redislock/lock_options.hpp>
+#include <redislock/reply.hpp>
+#include <redislock/script.hpp>
+
+namespace redislock {
+
+template <connection C>
+class basic_client;
+
+template <connection C>
+class basic_shared_mutex : public detail::timed_lockable<basic_shared_mutex<C>>,
+                           public detail::shared_timed_lockable<basic_shared_mutex<C>> {
+public:
+    /// Usually made by client.shared_mutex(name, options).
+    /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
+    ///         range, or inconsistent backoff bounds.
+    basic_shared_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
+        : state_{std::make_unique<state>(client.connection(), client.instance_id(), name,
+                                         std::move(options))} {}
+
+    basic_shared_mutex(basic_shared_mutex&&) noexcept = default;
+    basic_shared_mutex& operator=(basic_shared_mutex&& other) noexcept {
+        if (this != &other) {
+            release_on_destruction();
+            state_ = std::move(other.state_);
+        }
+        return *this;
+    }
+    ~basic_shared_mutex() { release_on_destruction(); }
+
+    /// Leaves one write entry. Never throws; a lock found lost calls on_lost.
+    void unlock() noexcept {
+        std::error_code ignored;
+        unlock(ignored);
+    }
+    /// As unlock(), saying how it went (see basic_recursive_mutex::unlock(std::error_code&)).
+    void unlock(std::error_code& ec) noexcept { ec = leave_one(mode::write); }
+
+    /// Leaves one read entry. Never throws; a lock found lost calls on_lost.
+    void unlock_shared() noexcept {
+        std::error_code ignored;
+        unlock_shared(ignored);
+    }
+    void unlock_shared(std::error_code& ec) noexcept { ec = leave_one(mode::read); }
+
+    /// Sets the lease of every mode the caller holds to `lease` from now.
+    /// Returns false (and calls on_lost) if any was lost; false at once if the caller holds none.
+    /// @throws redislock::invalid_argument, redislock::connection_error
+    bool extend(std::chrono::milliseconds lease) {
+        detail::check_lease(lease);
+        return check_caller_holds(lease);
+    }
+
+    /// Asks Redis whether every mode the caller holds is still held. Lost ones call on_lost.
+    /// @throws redislock::connection_error
+    bool verify() { return check_caller_holds(std::chrono::milliseconds::zero()); }
+
+    /// Local, conservative estimate of how long the caller's holds last (the shortest of them);
+    /// zero when the caller holds none or one is known lost.
+    std::chrono::milliseconds remaining() const {
+        const std::string owner = state_->caller_owner();
+        std::lock_guard guard{state_->mutex};
+        std::optional<std::chrono::milliseconds> shortest;
+        for (const hold& h : state_->holds) {
+            if (h.owner == owner) {
+                const auto left = h.lost ? std::chrono::milliseconds::zero()
+                                         : detail::time_left(h.valid_until);
+                shortest = shortest ? std::min(*shortest, left) : left;
+            }
+        }
+        return shortest.value_or(std::chrono::milliseconds::zero());
+    }
+
+    /// Local: true while the caller holds the lock in some mode and remaining() > 0.
+    bool owned() const { return remaining() > std::chrono::milliseconds::zero(); }
+
+    /// The fencing token of the caller's write acquisition; 0 when fencing is off or the caller
+    /// does not hold the write lock.
+    std::int64_t fencing_token() const {
+        const std::string owner = state_->caller_owner();
+        std::lock_guard guard{state_->mutex};
+        const hold* h = find(owner, mode::write);
+        return h ? h->fence : 0;
+    }
+
+    const std::string& name() const noexcept { return state_->name; }
+    const lock_options& options() const noexcept { return state_->options; }
+
+private:
+    friend class detail::timed_lockable<basic_shared_mutex>;
+    friend class detail::shared_timed_lockable<basic_shared_mutex>;
+
+    enum class mode : char { read = 'r', write = 'w' };
+
+    // One owner's entries in one mode, made through this object.
+    struct hold {
+        std::string owner;
+        mode kind;
+        std::size_t depth = 0;
+        bool lost = false;
+        detail::steady::time_point valid_until{};
+        std::int64_t fence = 0;
+    };
+
+    struct state {
+        state(C& connection, std::string_view instance, std::string_view lock_name,
+              lock_options opts)
+            : conn{&connection}, instance_id{instance}, name{lock_name},
+              options{std::move(opts)}, lease_text{options.lease.count()},
+              queue_text{std::max(std::chrono::milliseconds{1000}, 4 * options.backoff_max)
+                             .count()} {
+            detail::check_options(name, options);
+            fence_key = detail::derived_key(name, "fence");
+            channel = detail::derived_key(name, "released");
+        }
+
+        std::string caller_owner() const { return detail::owner_id(instance_id, options.owner); }
+
+        C* conn;
+        std::string instance_id;
+        std::string name;
+        lock_options options;
+        detail::decimal lease_text;
+        detail::decimal queue_text;  // how long a waiting writer keeps readers out
+        std::string fence_key;
+        std::string channel;
+
+        mutable std::mutex mutex;  // guards holds; never held across a round trip
+        std::vector<hold> holds;
+    };
+
+    hold* find(const std::string& owner, mode kind) const {
+        for (hold& h : state_->holds) {
+            if (h.owner == owner && h.kind == kind) {
+                return &h;
+            }
+        }
+        return nullptr;
+    }
+
+    static std::string_view mode_text(mode kind) {
+        return kind == mode::read ? std::string_view{"r"} : std::string_view{"w"};
+    }
+
+    bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
+        return acquire(mode::write, deadline, stop);
+    }
+    bool acquire_shared_until(detail::steady::time_point deadline, const std::stop_token& stop) {
+        return acquire(mode::read, deadline, stop);
+    }
+
+    bool acquire(mode kind, detail::steady::time_point deadline, const std::stop_token& stop) {
+        const std::string owner = state_->caller_owner();
+        if (kind == mode::write) {
+            std::lock_guard guard{state_->mutex};
+            if (find(owner, mode::read) && !find(owner, mode::write)) {
+                throw_upgrade();
+            }
+        }
+        // Only a writer that will wait queues, so a failed try_lock() never holds readers back.
+        const bool queue = kind == mode::write && deadline > detail::steady::now();
+        bool queued = false;
+        const bool acquired = detail::acquire_with_backoff(
+            [&] {
+                auto ttl = attempt(owner, kind, queue);
+                queued = queued || ttl.has_value();
+                return ttl;
+            },
+            deadline, stop, state_->options);
+        if (!acquired && queue && queued) {
+            leave_queue(owner);
+        }
+        return acquired;
+    }
+
+    [[noreturn]] void throw_upgrade() const {
+        throw std::system_error{std::make_error_code(std::errc::resource_deadlock_would_occur),
+                                "redislock: lock() of '" + state_->name +
+                                    "' while holding its read lock would deadlock; "
+                                    "unlock_shared() first"};
+    }
+
+    std::optional<detail::holder_ttl> attempt(const std::string& owner, mode kind, bool queue) {
+        const auto sent = detail::steady::now();
+        const reply r = detail::run_script(
+            *state_->conn, detail::scripts::shared_acquire,
+            std::array<std::string_view, 2>{state_->name, state_->fence_key},
+            std::array<std::string_view, 5>{
+                owner, mode_text(kind), state_->lease_text.view(),
+                kind == mode::write && state_->options.fencing ? "1" : "0",
+                queue ? state_->queue_text.view() : std::string_view{"0"}});
+        if (r.is_error()) {
+            throw server_error{"redislock: cannot lock '" + state_->name + "': " + r.text()};
+        }
+        if (!r.is_array() || r.elements().size() != 2) {
+            throw server_error{"redislock: unexpected reply to a read-write acquisition"};
+        }
+        const std::int64_t status = r.elements()[0].as_integer();
+        const std::int64_t value = r.elements()[1].as_integer();
+        if (status == -1) {
+            throw_upgrade();
+        }
+        if (status == 0) {
+            return detail::holder_ttl{value};
+        }
+        std::lock_guard guard{state_->mutex};
+        hold* h = find(owner, kind);
+        if (!h) {
+            h = &state_->holds.emplace_back(hold{owner, kind});
+        }
+        if (h->depth == 0 || h->lost) {
+            h->depth = 0;
+            h->lost = false;
+            h->fence = value;
+        }
+        ++h->depth;
+        h->valid_until = detail::valid_until(sent, state_->options.lease);
+        return std::nullopt;
+    }
+
+    void leave_queue(const std::string& owner) noexcept {
+        try {
+            const std::string field = "q:" + owner;
+            const std::array<std::string_view, 3> hdel{"HDEL", state_->name, field};
+            (void)state_->conn->execute(hdel);
+        } catch (...) {
+            // The claim expires on its own within queue_text ms.
+        }
+    }
+
+    std::error_code leave_one(mode kind) noexcept {
+        std::string owner;
+        try {
+            owner = state_->caller_owner();
+        } catch (...) {
+            return std::make_error_code(std::errc::not_enough_memory);
+        }
+        {
+            std::lock_guard guard{state_->mutex};
+            const hold* h = find(owner, kind);
+            if (!h || h->depth == 0) {
+                return held_by_other_owner(kind) ? errc::not_holder : errc::not_held;
+            }
+        }
+        return leave(owner, kind, 1);
+    }
+
+    bool held_by_other_owner(mode kind) const {
+        return std::any_of(state_->holds.begin(), state_->holds.end(),
+                           [kind](const hold& h) { return h.kind == kind && h.depth > 0; });
+    }
+
+    // Leaves `entries` entries of `owner` in mode `kind`, in Redis and locally.
+    std::error_code leave(const std::string& owner, mode kind, std::size_t entries) noexcept {
+        std::optional<std::int64_t> outcome;
+        try {
+            const detail::decimal count{static_cast<long long>(entries)};
+            const reply r = detail::run_script(
+                *state_->conn, detail::scripts::shared_release,
+                std::array{std::string_view{state_->name}},
+                std::array<std::string_view, 4>{owner, mode_text(kind), count.view(),
+                                                state_->channel});
+            outcome = r.is_integer() ? r.as_integer() : -1;
+        } catch (...) {
+        }
+        bool was_lost = false;
+        {
+            std::lock_guard guard{state_->mutex};
+            hold* h = find(owner, kind);
+            if (h) {
+                was_lost = outcome && *outcome == -1 && !h->lost;
+                h->depth = outcome && *outcome == -1 ? 0 : h->depth - std::min(entries, h->depth);
+                if (h->depth == 0) {
+                    std::erase_if(state_->holds, [](const hold& x) { return x.depth == 0; });
+                }
+            }
+        }
+        if (!outcome) {
+            return errc::connection_failed;
+        }
+        if (*outcome == -1) {
+            if (was_lost) {
+                notify_lost();
+            }
+            return errc::lock_lost;
+        }
+        return {};
+    }
+
+    // Extends (lease > 0) or checks (lease == 0) every mode the caller holds.
+    bool check_caller_holds(std::chrono::milliseconds lease) {
+        const std::string owner = state_->caller_owner();
+        std::vector<mode> kinds;
+        {
+            std::lock_guard guard{state_->mutex};
+            for (const hold& h : state_->holds) {
+                if (h.owner == owner && h.depth > 0) {
+                    kinds.push_back(h.kind);
+                }
+            }
+        }
+        if (kinds.empty()) {
+            return false;
+        }
+        bool all_held = true;
+        const detail::decimal lease_text{lease.count()};
+        for (mode kind : kinds) {
+            const auto sent = detail::steady::now();
+            const reply r = detail::run_script(
+                *state_->conn, detail::scripts::shared_extend,
+                std::array{std::string_view{state_->name}},
+                std::array<std::string_view, 3>{owner, mode_text(kind), lease_text.view()});
+            const bool held = r.is_integer() && r.as_integer() == 1;
+            all_held = all_held && held;
+            bool newly_lost = false;
+            {
+                std::lock_guard guard{state_->mutex};
+                hold* h = find(owner, kind);
+                if (h && held && lease > std::chrono::milliseconds::zero()) {
+                    h->valid_until = detail::valid_until(sent, lease);
+                }
+                if (h && !held && !h->lost) {
+                    h->lost = newly_lost = true;
+                }
+            }
+            if (newly_lost) {
+                notify_lost();
+            }
+        }
+        return all_held;
+    }
+
+    void notify_lost() noexcept {
+        if (state_->options.on_lost) {
+            state_->options.on_lost();
+        }
+    }
+
+    void release_on_destruction() noexcept {
+        if (!state_) {
+            return;
+        }
+        std::vector<hold> holds;
+        {
+            std::lock_guard guard{state_->mutex};
+            holds = state_->holds;
+        }
+        for (const hold& h : holds) {
+            if (h.depth > 0) {
+                (void)leave(h.owner, h.kind, h.depth);
+            }
+        }
+    }
+
+    std::unique_ptr<state> state_;
+};
+
+}  // namespace redislock
