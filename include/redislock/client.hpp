@@ -5,18 +5,22 @@
 //   auto m = client.mutex("orders:42", {.lease = 5s});
 //
 // Thread safety: every member may be called from any thread.
-// Lifetime: not copyable or movable; locks made by a client refer to it and must not outlive it.
-// After fork(), a child must make its own client: a connection is not shared across processes.
+// Lifetime: not copyable or movable. Locks share the client's connection, so a lock may outlive
+// its client and still release; the client's destructor stops and joins the watchdog thread,
+// after which no lease is renewed.
+// fork(): a child's copy renews none of the parent's leases (see watchdog.hpp); the hiredis
+// adapter opens fresh connections in the child.
 #pragma once
 
 #include <concepts>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/token.hpp>
+#include <redislock/detail/client_core.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/mutex.hpp>
 #include <redislock/recursive_mutex.hpp>
@@ -32,7 +36,7 @@ public:
     using connection_type = C;
 
     /// Takes ownership of a ready connection.
-    explicit basic_client(C conn) : connection_{std::move(conn)} {}
+    explicit basic_client(C conn) : core_{std::make_shared<detail::client_core<C>>(std::move(conn))} {}
 
     /// Builds the connection in place from its constructor's arguments, e.g. a URI or an
     /// endpoint for hiredis_connection.
@@ -42,10 +46,12 @@ public:
         requires(sizeof...(Args) > 0 && std::constructible_from<C, Args...> &&
                  !(sizeof...(Args) == 1 &&
                    (std::same_as<std::remove_cvref_t<Args>, basic_client> || ...)))
-    explicit basic_client(Args&&... args) : connection_(std::forward<Args>(args)...) {}
+    explicit basic_client(Args&&... args)
+        : core_{std::make_shared<detail::client_core<C>>(std::forward<Args>(args)...)} {}
 
     basic_client(const basic_client&) = delete;
     basic_client& operator=(const basic_client&) = delete;
+    ~basic_client() { core_->watchdog.stop(); }
 
     /// A simple lock (SET NX PX) on `name`. @throws redislock::invalid_argument
     basic_mutex<C> mutex(std::string_view name, lock_options options = {}) {
@@ -63,14 +69,23 @@ public:
         return basic_shared_mutex<C>{*this, name, std::move(options)};
     }
 
-    C& connection() noexcept { return connection_; }
+    C& connection() noexcept { return core_->connection; }
 
     /// Random 128-bit id of this client, the first half of every owner id it writes.
-    const std::string& instance_id() const noexcept { return instance_id_; }
+    const std::string& instance_id() const noexcept { return core_->instance_id; }
+
+    /// The thread that renews leases of locks with lock_options::watchdog.
+    basic_watchdog<C>& watchdog() noexcept { return core_->watchdog; }
 
 private:
-    C connection_;
-    std::string instance_id_ = detail::token::random().str();
+    template <redislock::connection D>
+    friend class basic_mutex;
+    template <redislock::connection D>
+    friend class basic_recursive_mutex;
+    template <redislock::connection D>
+    friend class basic_shared_mutex;
+
+    std::shared_ptr<detail::client_core<C>> core_;
 };
 
 }  // namespace redislock

@@ -8,6 +8,7 @@
 //
 // Thread safety: execute() and execute_pipeline() may be called from any number of threads.
 // Lifetime: movable, not copyable; contexts are closed on destruction.
+// fork(): a child never uses its parent's sockets; it drops them and opens its own.
 // SIGPIPE: hiredis writes with write(2), so a write to a connection the server closed raises
 // SIGPIPE. If the process still has the default action (terminate), the constructor sets it to
 // SIG_IGN; an application that installed its own handler keeps it.
@@ -33,6 +34,7 @@
 #include <hiredis/hiredis.h>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/token.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
 #include <redislock/reply.hpp>
@@ -168,6 +170,7 @@ public:
         }
         reply result = detail::convert_reply(*static_cast<redisReply*>(raw.get()));
         pool_->release(std::move(ctx));
+        pool_->round_trips.fetch_add(1, std::memory_order_relaxed);
         return result;
     }
 
@@ -196,6 +199,7 @@ public:
             results.push_back(detail::convert_reply(*static_cast<redisReply*>(raw.get())));
         }
         pool_->release(std::move(ctx));
+        pool_->round_trips.fetch_add(1, std::memory_order_relaxed);
         return results;
     }
 
@@ -204,6 +208,11 @@ public:
     /// Connections opened so far, the first one included (a reconnect adds one).
     std::uint64_t connections_opened() const noexcept {
         return pool_->opened.load(std::memory_order_relaxed);
+    }
+
+    /// Round trips completed: one per execute(), one per execute_pipeline() batch.
+    std::uint64_t round_trips() const noexcept {
+        return pool_->round_trips.load(std::memory_order_relaxed);
     }
 
 private:
@@ -216,9 +225,12 @@ private:
         std::vector<detail::context_ptr> idle;
         std::size_t open_count = 0;  // idle + in use
         std::atomic<std::uint64_t> opened{0};
+        std::atomic<std::uint64_t> round_trips{0};
+        std::uint64_t fork_generation = detail::fork_generation().load(std::memory_order_relaxed);
 
         detail::context_ptr acquire() {
             std::unique_lock lock{mutex};
+            forget_parent_connections();
             for (;;) {
                 while (!idle.empty()) {
                     detail::context_ptr ctx = std::move(idle.back());
@@ -246,6 +258,16 @@ private:
                                         " became free in time (pool_size " +
                                         std::to_string(config.pool_size) + ")"};
                 }
+            }
+        }
+
+        // After fork() the idle contexts are the parent's sockets: close our copies, keep theirs.
+        void forget_parent_connections() {
+            const auto generation = detail::fork_generation().load(std::memory_order_relaxed);
+            if (generation != fork_generation) {
+                fork_generation = generation;
+                idle.clear();
+                open_count = 0;
             }
         }
 

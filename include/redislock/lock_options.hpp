@@ -33,6 +33,11 @@ struct lock_options {
     /// replaces the calling thread in the owner, so a task may lock on one thread and unlock on
     /// another. Empty means "the calling thread".
     std::string owner{};
+
+    /// With the watchdog: the longest a lock is kept alive by renewals, counted from its
+    /// acquisition; past it renewals stop, the lease runs out and the loss is reported through
+    /// on_lost. Zero (the default) means no cap.
+    std::chrono::milliseconds max_hold{0};
 };
 
 /// The longest lease accepted: 2^40 ms, about 34 years (the steady clock and PX both hold it).

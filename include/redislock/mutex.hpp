@@ -12,8 +12,10 @@
 // that locked it holds it (or, with lock_options::owner set, the object itself does); lock()
 // from the holder throws std::system_error(resource_deadlock_would_occur); unlock() from
 // another thread does nothing and reports errc::not_holder through unlock(std::error_code&).
-// Lifetime: the client that made the lock must outlive it. Movable, not copyable; a moved-from
-// object may only be destroyed or assigned to. Destroying a held lock releases it.
+// With lock_options::watchdog the client's watchdog renews the lease until unlock() (see
+// watchdog.hpp); unlock() stops the renewals before it releases.
+// Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
+// moved-from object may only be destroyed or assigned to. Destroying a held lock releases it.
 // Exceptions: lock calls throw redislock::error subclasses on failures (never for contention);
 // unlock() never throws.
 #pragma once
@@ -33,6 +35,7 @@
 #include <utility>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/client_core.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/scripts.hpp>
@@ -55,7 +58,7 @@ public:
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, or inconsistent backoff bounds.
     basic_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : state_{std::make_unique<state>(client.connection(), name, std::move(options))} {}
+        : state_{std::make_unique<state>(client.core_, name, std::move(options))} {}
 
     basic_mutex(basic_mutex&&) noexcept = default;
     basic_mutex& operator=(basic_mutex&& other) noexcept {
@@ -94,6 +97,7 @@ public:
             state_->held = false;
             state_->release_pending = true;
         }
+        stop_renewing();
         ec = release(token);
     }
 
@@ -119,7 +123,7 @@ public:
             }
             return true;
         }
-        mark_lost(*token);
+        mark_lost(*state_, *token);
         return false;
     }
 
@@ -149,7 +153,7 @@ public:
         if (r.is_string() && r.text() == token->view()) {
             return true;
         }
-        mark_lost(*token);
+        mark_lost(*state_, *token);
         return false;
     }
 
@@ -167,9 +171,10 @@ private:
     friend class detail::timed_lockable<basic_mutex>;
 
     struct state {
-        state(C& connection, std::string_view lock_name, lock_options opts)
-            : conn{&connection}, name{lock_name}, options{std::move(opts)},
-              lease_text{options.lease.count()} {
+        state(std::shared_ptr<detail::client_core<C>> client, std::string_view lock_name,
+              lock_options opts)
+            : core{std::move(client)}, conn{&core->connection}, name{lock_name},
+              options{std::move(opts)}, lease_text{options.lease.count()} {
             detail::check_options(name, options);
             fence_key = detail::derived_key(name, "fence");
             channel = detail::derived_key(name, "released");
@@ -179,6 +184,7 @@ private:
             return !options.owner.empty() || holder == std::this_thread::get_id();
         }
 
+        std::shared_ptr<detail::client_core<C>> core;
         C* conn;
         std::string name;
         lock_options options;
@@ -194,6 +200,7 @@ private:
         std::thread::id holder;
         detail::steady::time_point valid_until;
         std::int64_t fence = 0;
+        typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
     };
 
     std::optional<detail::token> held_token() const {
@@ -268,11 +275,13 @@ private:
     void on_acquired(const detail::token& token, detail::steady::time_point sent,
                      std::int64_t fence) {
         bool previous_lost = false;
+        typename basic_watchdog<C>::lease_id previous_renewal = 0;
         {
             std::lock_guard guard{state_->mutex};
             // Another thread of this object still thinks it holds: its lease ran out, since we
             // could take the key. Its acquisition is lost.
             previous_lost = state_->held && !state_->lost;
+            previous_renewal = std::exchange(state_->renewal, 0);
             state_->held = true;
             state_->lost = false;
             state_->release_pending = false;
@@ -281,26 +290,68 @@ private:
             state_->valid_until = detail::valid_until(sent, state_->options.lease);
             state_->fence = fence;
         }
+        state_->core->watchdog.remove(previous_renewal);
         if (previous_lost) {
-            notify_lost();
+            notify_lost(*state_);
         }
+        if (state_->options.watchdog) {
+            start_renewing(token, sent);
+        }
+    }
+
+    void start_renewing(const detail::token& token, detail::steady::time_point sent) {
+        state* st = state_.get();
+        lease_renewal renewal{&detail::scripts::mutex_extend,
+                              {st->name},
+                              {token.str(), std::string{st->lease_text.view()}},
+                              st->options.lease,
+                              st->options.max_hold,
+                              [st, token](detail::steady::time_point renewed_at) {
+                                  std::lock_guard guard{st->mutex};
+                                  if (st->held && st->token == token) {
+                                      st->valid_until =
+                                          detail::valid_until(renewed_at, st->options.lease);
+                                  }
+                              },
+                              [st, token] { mark_lost(*st, token); }};
+        const auto id = st->core->watchdog.add(std::move(renewal), sent);
+        bool still_ours = false;
+        {
+            std::lock_guard guard{st->mutex};
+            still_ours = st->held && st->token == token;
+            if (still_ours) {
+                st->renewal = id;
+            }
+        }
+        if (!still_ours) {
+            st->core->watchdog.remove(id);
+        }
+    }
+
+    void stop_renewing() noexcept {
+        typename basic_watchdog<C>::lease_id id = 0;
+        {
+            std::lock_guard guard{state_->mutex};
+            id = std::exchange(state_->renewal, 0);
+        }
+        state_->core->watchdog.remove(id);
     }
 
     // Marks the acquisition holding `token` lost and calls on_lost, once per acquisition.
-    void mark_lost(const detail::token& token) {
+    static void mark_lost(state& st, const detail::token& token) {
         {
-            std::lock_guard guard{state_->mutex};
-            if (!state_->held || state_->token != token || state_->lost) {
+            std::lock_guard guard{st.mutex};
+            if (!st.held || st.token != token || st.lost) {
                 return;
             }
-            state_->lost = true;
+            st.lost = true;
         }
-        notify_lost();
+        notify_lost(st);
     }
 
-    void notify_lost() noexcept {
-        if (state_->options.on_lost) {
-            state_->options.on_lost();
+    static void notify_lost(state& st) noexcept {
+        if (st.options.on_lost) {
+            st.options.on_lost();
         }
     }
 
@@ -338,7 +389,7 @@ private:
             return {};
         }
         if (was_lost) {
-            notify_lost();
+            notify_lost(*state_);
         }
         return errc::lock_lost;
     }
@@ -370,6 +421,7 @@ private:
                 state_->release_pending = true;
             }
         }
+        stop_renewing();
         if (token) {
             (void)release(*token);
         }

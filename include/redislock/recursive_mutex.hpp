@@ -16,8 +16,11 @@
 // unlock(std::error_code&); it never touches the holder's count.
 // Releases are not retried after a connection failure (a decrement is not idempotent): the
 // entry then stays in Redis until its lease runs out, and unlock(ec) says connection_failed.
-// Lifetime: the client must outlive the lock. Movable, not copyable; a moved-from object may only
-// be destroyed or assigned to. Destroying a held lock leaves every entry made through it.
+// With lock_options::watchdog the lease is renewed from the first entry through this object
+// until the last one is left (see watchdog.hpp).
+// Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
+// moved-from object may only be destroyed or assigned to. Destroying a held lock leaves every
+// entry made through it.
 // Exceptions: lock calls throw redislock::error subclasses on failures (never for contention);
 // unlock() never throws.
 #pragma once
@@ -37,6 +40,7 @@
 #include <utility>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/client_core.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/owner.hpp>
@@ -60,8 +64,7 @@ public:
     ///         range, or inconsistent backoff bounds.
     basic_recursive_mutex(basic_client<C>& client, std::string_view name,
                           lock_options options = {})
-        : state_{std::make_unique<state>(client.connection(), client.instance_id(), name,
-                                         std::move(options))} {}
+        : state_{std::make_unique<state>(client.core_, name, std::move(options))} {}
 
     basic_recursive_mutex(basic_recursive_mutex&&) noexcept = default;
     basic_recursive_mutex& operator=(basic_recursive_mutex&& other) noexcept {
@@ -98,6 +101,9 @@ public:
             }
             owner = state_->holder_owner;
         }
+        if (depth() == 1) {
+            stop_renewing();
+        }
         ec = leave(owner, 1);
     }
 
@@ -123,7 +129,7 @@ public:
             }
             return true;
         }
-        mark_lost(*owner);
+        mark_lost(*state_, *owner);
         return false;
     }
 
@@ -157,7 +163,7 @@ public:
         if (r.is_integer() && r.as_integer() == 1) {
             return true;
         }
-        mark_lost(*owner);
+        mark_lost(*state_, *owner);
         return false;
     }
 
@@ -174,10 +180,10 @@ private:
     friend class detail::timed_lockable<basic_recursive_mutex>;
 
     struct state {
-        state(C& connection, std::string_view instance, std::string_view lock_name,
+        state(std::shared_ptr<detail::client_core<C>> client, std::string_view lock_name,
               lock_options opts)
-            : conn{&connection}, instance_id{instance}, name{lock_name},
-              options{std::move(opts)}, lease_text{options.lease.count()} {
+            : core{std::move(client)}, conn{&core->connection}, instance_id{core->instance_id},
+              name{lock_name}, options{std::move(opts)}, lease_text{options.lease.count()} {
             detail::check_options(name, options);
             fence_key = detail::derived_key(name, "fence");
             channel = detail::derived_key(name, "released");
@@ -188,6 +194,7 @@ private:
         }
         std::string caller_owner() const { return detail::owner_id(instance_id, options.owner); }
 
+        std::shared_ptr<detail::client_core<C>> core;
         C* conn;
         std::string instance_id;
         std::string name;
@@ -203,6 +210,7 @@ private:
         std::string holder_owner;
         detail::steady::time_point valid_until;
         std::int64_t fence = 0;
+        typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
     };
 
     std::optional<std::string> held_owner() const {
@@ -239,6 +247,8 @@ private:
             return detail::holder_ttl{value};
         }
         bool previous_lost = false;
+        bool first_entry = false;
+        typename basic_watchdog<C>::lease_id previous_renewal = 0;
         {
             std::lock_guard guard{state_->mutex};
             if (state_->depth > 0 && state_->holder_owner != owner) {
@@ -247,6 +257,8 @@ private:
                 state_->depth = 0;
             }
             if (state_->depth == 0) {
+                first_entry = true;
+                previous_renewal = std::exchange(state_->renewal, 0);
                 state_->lost = false;
                 state_->holder = std::this_thread::get_id();
                 state_->holder_owner = owner;
@@ -255,10 +267,52 @@ private:
             ++state_->depth;
             state_->valid_until = detail::valid_until(sent, state_->options.lease);
         }
+        state_->core->watchdog.remove(previous_renewal);
         if (previous_lost) {
-            notify_lost();
+            notify_lost(*state_);
+        }
+        if (first_entry && state_->options.watchdog) {
+            start_renewing(owner, sent);
         }
         return std::nullopt;
+    }
+
+    void start_renewing(const std::string& owner, detail::steady::time_point sent) {
+        state* st = state_.get();
+        lease_renewal renewal{&detail::scripts::recursive_extend,
+                              {st->name},
+                              {owner, std::string{st->lease_text.view()}},
+                              st->options.lease,
+                              st->options.max_hold,
+                              [st, owner](detail::steady::time_point renewed_at) {
+                                  std::lock_guard guard{st->mutex};
+                                  if (st->depth > 0 && st->holder_owner == owner) {
+                                      st->valid_until =
+                                          detail::valid_until(renewed_at, st->options.lease);
+                                  }
+                              },
+                              [st, owner] { mark_lost(*st, owner); }};
+        const auto id = st->core->watchdog.add(std::move(renewal), sent);
+        bool still_ours = false;
+        {
+            std::lock_guard guard{st->mutex};
+            still_ours = st->depth > 0 && st->holder_owner == owner && st->renewal == 0;
+            if (still_ours) {
+                st->renewal = id;
+            }
+        }
+        if (!still_ours) {
+            st->core->watchdog.remove(id);
+        }
+    }
+
+    void stop_renewing() noexcept {
+        typename basic_watchdog<C>::lease_id id = 0;
+        {
+            std::lock_guard guard{state_->mutex};
+            id = std::exchange(state_->renewal, 0);
+        }
+        state_->core->watchdog.remove(id);
     }
 
     // Leaves `entries` entries of `owner` in Redis and updates the local count.
@@ -295,27 +349,27 @@ private:
         }
         if (*outcome == -1) {
             if (was_lost) {
-                notify_lost();
+                notify_lost(*state_);
             }
             return errc::lock_lost;
         }
         return {};
     }
 
-    void mark_lost(const std::string& owner) {
+    static void mark_lost(state& st, const std::string& owner) {
         {
-            std::lock_guard guard{state_->mutex};
-            if (state_->depth == 0 || state_->holder_owner != owner || state_->lost) {
+            std::lock_guard guard{st.mutex};
+            if (st.depth == 0 || st.holder_owner != owner || st.lost) {
                 return;
             }
-            state_->lost = true;
+            st.lost = true;
         }
-        notify_lost();
+        notify_lost(st);
     }
 
-    void notify_lost() noexcept {
-        if (state_->options.on_lost) {
-            state_->options.on_lost();
+    static void notify_lost(state& st) noexcept {
+        if (st.options.on_lost) {
+            st.options.on_lost();
         }
     }
 
@@ -330,6 +384,7 @@ private:
             entries = state_->depth;
             owner = state_->holder_owner;
         }
+        stop_renewing();
         if (entries > 0) {
             (void)leave(owner, entries);
         }

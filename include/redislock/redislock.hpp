@@ -13,6 +13,7 @@
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
 #include <redislock/shared_mutex.hpp>
+#include <redislock/watchdog.hpp>
 
 namespace redislock {
 
@@ -20,5 +21,6 @@ using client = basic_client<hiredis_connection>;
 using mutex = basic_mutex<hiredis_connection>;
 using recursive_mutex = basic_recursive_mutex<hiredis_connection>;
 using shared_mutex = basic_shared_mutex<hiredis_connection>;
+using watchdog = basic_watchdog<hiredis_connection>;
 
 }  // namespace redislock

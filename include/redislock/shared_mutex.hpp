@@ -25,8 +25,11 @@
 // (unless lock_options::owner is set), so several threads may read through one object at once.
 // owned(), remaining(), extend(), verify() and fencing_token() concern the calling owner.
 // Releases are not retried after a connection failure (a decrement is not idempotent).
-// Lifetime: the client must outlive the lock. Movable, not copyable; a moved-from object may only
-// be destroyed or assigned to. Destroying the object leaves every entry made through it.
+// With lock_options::watchdog each held mode of each owner is renewed from its first entry
+// through this object until its last one is left (see watchdog.hpp).
+// Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
+// moved-from object may only be destroyed or assigned to. Destroying the object leaves every
+// entry made through it.
 // Exceptions: lock calls throw redislock::error subclasses on failures (never for contention),
 // and std::system_error(resource_deadlock_would_occur) for a reader asking to write;
 // unlock() and unlock_shared() never throw.
@@ -48,6 +51,7 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/client_core.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/owner.hpp>
@@ -71,8 +75,7 @@ public:
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, or inconsistent backoff bounds.
     basic_shared_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : state_{std::make_unique<state>(client.connection(), client.instance_id(), name,
-                                         std::move(options))} {}
+        : state_{std::make_unique<state>(client.core_, name, std::move(options))} {}
 
     basic_shared_mutex(basic_shared_mutex&&) noexcept = default;
     basic_shared_mutex& operator=(basic_shared_mutex&& other) noexcept {
@@ -156,13 +159,14 @@ private:
         bool lost = false;
         detail::steady::time_point valid_until{};
         std::int64_t fence = 0;
+        typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
     };
 
     struct state {
-        state(C& connection, std::string_view instance, std::string_view lock_name,
+        state(std::shared_ptr<detail::client_core<C>> client, std::string_view lock_name,
               lock_options opts)
-            : conn{&connection}, instance_id{instance}, name{lock_name},
-              options{std::move(opts)}, lease_text{options.lease.count()},
+            : core{std::move(client)}, conn{&core->connection}, instance_id{core->instance_id},
+              name{lock_name}, options{std::move(opts)}, lease_text{options.lease.count()},
               queue_text{std::max(std::chrono::milliseconds{1000}, 4 * options.backoff_max)
                              .count()} {
             detail::check_options(name, options);
@@ -172,6 +176,7 @@ private:
 
         std::string caller_owner() const { return detail::owner_id(instance_id, options.owner); }
 
+        std::shared_ptr<detail::client_core<C>> core;
         C* conn;
         std::string instance_id;
         std::string name;
@@ -185,8 +190,10 @@ private:
         std::vector<hold> holds;
     };
 
-    hold* find(const std::string& owner, mode kind) const {
-        for (hold& h : state_->holds) {
+    hold* find(const std::string& owner, mode kind) const { return find_in(*state_, owner, kind); }
+
+    static hold* find_in(state& st, const std::string& owner, mode kind) {
+        for (hold& h : st.holds) {
             if (h.owner == owner && h.kind == kind) {
                 return &h;
             }
@@ -259,19 +266,83 @@ private:
         if (status == 0) {
             return detail::holder_ttl{value};
         }
-        std::lock_guard guard{state_->mutex};
-        hold* h = find(owner, kind);
-        if (!h) {
-            h = &state_->holds.emplace_back(hold{owner, kind});
+        bool first_entry = false;
+        typename basic_watchdog<C>::lease_id previous_renewal = 0;
+        {
+            std::lock_guard guard{state_->mutex};
+            hold* h = find(owner, kind);
+            if (!h) {
+                h = &state_->holds.emplace_back(hold{owner, kind});
+            }
+            if (h->depth == 0 || h->lost) {
+                first_entry = true;
+                previous_renewal = std::exchange(h->renewal, 0);
+                h->depth = 0;
+                h->lost = false;
+                h->fence = value;
+            }
+            ++h->depth;
+            h->valid_until = detail::valid_until(sent, state_->options.lease);
         }
-        if (h->depth == 0 || h->lost) {
-            h->depth = 0;
-            h->lost = false;
-            h->fence = value;
+        state_->core->watchdog.remove(previous_renewal);
+        if (first_entry && state_->options.watchdog) {
+            start_renewing(owner, kind, sent);
         }
-        ++h->depth;
-        h->valid_until = detail::valid_until(sent, state_->options.lease);
         return std::nullopt;
+    }
+
+    void start_renewing(const std::string& owner, mode kind, detail::steady::time_point sent) {
+        state* st = state_.get();
+        lease_renewal renewal{&detail::scripts::shared_extend,
+                              {st->name},
+                              {owner, std::string{mode_text(kind)},
+                               std::string{st->lease_text.view()}},
+                              st->options.lease,
+                              st->options.max_hold,
+                              [st, owner, kind](detail::steady::time_point renewed_at) {
+                                  std::lock_guard guard{st->mutex};
+                                  if (hold* h = find_in(*st, owner, kind); h && h->depth > 0) {
+                                      h->valid_until =
+                                          detail::valid_until(renewed_at, st->options.lease);
+                                  }
+                              },
+                              [st, owner, kind] { mark_lost(*st, owner, kind); }};
+        const auto id = st->core->watchdog.add(std::move(renewal), sent);
+        bool still_ours = false;
+        {
+            std::lock_guard guard{st->mutex};
+            hold* h = find_in(*st, owner, kind);
+            still_ours = h && h->depth > 0 && h->renewal == 0;
+            if (still_ours) {
+                h->renewal = id;
+            }
+        }
+        if (!still_ours) {
+            st->core->watchdog.remove(id);
+        }
+    }
+
+    void stop_renewing(const std::string& owner, mode kind) noexcept {
+        typename basic_watchdog<C>::lease_id id = 0;
+        {
+            std::lock_guard guard{state_->mutex};
+            if (hold* h = find(owner, kind)) {
+                id = std::exchange(h->renewal, 0);
+            }
+        }
+        state_->core->watchdog.remove(id);
+    }
+
+    static void mark_lost(state& st, const std::string& owner, mode kind) {
+        {
+            std::lock_guard guard{st.mutex};
+            hold* h = find_in(st, owner, kind);
+            if (!h || h->depth == 0 || h->lost) {
+                return;
+            }
+            h->lost = true;
+        }
+        notify_lost(st);
     }
 
     void leave_queue(const std::string& owner) noexcept {
@@ -291,12 +362,17 @@ private:
         } catch (...) {
             return std::make_error_code(std::errc::not_enough_memory);
         }
+        bool last_entry = false;
         {
             std::lock_guard guard{state_->mutex};
             const hold* h = find(owner, kind);
             if (!h || h->depth == 0) {
                 return held_by_other_owner(kind) ? errc::not_holder : errc::not_held;
             }
+            last_entry = h->depth == 1;
+        }
+        if (last_entry) {
+            stop_renewing(owner, kind);
         }
         return leave(owner, kind, 1);
     }
@@ -336,7 +412,7 @@ private:
         }
         if (*outcome == -1) {
             if (was_lost) {
-                notify_lost();
+                notify_lost(*state_);
             }
             return errc::lock_lost;
         }
@@ -380,15 +456,15 @@ private:
                 }
             }
             if (newly_lost) {
-                notify_lost();
+                notify_lost(*state_);
             }
         }
         return all_held;
     }
 
-    void notify_lost() noexcept {
-        if (state_->options.on_lost) {
-            state_->options.on_lost();
+    static void notify_lost(state& st) noexcept {
+        if (st.options.on_lost) {
+            st.options.on_lost();
         }
     }
 
@@ -402,6 +478,7 @@ private:
             holds = state_->holds;
         }
         for (const hold& h : holds) {
+            stop_renewing(h.owner, h.kind);
             if (h.depth > 0) {
                 (void)leave(h.owner, h.kind, h.depth);
             }

@@ -1,0 +1,430 @@
+// redislock::basic_watchdog: renews the leases of held locks while work runs.
+//
+// One background thread per client, however many locks are held. It keeps a timer queue of
+// leases ordered by next renewal; each lease is renewed every lease/3 by its lock's
+// compare-and-PEXPIRE script, counted from when the previous renewal was *sent*. Renewals that
+// fall due together (within a quarter of their interval) go to Redis as one pipelined batch when
+// the connection models pipelining_connection, one command each otherwise.
+//
+// A renewal that finds the lock gone (expired, deleted, taken, server restarted) marks it lost:
+// the lock's owned() turns false and on_lost is called once, from the watchdog thread, with no
+// library lock held (the handler may call unlock(), verify() or take other locks). A renewal
+// that fails on the network is retried while lease time is left, and reported lost once the
+// lease has surely run out. lock_options::max_hold caps how long a lock is kept alive: past it
+// renewals stop and the expiry is reported like a loss.
+//
+// Thread safety: every member may be called from any thread, including from on_lost handlers
+// on the watchdog thread. remove() waits for a renewal of that lease in flight to finish (unless
+// called from the watchdog thread), so once it returns no callback of the lease runs again.
+// Lifetime: the thread starts with the first lease and is stopped and joined by stop() or the
+// destructor; leases still registered then are dropped (their locks keep their current lease).
+// fork(): the thread does not exist in a child; a child never renews its parent's leases. Its
+// copy of the watchdog drops every inherited lease on first use and starts its own thread.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <ctime>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/token.hpp>
+#include <redislock/error.hpp>
+#include <redislock/detail/wait.hpp>
+#include <redislock/reply.hpp>
+#include <redislock/script.hpp>
+
+namespace redislock {
+
+/// What the watchdog needs to keep one lease alive.
+struct lease_renewal {
+    const script* renew_script = nullptr;  ///< compare-and-PEXPIRE: returns 1 renewed, 0 lost
+    std::vector<std::string> keys;
+    std::vector<std::string> args;
+    std::chrono::milliseconds lease{};
+    std::chrono::milliseconds max_hold{};  ///< 0: renew until removed
+    /// Called after each successful renewal with the time it was sent.
+    std::function<void(detail::steady::time_point sent)> renewed{};
+    /// Called once when the lease is found lost or has run out (max_hold, failures).
+    std::function<void()> lost{};
+};
+
+/// Counters for tests and benchmarks.
+struct watchdog_stats {
+    std::uint64_t renewals = 0;     ///< renewal commands sent
+    std::uint64_t round_trips = 0;  ///< batches (pipelined) or single commands sent
+    std::uint64_t losses = 0;       ///< leases reported lost
+    std::chrono::nanoseconds cpu_time{};  ///< CPU time used by the watchdog thread
+};
+
+template <connection C>
+class basic_watchdog {
+public:
+    using lease_id = std::uint64_t;
+
+    explicit basic_watchdog(C& conn) : conn_{&conn} {}
+    basic_watchdog(const basic_watchdog&) = delete;
+    basic_watchdog& operator=(const basic_watchdog&) = delete;
+    ~basic_watchdog() { stop(); }
+
+    /// Starts renewing a lease whose last grant was sent at `sent`. Returns its id for remove().
+    lease_id add(lease_renewal renewal, detail::steady::time_point sent) {
+        std::unique_lock lock{mutex_};
+        forget_parent_after_fork();
+        if (stopped_) {
+            return 0;  // the client is going away; the lock keeps its current lease
+        }
+        if (renewal.renew_script == nullptr || renewal.keys.size() > 9 ||
+            renewal.lease <= std::chrono::milliseconds::zero()) {
+            throw invalid_argument{"redislock: a lease renewal needs a script, at most 9 keys "
+                                   "and a positive lease"};
+        }
+        const lease_id id = next_id_++;
+        entry e{std::move(renewal)};
+        e.registered = sent;
+        e.interval = std::max(e.renewal.lease / 3, std::chrono::milliseconds{1});
+        e.confirmed_at = detail::steady::now();
+        e.due = sent + e.interval;
+        widest_window_ = std::max(widest_window_, e.interval / 4);
+        queue_.emplace(e.due, id);
+        const bool earliest = queue_.begin()->second == id;
+        entries_.emplace(id, std::move(e));
+        if (!thread_.joinable()) {
+            thread_ = std::thread{[this] { run(); }};
+        } else if (earliest) {
+            wake_.notify_all();
+        }
+        return id;
+    }
+
+    /// Stops renewing a lease. Once it returns, none of the lease's callbacks runs again
+    /// (a renewal already sent may still reach Redis; the scripts compare before they act).
+    void remove(lease_id id) {
+        if (id == 0) {
+            return;
+        }
+        std::unique_lock lock{mutex_};
+        // A renewal in flight reads the entry's strings: wait for it, unless this is the
+        // watchdog thread itself (an on_lost handler), which is past sending by then.
+        if (std::this_thread::get_id() != thread_id_) {
+            done_.wait(lock, [&] { return !in_flight_.contains(id); });
+        }
+        if (auto it = entries_.find(id); it != entries_.end()) {
+            queue_.erase({it->second.due, id});
+            entries_.erase(it);
+        }
+    }
+
+    /// Stops and joins the thread; drops every lease. Idempotent.
+    void stop() {
+        std::thread thread;
+        {
+            std::lock_guard lock{mutex_};
+            stopped_ = true;
+            entries_.clear();
+            queue_.clear();
+            thread = std::move(thread_);
+        }
+        wake_.notify_all();
+        if (thread.joinable()) {
+            if (fork_generation_ == detail::fork_generation().load(std::memory_order_relaxed)) {
+                thread.join();
+            } else {
+                thread.detach();  // the thread belongs to the parent; nothing runs here
+            }
+        }
+    }
+
+    std::size_t size() const {
+        std::lock_guard lock{mutex_};
+        return entries_.size();
+    }
+
+    watchdog_stats stats() const {
+        std::lock_guard lock{mutex_};
+        return stats_;
+    }
+
+private:
+    struct entry {
+        lease_renewal renewal;
+        detail::steady::time_point registered{};
+        detail::steady::duration interval{};
+        detail::steady::time_point due{};
+        detail::steady::time_point confirmed_at{};  // reply to the last successful grant
+        bool expiring = false;                      // max_hold reached: no more renewals
+    };
+
+    // A renewal taken out of the queue for one batch.
+    struct job {
+        lease_id id;
+        const script* renew_script;
+        std::vector<std::string_view> argv;  // EVALSHA sha nkeys keys... args...; empty: expiry
+    };
+
+    enum class outcome { renewed, lost, failed };
+
+    void forget_parent_after_fork() {
+        const auto generation = detail::fork_generation().load(std::memory_order_relaxed);
+        if (generation == fork_generation_) {
+            return;
+        }
+        fork_generation_ = generation;
+        entries_.clear();
+        queue_.clear();
+        in_flight_.clear();
+        if (thread_.joinable()) {
+            thread_.detach();
+        }
+        thread_id_ = {};
+    }
+
+    void run() {
+        std::unique_lock lock{mutex_};
+        thread_id_ = std::this_thread::get_id();
+        while (!stopped_) {
+            if (queue_.empty()) {
+                wake_.wait(lock);
+                continue;
+            }
+            const auto now = detail::steady::now();
+            if (queue_.begin()->first > now) {
+                wake_.wait_until(lock, queue_.begin()->first);
+                continue;
+            }
+            std::vector<job> batch = take_due(now);
+            lock.unlock();
+            const auto cpu_before = thread_cpu_time();
+            const auto sent = detail::steady::now();
+            std::vector<outcome> results = send(batch);
+            const auto replied = detail::steady::now();
+            lock.lock();
+            std::vector<std::function<void()>> calls = settle(batch, results, sent, replied);
+            stats_.cpu_time += thread_cpu_time() - cpu_before;
+            lock.unlock();
+            for (auto& call : calls) {
+                call();
+            }
+            lock.lock();
+            for (const job& j : batch) {
+                in_flight_.erase(j.id);
+            }
+            done_.notify_all();
+        }
+        thread_id_ = {};
+    }
+
+    // Takes every lease due now or within a quarter of its interval: renewing a little early
+    // costs nothing and lets leases that fall due together share one round trip.
+    std::vector<job> take_due(detail::steady::time_point now) {
+        std::vector<job> batch;
+        for (auto it = queue_.begin(); it != queue_.end();) {
+            entry& e = entries_.at(it->second);
+            if (it->first > now + e.interval / 4) {
+                if (it->first > now + widest_window_) {
+                    break;  // the queue is ordered; nothing further can be close enough
+                }
+                ++it;
+                continue;
+            }
+            const lease_id id = it->second;
+            it = queue_.erase(it);
+            e.due = detail::steady::time_point::max();
+            in_flight_.insert(id);
+            batch.push_back(make_job(id, e));
+        }
+        return batch;
+    }
+
+    static job make_job(lease_id id, const entry& e) {
+        static constexpr std::array<std::string_view, 10> digits{"0", "1", "2", "3", "4",
+                                                                 "5", "6", "7", "8", "9"};
+        job j{id, e.renewal.renew_script, {}};
+        const auto& r = e.renewal;
+        if (e.expiring) {
+            return j;  // no command: only the expiry check
+        }
+        j.argv.reserve(3 + r.keys.size() + r.args.size());
+        j.argv.insert(j.argv.end(),
+                      {std::string_view{"EVALSHA"}, r.renew_script->sha1, digits[r.keys.size()]});
+        j.argv.insert(j.argv.end(), r.keys.begin(), r.keys.end());
+        j.argv.insert(j.argv.end(), r.args.begin(), r.args.end());
+        return j;
+    }
+
+    std::vector<outcome> send(const std::vector<job>& batch) {
+        std::vector<outcome> results(batch.size(), outcome::failed);
+        std::vector<std::size_t> pending;
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+            if (!batch[i].argv.empty()) {
+                pending.push_back(i);
+            }
+        }
+        std::vector<reply> replies = execute_all(batch, pending);
+        std::vector<std::size_t> unloaded;
+        for (std::size_t k = 0; k < pending.size(); ++k) {
+            if (replies.size() == pending.size() && replies[k].is_error_code("NOSCRIPT")) {
+                unloaded.push_back(pending[k]);
+            } else if (replies.size() == pending.size()) {
+                results[pending[k]] = classify(replies[k]);
+            }
+        }
+        if (!unloaded.empty()) {
+            load_scripts(batch, unloaded);
+            replies = execute_all(batch, unloaded);
+            for (std::size_t k = 0; k < unloaded.size() && replies.size() == unloaded.size(); ++k) {
+                results[unloaded[k]] = classify(replies[k]);
+            }
+        }
+        return results;
+    }
+
+    static outcome classify(const reply& r) {
+        if (r.is_integer()) {
+            return r.as_integer() == 1 ? outcome::renewed : outcome::lost;
+        }
+        // WRONGTYPE: the name now holds something else, so ours is gone. Other errors: retry.
+        return r.is_error_code("WRONGTYPE") ? outcome::lost : outcome::failed;
+    }
+
+    // Empty result when the connection failed.
+    std::vector<reply> execute_all(const std::vector<job>& batch,
+                                   const std::vector<std::size_t>& which) {
+        if (which.empty()) {
+            return {};
+        }
+        try {
+            if constexpr (pipelining_connection<C>) {
+                std::vector<command> commands;
+                commands.reserve(which.size());
+                for (std::size_t i : which) {
+                    commands.emplace_back(batch[i].argv);
+                }
+                auto replies = conn_->execute_pipeline(commands);
+                count(which.size(), 1);
+                return replies;
+            } else {
+                std::vector<reply> replies;
+                replies.reserve(which.size());
+                for (std::size_t i : which) {
+                    replies.push_back(conn_->execute(batch[i].argv));
+                }
+                count(which.size(), which.size());
+                return replies;
+            }
+        } catch (...) {
+            return {};
+        }
+    }
+
+    void load_scripts(const std::vector<job>& batch, const std::vector<std::size_t>& which) {
+        std::set<const script*> scripts;
+        for (std::size_t i : which) {
+            scripts.insert(batch[i].renew_script);
+        }
+        for (const script* s : scripts) {
+            try {
+                const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", s->source};
+                (void)conn_->execute(load);
+            } catch (...) {
+            }
+        }
+    }
+
+    void count(std::uint64_t renewals, std::uint64_t round_trips) {
+        std::lock_guard lock{mutex_};
+        stats_.renewals += renewals;
+        stats_.round_trips += round_trips;
+    }
+
+    // Applies a batch's outcomes; returns the callbacks to run once the mutex is released.
+    std::vector<std::function<void()>> settle(const std::vector<job>& batch,
+                                              const std::vector<outcome>& results,
+                                              detail::steady::time_point sent,
+                                              detail::steady::time_point replied) {
+        std::vector<std::function<void()>> calls;
+        for (std::size_t i = 0; i < batch.size(); ++i) {
+            auto it = entries_.find(batch[i].id);
+            if (it == entries_.end()) {
+                continue;  // removed while in flight
+            }
+            entry& e = it->second;
+            const auto lease = e.renewal.lease;
+            // The lease surely ran out this long after the reply that last granted it.
+            const auto surely_gone = e.confirmed_at + lease + lease / 100 +
+                                     std::chrono::milliseconds{2};
+            const bool expired = replied >= surely_gone;
+            if (e.expiring || results[i] == outcome::lost ||
+                (results[i] == outcome::failed && expired)) {
+                if (e.renewal.lost) {
+                    calls.push_back(std::move(e.renewal.lost));
+                }
+                ++stats_.losses;
+                entries_.erase(it);
+                continue;
+            }
+            if (results[i] == outcome::failed) {
+                // Transient: try again soon, while the lease is still running.
+                const auto retry = std::clamp<detail::steady::duration>(
+                    e.interval / 4, std::chrono::milliseconds{10}, std::chrono::seconds{1});
+                reschedule(batch[i].id, e, std::min(replied + retry, surely_gone));
+                continue;
+            }
+            e.confirmed_at = replied;
+            if (e.renewal.renewed) {
+                calls.push_back([callback = e.renewal.renewed, sent] { callback(sent); });
+            }
+            const auto next = sent + e.interval;
+            const auto cap = e.renewal.max_hold;
+            if (cap > std::chrono::milliseconds::zero() && next >= e.registered + cap) {
+                // Past max_hold: stop renewing; report the loss when this grant runs out.
+                e.expiring = true;
+                reschedule(batch[i].id, e,
+                           replied + lease + lease / 100 + std::chrono::milliseconds{2});
+                continue;
+            }
+            reschedule(batch[i].id, e, next);
+        }
+        return calls;
+    }
+
+    void reschedule(lease_id id, entry& e, detail::steady::time_point due) {
+        e.due = due;
+        queue_.emplace(due, id);
+    }
+
+    static std::chrono::nanoseconds thread_cpu_time() {
+        timespec ts{};
+        ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+        return std::chrono::seconds{ts.tv_sec} + std::chrono::nanoseconds{ts.tv_nsec};
+    }
+
+    C* conn_;
+    mutable std::mutex mutex_;
+    std::condition_variable wake_;  // the queue's head changed, or stop
+    std::condition_variable done_;  // a batch finished its callbacks
+    std::map<lease_id, entry> entries_;
+    std::set<std::pair<detail::steady::time_point, lease_id>> queue_;
+    std::set<lease_id> in_flight_;
+    lease_id next_id_ = 1;
+    detail::steady::duration widest_window_{};  // largest interval / 4 of any lease
+    bool stopped_ = false;
+    std::thread thread_;
+    std::thread::id thread_id_;
+    std::uint64_t fork_generation_ = detail::fork_generation().load(std::memory_order_relaxed);
+    watchdog_stats stats_;
+};
+
+}  // namespace redislock
