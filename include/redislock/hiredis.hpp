@@ -149,7 +149,8 @@ public:
             throw invalid_argument{"redislock: endpoint::pool_size must be at least 1"};
         }
         ignore_default_sigpipe();
-        pool_->release(pool_->open());
+        // Through acquire(), so the first connection counts against pool_size like the others.
+        pool_->release(pool_->acquire());
     }
 
     /// @throws redislock::invalid_argument for a malformed URI; else as the endpoint overload.

@@ -78,11 +78,12 @@ public:
 
     /// Releases the lock and says how it went: no error; errc::not_held or errc::not_holder
     /// (misuse: nothing is sent); errc::lock_lost (it had expired or been taken);
-    /// errc::connection_failed (the release could not be sent, even on a retry: the key stays
-    /// until its lease runs out, and the next lock() on this object retries the release first).
+    /// errc::connection_failed (the release could not be sent, even on a retry) or
+    /// errc::server_failed (the server answered it with an error): the key stays until its lease
+    /// runs out, and the next lock() on this object retries the release first.
     void unlock(std::error_code& ec) noexcept {
         ec.clear();
-        detail::token token;
+        given_up released;
         {
             std::lock_guard guard{state_->mutex};
             if (!state_->held) {
@@ -93,18 +94,17 @@ public:
                 ec = errc::not_holder;
                 return;
             }
-            token = state_->token;
-            state_->held = false;
-            state_->release_pending = true;
+            released = give_up_locked();
         }
         stop_renewing();
-        ec = release(token);
+        ec = release(released);
     }
 
     /// Sets the lease to `lease` from now if the lock is still ours.
     /// Returns false (and calls on_lost) if the lock was lost; false at once if not held.
     /// @throws redislock::invalid_argument for a lease out of range;
-    ///         redislock::connection_error. See https://redis.io/commands/pexpire/
+    ///         redislock::connection_error; redislock::server_error when the server answers with
+    ///         an error (the lock is not taken for lost). See https://redis.io/commands/pexpire/
     bool extend(std::chrono::milliseconds lease) {
         detail::check_lease(lease);
         std::optional<detail::token> token = held_token();
@@ -123,6 +123,7 @@ public:
             }
             return true;
         }
+        throw_unless_not_ours(r, "extend");
         mark_lost(*state_, *token);
         return false;
     }
@@ -142,7 +143,8 @@ public:
     bool owned() const { return remaining() > std::chrono::milliseconds::zero(); }
 
     /// Asks Redis whether the key still holds our token. A lock found lost calls on_lost.
-    /// @throws redislock::connection_error. See https://redis.io/commands/get/
+    /// @throws redislock::connection_error; redislock::server_error when the server answers with
+    ///         an error (the lock is not taken for lost). See https://redis.io/commands/get/
     bool verify() {
         std::optional<detail::token> token = held_token();
         if (!token) {
@@ -153,6 +155,7 @@ public:
         if (r.is_string() && r.text() == token->view()) {
             return true;
         }
+        throw_unless_not_ours(r, "verify");
         mark_lost(*state_, *token);
         return false;
     }
@@ -194,9 +197,11 @@ private:
 
         mutable std::mutex mutex;  // guards the members below; never held across a round trip
         bool held = false;
-        bool lost = false;             // held, but a round trip found it gone (on_lost called)
-        bool release_pending = false;  // unlock() could not reach the server; token still set
+        bool lost = false;  // held, but a round trip found it gone (on_lost called)
         detail::token token;
+        // An earlier acquisition whose release failed (network or error reply): its key may stay
+        // until its lease runs out, so the next lock() on this object releases it first.
+        std::optional<detail::token> unreleased;
         std::thread::id holder;
         detail::steady::time_point valid_until;
         std::int64_t fence = 0;
@@ -220,7 +225,7 @@ private:
                     "redislock: lock() of '" + state_->name + "' by its holder"};
             }
         }
-        retry_pending_release();
+        finish_unreleased();
         return detail::acquire_with_backoff([this] { return attempt(); }, deadline, stop,
                                             state_->options);
     }
@@ -284,7 +289,7 @@ private:
             previous_renewal = std::exchange(state_->renewal, 0);
             state_->held = true;
             state_->lost = false;
-            state_->release_pending = false;
+            state_->unreleased.reset();  // SET NX found the name free: no older key is left
             state_->token = token;
             state_->holder = std::this_thread::get_id();
             state_->valid_until = detail::valid_until(sent, state_->options.lease);
@@ -355,56 +360,118 @@ private:
         }
     }
 
+    // An acquisition given up by unlock() or the destructor, to be released.
+    struct given_up {
+        detail::token token;
+        detail::steady::time_point valid_until;
+        bool reported = false;  // its loss was already reported through on_lost
+    };
+
+    // Marks the current acquisition as no longer held. Needs state_->mutex.
+    given_up give_up_locked() {
+        given_up g{state_->token, state_->valid_until, state_->lost};
+        state_->held = false;
+        state_->lost = false;
+        return g;
+    }
+
+    enum class release_outcome { released, not_ours, unreachable, refused };
+
+    struct release_result {
+        release_outcome outcome;
+        bool after_failure;  // an earlier try failed on the network, and may have landed
+    };
+
     // Sends the compare-and-delete, retrying once on a connection failure (it is idempotent).
-    // Returns 1 released, 0 not ours, nullopt when the server could not be reached.
-    std::optional<int> release_quietly(const detail::token& token, int tries = 2) noexcept {
+    release_result release_quietly(const detail::token& token, int tries = 2) noexcept {
+        bool failed = false;
         for (int i = 0; i < tries; ++i) {
             try {
                 const reply r = detail::run_script(
                     *state_->conn, detail::scripts::mutex_release,
                     std::array{std::string_view{state_->name}},
                     std::array<std::string_view, 2>{token.view(), state_->channel});
-                return r.is_integer() && r.as_integer() == 1 ? 1 : 0;
+                if (r.is_integer()) {
+                    return {r.as_integer() == 1 ? release_outcome::released
+                                                : release_outcome::not_ours,
+                            failed};
+                }
+                // Another type at the name is surely not our lock; other errors say nothing.
+                return {r.is_error_code("WRONGTYPE") ? release_outcome::not_ours
+                                                     : release_outcome::refused,
+                        failed};
+            } catch (const connection_error&) {
+                failed = true;
             } catch (...) {
+                return {release_outcome::refused, failed};
             }
         }
-        return std::nullopt;
+        return {release_outcome::unreachable, true};
     }
 
-    std::error_code release(const detail::token& token) noexcept {
-        const std::optional<int> released = release_quietly(token);
-        bool was_lost = false;
-        {
-            std::lock_guard guard{state_->mutex};
-            if (!released) {
-                return errc::connection_failed;  // release_pending stays set with the token
-            }
-            if (state_->release_pending && state_->token == token) {
-                state_->release_pending = false;
-                was_lost = *released == 0 && !state_->lost;
-                state_->lost = false;
-            }
+    std::error_code release(const given_up& g) noexcept {
+        const release_result result = release_quietly(g.token);
+        switch (result.outcome) {
+            case release_outcome::released: return {};
+            case release_outcome::not_ours:
+                // After a try whose reply was lost, "not ours" most likely means that try deleted
+                // the key: while the lease surely held, nobody else could have taken it.
+                if (result.after_failure && detail::steady::now() < g.valid_until) {
+                    return {};
+                }
+                if (!g.reported) {
+                    notify_lost(*state_);
+                }
+                return errc::lock_lost;
+            case release_outcome::unreachable:
+                keep_unreleased(g.token, true);
+                return errc::connection_failed;
+            case release_outcome::refused:
+                keep_unreleased(g.token, true);
+                return errc::server_failed;
         }
-        if (*released == 1) {
-            return {};
-        }
-        if (was_lost) {
-            notify_lost(*state_);
-        }
-        return errc::lock_lost;
+        return errc::connection_failed;
     }
 
-    void retry_pending_release() {
+    // Remembers a key left behind, unless this object has acquired since (then the name was
+    // free, so the key is gone) or, without `replace`, another one is remembered already.
+    void keep_unreleased(const detail::token& token, bool replace) noexcept {
+        std::lock_guard guard{state_->mutex};
+        if (!state_->held && (replace || !state_->unreleased)) {
+            state_->unreleased = token;
+        }
+    }
+
+    // Releases a key an earlier unlock() left behind. Its loss, if it was lost, is not reported:
+    // that acquisition ended when unlock() returned.
+    void finish_unreleased() {
         std::optional<detail::token> token;
         {
             std::lock_guard guard{state_->mutex};
-            if (state_->release_pending) {
-                token = state_->token;
-            }
+            token = std::exchange(state_->unreleased, std::nullopt);
         }
-        if (token && release(*token) == errc::connection_failed) {
+        if (!token) {
+            return;
+        }
+        const release_result result = release_quietly(*token);
+        if (result.outcome == release_outcome::unreachable) {
+            keep_unreleased(*token, false);
             throw connection_error{"redislock: cannot reach the server to finish releasing '" +
                                    state_->name + "'"};
+        }
+        if (result.outcome == release_outcome::refused) {
+            keep_unreleased(*token, false);
+            throw server_error{"redislock: the server refused to finish releasing '" +
+                               state_->name + "'"};
+        }
+    }
+
+    // Throws server_error for an error reply other than WRONGTYPE (which means the name now
+    // holds another type, so the lock is surely not ours).
+    void throw_unless_not_ours(const reply& r, std::string_view what) const {
+        if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
+            throw server_error{"redislock: cannot " + std::string{what} + " '" + state_->name +
+                               "': " + r.text()};
         }
     }
 
@@ -412,18 +479,21 @@ private:
         if (!state_) {
             return;
         }
-        std::optional<detail::token> token;
+        std::optional<given_up> held;
+        std::optional<detail::token> unreleased;
         {
             std::lock_guard guard{state_->mutex};
-            if (state_->held || state_->release_pending) {
-                token = state_->token;
-                state_->held = false;
-                state_->release_pending = true;
+            if (state_->held) {
+                held = give_up_locked();
             }
+            unreleased = std::exchange(state_->unreleased, std::nullopt);
         }
         stop_renewing();
-        if (token) {
-            (void)release(*token);
+        if (held) {
+            (void)release(*held);
+        }
+        if (unreleased) {
+            (void)release_quietly(*unreleased);
         }
     }
 

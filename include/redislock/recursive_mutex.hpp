@@ -14,8 +14,9 @@
 // process waits as another process does. unlock() from a thread that does not hold the lock
 // through this object sends nothing and reports errc::not_holder through
 // unlock(std::error_code&); it never touches the holder's count.
-// Releases are not retried after a connection failure (a decrement is not idempotent): the
-// entry then stays in Redis until its lease runs out, and unlock(ec) says connection_failed.
+// Releases are not retried after a connection failure or an error reply (a decrement is not
+// idempotent): the entry then stays in Redis until its lease runs out, and unlock(ec) says
+// connection_failed or server_failed.
 // With lock_options::watchdog the lease is renewed from the first entry through this object
 // until the last one is left (see watchdog.hpp).
 // Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
@@ -85,10 +86,12 @@ public:
     /// Leaves one entry and says how it went: no error (released, or still held by outer
     /// entries); errc::not_held or errc::not_holder (misuse: nothing is sent); errc::lock_lost
     /// (the entry had expired or the lock was taken: every entry through this object is gone);
-    /// errc::connection_failed (not retried; the entry stays until its lease runs out).
+    /// errc::connection_failed or errc::server_failed (not retried; the entry stays until its
+    /// lease runs out).
     void unlock(std::error_code& ec) noexcept {
         ec.clear();
-        std::string owner;
+        held entry;
+        typename basic_watchdog<C>::lease_id renewal = 0;
         {
             std::lock_guard guard{state_->mutex};
             if (state_->depth == 0) {
@@ -99,44 +102,50 @@ public:
                 ec = errc::not_holder;
                 return;
             }
-            owner = state_->holder_owner;
+            entry = {state_->holder_owner, state_->epoch};
+            // Counted out before the round trip, so an acquisition through this object that
+            // lands right after the release never mistakes the entry for a live one.
+            if (--state_->depth == 0) {
+                renewal = std::exchange(state_->renewal, 0);
+            }
         }
-        if (depth() == 1) {
-            stop_renewing();
-        }
-        ec = leave(owner, 1);
+        state_->core->watchdog.remove(renewal);
+        ec = leave(entry, 1);
     }
 
     /// Sets the lease to `lease` from now if the lock is still ours.
     /// Returns false (and calls on_lost) if the lock was lost; false at once if not held.
-    /// @throws redislock::invalid_argument, redislock::connection_error
+    /// @throws redislock::invalid_argument, redislock::connection_error;
+    ///         redislock::server_error when the server answers with an error (the lock is not
+    ///         taken for lost)
     bool extend(std::chrono::milliseconds lease) {
         detail::check_lease(lease);
-        std::optional<std::string> owner = held_owner();
-        if (!owner) {
+        std::optional<held> entry = held_entry();
+        if (!entry) {
             return false;
         }
         const detail::decimal lease_text{lease.count()};
         const auto sent = detail::steady::now();
-        const reply r = detail::run_script(*state_->conn, detail::scripts::recursive_extend,
-                                           std::array{std::string_view{state_->name}},
-                                           std::array<std::string_view, 2>{*owner,
-                                                                           lease_text.view()});
+        const reply r = detail::run_script(
+            *state_->conn, detail::scripts::recursive_extend,
+            std::array{std::string_view{state_->name}},
+            std::array<std::string_view, 2>{entry->owner, lease_text.view()});
         if (r.is_integer() && r.as_integer() == 1) {
             std::lock_guard guard{state_->mutex};
-            if (state_->depth > 0 && state_->holder_owner == *owner) {
+            if (state_->depth > 0 && state_->epoch == entry->epoch) {
                 state_->valid_until = detail::valid_until(sent, lease);
             }
             return true;
         }
-        mark_lost(*state_, *owner);
+        throw_unless_not_ours(r, "extend");
+        mark_lost(*state_, entry->epoch);
         return false;
     }
 
     /// Local, conservative estimate of how long the lock stays ours (see basic_mutex).
     std::chrono::milliseconds remaining() const {
         std::lock_guard guard{state_->mutex};
-        if (state_->depth == 0 || state_->lost) {
+        if (state_->depth == 0 || state_->lost_epoch == state_->epoch) {
             return std::chrono::milliseconds::zero();
         }
         return detail::time_left(state_->valid_until);
@@ -152,18 +161,20 @@ public:
     }
 
     /// Asks Redis whether the holder's entry is still there. A lock found lost calls on_lost.
-    /// @throws redislock::connection_error. See https://redis.io/commands/hexists/
+    /// @throws redislock::connection_error; redislock::server_error when the server answers with
+    ///         an error (the lock is not taken for lost). See https://redis.io/commands/hexists/
     bool verify() {
-        std::optional<std::string> owner = held_owner();
-        if (!owner) {
+        std::optional<held> entry = held_entry();
+        if (!entry) {
             return false;
         }
-        const std::array<std::string_view, 3> hexists{"HEXISTS", state_->name, *owner};
+        const std::array<std::string_view, 3> hexists{"HEXISTS", state_->name, entry->owner};
         const reply r = state_->conn->execute(hexists);
         if (r.is_integer() && r.as_integer() == 1) {
             return true;
         }
-        mark_lost(*state_, *owner);
+        throw_unless_not_ours(r, "verify");
+        mark_lost(*state_, entry->epoch);
         return false;
     }
 
@@ -205,7 +216,10 @@ private:
 
         mutable std::mutex mutex;  // guards the members below; never held across a round trip
         std::size_t depth = 0;     // entries made through this object by its holder
-        bool lost = false;         // held, but a round trip found it gone (on_lost called)
+        // Outermost acquisitions through this object so far, and the latest of them found lost
+        // (on_lost called for it): on_lost runs once per acquisition.
+        std::uint64_t epoch = 0;
+        std::uint64_t lost_epoch = 0;
         std::thread::id holder;
         std::string holder_owner;
         detail::steady::time_point valid_until;
@@ -213,12 +227,18 @@ private:
         typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
     };
 
-    std::optional<std::string> held_owner() const {
+    // The entries of one outermost acquisition: who made them, and which acquisition it was.
+    struct held {
+        std::string owner;
+        std::uint64_t epoch = 0;
+    };
+
+    std::optional<held> held_entry() const {
         std::lock_guard guard{state_->mutex};
         if (state_->depth == 0) {
             return std::nullopt;
         }
-        return state_->holder_owner;
+        return held{state_->holder_owner, state_->epoch};
     }
 
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
@@ -247,19 +267,21 @@ private:
             return detail::holder_ttl{value};
         }
         bool previous_lost = false;
-        bool first_entry = false;
+        std::optional<std::uint64_t> first_entry;
         typename basic_watchdog<C>::lease_id previous_renewal = 0;
         {
             std::lock_guard guard{state_->mutex};
-            if (state_->depth > 0 && state_->holder_owner != owner) {
-                // Another owner still counted entries here, yet we got in: its lease ran out.
-                previous_lost = !state_->lost;
+            // Entries still counted here (unlock counts them out before its round trip) that
+            // Redis no longer has: a new acquisition by their owner, or any entry by another
+            // owner, means their lease ran out or they were deleted.
+            if (state_->depth > 0 && (status == 1 || state_->holder_owner != owner)) {
+                previous_lost = state_->lost_epoch < state_->epoch;
+                state_->lost_epoch = state_->epoch;
                 state_->depth = 0;
             }
             if (state_->depth == 0) {
-                first_entry = true;
+                first_entry = ++state_->epoch;
                 previous_renewal = std::exchange(state_->renewal, 0);
-                state_->lost = false;
                 state_->holder = std::this_thread::get_id();
                 state_->holder_owner = owner;
                 state_->fence = value;
@@ -272,31 +294,32 @@ private:
             notify_lost(*state_);
         }
         if (first_entry && state_->options.watchdog) {
-            start_renewing(owner, sent);
+            start_renewing(owner, *first_entry, sent);
         }
         return std::nullopt;
     }
 
-    void start_renewing(const std::string& owner, detail::steady::time_point sent) {
+    void start_renewing(const std::string& owner, std::uint64_t epoch,
+                        detail::steady::time_point sent) {
         state* st = state_.get();
         lease_renewal renewal{&detail::scripts::recursive_extend,
                               {st->name},
                               {owner, std::string{st->lease_text.view()}},
                               st->options.lease,
                               st->options.max_hold,
-                              [st, owner](detail::steady::time_point renewed_at) {
+                              [st, epoch](detail::steady::time_point renewed_at) {
                                   std::lock_guard guard{st->mutex};
-                                  if (st->depth > 0 && st->holder_owner == owner) {
+                                  if (st->depth > 0 && st->epoch == epoch) {
                                       st->valid_until =
                                           detail::valid_until(renewed_at, st->options.lease);
                                   }
                               },
-                              [st, owner] { mark_lost(*st, owner); }};
+                              [st, epoch] { mark_lost(*st, epoch); }};
         const auto id = st->core->watchdog.add(std::move(renewal), sent);
         bool still_ours = false;
         {
             std::lock_guard guard{st->mutex};
-            still_ours = st->depth > 0 && st->holder_owner == owner && st->renewal == 0;
+            still_ours = st->depth > 0 && st->epoch == epoch && st->renewal == 0;
             if (still_ours) {
                 st->renewal = id;
             }
@@ -306,63 +329,63 @@ private:
         }
     }
 
-    void stop_renewing() noexcept {
-        typename basic_watchdog<C>::lease_id id = 0;
-        {
-            std::lock_guard guard{state_->mutex};
-            id = std::exchange(state_->renewal, 0);
-        }
-        state_->core->watchdog.remove(id);
-    }
-
-    // Leaves `entries` entries of `owner` in Redis and updates the local count.
-    std::error_code leave(const std::string& owner, std::size_t entries) noexcept {
-        std::optional<std::int64_t> outcome;
+    // Leaves `entries` entries of `entry` in Redis; the caller has already counted them out.
+    std::error_code leave(const held& entry, std::size_t entries) noexcept {
+        reply r;
         try {
             const detail::decimal count{static_cast<long long>(entries)};
-            const reply r = detail::run_script(
-                *state_->conn, detail::scripts::recursive_release,
-                std::array{std::string_view{state_->name}},
-                std::array<std::string_view, 4>{owner, count.view(), state_->lease_text.view(),
-                                                state_->channel});
-            outcome = r.is_integer() ? r.as_integer() : -1;
+            r = detail::run_script(*state_->conn, detail::scripts::recursive_release,
+                                   std::array{std::string_view{state_->name}},
+                                   std::array<std::string_view, 4>{entry.owner, count.view(),
+                                                                   state_->lease_text.view(),
+                                                                   state_->channel});
         } catch (...) {
-        }
-        bool was_lost = false;
-        {
-            std::lock_guard guard{state_->mutex};
-            if (state_->depth == 0 || state_->holder_owner != owner) {
-                return outcome && *outcome >= 0 ? std::error_code{} : errc::lock_lost;
-            }
-            if (outcome && *outcome == -1) {
-                was_lost = !state_->lost;
-                state_->depth = 0;
-            } else {
-                state_->depth -= std::min(entries, state_->depth);
-            }
-            if (state_->depth == 0) {
-                state_->lost = false;
-            }
-        }
-        if (!outcome) {
             return errc::connection_failed;
         }
-        if (*outcome == -1) {
-            if (was_lost) {
-                notify_lost(*state_);
-            }
-            return errc::lock_lost;
+        if (!r.is_integer()) {
+            return errc::server_failed;
         }
-        return {};
+        if (r.as_integer() >= 0) {
+            return {};
+        }
+        // The entries were gone: every entry of that acquisition is lost.
+        bool notify = false;
+        typename basic_watchdog<C>::lease_id renewal = 0;
+        {
+            std::lock_guard guard{state_->mutex};
+            notify = state_->lost_epoch < entry.epoch;
+            if (notify) {
+                state_->lost_epoch = entry.epoch;
+            }
+            if (state_->epoch == entry.epoch && state_->depth > 0) {
+                state_->depth = 0;
+                renewal = std::exchange(state_->renewal, 0);
+            }
+        }
+        state_->core->watchdog.remove(renewal);
+        if (notify) {
+            notify_lost(*state_);
+        }
+        return errc::lock_lost;
     }
 
-    static void mark_lost(state& st, const std::string& owner) {
+    // An error reply (LOADING, BUSY, READONLY...) says nothing about ownership, except WRONGTYPE:
+    // the name now holds a key of another type, so our entry is gone.
+    void throw_unless_not_ours(const reply& r, std::string_view what) const {
+        if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
+            throw server_error{"redislock: cannot " + std::string{what} + " '" + state_->name +
+                               "': " + r.text()};
+        }
+    }
+
+    // Marks acquisition `epoch` lost and calls on_lost, once, if it is still held.
+    static void mark_lost(state& st, std::uint64_t epoch) {
         {
             std::lock_guard guard{st.mutex};
-            if (st.depth == 0 || st.holder_owner != owner || st.lost) {
+            if (st.depth == 0 || st.epoch != epoch || st.lost_epoch >= epoch) {
                 return;
             }
-            st.lost = true;
+            st.lost_epoch = epoch;
         }
         notify_lost(st);
     }
@@ -377,16 +400,18 @@ private:
         if (!state_) {
             return;
         }
-        std::string owner;
+        held entry;
         std::size_t entries = 0;
+        typename basic_watchdog<C>::lease_id renewal = 0;
         {
             std::lock_guard guard{state_->mutex};
-            entries = state_->depth;
-            owner = state_->holder_owner;
+            entries = std::exchange(state_->depth, 0);
+            entry = {state_->holder_owner, state_->epoch};
+            renewal = std::exchange(state_->renewal, 0);
         }
-        stop_renewing();
+        state_->core->watchdog.remove(renewal);
         if (entries > 0) {
-            (void)leave(owner, entries);
+            (void)leave(entry, entries);
         }
     }
 

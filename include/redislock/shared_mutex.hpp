@@ -223,13 +223,22 @@ private:
         // Only a writer that will wait queues, so a failed try_lock() never holds readers back.
         const bool queue = kind == mode::write && deadline > detail::steady::now();
         bool queued = false;
-        const bool acquired = detail::acquire_with_backoff(
-            [&] {
-                auto ttl = attempt(owner, kind, queue);
-                queued = queued || ttl.has_value();
-                return ttl;
-            },
-            deadline, stop, state_->options);
+        bool acquired = false;
+        try {
+            acquired = detail::acquire_with_backoff(
+                [&] {
+                    auto ttl = attempt(owner, kind, queue);
+                    queued = queued || ttl.has_value();
+                    return ttl;
+                },
+                deadline, stop, state_->options);
+        } catch (...) {
+            // A writer that stops waiting because of an error must not hold readers back either.
+            if (queue && queued) {
+                leave_queue(owner);
+            }
+            throw;
+        }
         if (!acquired && queue && queued) {
             leave_queue(owner);
         }

@@ -116,6 +116,8 @@ public:
             return;
         }
         std::unique_lock lock{mutex_};
+        // In a child, the renewal marked in flight belongs to the parent's thread: never wait.
+        forget_parent_after_fork();
         // A renewal in flight reads the entry's strings: wait for it, unless this is the
         // watchdog thread itself (an on_lost handler), which is past sending by then.
         if (std::this_thread::get_id() != thread_id_) {
@@ -131,19 +133,20 @@ public:
     void stop() {
         std::thread thread;
         {
-            std::lock_guard lock{mutex_};
+            std::unique_lock lock{mutex_};
+            forget_parent_after_fork();  // in a child: detaches the parent's thread, no waiting
             stopped_ = true;
+            // A batch in flight reads the entries' strings: let it finish before dropping them.
+            if (std::this_thread::get_id() != thread_id_) {
+                done_.wait(lock, [&] { return in_flight_.empty(); });
+            }
             entries_.clear();
             queue_.clear();
             thread = std::move(thread_);
         }
         wake_.notify_all();
         if (thread.joinable()) {
-            if (fork_generation_ == detail::fork_generation().load(std::memory_order_relaxed)) {
-                thread.join();
-            } else {
-                thread.detach();  // the thread belongs to the parent; nothing runs here
-            }
+            thread.join();
         }
     }
 
@@ -200,8 +203,9 @@ private:
                 continue;
             }
             const auto now = detail::steady::now();
-            if (queue_.begin()->first > now) {
-                wake_.wait_until(lock, queue_.begin()->first);
+            // A copy: remove() may free the queue's node while this thread waits.
+            if (const auto due = queue_.begin()->first; due > now) {
+                wake_.wait_until(lock, due);
                 continue;
             }
             std::vector<job> batch = take_due(now);
@@ -338,6 +342,7 @@ private:
             try {
                 const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", s->source};
                 (void)conn_->execute(load);
+                count(0, 1);  // a round trip like any other, so stats match the connection's
             } catch (...) {
             }
         }

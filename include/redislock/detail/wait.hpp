@@ -11,6 +11,7 @@
 #include <optional>
 #include <stop_token>
 #include <thread>
+#include <type_traits>
 
 #include <redislock/detail/token.hpp>
 #include <redislock/lock_options.hpp>
@@ -31,7 +32,8 @@ steady::time_point to_steady(const std::chrono::time_point<Clock, Duration>& dea
     } else {
         const auto left = deadline - Clock::now();
         const auto now = steady::now();
-        if (left > std::chrono::duration_cast<decltype(left)>(steady::time_point::max() - now)) {
+        using left_type = std::remove_const_t<decltype(left)>;
+        if (left > std::chrono::duration_cast<left_type>(steady::time_point::max() - now)) {
             return steady::time_point::max();
         }
         return now + std::chrono::duration_cast<steady::duration>(left);

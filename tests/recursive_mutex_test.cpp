@@ -1,0 +1,1126 @@
+#include <redislock/recursive_mutex.hpp>
+
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+
+#include <sys/time.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <redislock/redislock.hpp>
+
+#include "support/exclusion.hpp"
+#include "support/redis_server.hpp"
+#include "support/test_util.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using redislock::errc;
+using redislock::test::child_process;
+using redislock::test::line_channel;
+using redislock::test::redis_server;
+using redislock::test::stopwatch;
+
+// ---- Probes that read Redis through redis-cli, never through the code under test ----
+
+// The owner fields of the reentrant lock `key`: every field but the fencing token.
+std::vector<std::string> owners_of(const redis_server& srv, const std::string& key) {
+    std::vector<std::string> owners;
+    std::istringstream lines{srv.cli({"HKEYS", key})};
+    for (std::string line; std::getline(lines, line);) {
+        if (!line.empty() && line != "fence") {
+            owners.push_back(line);
+        }
+    }
+    return owners;
+}
+
+// The single owner field of `key`; fails the test (and returns "") when there is not exactly one.
+std::string sole_owner(const redis_server& srv, const std::string& key) {
+    const auto owners = owners_of(srv, key);
+    EXPECT_EQ(owners.size(), 1U) << "owners of " << key << ": "
+                                 << testing::PrintToString(owners);
+    return owners.size() == 1 ? owners.front() : std::string{};
+}
+
+// The entry count of the single owner of `key`, as redis-cli prints it.
+std::string sole_count(const redis_server& srv, const std::string& key) {
+    const std::string owner = sole_owner(srv, key);
+    return owner.empty() ? std::string{"(no single owner)"} : srv.cli({"HGET", key, owner});
+}
+
+std::int64_t pttl(const redis_server& srv, const std::string& key) {
+    return std::stoll(srv.cli({"PTTL", key}));
+}
+
+std::string exists(const redis_server& srv, const std::string& key) {
+    return srv.cli({"EXISTS", key});
+}
+
+// ---- The scripts run directly, with arguments the test chooses ----
+
+// The integers of an integer reply or of an array reply, so a failed check prints values.
+std::vector<std::int64_t> integers(const redislock::reply& r) {
+    if (r.is_integer()) {
+        return {r.as_integer()};
+    }
+    std::vector<std::int64_t> out;
+    for (const auto& element : r.elements()) {
+        out.push_back(element.is_integer() ? element.as_integer()
+                                           : std::numeric_limits<std::int64_t>::min());
+    }
+    return out;
+}
+
+redislock::reply run_acquire(redislock::client& client, std::string_view key,
+                             std::string_view owner, std::string_view lease_ms,
+                             std::string_view fencing) {
+    const std::string fence_key = "{" + std::string{key} + "}:fence";
+    return redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::recursive_acquire,
+        std::array<std::string_view, 2>{key, fence_key},
+        std::array<std::string_view, 3>{owner, lease_ms, fencing});
+}
+
+redislock::reply run_release(redislock::client& client, std::string_view key,
+                             std::string_view owner, std::string_view entries,
+                             std::string_view lease_ms, std::string_view channel) {
+    return redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::recursive_release,
+        std::array<std::string_view, 1>{key},
+        std::array<std::string_view, 4>{owner, entries, lease_ms, channel});
+}
+
+redislock::reply run_extend(redislock::client& client, std::string_view key,
+                            std::string_view owner, std::string_view lease_ms) {
+    return redislock::detail::run_script(client.connection(),
+                                         redislock::detail::scripts::recursive_extend,
+                                         std::array<std::string_view, 1>{key},
+                                         std::array<std::string_view, 2>{owner, lease_ms});
+}
+
+// Subscribes on a raw hiredis connection of its own, so release messages are observed without
+// the library.
+class subscriber {
+public:
+    subscriber(const redis_server& srv, const std::string& channel) : channel_{channel} {
+        const timeval timeout{2, 0};
+        ctx_ = redisConnectWithTimeout(srv.host().c_str(), srv.port(), timeout);
+        if (ctx_ == nullptr || ctx_->err != 0 || redisSetTimeout(ctx_, timeout) != REDIS_OK) {
+            throw std::runtime_error{"subscriber: cannot connect"};
+        }
+        std::array<const char*, 2> argv{"SUBSCRIBE", channel_.c_str()};
+        std::array<std::size_t, 2> lengths{9, channel_.size()};
+        auto* confirmation = static_cast<redisReply*>(
+            redisCommandArgv(ctx_, 2, argv.data(), lengths.data()));
+        if (confirmation == nullptr) {
+            throw std::runtime_error{"subscriber: SUBSCRIBE got no reply"};
+        }
+        freeReplyObject(confirmation);
+    }
+    subscriber(const subscriber&) = delete;
+    subscriber& operator=(const subscriber&) = delete;
+    ~subscriber() { redisFree(ctx_); }
+
+    // The payload of the next message on the channel; std::nullopt when none came within 2 s.
+    std::optional<std::string> next() {
+        void* raw = nullptr;
+        if (redisGetReply(ctx_, &raw) != REDIS_OK || raw == nullptr) {
+            return std::nullopt;
+        }
+        const std::unique_ptr<redisReply, void (*)(void*)> message{static_cast<redisReply*>(raw),
+                                                                   freeReplyObject};
+        if (message->type != REDIS_REPLY_ARRAY || message->elements != 3 ||
+            std::string_view{message->element[1]->str, message->element[1]->len} != channel_) {
+            return "(not a message on " + channel_ + ")";
+        }
+        return std::string{message->element[2]->str, message->element[2]->len};
+    }
+
+private:
+    std::string channel_;
+    redisContext* ctx_ = nullptr;
+};
+
+// What `call` threw as a redislock::server_error, or what it did instead.
+template <class Call>
+std::string server_error_from(Call&& call) {
+    try {
+        call();
+        return "(returned without an exception)";
+    } catch (const redislock::server_error& e) {
+        return e.what();
+    } catch (const std::exception& e) {
+        return std::string{"(another exception) "} + e.what();
+    }
+}
+
+bool names_wrongtype(const std::string& what) {
+    return what.find("WRONGTYPE") != std::string::npos;
+}
+
+// Waits, bounded, until `flag` is set.
+bool wait_for_flag(const std::atomic<bool>& flag, std::chrono::milliseconds timeout) {
+    const stopwatch watch;
+    while (!flag.load() && watch.elapsed() < timeout) {
+        std::this_thread::sleep_for(5ms);
+    }
+    return flag.load();
+}
+
+// ---- recursive_acquire.lua ----
+
+TEST(RecursiveAcquireScript, NewAcquisitionReturnsOneAndNextFenceAndSetsCountAndLease) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    // The fencing counter only grows: it continues from whatever it holds.
+    ASSERT_EQ(srv.cli({"SET", "{s}:fence", "41"}), "OK");
+
+    EXPECT_EQ(integers(run_acquire(client, "s", "o1", "5000", "1")),
+              (std::vector<std::int64_t>{1, 42}));
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
+    EXPECT_EQ(srv.cli({"HGET", "s", "fence"}), "42");
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), "42");
+    EXPECT_EQ(pttl(srv, "{s}:fence"), -1);  // the counter must outlive every lease
+    const auto ttl = pttl(srv, "s");
+    EXPECT_GT(ttl, 3000);
+    EXPECT_LE(ttl, 5000);
+}
+
+TEST(RecursiveAcquireScript, NewAcquisitionWithoutFencingReturnsZeroFenceAndDrawsNone) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+
+    EXPECT_EQ(integers(run_acquire(client, "s", "o1", "5000", "0")),
+              (std::vector<std::int64_t>{1, 0}));
+    EXPECT_EQ(srv.cli({"HKEYS", "s"}), "o1");
+    EXPECT_EQ(exists(srv, "{s}:fence"), "0");
+}
+
+TEST(RecursiveAcquireScript, ReentryReturnsTwoWithFirstFenceAndRefreshesLease) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "1000", "1")),
+              (std::vector<std::int64_t>{1, 1}));
+
+    EXPECT_EQ(integers(run_acquire(client, "s", "o1", "60000", "1")),
+              (std::vector<std::int64_t>{2, 1}));
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
+    EXPECT_GT(pttl(srv, "s"), 50'000);              // the re-entry's lease replaced the first
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), "1");  // no new token for a re-entry
+}
+
+TEST(RecursiveAcquireScript, AnotherOwnerGetsZeroAndHoldersTtlAndChangesNothing) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "1")),
+              (std::vector<std::int64_t>{1, 1}));
+
+    const auto r = integers(run_acquire(client, "s", "o2", "1000", "1"));
+    ASSERT_EQ(r.size(), 2U);
+    EXPECT_EQ(r[0], 0);
+    EXPECT_GT(r[1], 50'000);
+    EXPECT_LE(r[1], 60'000);
+    EXPECT_EQ(owners_of(srv, "s"), std::vector<std::string>{"o1"});
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
+    EXPECT_GT(pttl(srv, "s"), 50'000);  // the refused owner's shorter lease was not applied
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), "1");
+}
+
+TEST(RecursiveAcquireScript, StringKeyIsWrongTypeAndStaysUntouched) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(srv.cli({"SET", "s", "plain"}), "OK");
+
+    const auto r = run_acquire(client, "s", "o1", "5000", "1");
+    EXPECT_TRUE(r.is_error_code("WRONGTYPE")) << r.text();
+    EXPECT_EQ(srv.cli({"GET", "s"}), "plain");
+    EXPECT_EQ(exists(srv, "{s}:fence"), "0");
+
+    // A simple lock's key is such a string: the two kinds must not mix on one name.
+    auto simple = client.mutex("m");
+    simple.lock();
+    const std::string token = srv.cli({"GET", "m"});
+    const auto on_simple = run_acquire(client, "m", "o1", "5000", "0");
+    EXPECT_TRUE(on_simple.is_error_code("WRONGTYPE")) << on_simple.text();
+    EXPECT_EQ(srv.cli({"GET", "m"}), token);
+    EXPECT_EQ(srv.cli({"TYPE", "m"}), "string");
+}
+
+TEST(RecursiveAcquireScript, HashWithModeFieldOrOtherTypeIsWrongType) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    // A read-write lock's hash has a `mode` field; even a field named like the owner does not
+    // make it a reentrant lock.
+    ASSERT_EQ(srv.cli({"HSET", "rw", "mode", "write", "o1", "1"}), "2");
+    const auto on_rw = run_acquire(client, "rw", "o1", "5000", "0");
+    EXPECT_TRUE(on_rw.is_error_code("WRONGTYPE")) << on_rw.text();
+    EXPECT_EQ(srv.cli({"HGET", "rw", "o1"}), "1");
+    EXPECT_EQ(pttl(srv, "rw"), -1);
+
+    ASSERT_EQ(srv.cli({"RPUSH", "list", "a"}), "1");
+    const auto on_list = run_acquire(client, "list", "o1", "5000", "0");
+    EXPECT_TRUE(on_list.is_error_code("WRONGTYPE")) << on_list.text();
+    EXPECT_EQ(srv.cli({"LRANGE", "list", "0", "-1"}), "a");
+}
+
+// ---- recursive_release.lua ----
+
+TEST(RecursiveReleaseScript, LastEntryDeletesKeyAndPublishesOnReleaseChannel) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "1")),
+              (std::vector<std::int64_t>{1, 1}));
+    subscriber released{srv, "{s}:released"};
+
+    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")),
+              std::vector<std::int64_t>{1});
+    EXPECT_EQ(exists(srv, "s"), "0");               // the fence field went with it
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), "1");  // the counter stays for the next holder
+    EXPECT_EQ(released.next(), "s");
+}
+
+TEST(RecursiveReleaseScript, LeavingEveryEntryAtOnceReleases) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    for (int i = 0; i < 3; ++i) {
+        ASSERT_FALSE(run_acquire(client, "s", "o1", "60000", "0").is_error());
+    }
+    ASSERT_EQ(srv.cli({"HGET", "s", "o1"}), "3");
+
+    EXPECT_EQ(integers(run_release(client, "s", "o1", "3", "60000", "{s}:released")),
+              std::vector<std::int64_t>{1});
+    EXPECT_EQ(exists(srv, "s"), "0");
+}
+
+TEST(RecursiveReleaseScript, InnerEntryDecrementsAndRefreshesLeaseWithoutPublishing) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_FALSE(run_acquire(client, "s", "o1", "60000", "0").is_error());
+    ASSERT_FALSE(run_acquire(client, "s", "o1", "60000", "0").is_error());
+    ASSERT_EQ(srv.cli({"PEXPIRE", "s", "1000"}), "1");
+    subscriber released{srv, "{s}:released"};
+
+    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")),
+              std::vector<std::int64_t>{0});
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
+    EXPECT_GT(pttl(srv, "s"), 50'000);
+    // Messages arrive in order: the marker comes first only if the release published nothing.
+    ASSERT_EQ(srv.cli({"PUBLISH", "{s}:released", "marker"}), "1");
+    EXPECT_EQ(released.next(), "marker");
+}
+
+TEST(RecursiveReleaseScript, NonOwnerOrMissingKeyGetsMinusOneAndChangesNothing) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_FALSE(run_acquire(client, "s", "o1", "60000", "0").is_error());
+    ASSERT_EQ(srv.cli({"SET", "str", "plain"}), "OK");
+    subscriber released{srv, "{s}:released"};
+
+    EXPECT_EQ(integers(run_release(client, "s", "o2", "1", "1000", "{s}:released")),
+              std::vector<std::int64_t>{-1});
+    EXPECT_EQ(srv.cli({"HLEN", "s"}), "1");  // no negative count left behind for o2
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
+    EXPECT_GT(pttl(srv, "s"), 50'000);
+
+    EXPECT_EQ(integers(run_release(client, "gone", "o1", "1", "1000", "{s}:released")),
+              std::vector<std::int64_t>{-1});
+    EXPECT_EQ(exists(srv, "gone"), "0");
+
+    EXPECT_EQ(integers(run_release(client, "str", "o1", "1", "1000", "{s}:released")),
+              std::vector<std::int64_t>{-1});
+    EXPECT_EQ(srv.cli({"GET", "str"}), "plain");
+
+    ASSERT_EQ(srv.cli({"PUBLISH", "{s}:released", "marker"}), "1");
+    EXPECT_EQ(released.next(), "marker");
+}
+
+// ---- recursive_extend.lua ----
+
+TEST(RecursiveExtendScript, OwnerGetsOneAndTheNewLease) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_FALSE(run_acquire(client, "s", "o1", "1000", "0").is_error());
+
+    EXPECT_EQ(integers(run_extend(client, "s", "o1", "60000")), std::vector<std::int64_t>{1});
+    EXPECT_GT(pttl(srv, "s"), 50'000);
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");  // extending is not entering
+}
+
+TEST(RecursiveExtendScript, NonOwnerOrMissingKeyGetsZeroAndLeaseStays) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_FALSE(run_acquire(client, "s", "o1", "60000", "0").is_error());
+    ASSERT_EQ(srv.cli({"SET", "str", "plain"}), "OK");
+
+    EXPECT_EQ(integers(run_extend(client, "s", "o2", "100")), std::vector<std::int64_t>{0});
+    EXPECT_GT(pttl(srv, "s"), 50'000);
+
+    EXPECT_EQ(integers(run_extend(client, "gone", "o1", "60000")), std::vector<std::int64_t>{0});
+    EXPECT_EQ(exists(srv, "gone"), "0");
+
+    EXPECT_EQ(integers(run_extend(client, "str", "o1", "100")), std::vector<std::int64_t>{0});
+    EXPECT_EQ(pttl(srv, "str"), -1);
+}
+
+// ---- recursive_mutex ----
+
+TEST(RecursiveMutex, NestedLockToDepthHundredCountsEveryEntryAndLeavesNoKey) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rm = client.recursive_mutex("x");
+    constexpr int depth = 100;
+
+    for (int i = 0; i < depth; ++i) {
+        rm.lock();
+    }
+    EXPECT_EQ(rm.depth(), std::size_t{depth});
+    EXPECT_EQ(sole_count(srv, "x"), "100");
+
+    for (int left = depth - 1; left >= 0; --left) {
+        std::error_code ec;
+        rm.unlock(ec);
+        ASSERT_FALSE(ec) << "unlock with " << left << " entries left: " << ec.message();
+        if (left == depth / 2) {
+            EXPECT_EQ(sole_count(srv, "x"), "50");
+        }
+    }
+    EXPECT_EQ(rm.depth(), 0U);
+    EXPECT_FALSE(rm.owned());
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, SecondObjectOfTheSameOwnerReentersAndTheKeyStaysUntilTheLastUnlock) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto a = client.recursive_mutex("x");
+    auto b = client.recursive_mutex("x");
+
+    a.lock();
+    ASSERT_TRUE(b.try_lock());  // same thread, same client: a re-entry, not contention
+    const std::string owner = sole_owner(srv, "x");
+    EXPECT_EQ(owner.rfind(client.instance_id() + ":thread:", 0), 0U) << owner;
+    EXPECT_EQ(srv.cli({"HGET", "x", owner}), "2");
+    EXPECT_EQ(a.depth(), 1U);
+    EXPECT_EQ(b.depth(), 1U);
+
+    std::error_code ec;
+    b.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(srv.cli({"HGET", "x", owner}), "1");
+    EXPECT_TRUE(a.owned());
+    EXPECT_TRUE(a.verify());
+
+    a.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, AnotherThreadIsExcludedThroughItsOwnObjectAndTheSharedOne) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto shared = client.recursive_mutex("x");
+    shared.lock();
+
+    bool got_own = true;
+    bool got_shared = true;
+    std::thread{[&] {
+        auto own = client.recursive_mutex("x");
+        got_own = own.try_lock();
+        got_shared = shared.try_lock();
+    }}.join();
+    EXPECT_FALSE(got_own);
+    EXPECT_FALSE(got_shared);
+    EXPECT_EQ(shared.depth(), 1U);
+    EXPECT_EQ(sole_count(srv, "x"), "1");
+
+    // Released, the same calls succeed: the refusals above were exclusion.
+    shared.unlock();
+    std::thread{[&] {
+        auto own = client.recursive_mutex("x");
+        got_own = own.try_lock();
+        if (got_own) {
+            own.unlock();
+        }
+        got_shared = shared.try_lock();
+        if (got_shared) {
+            shared.unlock();
+        }
+    }}.join();
+    EXPECT_TRUE(got_own);
+    EXPECT_TRUE(got_shared);
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, AnotherProcessIsExcludedWhileHeld) {
+    redis_server srv;
+    const std::string uri = srv.uri();
+    // Forked before this process makes any thread or client; the child makes its own.
+    child_process child{[uri](line_channel& parent) {
+        if (parent.receive(10s) != "held") {
+            return 10;
+        }
+        redislock::client client{uri};
+        auto rm = client.recursive_mutex("x");
+        parent.send(rm.try_lock() ? "acquired" : "refused");
+        if (parent.receive(10s) != "released") {
+            return 11;
+        }
+        const bool acquired = rm.try_lock();
+        parent.send(acquired ? "acquired" : "refused");
+        if (acquired) {
+            rm.unlock();
+        }
+        return 0;
+    }};
+
+    redislock::client client{uri};
+    auto rm = client.recursive_mutex("x");
+    rm.lock();
+    rm.lock();
+    child.channel().send("held");
+    EXPECT_EQ(child.channel().receive(10s), "refused");
+    EXPECT_EQ(sole_count(srv, "x"), "2");
+
+    rm.unlock();
+    rm.unlock();
+    child.channel().send("released");
+    EXPECT_EQ(child.channel().receive(10s), "acquired");
+    EXPECT_EQ(child.wait(10s), 0);
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, ReentryRefreshesTheLease) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rm = client.recursive_mutex("x", {.lease = 2000ms});
+    rm.lock();
+    std::this_thread::sleep_for(700ms);
+    EXPECT_LE(pttl(srv, "x"), 1400);  // the first lease has been running
+
+    rm.lock();
+    const auto refreshed = pttl(srv, "x");
+    EXPECT_GT(refreshed, 1700);
+    EXPECT_LE(refreshed, 2000);
+    EXPECT_GT(rm.remaining(), 1500ms);
+
+    // Leaving an inner entry refreshes it as well.
+    std::this_thread::sleep_for(700ms);
+    rm.unlock();
+    EXPECT_GT(pttl(srv, "x"), 1700);
+    rm.unlock();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, ExpiredLeaseIsReportedOnceAndNeverTouchesTheNewHolder) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    std::atomic<int> lost{0};
+    auto rm = client.recursive_mutex("x", {.lease = 200ms, .on_lost = [&] { ++lost; }});
+    rm.lock();
+    std::this_thread::sleep_for(400ms);
+    ASSERT_EQ(exists(srv, "x"), "0");  // Redis let the lease run out
+
+    EXPECT_FALSE(rm.owned());
+    EXPECT_EQ(rm.remaining(), 0ms);
+    EXPECT_FALSE(rm.verify());
+    EXPECT_EQ(lost.load(), 1);
+    EXPECT_FALSE(rm.verify());
+    EXPECT_EQ(lost.load(), 1);
+
+    auto newcomer = other_client.recursive_mutex("x");
+    ASSERT_TRUE(newcomer.try_lock());
+    const std::string owner = sole_owner(srv, "x");
+
+    EXPECT_FALSE(rm.extend(60s));
+    EXPECT_LE(pttl(srv, "x"), 30'000);  // the newcomer's lease, not ours
+
+    std::error_code ec;
+    rm.unlock(ec);
+    EXPECT_EQ(ec, errc::lock_lost) << ec.message();
+    EXPECT_EQ(rm.depth(), 0U);
+    EXPECT_EQ(lost.load(), 1);
+    EXPECT_EQ(owners_of(srv, "x"), std::vector<std::string>{owner});
+    EXPECT_EQ(srv.cli({"HGET", "x", owner}), "1");
+    EXPECT_TRUE(newcomer.verify());
+
+    rm.unlock(ec);
+    EXPECT_EQ(ec, errc::not_held) << ec.message();
+    newcomer.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, RelockingAfterTheEntriesWereLostStartsAFreshOutermostEntry) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    std::atomic<int> lost{0};
+    auto rm = client.recursive_mutex("x", {.fencing = true, .on_lost = [&] { ++lost; }});
+    rm.lock();
+    const auto first_token = rm.fencing_token();
+    // The entry disappears behind the holder's back (an expiry, or an operator's DEL).
+    ASSERT_EQ(srv.cli({"DEL", "x"}), "1");
+
+    rm.lock();  // Redis sees a new acquisition, not a re-entry
+    EXPECT_EQ(sole_count(srv, "x"), "1");
+    EXPECT_EQ(rm.depth(), 1U);
+    EXPECT_TRUE(rm.owned());
+    EXPECT_GT(rm.fencing_token(), first_token);
+    EXPECT_EQ(lost.load(), 1);  // the first acquisition was lost
+
+    std::error_code ec;
+    rm.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(exists(srv, "x"), "0");
+    rm.unlock(ec);
+    EXPECT_EQ(ec, errc::not_held) << ec.message();
+    EXPECT_EQ(lost.load(), 1);
+}
+
+TEST(RecursiveMutex, NonOwnerUnlockLeavesOwnersCountUnchanged) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rm = client.recursive_mutex("x");
+    rm.lock();
+    rm.lock();
+    const std::string owner = sole_owner(srv, "x");
+    ASSERT_EQ(srv.cli({"HGET", "x", owner}), "2");
+
+    std::error_code through_shared;
+    std::error_code through_own;
+    std::thread{[&] {
+        rm.unlock(through_shared);
+        auto own = client.recursive_mutex("x");
+        own.unlock(through_own);
+    }}.join();
+    EXPECT_EQ(through_shared, errc::not_holder) << through_shared.message();
+    EXPECT_EQ(through_own, errc::not_held) << through_own.message();
+    EXPECT_EQ(srv.cli({"HGET", "x", owner}), "2");
+    EXPECT_EQ(rm.depth(), 2U);
+
+    rm.unlock();
+    rm.unlock();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, UnlockWhenNeverLockedReportsNotHeld) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    auto holder = other_client.recursive_mutex("x");
+    holder.lock();
+    const std::string owner = sole_owner(srv, "x");
+
+    auto rm = client.recursive_mutex("x");
+    std::error_code ec;
+    rm.unlock(ec);
+    EXPECT_EQ(ec, errc::not_held) << ec.message();
+    EXPECT_EQ(srv.cli({"HGET", "x", owner}), "1");
+
+    holder.unlock();
+    rm.lock();
+    rm.unlock();
+    rm.unlock(ec);  // one unlock too many
+    EXPECT_EQ(ec, errc::not_held) << ec.message();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, ExplicitOwnerLocksOnOneThreadAndUnlocksOnAnother) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rm = client.recursive_mutex("x", {.owner = "task-7"});
+
+    std::thread{[&] {
+        rm.lock();
+        rm.lock();
+    }}.join();
+    EXPECT_EQ(owners_of(srv, "x"),
+              std::vector<std::string>{client.instance_id() + ":owner:task-7"});
+    EXPECT_EQ(sole_count(srv, "x"), "2");
+
+    std::error_code first;
+    std::error_code second;
+    std::thread{[&] { rm.unlock(first); }}.join();
+    EXPECT_EQ(sole_count(srv, "x"), "1");
+    std::thread{[&] { rm.unlock(second); }}.join();
+    EXPECT_FALSE(first) << first.message();
+    EXPECT_FALSE(second) << second.message();
+    EXPECT_EQ(rm.depth(), 0U);
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, ObjectsWithTheSameExplicitOwnerReenterEachOther) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const redislock::lock_options task{.owner = "task-7"};
+    auto a = client.recursive_mutex("x", task);
+    auto b = client.recursive_mutex("x", task);
+
+    bool reentered = false;
+    std::thread{[&] { a.lock(); }}.join();
+    std::thread{[&] { reentered = b.try_lock(); }}.join();
+    EXPECT_TRUE(reentered);
+    EXPECT_EQ(sole_count(srv, "x"), "2");
+
+    // Only the same owner re-enters: a plain thread, or the same owner name on another client
+    // (another instance), is someone else.
+    bool plain_got_it = true;
+    std::thread{[&] {
+        auto plain = client.recursive_mutex("x");
+        plain_got_it = plain.try_lock();
+    }}.join();
+    EXPECT_FALSE(plain_got_it);
+    redislock::client other_client{srv.uri()};
+    auto elsewhere = other_client.recursive_mutex("x", task);
+    EXPECT_FALSE(elsewhere.try_lock());
+
+    std::error_code ec;
+    a.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(sole_count(srv, "x"), "1");
+    b.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, FencingTokenIsOnePerOutermostAcquisitionAndStrictlyIncreases) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    const redislock::lock_options fenced{.fencing = true};
+    auto a = client.recursive_mutex("x", fenced);
+    auto b = client.recursive_mutex("x", fenced);
+    EXPECT_EQ(a.fencing_token(), 0);
+
+    a.lock();
+    const std::int64_t first = a.fencing_token();
+    EXPECT_GT(first, 0);
+    a.lock();
+    EXPECT_EQ(a.fencing_token(), first);
+    b.lock();
+    EXPECT_EQ(b.fencing_token(), first);  // a re-entry through another object of the owner
+    EXPECT_EQ(srv.cli({"GET", "{x}:fence"}), std::to_string(first));
+    b.unlock();
+    a.unlock();
+    a.unlock();
+    EXPECT_EQ(a.fencing_token(), 0);
+
+    // Outermost acquisitions by this thread, another thread and another client.
+    std::vector<std::int64_t> tokens{first};
+    for (int round = 0; round < 3; ++round) {
+        b.lock();
+        tokens.push_back(b.fencing_token());
+        b.unlock();
+        std::thread{[&] {
+            auto own = client.recursive_mutex("x", fenced);
+            own.lock();
+            tokens.push_back(own.fencing_token());
+            own.unlock();
+        }}.join();
+        auto elsewhere = other_client.recursive_mutex("x", fenced);
+        elsewhere.lock();
+        tokens.push_back(elsewhere.fencing_token());
+        elsewhere.unlock();
+    }
+    for (std::size_t i = 1; i < tokens.size(); ++i) {
+        EXPECT_LT(tokens[i - 1], tokens[i]) << "acquisition " << i << " of "
+                                            << testing::PrintToString(tokens);
+    }
+
+    // Without fencing no token is drawn.
+    auto plain = client.recursive_mutex("y");
+    plain.lock();
+    EXPECT_EQ(plain.fencing_token(), 0);
+    EXPECT_EQ(exists(srv, "{y}:fence"), "0");
+    plain.unlock();
+}
+
+TEST(RecursiveMutex, EmptyNameOrLeaseOutOfRangeIsInvalidArgument) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    using redislock::invalid_argument;
+
+    EXPECT_THROW((void)client.recursive_mutex(""), invalid_argument);
+    EXPECT_THROW((void)client.recursive_mutex(std::string(64 * 1024 + 1, 'n')), invalid_argument);
+    EXPECT_THROW((void)client.recursive_mutex("x", {.lease = 0ms}), invalid_argument);
+    EXPECT_THROW((void)client.recursive_mutex("x", {.lease = -1ms}), invalid_argument);
+    EXPECT_THROW((void)client.recursive_mutex("x", {.lease = redislock::max_lease + 1ms}),
+                 invalid_argument);
+    EXPECT_NO_THROW((void)client.recursive_mutex("x", {.lease = redislock::max_lease}));
+
+    auto rm = client.recursive_mutex("x");
+    rm.lock();
+    EXPECT_THROW((void)rm.extend(0ms), invalid_argument);
+    EXPECT_THROW((void)rm.extend(-5ms), invalid_argument);
+    EXPECT_THROW((void)rm.extend(redislock::max_lease + 1ms), invalid_argument);
+    EXPECT_EQ(sole_count(srv, "x"), "1");  // a rejected call changes nothing
+    EXPECT_GT(pttl(srv, "x"), 20'000);
+    rm.unlock();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, KeyOfAnotherTypeMakesLockAndTryLockThrowServerError) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(srv.cli({"SET", "x", "plain"}), "OK");
+    auto rm = client.recursive_mutex("x");
+
+    const std::string from_try_lock = server_error_from([&] { (void)rm.try_lock(); });
+    EXPECT_TRUE(names_wrongtype(from_try_lock)) << from_try_lock;
+    const std::string from_try_lock_for = server_error_from([&] { (void)rm.try_lock_for(5s); });
+    EXPECT_TRUE(names_wrongtype(from_try_lock_for)) << from_try_lock_for;
+
+    // lock() must fail, not retry forever. Were it retrying, deleting the key lets it acquire
+    // and return, so the test ends either way.
+    auto locking = std::async(std::launch::async,
+                              [&] { return server_error_from([&] { rm.lock(); }); });
+    if (locking.wait_for(10s) != std::future_status::ready) {
+        ADD_FAILURE() << "lock() on a key of another type had not returned after 10 s";
+        srv.cli({"DEL", "x"});
+    }
+    const std::string from_lock = locking.get();
+    EXPECT_TRUE(names_wrongtype(from_lock)) << from_lock;
+    EXPECT_EQ(rm.depth(), 0U);
+    EXPECT_EQ(srv.cli({"GET", "x"}), "plain");
+
+    // A simple lock's key and a read-write lock's hash are refused the same way.
+    auto simple = client.mutex("m");
+    simple.lock();
+    auto on_simple = client.recursive_mutex("m");
+    const std::string from_simple = server_error_from([&] { (void)on_simple.try_lock(); });
+    EXPECT_TRUE(names_wrongtype(from_simple)) << from_simple;
+    auto read_write = client.shared_mutex("rw");
+    read_write.lock_shared();
+    ASSERT_EQ(srv.cli({"HEXISTS", "rw", "mode"}), "1");
+    auto on_rw = client.recursive_mutex("rw");
+    const std::string from_rw = server_error_from([&] { on_rw.lock(); });
+    EXPECT_TRUE(names_wrongtype(from_rw)) << from_rw;
+    read_write.unlock_shared();
+}
+
+TEST(RecursiveMutex, FailedReleaseIsReportedButIsNoLoss) {
+    redis_server srv;
+    redislock::basic_client<redislock::test::fault_connection> client{srv.uri()};
+    std::atomic<int> lost{0};
+    auto rm = client.recursive_mutex("x", {.on_lost = [&] { ++lost; }});
+    rm.lock();
+    rm.lock();
+    const std::string owner = sole_owner(srv, "x");
+
+    // An error reply (here a replica's refusal) leaves the entry in Redis: not a lost lock.
+    client.connection().inject(redislock::test::fault::answer_error, "EVALSHA", 1,
+                               redislock::detail::scripts::recursive_release,
+                               "READONLY You can't write against a read only replica.");
+    std::error_code ec;
+    rm.unlock(ec);
+    EXPECT_EQ(ec, errc::server_failed) << ec.message();
+    EXPECT_EQ(srv.cli({"HGET", "x", owner}), "2");
+
+    // Nor is a release that never reached the server; neither is retried.
+    client.connection().inject(redislock::test::fault::throw_before_send, "EVALSHA", 1,
+                               redislock::detail::scripts::recursive_release);
+    rm.unlock(ec);
+    EXPECT_EQ(ec, errc::connection_failed) << ec.message();
+    EXPECT_EQ(srv.cli({"HGET", "x", owner}), "2");
+    EXPECT_EQ(rm.depth(), 0U);
+    EXPECT_EQ(lost.load(), 0);
+    EXPECT_EQ(client.connection().pending_faults(), 0);
+}
+
+TEST(RecursiveMutex, ErrorReplyToVerifyOrExtendIsThrownNotTakenForALoss) {
+    redis_server srv;
+    redislock::basic_client<redislock::test::fault_connection> client{srv.uri()};
+    std::atomic<int> lost{0};
+    auto rm = client.recursive_mutex("x", {.on_lost = [&] { ++lost; }});
+    rm.lock();
+
+    client.connection().inject(redislock::test::fault::answer_error, "HEXISTS", 1, std::nullopt,
+                               "LOADING Redis is loading the dataset in memory");
+    EXPECT_THROW((void)rm.verify(), redislock::server_error);
+    client.connection().inject(redislock::test::fault::answer_error, "EVALSHA", 1,
+                               redislock::detail::scripts::recursive_extend,
+                               "BUSY Redis is busy running a script.");
+    EXPECT_THROW((void)rm.extend(10s), redislock::server_error);
+    EXPECT_EQ(client.connection().pending_faults(), 0);
+
+    EXPECT_EQ(lost.load(), 0);
+    EXPECT_TRUE(rm.owned());
+    EXPECT_TRUE(rm.verify());
+    std::error_code ec;
+    rm.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, WatchdogRenewsTheLeaseUntilTheLastEntryIsLeft) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    std::atomic<int> lost{0};
+    auto rm = client.recursive_mutex(
+        "x", {.lease = 600ms, .watchdog = true, .on_lost = [&] { ++lost; }});
+    rm.lock();
+    rm.lock();
+    EXPECT_EQ(client.watchdog().size(), 1U);  // one renewal per acquisition, not per entry
+
+    std::this_thread::sleep_for(1500ms);  // more than two leases
+    EXPECT_TRUE(rm.verify());
+    rm.unlock();
+    std::this_thread::sleep_for(1500ms);  // renewal goes on while an entry remains
+    EXPECT_TRUE(rm.verify());
+    EXPECT_EQ(client.watchdog().size(), 1U);
+
+    rm.unlock();
+    EXPECT_EQ(client.watchdog().size(), 0U);
+    EXPECT_EQ(exists(srv, "x"), "0");
+    EXPECT_EQ(lost.load(), 0);
+}
+
+TEST(RecursiveMutex, DestroyingAHeldObjectLeavesEveryEntryItMade) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    {
+        auto rm = client.recursive_mutex("x");
+        rm.lock();
+        rm.lock();
+        rm.lock();
+        ASSERT_EQ(sole_count(srv, "x"), "3");
+    }
+    EXPECT_EQ(exists(srv, "x"), "0");
+
+    // Entries the same owner made through another object stay.
+    auto outer = client.recursive_mutex("x");
+    outer.lock();
+    {
+        auto inner = client.recursive_mutex("x");
+        inner.lock();
+        inner.lock();
+        ASSERT_EQ(sole_count(srv, "x"), "3");
+    }
+    EXPECT_EQ(sole_count(srv, "x"), "1");
+    EXPECT_TRUE(outer.verify());
+    std::error_code ec;
+    outer.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, MovingKeepsEntriesAndOverwritingLeavesThem) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto original = client.recursive_mutex("x");
+    original.lock();
+    original.lock();
+
+    auto moved = std::move(original);
+    EXPECT_EQ(moved.depth(), 2U);
+    EXPECT_EQ(sole_count(srv, "x"), "2");
+
+    moved = client.recursive_mutex("y");
+    EXPECT_EQ(exists(srv, "x"), "0");
+    EXPECT_EQ(moved.name(), "y");
+    EXPECT_EQ(moved.depth(), 0U);
+}
+
+TEST(RecursiveMutex, LastUnlockPublishesOnTheChannelBesideTheName) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::vector<std::pair<std::string, std::string>> cases{
+        {"orders:42", "{orders:42}:released"}, {"a{tag}b", "a{tag}b:released"}};
+    for (const auto& [name, channel] : cases) {
+        SCOPED_TRACE(name);
+        subscriber released{srv, channel};
+        auto rm = client.recursive_mutex(name);
+        rm.lock();
+        rm.lock();
+        rm.unlock();
+        ASSERT_EQ(srv.cli({"PUBLISH", channel, "marker"}), "1");
+        EXPECT_EQ(released.next(), "marker");  // leaving an inner entry tells nobody
+        rm.unlock();
+        EXPECT_EQ(released.next(), name);
+    }
+}
+
+TEST(RecursiveMutex, WorksWithStandardGuards) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto x = client.recursive_mutex("x");
+    auto y = client.recursive_mutex("y");
+    {
+        std::unique_lock outer{x};
+        std::scoped_lock both{x, y};  // std::lock over a held recursive lock re-enters it
+        EXPECT_EQ(sole_count(srv, "x"), "2");
+        EXPECT_EQ(sole_count(srv, "y"), "1");
+    }
+    EXPECT_EQ(exists(srv, "x"), "0");
+    EXPECT_EQ(exists(srv, "y"), "0");
+}
+
+TEST(RecursiveMutex, StopRequestEndsAWaitingLockWithFalse) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    auto holder = other_client.recursive_mutex("x");
+    holder.lock();
+    const std::string owner = sole_owner(srv, "x");
+    auto waiter = client.recursive_mutex("x");
+
+    std::stop_source stop;
+    std::atomic<bool> finished{false};
+    bool acquired = true;
+    std::thread waiting{[&] {
+        acquired = waiter.lock(stop.get_token());
+        finished = true;
+    }};
+    std::this_thread::sleep_for(200ms);
+    EXPECT_FALSE(finished.load());  // still waiting while the lock is held
+
+    const stopwatch since_stop;
+    stop.request_stop();
+    if (!wait_for_flag(finished, 10s)) {
+        ADD_FAILURE() << "lock(stop_token) ignored the stop request for 10 s";
+        holder.unlock();  // lets the waiter acquire and return, so the test ends
+    }
+    waiting.join();
+    EXPECT_FALSE(acquired);
+    EXPECT_LT(since_stop.elapsed(), 5s);
+    EXPECT_EQ(waiter.depth(), 0U);
+    EXPECT_EQ(srv.cli({"HGET", "x", owner}), "1");
+}
+
+TEST(RecursiveMutex, TryLockForTimesOutWhileHeldAndSucceedsOnceReleased) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    auto holder = other_client.recursive_mutex("x");
+    holder.lock();
+    auto waiter = client.recursive_mutex("x");
+
+    const stopwatch waited;
+    EXPECT_FALSE(waiter.try_lock_for(300ms));
+    EXPECT_GE(waited.elapsed(), 290ms);
+    EXPECT_LT(waited.elapsed(), 5s);
+    EXPECT_FALSE(waiter.try_lock_until(std::chrono::steady_clock::now() + 100ms));
+    EXPECT_EQ(waiter.depth(), 0U);
+
+    // Released while another thread waits: that wait ends with the lock.
+    std::atomic<bool> finished{false};
+    bool acquired = false;
+    std::thread waiting{[&] {
+        acquired = waiter.try_lock_for(10s);
+        if (acquired) {
+            waiter.unlock();
+        }
+        finished = true;
+    }};
+    std::this_thread::sleep_for(200ms);
+    holder.unlock();
+    EXPECT_TRUE(wait_for_flag(finished, 12s));
+    waiting.join();
+    EXPECT_TRUE(acquired);
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+// ---- mutual exclusion under load ----
+
+// One process of the stress test: its client, a lock object all its threads share, and how
+// often any of its locks reported a loss (never expected: the lease outlasts the test).
+struct stress_process {
+    explicit stress_process(const std::string& uri)
+        : client{uri}, shared{client.recursive_mutex("stress", options())} {}
+
+    redislock::lock_options options() {
+        return {.on_lost = [this] { ++lost; }, .backoff_max = 8ms};
+    }
+
+    std::atomic<int> lost{0};
+    redislock::client client;
+    redislock::recursive_mutex shared;
+};
+
+// Leaves, innermost first, every entry still held when a critical section throws.
+struct entry_stack {
+    entry_stack() = default;
+    entry_stack(const entry_stack&) = delete;
+    entry_stack& operator=(const entry_stack&) = delete;
+    ~entry_stack() {
+        while (!entries.empty()) {
+            entries.back()->unlock();
+            entries.pop_back();
+        }
+    }
+    std::vector<redislock::recursive_mutex*> entries;
+};
+
+TEST(RecursiveMutex, ThreadsAndProcessesNeverOverlapAndLoseNoIncrement) {
+    redis_server srv;
+    const redislock::test::exclusion_options options{
+        .uri = srv.uri(), .counter_key = "counter", .processes = 2, .threads = 3,
+        .iterations = 150};
+
+    const auto report = redislock::test::run_exclusion(options, [&options](int) {
+        auto process = std::make_shared<stress_process>(options.uri);
+        return [process](int) {
+            auto own = std::make_shared<redislock::recursive_mutex>(
+                process->client.recursive_mutex("stress", process->options()));
+            return [process, own](std::mt19937_64& rng, const std::function<void()>& critical) {
+                // Mostly the object every thread shares, sometimes this thread's own one.
+                const auto pick = [&] { return rng() % 3 == 0 ? own.get() : &process->shared; };
+                entry_stack held;
+                auto* first = pick();
+                if (!first->try_lock_for(20s)) {
+                    throw std::runtime_error{"no lock within 20 s"};
+                }
+                held.entries.push_back(first);
+                const auto depth = 1 + rng() % 5;
+                while (held.entries.size() < depth) {
+                    auto* next = pick();
+                    if (!next->try_lock()) {  // a re-entry never waits
+                        throw std::runtime_error{"re-entry refused"};
+                    }
+                    held.entries.push_back(next);
+                }
+                critical();
+                while (!held.entries.empty()) {
+                    std::error_code ec;
+                    held.entries.back()->unlock(ec);
+                    held.entries.pop_back();
+                    if (ec) {
+                        throw std::runtime_error{"unlock: " + ec.message()};
+                    }
+                }
+                if (process->lost.load() != 0) {
+                    throw std::runtime_error{"on_lost was called"};
+                }
+            };
+        };
+    });
+
+    EXPECT_TRUE(report.errors.empty()) << report.describe();
+    EXPECT_EQ(report.completed, report.planned) << report.describe();
+    EXPECT_EQ(report.counter, report.completed) << report.describe();
+    EXPECT_FALSE(report.overlap().has_value()) << report.describe();
+    EXPECT_EQ(exists(srv, "stress"), "0");
+}
+
+}  // namespace

@@ -1,0 +1,273 @@
+#pragma once
+
+// Helpers shared by the test files: clocks, sockets that refuse or ignore connections, a
+// connection double that injects faults in front of a real hiredis_connection, and child
+// process handling.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <redislock/redislock.hpp>
+
+#include "support/redis_server.hpp"
+
+namespace redislock::test {
+
+using namespace std::chrono_literals;
+
+/// Measures the time since construction on the steady clock.
+class stopwatch {
+public:
+    std::chrono::milliseconds elapsed() const {
+        return std::chrono::duration_cast<std::chrono::milliseconds>(
+            std::chrono::steady_clock::now() - start_);
+    }
+
+private:
+    std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the machine, so times taken
+/// in a forked child and in its parent can be compared.
+inline std::int64_t monotonic_ns() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return std::int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+/// `srv`'s URI with query options appended, e.g. with_query(srv, "command_timeout=300").
+inline std::string with_query(const redis_server& srv, std::string_view query) {
+    return srv.uri() + "?" + std::string{query};
+}
+
+namespace detail {
+
+inline int bound_loopback_socket(sockaddr_in& addr) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        throw sys_error("socket");
+    }
+    addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+        ::close(fd);
+        throw sys_error("bind 127.0.0.1:0");
+    }
+    return fd;
+}
+
+}  // namespace detail
+
+/// A port on 127.0.0.1 that refuses connections: bound but not listening, so no other process
+/// can start listening on it while this object lives.
+class refused_port {
+public:
+    refused_port() : fd_{detail::bound_loopback_socket(addr_)} {}
+    int port() const { return ntohs(addr_.sin_port); }
+    std::string uri() const { return "redis://127.0.0.1:" + std::to_string(port()); }
+
+private:
+    sockaddr_in addr_{};
+    detail::unique_fd fd_;
+};
+
+/// A listener on 127.0.0.1 whose accept queue is full: the kernel drops further SYNs, so a
+/// connect to it neither succeeds nor is refused until the client gives up.
+class unresponsive_listener {
+public:
+    unresponsive_listener() : fd_{detail::bound_loopback_socket(addr_)} {
+        if (::listen(fd_.get(), 0) != 0) {
+            throw detail::sys_error("listen");
+        }
+        // A backlog of 0 still queues one connection; a few more fill the queue for sure.
+        for (int i = 0; i < 3; ++i) {
+            detail::unique_fd filler{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
+            if (!filler) {
+                throw detail::sys_error("socket");
+            }
+            (void)::connect(filler.get(), reinterpret_cast<const sockaddr*>(&addr_), sizeof(addr_));
+            fillers_.push_back(std::move(filler));
+        }
+    }
+    std::string uri() const {
+        return "redis://127.0.0.1:" + std::to_string(ntohs(addr_.sin_port));
+    }
+
+private:
+    sockaddr_in addr_{};
+    detail::unique_fd fd_;
+    std::vector<detail::unique_fd> fillers_;
+};
+
+/// What fault_connection does instead of (or besides) forwarding a command.
+enum class fault {
+    throw_before_send,  ///< throw connection_error; the server never sees the command
+    throw_after_send,   ///< forward the command, then throw connection_error (lost reply)
+    answer_noscript,    ///< answer NOSCRIPT without forwarding
+    answer_error,       ///< answer the rule's error text without forwarding
+};
+
+/// A connection double: forwards every command to a real hiredis_connection, except those that
+/// match an injected rule. Rules match a command name (case-sensitive, as the library sends it)
+/// and, for EVALSHA, optionally one script. Thread-safe like the connection it wraps.
+class fault_connection {
+public:
+    explicit fault_connection(std::string_view uri) : inner_{uri} {}
+
+    /// The next `times` commands named `name` (and, when `script` is given, running it) get
+    /// `what` instead of their normal outcome.
+    void inject(fault what, std::string_view name, int times = 1,
+                std::optional<redislock::script> script = std::nullopt,
+                std::string error_text = "ERR injected") {
+        std::lock_guard guard{mutex_};
+        rules_.push_back(rule{what, std::string{name},
+                              script ? std::string{script->sha1} : std::string{}, times,
+                              std::move(error_text)});
+    }
+
+    reply execute(command argv) {
+        std::optional<rule> hit;
+        {
+            std::lock_guard guard{mutex_};
+            log_.push_back(describe(argv));
+            for (auto& r : rules_) {
+                if (r.times > 0 && matches(r, argv)) {
+                    --r.times;
+                    hit = r;
+                    break;
+                }
+            }
+        }
+        if (!hit) {
+            return inner_.execute(argv);
+        }
+        switch (hit->what) {
+            case fault::throw_before_send:
+                throw connection_error{"injected: connection lost before sending"};
+            case fault::throw_after_send:
+                (void)inner_.execute(argv);
+                throw connection_error{"injected: connection lost before the reply"};
+            case fault::answer_noscript:
+                return reply::error("NOSCRIPT No matching script. Please use EVAL.");
+            case fault::answer_error: return reply::error(hit->error_text);
+        }
+        throw std::logic_error{"unknown fault"};
+    }
+
+    /// Every command seen so far: its name, and for EVALSHA the script's name.
+    std::vector<std::string> log() const {
+        std::lock_guard guard{mutex_};
+        return log_;
+    }
+
+    void clear_log() {
+        std::lock_guard guard{mutex_};
+        log_.clear();
+    }
+
+    /// Rules not used up yet.
+    int pending_faults() const {
+        std::lock_guard guard{mutex_};
+        int left = 0;
+        for (const auto& r : rules_) {
+            left += std::max(r.times, 0);
+        }
+        return left;
+    }
+
+    hiredis_connection& inner() { return inner_; }
+
+private:
+    struct rule {
+        fault what;
+        std::string name;
+        std::string sha1;
+        int times;
+        std::string error_text;
+    };
+
+    static bool matches(const rule& r, command argv) {
+        if (argv.empty() || argv[0] != r.name) {
+            return false;
+        }
+        return r.sha1.empty() || (argv.size() > 1 && argv[1] == r.sha1);
+    }
+
+    static std::string describe(command argv);
+
+    hiredis_connection inner_;
+    mutable std::mutex mutex_;
+    std::vector<rule> rules_;
+    std::vector<std::string> log_;
+};
+
+/// Names the embedded scripts for fault_connection's log.
+inline std::string script_name_of(std::string_view sha1) {
+    for (const auto& s : {redislock::detail::scripts::mutex_acquire_fenced,
+                          redislock::detail::scripts::mutex_extend,
+                          redislock::detail::scripts::mutex_probe,
+                          redislock::detail::scripts::mutex_release}) {
+        if (s.sha1 == sha1) {
+            return std::string{s.name};
+        }
+    }
+    return std::string{sha1};
+}
+
+inline std::string fault_connection::describe(command argv) {
+    if (argv.empty()) {
+        return {};
+    }
+    std::string text{argv[0]};
+    if (argv[0] == "EVALSHA" && argv.size() > 1) {
+        text += " " + script_name_of(argv[1]);
+    } else if (argv[0] == "SCRIPT" && argv.size() > 1) {
+        text += " " + std::string{argv[1]};
+    }
+    return text;
+}
+
+/// Waits for child `pid` for at most `timeout`; kills it if it overruns. Returns its wait
+/// status, or std::nullopt if it had to be killed.
+inline std::optional<int> wait_child(pid_t pid, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        int status = 0;
+        const pid_t r = ::waitpid(pid, &status, WNOHANG);
+        if (r == pid) {
+            return status;
+        }
+        if (r < 0 && errno != EINTR) {
+            return std::nullopt;
+        }
+        if (std::chrono::steady_clock::now() >= deadline) {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, &status, 0);
+            return std::nullopt;
+        }
+        std::this_thread::sleep_for(5ms);
+    }
+}
+
+}  // namespace redislock::test
