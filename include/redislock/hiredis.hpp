@@ -3,8 +3,10 @@
 // Builds against hiredis 0.14 (Debian 12) and 1.x. Each context is opened on demand, up to
 // endpoint::pool_size at once, with the endpoint's connect and command timeouts; each new
 // context runs AUTH and SELECT as configured. A context whose connection broke (server restart,
-// CLIENT KILL, timeout) is dropped and the next call opens a fresh one; an idle context that the
-// server closed is noticed before it is reused, so a killed client does not fail the next call.
+// CLIENT KILL, timeout) is dropped and the next call opens a fresh one; a context idle for a
+// millisecond or more is checked before it is reused (one poll(2)), so a client the server killed
+// while it sat idle does not fail the next call. Contexts reused sooner skip the check: a busy
+// loop pays no extra system call, and a kill that lands within that millisecond fails one call.
 //
 // Thread safety: execute() and execute_pipeline() may be called from any number of threads.
 // Lifetime: movable, not copyable; contexts are closed on destruction.
@@ -223,7 +225,11 @@ private:
         endpoint config;
         std::mutex mutex;
         std::condition_variable slot_freed;
-        std::vector<detail::context_ptr> idle;
+        struct idle_context {
+            detail::context_ptr ctx;
+            std::chrono::steady_clock::time_point since;
+        };
+        std::vector<idle_context> idle;  // most recently used last
         std::size_t open_count = 0;  // idle + in use
         std::atomic<std::uint64_t> opened{0};
         std::atomic<std::uint64_t> round_trips{0};
@@ -234,10 +240,11 @@ private:
             forget_parent_connections();
             for (;;) {
                 while (!idle.empty()) {
-                    detail::context_ptr ctx = std::move(idle.back());
+                    idle_context entry = std::move(idle.back());
                     idle.pop_back();
-                    if (still_open(*ctx)) {
-                        return ctx;
+                    if (std::chrono::steady_clock::now() - entry.since < recheck_after ||
+                        still_open(*entry.ctx)) {
+                        return std::move(entry.ctx);
                     }
                     --open_count;  // closed by the server while idle: drop it and try the next
                 }
@@ -275,7 +282,7 @@ private:
         void release(detail::context_ptr ctx) noexcept {
             {
                 std::lock_guard lock{mutex};
-                idle.push_back(std::move(ctx));
+                idle.push_back({std::move(ctx), std::chrono::steady_clock::now()});
             }
             slot_freed.notify_one();
         }
@@ -287,6 +294,8 @@ private:
             }
             slot_freed.notify_one();
         }
+
+        static constexpr std::chrono::milliseconds recheck_after{1};
 
         // An idle connection has nothing to read; readable or hung up means the server closed it.
         static bool still_open(const redisContext& ctx) noexcept {
