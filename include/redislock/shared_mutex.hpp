@@ -214,12 +214,8 @@ private:
 
     bool acquire(mode kind, detail::steady::time_point deadline, const std::stop_token& stop) {
         const std::string owner = state_->caller_owner();
-        if (kind == mode::write) {
-            std::lock_guard guard{state_->mutex};
-            if (find(owner, mode::read) && !find(owner, mode::write)) {
-                throw_upgrade();
-            }
-        }
+        // A reader asking to write is refused by the script ({-1, 0}), not here: only the server
+        // knows whether this owner also writes through another object (then it re-enters).
         // Only a writer that will wait queues, so a failed try_lock() never holds readers back.
         const bool queue = kind == mode::write && deadline > detail::steady::now();
         bool queued = false;

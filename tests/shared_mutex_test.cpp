@@ -1,0 +1,1631 @@
+#include <redislock/shared_mutex.hpp>
+
+#include <gtest/gtest.h>
+#include <hiredis/hiredis.h>
+
+#include <sys/time.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <shared_mutex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <redislock/redislock.hpp>
+
+#include "support/exclusion.hpp"
+#include "support/redis_server.hpp"
+#include "support/test_util.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using redislock::errc;
+using redislock::lock_options;
+using redislock::reply;
+using redislock::test::child_process;
+using redislock::test::hold_interval;
+using redislock::test::line_channel;
+using redislock::test::monotonic_ns;
+using redislock::test::redis_server;
+using redislock::test::stopwatch;
+
+static_assert(noexcept(std::declval<redislock::shared_mutex&>().unlock()));
+static_assert(noexcept(std::declval<redislock::shared_mutex&>().unlock_shared()));
+static_assert(!std::is_copy_constructible_v<redislock::shared_mutex>);
+static_assert(std::is_nothrow_move_constructible_v<redislock::shared_mutex>);
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+using hash = std::map<std::string, std::string>;
+
+// The lock's hash as the server has it, read with redis-cli rather than through the library.
+hash hash_of(const redis_server& srv, const std::string& key) {
+    std::istringstream lines{srv.cli({"HGETALL", key})};
+    hash fields;
+    for (std::string field, value; std::getline(lines, field) && std::getline(lines, value);) {
+        fields[field] = value;
+    }
+    return fields;
+}
+
+// One holder's entry in the hash: "<count> <expiry ms>".
+struct entry {
+    long long count = -1;
+    long long expiry = -1;
+};
+
+entry parse_entry(const std::string& text) {
+    entry e;
+    std::istringstream in{text};
+    in >> e.count >> e.expiry;
+    return e;
+}
+
+std::size_t count_prefixed(const hash& fields, std::string_view prefix) {
+    return static_cast<std::size_t>(std::count_if(
+        fields.begin(), fields.end(), [&](const auto& f) { return f.first.starts_with(prefix); }));
+}
+
+long long pttl(const redis_server& srv, const std::string& key) {
+    return std::stoll(srv.cli({"PTTL", key}));
+}
+
+bool exists(const redis_server& srv, const std::string& key) {
+    return srv.cli({"EXISTS", key}) == "1";
+}
+
+// The server's clock in ms, the clock every expiry in the hash is written in.
+long long server_ms(const redis_server& srv) {
+    std::istringstream in{srv.cli({"TIME"})};
+    long long seconds = 0;
+    long long micros = 0;
+    in >> seconds >> micros;
+    return seconds * 1000 + micros / 1000;
+}
+
+// The owner id the library writes for the calling thread of `client`.
+std::string caller_owner(const redislock::client& client) {
+    return redislock::detail::owner_id(client.instance_id(), {});
+}
+
+// Counts on_lost calls of one lock.
+struct lost_counter {
+    std::atomic<int> calls{0};
+    std::function<void()> handler() {
+        return [this] { calls.fetch_add(1); };
+    }
+};
+
+// Waits, bounded, until `done()` holds; returns whether it came to hold.
+template <class Predicate>
+bool eventually(Predicate done, std::chrono::milliseconds timeout = 10s) {
+    const stopwatch watch;
+    while (!done()) {
+        if (watch.elapsed() > timeout) {
+            return false;
+        }
+        std::this_thread::sleep_for(2ms);
+    }
+    return true;
+}
+
+// Runs `f`, which must throw redislock::server_error naming WRONGTYPE.
+template <class F>
+void expect_wrongtype(F f) {
+    try {
+        f();
+        ADD_FAILURE() << "no server_error was thrown";
+    } catch (const redislock::server_error& e) {
+        EXPECT_NE(std::string_view{e.what()}.find("WRONGTYPE"), std::string_view::npos) << e.what();
+    }
+}
+
+// Runs `f`, which must throw std::system_error(resource_deadlock_would_occur).
+template <class F>
+void expect_deadlock_refused(F f) {
+    try {
+        f();
+        ADD_FAILURE() << "no std::system_error was thrown";
+    } catch (const std::system_error& e) {
+        EXPECT_EQ(e.code(), std::errc::resource_deadlock_would_occur) << e.what();
+    }
+}
+
+// The scripts called directly, to check their replies rather than what the class makes of them.
+reply run_acquire(redislock::client& client, std::string_view name, std::string_view owner,
+                  std::string_view kind, std::string_view lease, std::string_view fencing = "0",
+                  std::string_view queue_ms = "0") {
+    const std::string fence_key = redislock::detail::derived_key(name, "fence");
+    return redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::shared_acquire,
+        std::array<std::string_view, 2>{name, fence_key},
+        std::array<std::string_view, 5>{owner, kind, lease, fencing, queue_ms});
+}
+
+std::int64_t run_release(redislock::client& client, std::string_view name, std::string_view owner,
+                         std::string_view kind, std::string_view entries = "1") {
+    const std::string channel = redislock::detail::derived_key(name, "released");
+    const reply r = redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::shared_release,
+        std::array<std::string_view, 1>{name},
+        std::array<std::string_view, 4>{owner, kind, entries, channel});
+    EXPECT_TRUE(r.is_integer()) << r.text();
+    return r.as_integer();
+}
+
+std::int64_t run_extend(redislock::client& client, std::string_view name, std::string_view owner,
+                        std::string_view kind, std::string_view lease) {
+    const reply r = redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::shared_extend,
+        std::array<std::string_view, 1>{name}, std::array<std::string_view, 3>{owner, kind, lease});
+    EXPECT_TRUE(r.is_integer()) << r.text();
+    return r.as_integer();
+}
+
+using verdict = std::pair<std::int64_t, std::int64_t>;
+
+// {status, value} of an acquisition reply.
+verdict verdict_of(const reply& r) {
+    if (!r.is_array() || r.elements().size() != 2) {
+        ADD_FAILURE() << "not a two-element array: " << r.text();
+        return {-99, -99};
+    }
+    return {r.elements()[0].as_integer(), r.elements()[1].as_integer()};
+}
+
+std::int64_t counter_step(redislock::client& client, std::string_view key, std::string_view by) {
+    const std::array<std::string_view, 3> incrby{"INCRBY", key, by};
+    const reply r = client.connection().execute(incrby);
+    if (!r.is_integer()) {
+        throw std::runtime_error{"INCRBY " + std::string{key} + ": " + r.text()};
+    }
+    return r.as_integer();
+}
+
+// A plain hiredis subscriber, apart from the library, reading one message at a time.
+class subscriber {
+public:
+    subscriber(const redis_server& srv, const std::string& channel)
+        : ctx_{redisConnect("127.0.0.1", srv.port())} {
+        if (!ctx_ || ctx_->err != 0) {
+            throw std::runtime_error{"the subscriber cannot connect"};
+        }
+        redisSetTimeout(ctx_.get(), timeval{5, 0});
+        const reply_ptr confirm{static_cast<redisReply*>(
+            redisCommand(ctx_.get(), "SUBSCRIBE %b", channel.data(), channel.size()))};
+        if (!confirm) {
+            throw std::runtime_error{"SUBSCRIBE failed"};
+        }
+    }
+
+    // The payload of the next message, or std::nullopt when none comes within 5 s.
+    std::optional<std::string> next() {
+        void* raw = nullptr;
+        if (redisGetReply(ctx_.get(), &raw) != REDIS_OK || raw == nullptr) {
+            return std::nullopt;
+        }
+        const reply_ptr message{static_cast<redisReply*>(raw)};
+        if (message->type != REDIS_REPLY_ARRAY || message->elements != 3) {
+            return std::nullopt;
+        }
+        return std::string{message->element[2]->str, message->element[2]->len};
+    }
+
+private:
+    struct free_context {
+        void operator()(redisContext* c) const { redisFree(c); }
+    };
+    struct free_reply {
+        void operator()(redisReply* r) const { freeReplyObject(r); }
+    };
+    using reply_ptr = std::unique_ptr<redisReply, free_reply>;
+
+    std::unique_ptr<redisContext, free_context> ctx_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// shared_acquire.lua
+
+TEST(SharedAcquireScript, ReaderEntersWithItsOwnLeaseThenReentersCounted) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+
+    const long long before = server_ms(srv);
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(1, 0));
+    hash fields = hash_of(srv, "doc");
+    EXPECT_EQ(fields["mode"], "read");
+    const entry first = parse_entry(fields["r:A"]);
+    EXPECT_EQ(first.count, 1);
+    // The entry's expiry is in server time, one lease from the acquisition.
+    EXPECT_GE(first.expiry, before + 30'000);
+    EXPECT_LE(first.expiry, server_ms(srv) + 30'000);
+    EXPECT_GT(pttl(srv, "doc"), 25'000);
+
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(2, 0));
+    EXPECT_EQ(parse_entry(hash_of(srv, "doc")["r:A"]).count, 2);
+
+    // Another reader gets an entry of its own beside A's.
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "B", "r", "30000")), verdict(1, 0));
+    fields = hash_of(srv, "doc");
+    EXPECT_EQ(count_prefixed(fields, "r:"), 2U);
+    EXPECT_EQ(parse_entry(fields["r:A"]).count, 2);
+    EXPECT_EQ(parse_entry(fields["r:B"]).count, 1);
+}
+
+TEST(SharedAcquireScript, WriterEntersWithANewFenceAndReentersWithTheSameOne) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    // The fencing counter only grows: it continues from whatever it holds.
+    ASSERT_EQ(srv.cli({"SET", "{doc}:fence", "41"}), "OK");
+
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000", "1")), verdict(1, 42));
+    hash fields = hash_of(srv, "doc");
+    EXPECT_EQ(fields["mode"], "write");
+    EXPECT_EQ(fields["fence"], "42");
+    EXPECT_EQ(parse_entry(fields["w:W"]).count, 1);
+
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000", "1")), verdict(2, 42));
+    EXPECT_EQ(parse_entry(hash_of(srv, "doc")["w:W"]).count, 2);
+    EXPECT_EQ(srv.cli({"GET", "{doc}:fence"}), "42");  // a re-entry draws no token
+    EXPECT_EQ(pttl(srv, "{doc}:fence"), -1);           // the counter outlives every lease
+
+    ASSERT_EQ(run_release(client, "doc", "W", "w", "2"), 1);
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "V", "w", "30000", "1")), verdict(1, 43));
+    ASSERT_EQ(run_release(client, "doc", "V", "w"), 1);
+    // Without fencing a writer draws nothing.
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "U", "w", "30000", "0")), verdict(1, 0));
+    EXPECT_EQ(srv.cli({"GET", "{doc}:fence"}), "43");
+}
+
+TEST(SharedAcquireScript, EveryoneWaitsBehindAWriterForItsRemainingLease) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "10000")), verdict(1, 0));
+    const hash held = hash_of(srv, "doc");
+
+    const auto [reader_status, reader_wait] =
+        verdict_of(run_acquire(client, "doc", "R", "r", "30000"));
+    EXPECT_EQ(reader_status, 0);
+    EXPECT_GT(reader_wait, 8'000);
+    EXPECT_LE(reader_wait, 10'000);
+
+    const auto [writer_status, writer_wait] =
+        verdict_of(run_acquire(client, "doc", "X", "w", "30000"));
+    EXPECT_EQ(writer_status, 0);
+    EXPECT_GT(writer_wait, 8'000);
+    EXPECT_LE(writer_wait, 10'000);
+
+    // Neither left an entry, and X asked not to queue.
+    EXPECT_EQ(hash_of(srv, "doc"), held);
+}
+
+TEST(SharedAcquireScript, WriterWaitsBehindReadersForTheLongestLease) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "5000")), verdict(1, 0));
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "B", "r", "20000")), verdict(1, 0));
+
+    const auto [status, wait] = verdict_of(run_acquire(client, "doc", "W", "w", "30000"));
+    EXPECT_EQ(status, 0);
+    EXPECT_GT(wait, 18'000);
+    EXPECT_LE(wait, 20'000);
+    const hash fields = hash_of(srv, "doc");
+    EXPECT_EQ(count_prefixed(fields, "w:"), 0U);
+    EXPECT_EQ(count_prefixed(fields, "q:"), 0U);
+    EXPECT_EQ(fields.at("mode"), "read");
+}
+
+TEST(SharedAcquireScript, QueuedWriterHoldsBackNewReadersButNotReadersInside) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(1, 0));
+
+    const long long before = server_ms(srv);
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000", "0", "1000")).first, 0);
+    const entry queued = parse_entry(hash_of(srv, "doc")["q:W"]);
+    EXPECT_EQ(queued.count, 0);
+    EXPECT_GE(queued.expiry, before + 1000);
+    EXPECT_LE(queued.expiry, server_ms(srv) + 1000);
+
+    // A new reader waits for the queued writer; the reader already inside re-enters.
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "N", "r", "30000")).first, 0);
+    EXPECT_EQ(hash_of(srv, "doc").count("r:N"), 0U);
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(2, 0));
+
+    // A's release leaves only the queued writer: the hash stays, marked free, for the queue.
+    ASSERT_EQ(run_release(client, "doc", "A", "r", "2"), 1);
+    hash fields = hash_of(srv, "doc");
+    EXPECT_EQ(fields["mode"], "free");
+    EXPECT_EQ(fields.count("q:W"), 1U);
+    EXPECT_GT(pttl(srv, "doc"), 0);
+    EXPECT_LE(pttl(srv, "doc"), 1000);
+
+    // The writer gets in and its queue entry goes.
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000", "0", "1000")),
+              verdict(1, 0));
+    fields = hash_of(srv, "doc");
+    EXPECT_EQ(fields.count("q:W"), 0U);
+    EXPECT_EQ(fields["mode"], "write");
+}
+
+TEST(SharedAcquireScript, WriterMayReadDespiteAnotherQueuedWriter) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000")), verdict(1, 0));
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "X", "w", "30000", "0", "1000")).first, 0);
+    ASSERT_EQ(hash_of(srv, "doc").count("q:X"), 1U);
+
+    // Downgrade by the holder must not wait for a writer that waits for the holder.
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "W", "r", "30000")), verdict(1, 0));
+    EXPECT_EQ(hash_of(srv, "doc")["mode"], "write");
+}
+
+TEST(SharedAcquireScript, ReaderAskingToWriteIsRefusedAndNothingChanges) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(1, 0));
+    const hash before = hash_of(srv, "doc");
+
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "A", "w", "30000", "1", "1000")),
+              verdict(-1, 0));
+    EXPECT_EQ(hash_of(srv, "doc"), before);    // no write entry, no queue entry
+    EXPECT_FALSE(exists(srv, "{doc}:fence"));  // no token drawn
+}
+
+TEST(SharedAcquireScript, KeysThatAreNotReadWriteLocksAreWrongType) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+
+    ASSERT_EQ(srv.cli({"SET", "plain", "value"}), "OK");
+    const reply on_string = run_acquire(client, "plain", "A", "r", "30000");
+    EXPECT_TRUE(on_string.is_error_code("WRONGTYPE")) << on_string.text();
+    EXPECT_EQ(srv.cli({"GET", "plain"}), "value");
+
+    // A reentrant lock's hash has no `mode` field.
+    ASSERT_EQ(srv.cli({"HSET", "reentrant", "someone", "1"}), "1");
+    const reply on_hash = run_acquire(client, "reentrant", "A", "w", "30000");
+    EXPECT_TRUE(on_hash.is_error_code("WRONGTYPE")) << on_hash.text();
+    EXPECT_EQ(hash_of(srv, "reentrant"), (hash{{"someone", "1"}}));
+
+    ASSERT_EQ(srv.cli({"RPUSH", "list", "a"}), "1");
+    const reply on_list = run_acquire(client, "list", "A", "r", "30000");
+    EXPECT_TRUE(on_list.is_error_code("WRONGTYPE")) << on_list.text();
+}
+
+// ---------------------------------------------------------------------------------------------
+// shared_release.lua
+
+TEST(SharedReleaseScript, LastReleaseDeletesTheKeyAndPublishes) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    subscriber released{srv, "{doc}:released"};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(1, 0));
+
+    EXPECT_EQ(run_release(client, "doc", "A", "r"), 1);
+    EXPECT_FALSE(exists(srv, "doc"));
+    EXPECT_EQ(released.next(), "doc");
+}
+
+TEST(SharedReleaseScript, ReleaseWithOthersLeftKeepsTheKeyAndRecomputesModeAndLease) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    // W writes with a long lease and reads with a short one; the key lives as long as the write.
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "60000", "1")), verdict(1, 1));
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "W", "r", "10000")), verdict(1, 0));
+    ASSERT_GT(pttl(srv, "doc"), 50'000);
+
+    EXPECT_EQ(run_release(client, "doc", "W", "w"), 1);
+    const hash fields = hash_of(srv, "doc");
+    EXPECT_EQ(fields.at("mode"), "read");
+    EXPECT_EQ(fields.count("w:W"), 0U);
+    EXPECT_EQ(fields.count("fence"), 0U);  // the token went with the write
+    EXPECT_EQ(parse_entry(fields.at("r:W")).count, 1);
+    // The key now lives only as long as what is left.
+    EXPECT_GT(pttl(srv, "doc"), 5'000);
+    EXPECT_LE(pttl(srv, "doc"), 10'000);
+}
+
+TEST(SharedReleaseScript, OuterEntriesKeepTheLockAndItsExpiry) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(1, 0));
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(2, 0));
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(2, 0));
+    const long long expiry = parse_entry(hash_of(srv, "doc")["r:A"]).expiry;
+
+    EXPECT_EQ(run_release(client, "doc", "A", "r"), 0);
+    EXPECT_EQ(parse_entry(hash_of(srv, "doc")["r:A"]).count, 2);
+    EXPECT_EQ(run_release(client, "doc", "A", "r"), 0);
+    const entry left = parse_entry(hash_of(srv, "doc")["r:A"]);
+    EXPECT_EQ(left.count, 1);
+    EXPECT_EQ(left.expiry, expiry);
+    EXPECT_EQ(run_release(client, "doc", "A", "r"), 1);
+    EXPECT_FALSE(exists(srv, "doc"));
+}
+
+TEST(SharedReleaseScript, EntryNotHeldOrExpiredIsMinusOneAndLeavesOthersAlone) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "B", "r", "60000")), verdict(1, 0));
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "50")), verdict(1, 0));
+    std::this_thread::sleep_for(200ms);
+    const hash before = hash_of(srv, "doc");
+
+    EXPECT_EQ(run_release(client, "doc", "A", "r"), -1);      // expired
+    EXPECT_EQ(run_release(client, "doc", "C", "r"), -1);      // never held
+    EXPECT_EQ(run_release(client, "doc", "B", "w"), -1);      // held, but not in that mode
+    EXPECT_EQ(run_release(client, "missing", "B", "r"), -1);  // no lock at all
+    EXPECT_EQ(hash_of(srv, "doc"), before);
+    EXPECT_GT(pttl(srv, "doc"), 50'000);
+}
+
+// ---------------------------------------------------------------------------------------------
+// shared_extend.lua
+
+TEST(SharedExtendScript, ExtendMovesTheEntryAndTheKeyTtlAndACheckMovesNothing) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "1000")), verdict(1, 0));
+    const long long first = parse_entry(hash_of(srv, "doc")["r:A"]).expiry;
+
+    EXPECT_EQ(run_extend(client, "doc", "A", "r", "60000"), 1);
+    const entry extended = parse_entry(hash_of(srv, "doc")["r:A"]);
+    EXPECT_EQ(extended.count, 1);
+    EXPECT_GE(extended.expiry - first, 58'000);
+    EXPECT_GT(pttl(srv, "doc"), 55'000);
+    EXPECT_LE(pttl(srv, "doc"), 60'000);
+
+    EXPECT_EQ(run_extend(client, "doc", "A", "r", "0"), 1);
+    EXPECT_EQ(parse_entry(hash_of(srv, "doc")["r:A"]).expiry, extended.expiry);
+}
+
+TEST(SharedExtendScript, EntryNotHeldOrExpiredIsZeroAndStaysAsItWas) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "60000")), verdict(1, 0));
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "C", "r", "50")), verdict(1, 0));
+    std::this_thread::sleep_for(200ms);
+    const hash before = hash_of(srv, "doc");
+
+    EXPECT_EQ(run_extend(client, "doc", "C", "r", "60000"), 0);  // expired
+    EXPECT_EQ(run_extend(client, "doc", "C", "r", "0"), 0);
+    EXPECT_EQ(run_extend(client, "doc", "B", "r", "60000"), 0);  // never held
+    EXPECT_EQ(run_extend(client, "doc", "A", "w", "60000"), 0);  // held, but not in that mode
+    EXPECT_EQ(run_extend(client, "missing", "A", "r", "60000"), 0);
+    EXPECT_EQ(hash_of(srv, "doc"), before);
+    EXPECT_FALSE(exists(srv, "missing"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Readers together, writers alone
+
+TEST(SharedMutex, ReadersHoldTheLockAtTheSameTime) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rw = client.shared_mutex("catalog");
+
+    std::mutex gate;
+    std::condition_variable changed;
+    int inside = 0;
+    bool leave = false;
+    std::array<bool, 2> saw_other{};
+    std::vector<std::thread> readers;
+    for (std::size_t i = 0; i < 2; ++i) {
+        readers.emplace_back([&, i] {
+            if (!rw.try_lock_shared_for(10s)) {
+                return;
+            }
+            std::unique_lock lock{gate};
+            ++inside;
+            changed.notify_all();
+            // Each reader waits, while holding, for the other to be inside too.
+            saw_other[i] = changed.wait_for(lock, 10s, [&] { return inside == 2; });
+            changed.wait_for(lock, 10s, [&] { return leave; });
+            lock.unlock();
+            rw.unlock_shared();
+        });
+    }
+    bool both_inside = false;
+    {
+        std::unique_lock lock{gate};
+        both_inside = changed.wait_for(lock, 10s, [&] { return inside == 2; });
+    }
+    // Redis agrees: two read entries at once.
+    hash fields = hash_of(srv, "catalog");
+    {
+        std::lock_guard lock{gate};
+        leave = true;
+    }
+    changed.notify_all();
+    for (auto& reader : readers) {
+        reader.join();
+    }
+
+    EXPECT_TRUE(both_inside);
+    EXPECT_TRUE(saw_other[0]);
+    EXPECT_TRUE(saw_other[1]);
+    EXPECT_EQ(count_prefixed(fields, "r:"), 2U);
+    EXPECT_EQ(fields["mode"], "read");
+    EXPECT_FALSE(exists(srv, "catalog"));
+}
+
+TEST(SharedMutex, WriterExcludesReadersAndWriters) {
+    redis_server srv;
+    redislock::client writer_client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    auto writer = writer_client.shared_mutex("catalog");
+    auto other = other_client.shared_mutex("catalog");
+
+    writer.lock();
+    EXPECT_EQ(hash_of(srv, "catalog")["mode"], "write");
+    EXPECT_FALSE(other.try_lock_shared());
+    EXPECT_FALSE(other.try_lock());
+    EXPECT_FALSE(other.try_lock_shared_for(100ms));
+    EXPECT_FALSE(other.try_lock_for(100ms));
+    // Another thread through the writer's own object is another owner, and excluded too.
+    bool read_from_thread = true;
+    bool write_from_thread = true;
+    std::thread{[&] {
+        read_from_thread = writer.try_lock_shared();
+        write_from_thread = writer.try_lock();
+    }}.join();
+    EXPECT_FALSE(read_from_thread);
+    EXPECT_FALSE(write_from_thread);
+    // The timed attempts that gave up left no queue entry behind.
+    EXPECT_EQ(count_prefixed(hash_of(srv, "catalog"), "q:"), 0U);
+
+    writer.unlock();
+    EXPECT_FALSE(exists(srv, "catalog"));
+    EXPECT_TRUE(other.try_lock_shared());
+    other.unlock_shared();
+    EXPECT_TRUE(other.try_lock());
+    other.unlock();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Seed 004: one reader's release or expiry must never free another's read lock
+
+TEST(SharedMutex, ReleasedReaderLeavesOtherReadersProtected) {
+    redis_server srv;
+    redislock::client a{srv.uri()};
+    redislock::client b{srv.uri()};
+    redislock::client w{srv.uri()};
+    auto reader_a = a.shared_mutex("catalog");
+    auto reader_b = b.shared_mutex("catalog");
+    auto writer = w.shared_mutex("catalog");
+
+    reader_a.lock_shared();
+    reader_b.lock_shared();
+    reader_a.unlock_shared();
+    // B's own entry is untouched by A's release.
+    const hash fields = hash_of(srv, "catalog");
+    EXPECT_EQ(count_prefixed(fields, "r:"), 1U);
+    EXPECT_EQ(fields.count("r:" + caller_owner(b)), 1U);
+    EXPECT_FALSE(writer.try_lock());
+
+    reader_b.unlock_shared();
+    EXPECT_TRUE(writer.try_lock());
+    writer.unlock();
+}
+
+TEST(SharedMutex, ExpiredReaderLeavesOtherReadersProtected) {
+    redis_server srv;
+    redislock::client a{srv.uri()};
+    redislock::client b{srv.uri()};
+    redislock::client w{srv.uri()};
+    auto reader_a = a.shared_mutex("catalog", {.lease = 200ms});
+    auto reader_b = b.shared_mutex("catalog", {.lease = 60s});
+    auto writer = w.shared_mutex("catalog");
+
+    reader_a.lock_shared();
+    reader_b.lock_shared();
+    std::this_thread::sleep_for(400ms);
+    // A's lease has run out on the server, not only in A's estimate.
+    EXPECT_FALSE(reader_a.verify());
+    EXPECT_TRUE(reader_b.verify());
+    EXPECT_FALSE(writer.try_lock());
+    EXPECT_GT(pttl(srv, "catalog"), 50'000);  // the key lives as long as B's lease
+
+    reader_b.unlock_shared();
+    EXPECT_TRUE(writer.try_lock());
+    writer.unlock();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reentrancy, ownership, leases
+
+TEST(SharedMutex, ReadLockIsReentrant) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    auto rw = client.shared_mutex("catalog");
+    auto other = other_client.shared_mutex("catalog");
+    const std::string field = "r:" + caller_owner(client);
+
+    rw.lock_shared();
+    EXPECT_TRUE(rw.try_lock_shared());
+    EXPECT_TRUE(rw.try_lock_shared_for(1s));
+    EXPECT_EQ(parse_entry(hash_of(srv, "catalog")[field]).count, 3);
+
+    std::error_code ec;
+    rw.unlock_shared(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    rw.unlock_shared(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(parse_entry(hash_of(srv, "catalog")[field]).count, 1);
+    EXPECT_FALSE(other.try_lock());  // one entry left still reads
+
+    rw.unlock_shared(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_FALSE(exists(srv, "catalog"));
+    rw.unlock_shared(ec);
+    EXPECT_EQ(ec, redislock::make_error_code(errc::not_held));
+}
+
+TEST(SharedMutex, WriteLockIsReentrant) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    auto rw = client.shared_mutex("catalog");
+    auto other = other_client.shared_mutex("catalog");
+    const std::string field = "w:" + caller_owner(client);
+
+    rw.lock();
+    EXPECT_TRUE(rw.try_lock());
+    EXPECT_EQ(parse_entry(hash_of(srv, "catalog")[field]).count, 2);
+
+    std::error_code ec;
+    rw.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(parse_entry(hash_of(srv, "catalog")[field]).count, 1);
+    EXPECT_FALSE(other.try_lock_shared());
+
+    rw.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_FALSE(exists(srv, "catalog"));
+    EXPECT_TRUE(other.try_lock_shared());
+    other.unlock_shared();
+}
+
+TEST(SharedMutex, UpgradeThroughTheSameObjectIsRefusedAsADeadlock) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    auto rw = client.shared_mutex("catalog");
+    auto other = other_client.shared_mutex("catalog");
+
+    rw.lock_shared();
+    const hash before = hash_of(srv, "catalog");
+    expect_deadlock_refused([&] { rw.lock(); });
+    expect_deadlock_refused([&] { (void)rw.try_lock_for(1s); });
+    EXPECT_EQ(hash_of(srv, "catalog"), before);  // no write entry, no queue entry
+
+    // Still a reader, and nothing more.
+    EXPECT_TRUE(rw.owned());
+    EXPECT_TRUE(other.try_lock_shared());
+    other.unlock_shared();
+    rw.unlock_shared();
+    EXPECT_TRUE(other.try_lock());
+    other.unlock();
+}
+
+TEST(SharedMutex, UpgradeThroughAnotherObjectOfTheSameOwnerIsRefusedByTheScript) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto reading = client.shared_mutex("catalog");
+    // This object holds nothing itself: only the server knows the owner reads.
+    auto writing = client.shared_mutex("catalog");
+
+    reading.lock_shared();
+    const hash before = hash_of(srv, "catalog");
+    expect_deadlock_refused([&] { writing.lock(); });
+    expect_deadlock_refused([&] { (void)writing.try_lock(); });
+    EXPECT_EQ(hash_of(srv, "catalog"), before);
+    EXPECT_FALSE(writing.owned());
+
+    reading.unlock_shared();
+    EXPECT_TRUE(writing.try_lock());
+    writing.unlock();
+}
+
+TEST(SharedMutex, OwnerWritingThroughAnotherObjectReentersTheWriteLockWhileReading) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto writing = client.shared_mutex("catalog");
+    // Reads as a writer may (a downgrade), then asks to write again: not an upgrade.
+    auto reading = client.shared_mutex("catalog");
+    const std::string owner = caller_owner(client);
+
+    writing.lock();
+    reading.lock_shared();
+    EXPECT_NO_THROW(reading.lock());
+    EXPECT_EQ(parse_entry(hash_of(srv, "catalog")["w:" + owner]).count, 2);
+    reading.unlock();
+    reading.unlock_shared();
+    writing.unlock();
+    EXPECT_FALSE(exists(srv, "catalog"));
+}
+
+TEST(SharedMutex, OnlyTheHoldingThreadCanReleaseItsEntry) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    auto rw = client.shared_mutex("catalog");
+    auto stranger = other_client.shared_mutex("catalog");
+
+    rw.lock_shared();
+    const hash reading = hash_of(srv, "catalog");
+    std::error_code read_release;
+    std::error_code write_release;
+    std::thread{[&] {
+        rw.unlock_shared(read_release);
+        rw.unlock(write_release);
+    }}.join();
+    EXPECT_EQ(read_release, redislock::make_error_code(errc::not_holder));
+    EXPECT_EQ(write_release, redislock::make_error_code(errc::not_held));  // nobody writes
+    std::error_code stranger_release;
+    stranger.unlock_shared(stranger_release);
+    EXPECT_EQ(stranger_release, redislock::make_error_code(errc::not_held));
+    EXPECT_EQ(hash_of(srv, "catalog"), reading);
+    rw.unlock_shared();
+
+    rw.lock();
+    const hash writing = hash_of(srv, "catalog");
+    std::thread{[&] { rw.unlock(write_release); }}.join();
+    EXPECT_EQ(write_release, redislock::make_error_code(errc::not_holder));
+    EXPECT_EQ(hash_of(srv, "catalog"), writing);
+    EXPECT_TRUE(rw.owned());
+    rw.unlock();
+    EXPECT_FALSE(exists(srv, "catalog"));
+}
+
+TEST(SharedMutex, LeaseFreesTheLockWhenTheReadingProcessDies) {
+    redis_server srv;
+    const std::string uri = srv.uri();
+    // Forked before this process has any client or thread.
+    child_process child{[&](line_channel& channel) -> int {
+        redislock::client client{uri};
+        auto rw = client.shared_mutex("catalog", {.lease = 300ms});
+        const std::int64_t started = monotonic_ns();
+        rw.lock_shared();
+        channel.send("reading " + std::to_string(started));
+        ::_exit(0);  // dies holding the read lock: no unlock, no destructor
+    }};
+    const auto line = child.channel().receive(10s);
+    ASSERT_TRUE(line.has_value()) << "the child did not report";
+    std::istringstream words{*line};
+    std::string what;
+    std::int64_t started = 0;
+    words >> what >> started;
+    ASSERT_EQ(what, "reading") << *line;
+    EXPECT_EQ(child.wait(10s), 0);
+
+    redislock::client client{uri};
+    auto writer = client.shared_mutex("catalog");
+    const bool entered = writer.try_lock_for(5s);
+    const std::int64_t entered_ns = monotonic_ns();
+    ASSERT_TRUE(entered) << "the dead reader's lease never ran out";
+    // The dead reader kept the writer out for its whole lease (less clock rounding).
+    EXPECT_GE(entered_ns - started, std::chrono::nanoseconds{290ms}.count());
+    writer.unlock();
+}
+
+TEST(SharedMutex, DowngradeKeepsReadingAfterTheWriteLockIsReleased) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client writer_client{srv.uri()};
+    redislock::client reader_client{srv.uri()};
+    auto rw = client.shared_mutex("catalog");
+    auto other_writer = writer_client.shared_mutex("catalog");
+    auto other_reader = reader_client.shared_mutex("catalog");
+    const std::string owner = caller_owner(client);
+
+    rw.lock();
+    rw.lock_shared();
+    hash fields = hash_of(srv, "catalog");
+    EXPECT_EQ(fields["mode"], "write");
+    EXPECT_EQ(fields.count("w:" + owner), 1U);
+    EXPECT_EQ(fields.count("r:" + owner), 1U);
+    EXPECT_FALSE(other_reader.try_lock_shared());  // still written
+    // Writing and reading, lock() re-enters the write lock.
+    rw.lock();
+    EXPECT_EQ(parse_entry(hash_of(srv, "catalog")["w:" + owner]).count, 2);
+    rw.unlock();
+
+    rw.unlock();
+    fields = hash_of(srv, "catalog");
+    EXPECT_EQ(fields["mode"], "read");
+    EXPECT_EQ(fields.count("w:" + owner), 0U);
+    EXPECT_TRUE(rw.owned());
+    EXPECT_TRUE(rw.verify());
+    EXPECT_FALSE(other_writer.try_lock());
+    EXPECT_TRUE(other_reader.try_lock_shared());
+    other_reader.unlock_shared();
+
+    rw.unlock_shared();
+    EXPECT_FALSE(exists(srv, "catalog"));
+}
+
+TEST(SharedMutex, DestroyingOrReassigningTheObjectLeavesItsEntriesAndMovingKeepsThem) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    {
+        auto rw = client.shared_mutex("catalog");
+        rw.lock();
+        rw.lock();
+        rw.lock_shared();
+    }
+    EXPECT_FALSE(exists(srv, "catalog"));
+
+    auto first = client.shared_mutex("first");
+    first.lock_shared();
+    auto moved = std::move(first);
+    EXPECT_TRUE(moved.owned());
+    EXPECT_EQ(count_prefixed(hash_of(srv, "first"), "r:"), 1U);
+    moved = client.shared_mutex("second");
+    EXPECT_FALSE(exists(srv, "first"));
+    moved.lock();
+    EXPECT_EQ(hash_of(srv, "second")["mode"], "write");
+    moved.unlock();
+    EXPECT_FALSE(exists(srv, "second"));
+}
+
+TEST(SharedMutex, LockOutlivesItsClientAndStillReleases) {
+    redis_server srv;
+    auto client = std::make_unique<redislock::client>(srv.uri());
+    auto rw = client->shared_mutex("catalog");
+    rw.lock_shared();
+    client.reset();
+    EXPECT_TRUE(exists(srv, "catalog"));
+    std::error_code ec;
+    rw.unlock_shared(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_FALSE(exists(srv, "catalog"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer priority
+
+TEST(SharedMutex, WaitingWriterIsNotStarvedByAStreamOfReaders) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client writer_client{srv.uri()};
+    auto rw = client.shared_mutex("catalog");
+    auto writer = writer_client.shared_mutex("catalog");
+
+    std::mutex gate;
+    std::condition_variable changed;
+    int inside = 0;  // readers between lock_shared() returning and unlock_shared()
+    bool stop = false;
+    std::atomic<long> reads{0};
+    std::atomic<int> reader_failures{0};
+    std::vector<std::thread> readers;
+    const auto give_up = std::chrono::steady_clock::now() + 60s;
+    for (int i = 0; i < 4; ++i) {
+        readers.emplace_back([&] {
+            for (int round = 0; round < 100'000 && std::chrono::steady_clock::now() < give_up;
+                 ++round) {
+                if (!rw.try_lock_shared_for(10s)) {
+                    reader_failures.fetch_add(1);
+                    continue;
+                }
+                {
+                    std::lock_guard lock{gate};
+                    ++inside;
+                }
+                changed.notify_all();
+                std::this_thread::sleep_for(2ms);
+                {
+                    // Leave only while another reader is inside, so the read lock never has a
+                    // gap a writer could slip through; alone, wait a little for company.
+                    std::unique_lock lock{gate};
+                    changed.wait_for(lock, 25ms, [&] { return inside >= 2 || stop; });
+                    --inside;
+                    if (stop) {
+                        lock.unlock();
+                        rw.unlock_shared();
+                        return;
+                    }
+                }
+                rw.unlock_shared();
+                reads.fetch_add(1);
+            }
+        });
+    }
+    const bool streaming = eventually([&] { return reads.load() >= 40; });
+
+    const stopwatch waited;
+    const bool entered = writer.try_lock_for(10s);
+    const auto wait = waited.elapsed();
+    int readers_seen_inside = 0;
+    long reads_when_released = 0;
+    if (entered) {
+        for (int i = 0; i < 5; ++i) {
+            {
+                std::lock_guard lock{gate};
+                readers_seen_inside = std::max(readers_seen_inside, inside);
+            }
+            std::this_thread::sleep_for(1ms);
+        }
+        reads_when_released = reads.load();
+        writer.unlock();
+    }
+    // Readers carry on once the writer is done.
+    const bool resumed = eventually([&] { return reads.load() > reads_when_released + 4; });
+    {
+        std::lock_guard lock{gate};
+        stop = true;
+    }
+    changed.notify_all();
+    for (auto& reader : readers) {
+        reader.join();
+    }
+
+    std::cout << "writer waited " << wait.count() << " ms behind 4 back-to-back readers"
+              << std::endl;
+    ASSERT_TRUE(streaming);
+    ASSERT_TRUE(entered);
+    EXPECT_LT(wait, 5s);
+    EXPECT_EQ(readers_seen_inside, 0);
+    EXPECT_TRUE(resumed);
+    EXPECT_EQ(reader_failures.load(), 0);
+}
+
+TEST(SharedMutex, QueuedWriterBlocksNewReadersButNotReentry) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client writer_client{srv.uri()};
+    redislock::client newcomer_client{srv.uri()};
+    auto rw = client.shared_mutex("catalog");
+    auto writer = writer_client.shared_mutex("catalog");
+    auto newcomer = newcomer_client.shared_mutex("catalog");
+
+    rw.lock_shared();
+    std::atomic<bool> entered{false};
+    std::thread waiting_writer{[&] {
+        if (writer.try_lock_for(10s)) {
+            entered = true;
+            writer.unlock();
+        }
+    }};
+    const bool queued =
+        eventually([&] { return count_prefixed(hash_of(srv, "catalog"), "q:") == 1; });
+    const bool newcomer_read = newcomer.try_lock_shared();
+    const bool reentered = rw.try_lock_shared();
+    const long long depth = parse_entry(hash_of(srv, "catalog")["r:" + caller_owner(client)]).count;
+    const bool writer_in_early = entered.load();
+    rw.unlock_shared();
+    rw.unlock_shared();
+    waiting_writer.join();
+
+    ASSERT_TRUE(queued);
+    EXPECT_FALSE(newcomer_read);
+    EXPECT_TRUE(reentered);
+    EXPECT_EQ(depth, 2);
+    EXPECT_FALSE(writer_in_early);
+    EXPECT_TRUE(entered);
+    EXPECT_FALSE(exists(srv, "catalog"));  // nothing left once the writer is done
+    EXPECT_TRUE(newcomer.try_lock_shared());
+    newcomer.unlock_shared();
+}
+
+TEST(SharedMutex, WriterWhoseWaitEndsInAnErrorLeavesTheQueue) {
+    redis_server srv;
+    redislock::client reader_client{srv.uri()};
+    redislock::client newcomer_client{srv.uri()};
+    redislock::basic_client<redislock::test::fault_connection> faulty{srv.uri()};
+    auto reader = reader_client.shared_mutex("catalog");
+    auto newcomer = newcomer_client.shared_mutex("catalog");
+    auto writer = faulty.shared_mutex("catalog");
+
+    reader.lock_shared();
+    std::atomic<bool> failed{false};
+    std::thread waiting_writer{[&] {
+        try {
+            (void)writer.try_lock_for(10s);
+        } catch (const redislock::connection_error&) {
+            failed = true;
+        }
+    }};
+    const bool queued =
+        eventually([&] { return count_prefixed(hash_of(srv, "catalog"), "q:") == 1; });
+    // The writer's next attempt fails on the network.
+    faulty.connection().inject(redislock::test::fault::throw_before_send, "EVALSHA", 1,
+                               redislock::detail::scripts::shared_acquire);
+    waiting_writer.join();
+
+    ASSERT_TRUE(queued);
+    EXPECT_TRUE(failed);
+    // A writer that no longer waits must not keep new readers out.
+    EXPECT_EQ(count_prefixed(hash_of(srv, "catalog"), "q:"), 0U);
+    EXPECT_TRUE(newcomer.try_lock_shared());
+    newcomer.unlock_shared();
+    reader.unlock_shared();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stress: threads x processes
+
+constexpr std::string_view stress_lock = "stress";
+constexpr std::string_view readers_key = "stress:readers";
+constexpr std::string_view writers_key = "stress:writers";
+
+struct stress_tally {
+    long long reads = 0;
+    long long writes = 0;
+    long long violations = 0;  // a counter showed someone inside who must not be
+    long long timeouts = 0;
+    long long errors = 0;
+    std::vector<hold_interval> read_intervals;
+    std::vector<hold_interval> write_intervals;
+
+    void add(const stress_tally& other) {
+        reads += other.reads;
+        writes += other.writes;
+        violations += other.violations;
+        timeouts += other.timeouts;
+        errors += other.errors;
+        read_intervals.insert(read_intervals.end(), other.read_intervals.begin(),
+                              other.read_intervals.end());
+        write_intervals.insert(write_intervals.end(), other.write_intervals.begin(),
+                               other.write_intervals.end());
+    }
+};
+
+// One process's share: readers and writers on one lock object of one client until `end_ns`.
+// While inside, a reader counts itself in `readers` and checks `writers` is 0; a writer counts
+// itself in `writers`, checks it is alone there and that `readers` is 0.
+stress_tally stress_party(const std::string& uri, int readers, int writers, std::int64_t end_ns) {
+    redislock::client client{uri};
+    auto rw = client.shared_mutex(stress_lock);
+    std::mutex merge;
+    stress_tally total;
+    std::vector<std::thread> threads;
+    for (int t = 0; t < readers + writers; ++t) {
+        threads.emplace_back([&, writer = t >= readers] {
+            stress_tally mine;
+            try {
+                for (int round = 0; round < 100'000 && monotonic_ns() < end_ns; ++round) {
+                    if (writer) {
+                        if (!rw.try_lock_for(10s)) {
+                            ++mine.timeouts;
+                            continue;
+                        }
+                        const std::int64_t enter = monotonic_ns();
+                        mine.violations += counter_step(client, writers_key, "1") != 1;
+                        mine.violations += counter_step(client, readers_key, "0") != 0;
+                        std::this_thread::sleep_for(500us);
+                        mine.violations += counter_step(client, readers_key, "0") != 0;
+                        counter_step(client, writers_key, "-1");
+                        mine.write_intervals.push_back({enter, monotonic_ns()});
+                        rw.unlock();
+                        ++mine.writes;
+                        std::this_thread::sleep_for(10ms);  // let readers in between writes
+                    } else {
+                        if (!rw.try_lock_shared_for(10s)) {
+                            ++mine.timeouts;
+                            continue;
+                        }
+                        const std::int64_t enter = monotonic_ns();
+                        counter_step(client, readers_key, "1");
+                        mine.violations += counter_step(client, writers_key, "0") != 0;
+                        std::this_thread::sleep_for(500us);
+                        mine.violations += counter_step(client, writers_key, "0") != 0;
+                        counter_step(client, readers_key, "-1");
+                        mine.read_intervals.push_back({enter, monotonic_ns()});
+                        rw.unlock_shared();
+                        ++mine.reads;
+                    }
+                }
+            } catch (...) {
+                ++mine.errors;
+            }
+            std::lock_guard guard{merge};
+            total.add(mine);
+        });
+    }
+    for (auto& thread : threads) {
+        thread.join();
+    }
+    return total;
+}
+
+void send_tally(line_channel& channel, const stress_tally& t) {
+    channel.send("counts " + std::to_string(t.reads) + " " + std::to_string(t.writes) + " " +
+                 std::to_string(t.violations) + " " + std::to_string(t.timeouts) + " " +
+                 std::to_string(t.errors));
+    for (const auto& [kind, intervals] :
+         {std::pair{"read", &t.read_intervals}, std::pair{"write", &t.write_intervals}}) {
+        for (const auto& i : *intervals) {
+            channel.send(std::string{kind} + " " + std::to_string(i.enter_ns) + " " +
+                         std::to_string(i.exit_ns));
+        }
+    }
+    channel.send("done");
+}
+
+// Reads a child's report; false if it did not finish it in time.
+bool receive_tally(line_channel& channel, stress_tally& into) {
+    for (int lines = 0; lines < 1'000'000; ++lines) {
+        const auto line = channel.receive(60s);
+        if (!line) {
+            return false;
+        }
+        std::istringstream words{*line};
+        std::string kind;
+        words >> kind;
+        if (kind == "done") {
+            return true;
+        }
+        if (kind == "counts") {
+            stress_tally t;
+            words >> t.reads >> t.writes >> t.violations >> t.timeouts >> t.errors;
+            into.add(t);
+        } else if (kind == "read" || kind == "write") {
+            hold_interval i;
+            words >> i.enter_ns >> i.exit_ns;
+            (kind == "read" ? into.read_intervals : into.write_intervals).push_back(i);
+        } else {
+            ADD_FAILURE() << "child said: " << *line;
+        }
+    }
+    return false;
+}
+
+// Write intervals that overlap a read interval.
+int writes_overlapping_reads(const stress_tally& t) {
+    int overlaps = 0;
+    for (const auto& w : t.write_intervals) {
+        for (const auto& r : t.read_intervals) {
+            if (r.enter_ns < w.exit_ns && w.enter_ns < r.exit_ns) {
+                ++overlaps;
+            }
+        }
+    }
+    return overlaps;
+}
+
+TEST(SharedMutex, ReadersAndWritersExcludeEachOtherAcrossThreadsAndProcesses) {
+    redis_server srv;
+    const std::string uri = srv.uri();
+    const std::int64_t end_ns = monotonic_ns() + std::chrono::nanoseconds{3s}.count();
+
+    // Forked before this process has any client or thread.
+    std::vector<std::unique_ptr<child_process>> children;
+    for (int p = 0; p < 2; ++p) {
+        children.push_back(std::make_unique<child_process>([&](line_channel& channel) {
+            send_tally(channel, stress_party(uri, 3, 1, end_ns));
+            return 0;
+        }));
+    }
+    stress_tally all = stress_party(uri, 3, 1, end_ns);
+    for (auto& child : children) {
+        EXPECT_TRUE(receive_tally(child->channel(), all));
+        EXPECT_EQ(child->wait(30s), 0);
+    }
+
+    std::cout << "stress: " << all.reads << " reads, " << all.writes << " writes" << std::endl;
+    EXPECT_EQ(all.violations, 0);
+    EXPECT_EQ(all.timeouts, 0);
+    EXPECT_EQ(all.errors, 0);
+    EXPECT_GT(all.reads, 0);
+    EXPECT_GT(all.writes, 0);
+    EXPECT_EQ(static_cast<long long>(all.read_intervals.size()), all.reads);
+    EXPECT_EQ(static_cast<long long>(all.write_intervals.size()), all.writes);
+    EXPECT_FALSE(redislock::test::find_overlap(all.write_intervals).has_value());
+    EXPECT_EQ(writes_overlapping_reads(all), 0);
+    EXPECT_EQ(srv.cli({"GET", std::string{readers_key}}), "0");
+    EXPECT_EQ(srv.cli({"GET", std::string{writers_key}}), "0");
+    EXPECT_FALSE(exists(srv, std::string{stress_lock}));
+}
+
+TEST(SharedMutex, WritersIncrementAnExactCounterAcrossThreadsAndProcesses) {
+    redis_server srv;
+    const redislock::test::exclusion_options options{.uri = srv.uri()};
+    const auto report = redislock::test::run_exclusion(options, [&](int) {
+        auto client = std::make_shared<redislock::client>(options.uri);
+        return [client](int) {
+            auto rw = std::make_shared<redislock::shared_mutex>(client->shared_mutex("ledger"));
+            return [client, rw](std::mt19937_64&, const std::function<void()>& critical) {
+                std::unique_lock guard{*rw};
+                critical();
+            };
+        };
+    });
+    EXPECT_TRUE(report.errors.empty()) << report.describe();
+    EXPECT_EQ(report.completed, report.planned) << report.describe();
+    EXPECT_EQ(report.counter, report.planned) << report.describe();
+    EXPECT_FALSE(report.overlap().has_value()) << report.describe();
+}
+
+// ---------------------------------------------------------------------------------------------
+// extend, remaining, owned, verify, fencing_token
+
+TEST(SharedMutex, QueriesConcernTheCallingOwnerOnly) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rw = client.shared_mutex("catalog", {.fencing = true});
+
+    rw.lock();
+    const std::int64_t token = rw.fencing_token();
+    const hash before = hash_of(srv, "catalog");
+    struct seen {
+        bool owned = true;
+        std::chrono::milliseconds remaining{1};
+        bool verified = true;
+        bool extended = true;
+        std::int64_t token = -1;
+    } other;
+    std::thread{[&] {
+        other.owned = rw.owned();
+        other.remaining = rw.remaining();
+        other.verified = rw.verify();
+        other.extended = rw.extend(60s);
+        other.token = rw.fencing_token();
+    }}.join();
+
+    EXPECT_FALSE(other.owned);
+    EXPECT_EQ(other.remaining, 0ms);
+    EXPECT_FALSE(other.verified);
+    EXPECT_FALSE(other.extended);
+    EXPECT_EQ(other.token, 0);
+    EXPECT_EQ(hash_of(srv, "catalog"), before);  // the other thread's extend moved nothing
+
+    EXPECT_TRUE(rw.owned());
+    EXPECT_GT(rw.remaining(), 0ms);
+    EXPECT_TRUE(rw.verify());
+    EXPECT_GT(token, 0);
+    rw.unlock();
+}
+
+TEST(SharedMutex, ExtendMovesEveryHeldEntryAndVerifyOnlyChecks) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rw = client.shared_mutex("catalog", {.lease = 1s});
+    const std::string owner = caller_owner(client);
+
+    rw.lock();
+    rw.lock_shared();
+    hash fields = hash_of(srv, "catalog");
+    const long long write_before = parse_entry(fields["w:" + owner]).expiry;
+    const long long read_before = parse_entry(fields["r:" + owner]).expiry;
+    EXPECT_LE(rw.remaining(), 1s);
+
+    ASSERT_TRUE(rw.extend(60s));
+    fields = hash_of(srv, "catalog");
+    const long long write_after = parse_entry(fields["w:" + owner]).expiry;
+    const long long read_after = parse_entry(fields["r:" + owner]).expiry;
+    EXPECT_GE(write_after - write_before, 58'000);
+    EXPECT_GE(read_after - read_before, 58'000);
+    EXPECT_GT(pttl(srv, "catalog"), 55'000);
+    EXPECT_LE(pttl(srv, "catalog"), 60'000);
+    EXPECT_GT(rw.remaining(), 50s);
+    EXPECT_LE(rw.remaining(), 60s);
+
+    ASSERT_TRUE(rw.verify());
+    fields = hash_of(srv, "catalog");
+    EXPECT_EQ(parse_entry(fields["w:" + owner]).expiry, write_after);
+    EXPECT_EQ(parse_entry(fields["r:" + owner]).expiry, read_after);
+
+    rw.unlock();
+    rw.unlock_shared();
+    EXPECT_FALSE(rw.extend(60s));  // holds nothing: false without asking
+    EXPECT_FALSE(rw.verify());
+    EXPECT_FALSE(rw.owned());
+    EXPECT_EQ(rw.remaining(), 0ms);
+    EXPECT_FALSE(exists(srv, "catalog"));  // the failed extend made no key
+}
+
+TEST(SharedMutex, ExtendOfAnEntryGoneBehindItsBackFailsAndReportsTheLoss) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    lost_counter lost;
+    auto rw = client.shared_mutex("catalog", {.on_lost = lost.handler()});
+
+    rw.lock_shared();
+    ASSERT_EQ(srv.cli({"DEL", "catalog"}), "1");
+    EXPECT_TRUE(rw.owned());  // local: it cannot know yet
+    EXPECT_FALSE(rw.extend(60s));
+    EXPECT_EQ(lost.calls.load(), 1);
+    EXPECT_FALSE(rw.owned());
+    EXPECT_FALSE(exists(srv, "catalog"));  // extend never recreates a lost entry
+    std::error_code ec;
+    rw.unlock_shared(ec);
+    EXPECT_EQ(ec, redislock::make_error_code(errc::lock_lost));
+    EXPECT_EQ(lost.calls.load(), 1);
+}
+
+TEST(SharedMutex, ExpiryWhileReadingIsReportedOnceThroughOnLost) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    lost_counter lost;
+    auto rw = client.shared_mutex("catalog", {.lease = 200ms, .on_lost = lost.handler()});
+
+    rw.lock_shared();
+    EXPECT_TRUE(rw.owned());
+    std::this_thread::sleep_for(400ms);
+    EXPECT_FALSE(rw.owned());
+    EXPECT_EQ(rw.remaining(), 0ms);
+    EXPECT_EQ(lost.calls.load(), 0);  // owned() is local: nothing asked the server yet
+
+    EXPECT_FALSE(rw.verify());
+    EXPECT_EQ(lost.calls.load(), 1);
+    EXPECT_FALSE(rw.verify());
+    EXPECT_FALSE(rw.extend(1s));
+    std::error_code ec;
+    rw.unlock_shared(ec);
+    EXPECT_EQ(ec, redislock::make_error_code(errc::lock_lost));
+    EXPECT_EQ(lost.calls.load(), 1);
+    rw.unlock_shared(ec);
+    EXPECT_EQ(ec, redislock::make_error_code(errc::not_held));
+}
+
+TEST(SharedMutex, ExpiryWhileWritingIsReportedOnceAndLetsAnotherWriterIn) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    lost_counter lost;
+    auto rw = client.shared_mutex("catalog", {.lease = 200ms, .on_lost = lost.handler()});
+    auto other = other_client.shared_mutex("catalog");
+
+    rw.lock();
+    std::this_thread::sleep_for(400ms);
+    EXPECT_TRUE(other.try_lock());
+    EXPECT_FALSE(rw.owned());
+    EXPECT_FALSE(rw.verify());
+    EXPECT_EQ(lost.calls.load(), 1);
+
+    // The expired writer's unlock leaves the new writer's entry alone.
+    const hash held = hash_of(srv, "catalog");
+    std::error_code ec;
+    rw.unlock(ec);
+    EXPECT_EQ(ec, redislock::make_error_code(errc::lock_lost));
+    EXPECT_EQ(lost.calls.load(), 1);
+    EXPECT_EQ(hash_of(srv, "catalog"), held);
+    other.unlock();
+}
+
+TEST(SharedMutex, WatchdogKeepsEveryHeldModeAlivePastItsLease) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    auto rw = client.shared_mutex("catalog", {.lease = 300ms, .watchdog = true});
+    auto other = other_client.shared_mutex("catalog");
+
+    rw.lock();
+    rw.lock_shared();
+    std::this_thread::sleep_for(1s);  // more than three leases
+    EXPECT_TRUE(rw.verify());
+    EXPECT_TRUE(rw.owned());
+    EXPECT_FALSE(other.try_lock_shared());
+    rw.unlock();
+    std::this_thread::sleep_for(1s);
+    EXPECT_TRUE(rw.verify());  // the read entry is still renewed
+    EXPECT_FALSE(other.try_lock());
+    EXPECT_TRUE(other.try_lock_shared());
+    other.unlock_shared();
+
+    rw.unlock_shared();
+    EXPECT_FALSE(exists(srv, "catalog"));
+}
+
+TEST(SharedMutex, FencingTokensIncreaseAcrossWriteAcquisitionsAndReadersHaveNone) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    auto rw = client.shared_mutex("catalog", {.fencing = true});
+    auto other = other_client.shared_mutex("catalog", {.fencing = true});
+
+    rw.lock();
+    const std::int64_t first = rw.fencing_token();
+    EXPECT_GT(first, 0);
+    rw.lock();
+    EXPECT_EQ(rw.fencing_token(), first);  // a re-entry keeps its token
+    rw.lock_shared();
+    EXPECT_EQ(rw.fencing_token(), first);  // so does reading as well
+    rw.unlock_shared();
+    rw.unlock();
+    rw.unlock();
+    EXPECT_EQ(rw.fencing_token(), 0);
+
+    rw.lock();
+    const std::int64_t second = rw.fencing_token();
+    rw.unlock();
+    other.lock();
+    const std::int64_t third = other.fencing_token();
+    other.unlock();
+    EXPECT_GT(second, first);
+    EXPECT_GT(third, second);
+    EXPECT_EQ(srv.cli({"GET", "{catalog}:fence"}), std::to_string(third));
+
+    rw.lock_shared();
+    EXPECT_EQ(rw.fencing_token(), 0);
+    rw.unlock_shared();
+}
+
+TEST(SharedMutex, LastReleasePublishesOnTheReleaseChannelAndOuterReleasesDoNot) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    subscriber released{srv, "{catalog}:released"};
+    subscriber tagged{srv, "a{x}b:released"};
+    auto rw = client.shared_mutex("catalog");
+    auto tagged_rw = client.shared_mutex("a{x}b");
+
+    rw.lock_shared();
+    rw.lock_shared();
+    rw.unlock_shared();
+    // A marker published now must arrive before the release message: the outer release above
+    // published nothing.
+    ASSERT_EQ(srv.cli({"PUBLISH", "{catalog}:released", "marker"}), "1");
+    rw.unlock_shared();
+    EXPECT_EQ(released.next(), "marker");
+    EXPECT_EQ(released.next(), "catalog");
+
+    tagged_rw.lock();
+    tagged_rw.unlock();
+    EXPECT_EQ(tagged.next(), "a{x}b");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad input
+
+TEST(SharedMutex, RejectsBadNamesLeasesAndBackoffBounds) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+
+    EXPECT_THROW((void)client.shared_mutex(""), redislock::invalid_argument);
+    EXPECT_THROW((void)client.shared_mutex(std::string(64 * 1024 + 1, 'n')),
+                 redislock::invalid_argument);
+    EXPECT_THROW((void)client.shared_mutex("catalog", {.lease = 0ms}), redislock::invalid_argument);
+    EXPECT_THROW((void)client.shared_mutex("catalog", {.lease = -5ms}),
+                 redislock::invalid_argument);
+    EXPECT_THROW((void)client.shared_mutex("catalog", {.lease = redislock::max_lease + 1ms}),
+                 redislock::invalid_argument);
+    const lock_options inverted{.backoff_min = 10ms, .backoff_max = 5ms};
+    EXPECT_THROW((void)client.shared_mutex("catalog", inverted), redislock::invalid_argument);
+    EXPECT_NO_THROW((void)client.shared_mutex("catalog", {.lease = redislock::max_lease}));
+
+    auto rw = client.shared_mutex("catalog");
+    rw.lock_shared();
+    EXPECT_THROW((void)rw.extend(0ms), redislock::invalid_argument);
+    EXPECT_THROW((void)rw.extend(-1ms), redislock::invalid_argument);
+    EXPECT_THROW((void)rw.extend(redislock::max_lease + 1ms), redislock::invalid_argument);
+    EXPECT_TRUE(rw.verify());  // the refused extends left the lock as it was
+    rw.unlock_shared();
+    EXPECT_EQ(srv.cli({"DBSIZE"}), "0");
+}
+
+TEST(SharedMutex, NameHoldingAnotherKindOfLockFailsWithWrongType) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+
+    auto simple = client.mutex("orders");
+    simple.lock();
+    const std::string token = srv.cli({"GET", "orders"});
+    auto on_simple = client.shared_mutex("orders");
+    expect_wrongtype([&] { (void)on_simple.try_lock_shared(); });
+    expect_wrongtype([&] { on_simple.lock(); });
+    EXPECT_EQ(srv.cli({"GET", "orders"}), token);
+    EXPECT_FALSE(on_simple.owned());
+
+    auto reentrant = client.recursive_mutex("stock");
+    reentrant.lock();
+    const hash reentrant_hash = hash_of(srv, "stock");
+    auto on_reentrant = client.shared_mutex("stock");
+    expect_wrongtype([&] { on_reentrant.lock_shared(); });
+    expect_wrongtype([&] { (void)on_reentrant.try_lock_for(100ms); });
+    EXPECT_EQ(hash_of(srv, "stock"), reentrant_hash);
+
+    simple.unlock();
+    reentrant.unlock();
+}
+
+TEST(SharedMutex, OtherKindsOfLockFailWithWrongTypeOnAReadWriteLocksName) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rw = client.shared_mutex("catalog");
+    rw.lock_shared();
+    const hash held = hash_of(srv, "catalog");
+
+    auto reentrant = client.recursive_mutex("catalog");
+    expect_wrongtype([&] { (void)reentrant.try_lock(); });
+    expect_wrongtype([&] { reentrant.lock(); });
+    auto simple = client.mutex("catalog");
+    expect_wrongtype([&] { (void)simple.try_lock(); });
+    EXPECT_EQ(hash_of(srv, "catalog"), held);
+
+    rw.unlock_shared();
+    EXPECT_FALSE(exists(srv, "catalog"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Standard guards
+
+TEST(SharedMutex, UniqueLockGuardsTheWriteSide) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    auto rw = client.shared_mutex("catalog");
+    auto other = other_client.shared_mutex("catalog");
+    {
+        std::unique_lock writing{rw};
+        EXPECT_TRUE(writing.owns_lock());
+        EXPECT_FALSE(other.try_lock_shared());
+        std::unique_lock refused{other, std::try_to_lock};
+        EXPECT_FALSE(refused.owns_lock());
+        std::unique_lock timed_out{other, 50ms};
+        EXPECT_FALSE(timed_out.owns_lock());
+    }
+    EXPECT_FALSE(exists(srv, "catalog"));
+    {
+        std::unique_lock timed{other, 2s};
+        EXPECT_TRUE(timed.owns_lock());
+        EXPECT_EQ(hash_of(srv, "catalog")["mode"], "write");
+    }
+    EXPECT_FALSE(exists(srv, "catalog"));
+}
+
+TEST(SharedMutex, SharedLockGuardsTheReadSide) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client reader_client{srv.uri()};
+    redislock::client writer_client{srv.uri()};
+    auto rw = client.shared_mutex("catalog");
+    auto reader = reader_client.shared_mutex("catalog");
+    auto writer = writer_client.shared_mutex("catalog");
+    {
+        std::shared_lock reading{rw};
+        std::shared_lock also{reader, std::try_to_lock};
+        std::shared_lock timed{reader, 2s};  // the same owner again: a re-entry
+        EXPECT_TRUE(reading.owns_lock());
+        EXPECT_TRUE(also.owns_lock());
+        EXPECT_TRUE(timed.owns_lock());
+        EXPECT_EQ(count_prefixed(hash_of(srv, "catalog"), "r:"), 2U);
+        std::unique_lock excluded{writer, std::try_to_lock};
+        EXPECT_FALSE(excluded.owns_lock());
+    }
+    EXPECT_FALSE(exists(srv, "catalog"));
+}
+
+TEST(SharedMutex, ScopedLockTakesSeveralLocksTogether) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other_client{srv.uri()};
+    auto first = client.shared_mutex("first");
+    auto second = client.shared_mutex("second");
+    auto simple = client.mutex("third");
+    auto other_first = other_client.shared_mutex("first");
+    auto other_second = other_client.shared_mutex("second");
+    {
+        std::scoped_lock all{first, second, simple};
+        EXPECT_EQ(hash_of(srv, "first")["mode"], "write");
+        EXPECT_EQ(hash_of(srv, "second")["mode"], "write");
+        EXPECT_TRUE(exists(srv, "third"));
+        EXPECT_FALSE(other_first.try_lock_shared());
+        EXPECT_FALSE(other_second.try_lock_shared());
+    }
+    EXPECT_FALSE(exists(srv, "first"));
+    EXPECT_FALSE(exists(srv, "second"));
+    EXPECT_FALSE(exists(srv, "third"));
+}
+
+}  // namespace
