@@ -392,9 +392,9 @@ private:
                     std::array{std::string_view{state_->name}},
                     std::array<std::string_view, 2>{token.view(), state_->channel});
                 if (r.is_integer()) {
-                    return {r.as_integer() == 1 ? release_outcome::released
-                                                : release_outcome::not_ours,
-                            failed};
+                    return {
+                        r.as_integer() == 1 ? release_outcome::released : release_outcome::not_ours,
+                        failed};
                 }
                 // Another type at the name is surely not our lock; other errors say nothing.
                 return {r.is_error_code("WRONGTYPE") ? release_outcome::not_ours

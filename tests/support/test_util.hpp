@@ -13,9 +13,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -43,6 +45,14 @@ public:
 
 private:
     std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+/// Counts the on_lost calls of one lock: lock_options{.on_lost = counter.handler()}.
+struct lost_counter {
+    std::atomic<int> calls{0};
+    std::function<void()> handler() {
+        return [this] { calls.fetch_add(1); };
+    }
 };
 
 /// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the machine, so times taken
@@ -102,7 +112,8 @@ public:
         }
         // A backlog of 0 still queues one connection; a few more fill the queue for sure.
         for (int i = 0; i < 3; ++i) {
-            detail::unique_fd filler{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
+            detail::unique_fd filler{
+                ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
             if (!filler) {
                 throw detail::sys_error("socket");
             }
@@ -110,9 +121,7 @@ public:
             fillers_.push_back(std::move(filler));
         }
     }
-    std::string uri() const {
-        return "redis://127.0.0.1:" + std::to_string(ntohs(addr_.sin_port));
-    }
+    std::string uri() const { return "redis://127.0.0.1:" + std::to_string(ntohs(addr_.sin_port)); }
 
 private:
     sockaddr_in addr_{};
@@ -170,7 +179,8 @@ public:
                 throw connection_error{"injected: connection lost before the reply"};
             case fault::answer_noscript:
                 return reply::error("NOSCRIPT No matching script. Please use EVAL.");
-            case fault::answer_error: return reply::error(hit->error_text);
+            case fault::answer_error:
+                return reply::error(hit->error_text);
         }
         throw std::logic_error{"unknown fault"};
     }
@@ -224,10 +234,10 @@ private:
 
 /// Names the embedded scripts for fault_connection's log.
 inline std::string script_name_of(std::string_view sha1) {
-    for (const auto& s : {redislock::detail::scripts::mutex_acquire_fenced,
-                          redislock::detail::scripts::mutex_extend,
-                          redislock::detail::scripts::mutex_probe,
-                          redislock::detail::scripts::mutex_release}) {
+    for (const auto& s :
+         {redislock::detail::scripts::mutex_acquire_fenced,
+          redislock::detail::scripts::mutex_extend, redislock::detail::scripts::mutex_probe,
+          redislock::detail::scripts::mutex_release}) {
         if (s.sha1 == sha1) {
             return std::string{s.name};
         }

@@ -36,9 +36,10 @@ inline void check_lease(std::chrono::milliseconds lease, std::string_view what =
 inline void check_options(std::string_view name, const lock_options& options) {
     check_name(name);
     check_lease(options.lease);
-    if (options.backoff_min < std::chrono::milliseconds::zero() ||
+    // A zero minimum would make waiters poll Redis in a tight loop.
+    if (options.backoff_min <= std::chrono::milliseconds::zero() ||
         options.backoff_max < options.backoff_min) {
-        throw invalid_argument{"redislock: backoff bounds must satisfy 0 <= backoff_min <= "
+        throw invalid_argument{"redislock: backoff bounds must satisfy 0 ms < backoff_min <= "
                                "backoff_max"};
     }
 }

@@ -77,7 +77,7 @@ public:
         auto ceiling = std::min(max_, min_ * (std::int64_t{1} << std::min(round_, 30U)));
         ++round_;
         if (ttl == milliseconds{-2}) {
-            ceiling = std::min(ceiling, min_);  // already free: retry almost at once
+            ceiling = std::min(ceiling, milliseconds{1});  // already free: retry almost at once
         } else if (ttl >= milliseconds::zero()) {
             ceiling = std::min(ceiling, ttl + milliseconds{1});
         }

@@ -1,0 +1,367 @@
+#include <redislock/hiredis.hpp>
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "support/redis_server.hpp"
+#include "support/test_util.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using redislock::command;
+using redislock::hiredis_connection;
+using redislock::reply;
+using redislock::test::redis_server;
+using redislock::test::stopwatch;
+using redislock::test::with_query;
+
+// Sends one command given as a list of words.
+reply run(hiredis_connection& conn, std::initializer_list<std::string_view> words) {
+    const std::vector<std::string_view> argv{words};
+    return conn.execute(argv);
+}
+
+TEST(HiredisConnection, ConvertsEveryReplyKind) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+
+    EXPECT_EQ(run(conn, {"SET", "k", "v"}), reply::status("OK"));
+    EXPECT_EQ(run(conn, {"GET", "k"}), reply::string("v"));
+    EXPECT_EQ(run(conn, {"GET", "missing"}), reply::nil());
+    EXPECT_EQ(run(conn, {"INCR", "n"}), reply::integer(1));
+    const reply err = run(conn, {"INCR", "k"});
+    ASSERT_TRUE(err.is_error());
+    EXPECT_TRUE(err.is_error_code("ERR")) << err.text();
+    EXPECT_EQ(run(conn, {"EVAL", "return {1, 'a', {2, false}}", "0"}),
+              reply::array({reply::integer(1), reply::string("a"),
+                            reply::array({reply::integer(2), reply::nil()})}));
+}
+
+TEST(HiredisConnection, ArgumentsAndValuesAreBinarySafe) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    const std::string key{"k\0ey\r\n", 6};
+    const std::string value{"a\0b\r\nc", 6};
+    EXPECT_EQ(run(conn, {"SET", key, value}), reply::status("OK"));
+    EXPECT_EQ(run(conn, {"GET", key}), reply::string(value));
+    EXPECT_EQ(run(conn, {"STRLEN", key}), reply::integer(6));
+}
+
+TEST(HiredisConnection, CommandsWithManyArgumentsAreSentWhole) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    // More arguments than the on-stack argv buffer holds.
+    std::vector<std::string> values;
+    for (int i = 0; i < 40; ++i) {
+        values.push_back("v" + std::to_string(i));
+    }
+    std::vector<std::string_view> argv{"RPUSH", "list"};
+    argv.insert(argv.end(), values.begin(), values.end());
+    EXPECT_EQ(conn.execute(argv), reply::integer(40));
+
+    const reply all = run(conn, {"LRANGE", "list", "0", "-1"});
+    ASSERT_EQ(all.elements().size(), 40U);
+    for (std::size_t i = 0; i < values.size(); ++i) {
+        EXPECT_EQ(all.elements()[i].text(), values[i]);
+    }
+}
+
+TEST(HiredisConnection, PipelineReturnsOneReplyPerCommandInOrder) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+
+    const std::array<std::string_view, 3> set{"SET", "p", "10"};
+    const std::array<std::string_view, 2> incr{"INCR", "p"};
+    const std::array<std::string_view, 2> get{"GET", "p"};
+    const std::array<std::string_view, 2> bad{"NOSUCHCOMMAND", "x"};
+    const std::array<std::string_view, 2> missing{"GET", "nothing"};
+    const std::vector<command> batch{set, incr, get, bad, missing, incr};
+    const std::vector<reply> replies = conn.execute_pipeline(batch);
+
+    ASSERT_EQ(replies.size(), batch.size());
+    EXPECT_EQ(replies[0], reply::status("OK"));
+    EXPECT_EQ(replies[1], reply::integer(11));
+    EXPECT_EQ(replies[2], reply::string("11"));
+    EXPECT_TRUE(replies[3].is_error());
+    EXPECT_TRUE(replies[4].is_nil());
+    EXPECT_EQ(replies[5], reply::integer(12));
+    // The connection is still in step afterwards.
+    EXPECT_EQ(run(conn, {"GET", "p"}), reply::string("12"));
+}
+
+TEST(HiredisConnection, LongPipelineKeepsItsOrder) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    constexpr int count = 500;
+    std::vector<std::array<std::string_view, 2>> words(count, {"INCR", "ordered"});
+    std::vector<command> batch(words.begin(), words.end());
+    const std::vector<reply> replies = conn.execute_pipeline(batch);
+    ASSERT_EQ(replies.size(), static_cast<std::size_t>(count));
+    for (int i = 0; i < count; ++i) {
+        EXPECT_EQ(replies[static_cast<std::size_t>(i)], reply::integer(i + 1));
+    }
+}
+
+TEST(HiredisConnection, EmptyPipelineSendsNothing) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    const auto opened = conn.connections_opened();
+    EXPECT_TRUE(conn.execute_pipeline({}).empty());
+    EXPECT_EQ(conn.connections_opened(), opened);
+}
+
+TEST(HiredisConnection, PasswordIsSentWithAuth) {
+    redis_server srv{{.extra_args = {"--requirepass", "s3cret"}}};
+    hiredis_connection conn{"redis://:s3cret@127.0.0.1:" + std::to_string(srv.port())};
+    EXPECT_EQ(run(conn, {"SET", "k", "v"}), reply::status("OK"));
+    EXPECT_EQ(srv.cli({"GET", "k"}), "v");
+}
+
+TEST(HiredisConnection, PasswordInTheQueryIsSentWithAuth) {
+    redis_server srv{{.extra_args = {"--requirepass", "p w"}}};
+    hiredis_connection conn{with_query(srv, "password=p%20w")};
+    EXPECT_EQ(run(conn, {"PING"}), reply::status("PONG"));
+}
+
+TEST(HiredisConnection, WrongPasswordFailsWithServerError) {
+    redis_server srv{{.extra_args = {"--requirepass", "s3cret"}}};
+    try {
+        hiredis_connection conn{"redis://:wrong@127.0.0.1:" + std::to_string(srv.port())};
+        FAIL() << "AUTH with a wrong password must fail";
+    } catch (const redislock::server_error& e) {
+        EXPECT_NE(std::string{e.what()}.find("AUTH"), std::string::npos) << e.what();
+    }
+}
+
+TEST(HiredisConnection, MissingPasswordGivesNoauthErrorReplies) {
+    redis_server srv{{.extra_args = {"--requirepass", "s3cret"}}};
+    hiredis_connection conn{srv.uri()};
+    EXPECT_TRUE(run(conn, {"GET", "k"}).is_error_code("NOAUTH"));
+}
+
+TEST(HiredisConnection, AclUserAndPasswordAreSentWithAuth) {
+    redis_server srv;
+    ASSERT_EQ(srv.cli({"ACL", "SETUSER", "alice", "on", ">p@ss:w/rd", "~*", "&*", "+@all"}), "OK");
+    hiredis_connection conn{"redis://alice:p%40ss%3Aw%2Frd@127.0.0.1:" +
+                            std::to_string(srv.port())};
+    EXPECT_EQ(run(conn, {"ACL", "WHOAMI"}), reply::string("alice"));
+}
+
+TEST(HiredisConnection, AclUserWithWrongPasswordFailsWithServerError) {
+    redis_server srv;
+    ASSERT_EQ(srv.cli({"ACL", "SETUSER", "alice", "on", ">right", "~*", "+@all"}), "OK");
+    try {
+        hiredis_connection conn{"redis://alice:wrong@127.0.0.1:" + std::to_string(srv.port())};
+        FAIL() << "AUTH with a wrong password must fail";
+    } catch (const redislock::server_error& e) {
+        EXPECT_NE(std::string{e.what()}.find("WRONGPASS"), std::string::npos) << e.what();
+    }
+}
+
+TEST(HiredisConnection, DbInThePathIsSelected) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri() + "/3"};
+    EXPECT_EQ(run(conn, {"SET", "in3", "yes"}), reply::status("OK"));
+    EXPECT_EQ(srv.cli({"-n", "3", "GET", "in3"}), "yes");
+    EXPECT_EQ(srv.cli({"-n", "0", "GET", "in3"}), "");
+}
+
+TEST(HiredisConnection, DbIsSelectedOnEveryNewConnection) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri() + "/3"};
+    ASSERT_EQ(run(conn, {"SET", "before", "1"}), reply::status("OK"));
+    ASSERT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "normal"}), "0");
+    EXPECT_EQ(run(conn, {"SET", "after", "1"}), reply::status("OK"));
+    EXPECT_EQ(srv.cli({"-n", "3", "EXISTS", "before", "after"}), "2");
+}
+
+TEST(HiredisConnection, DbOutOfRangeFailsWithServerError) {
+    redis_server srv;
+    try {
+        hiredis_connection conn{srv.uri() + "/99"};
+        FAIL() << "SELECT 99 must be refused with 16 databases";
+    } catch (const redislock::server_error& e) {
+        EXPECT_NE(std::string{e.what()}.find("SELECT"), std::string::npos) << e.what();
+    }
+}
+
+TEST(HiredisConnection, UnixSocketUriWorks) {
+    redis_server srv{{.unix_socket = true}};
+    hiredis_connection conn{srv.unix_uri()};
+    EXPECT_EQ(run(conn, {"SET", "via", "unix"}), reply::status("OK"));
+    EXPECT_EQ(srv.cli({"GET", "via"}), "unix");
+    EXPECT_EQ(conn.config().unix_socket, srv.unix_path());
+}
+
+TEST(HiredisConnection, MissingUnixSocketFailsWithConnectionError) {
+    redis_server srv{{.unix_socket = true}};
+    EXPECT_THROW(hiredis_connection{"unix://" + srv.dir() + "/absent.sock"},
+                 redislock::connection_error);
+}
+
+TEST(HiredisConnection, PoolSizeBoundsTheOpenConnections) {
+    redis_server srv;
+    hiredis_connection conn{with_query(srv, "pool_size=2")};
+    constexpr int threads = 8;
+    constexpr int calls = 3;
+    std::atomic<int> nil_replies{0};
+    std::atomic<int> failures{0};
+    {
+        std::vector<std::jthread> workers;
+        for (int t = 0; t < threads; ++t) {
+            workers.emplace_back([&] {
+                for (int i = 0; i < calls; ++i) {
+                    try {
+                        // Holds its connection for 50 ms on the server, so threads overlap.
+                        if (run(conn, {"BLPOP", "empty", "0.05"}).is_nil()) {
+                            ++nil_replies;
+                        }
+                    } catch (const redislock::error&) {
+                        ++failures;
+                    }
+                }
+            });
+        }
+    }
+    EXPECT_EQ(failures.load(), 0);
+    EXPECT_EQ(nil_replies.load(), threads * calls);
+    EXPECT_GE(conn.connections_opened(), 1U);
+    EXPECT_LE(conn.connections_opened(), 2U);
+}
+
+TEST(HiredisConnection, PooledConnectionsAreReusedAcrossThreads) {
+    redis_server srv;
+    hiredis_connection conn{with_query(srv, "pool_size=4")};
+    constexpr int threads = 8;
+    constexpr int calls = 100;
+    {
+        std::vector<std::jthread> workers;
+        for (int t = 0; t < threads; ++t) {
+            workers.emplace_back([&] {
+                for (int i = 0; i < calls; ++i) {
+                    (void)run(conn, {"INCR", "shared"});
+                }
+            });
+        }
+    }
+    EXPECT_EQ(srv.cli({"GET", "shared"}), std::to_string(threads * calls));
+    EXPECT_LE(conn.connections_opened(), 4U);
+}
+
+TEST(HiredisConnection, CommandToPausedServerTimesOutThenRecoversAfterResume) {
+    redis_server srv;
+    hiredis_connection conn{with_query(srv, "command_timeout=300&connect_timeout=300")};
+    ASSERT_EQ(run(conn, {"PING"}), reply::status("PONG"));
+
+    srv.pause();
+    const stopwatch watch;
+    EXPECT_THROW(run(conn, {"PING"}), redislock::timeout_error);
+    EXPECT_LT(watch.elapsed(), 5s);
+    srv.resume();
+
+    EXPECT_EQ(run(conn, {"PING"}), reply::status("PONG"));
+}
+
+TEST(HiredisConnection, TimedOutConnectionIsNotReusedForTheNextReply) {
+    redis_server srv;
+    hiredis_connection conn{with_query(srv, "command_timeout=300&pool_size=1")};
+    ASSERT_EQ(run(conn, {"SET", "a", "value-of-a"}), reply::status("OK"));
+    ASSERT_EQ(run(conn, {"SET", "b", "value-of-b"}), reply::status("OK"));
+
+    srv.pause();
+    EXPECT_THROW(run(conn, {"GET", "a"}), redislock::timeout_error);
+    srv.resume();
+
+    // A reused connection would read the late reply to GET a here.
+    EXPECT_EQ(run(conn, {"GET", "b"}), reply::string("value-of-b"));
+}
+
+TEST(HiredisConnection, PipelineToPausedServerTimesOut) {
+    redis_server srv;
+    hiredis_connection conn{with_query(srv, "command_timeout=300")};
+    const std::array<std::string_view, 1> ping{"PING"};
+    const std::array<command, 2> batch{command{ping}, command{ping}};
+    srv.pause();
+    const stopwatch watch;
+    EXPECT_THROW(conn.execute_pipeline(batch), redislock::timeout_error);
+    EXPECT_LT(watch.elapsed(), 5s);
+    srv.resume();
+    EXPECT_EQ(conn.execute_pipeline(batch).size(), 2U);
+}
+
+TEST(HiredisConnection, ClosedPortFailsWithConnectionError) {
+    const redislock::test::refused_port closed;
+    const stopwatch watch;
+    try {
+        hiredis_connection conn{closed.uri()};
+        FAIL() << "connecting to a closed port must fail";
+    } catch (const redislock::timeout_error& e) {
+        FAIL() << "a refused connection is not a timeout: " << e.what();
+    } catch (const redislock::connection_error& e) {
+        const std::string where = "127.0.0.1:" + std::to_string(closed.port());
+        EXPECT_NE(std::string{e.what()}.find(where), std::string::npos) << e.what();
+    }
+    EXPECT_LT(watch.elapsed(), 5s);
+}
+
+TEST(HiredisConnection, ConnectThatGetsNoAnswerTimesOutAfterTheConnectTimeout) {
+    const redislock::test::unresponsive_listener silent;
+    const stopwatch watch;
+    EXPECT_THROW(hiredis_connection{silent.uri() + "?connect_timeout=300"},
+                 redislock::timeout_error);
+    EXPECT_GE(watch.elapsed(), 250ms);
+    EXPECT_LT(watch.elapsed(), 5s);
+}
+
+TEST(HiredisConnection, ReconnectsAfterClientKill) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(run(conn, {"SET", "k", "v"}), reply::status("OK"));
+    const auto opened = conn.connections_opened();
+
+    EXPECT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "normal"}), "0");
+
+    EXPECT_EQ(run(conn, {"GET", "k"}), reply::string("v"));
+    EXPECT_EQ(conn.connections_opened(), opened + 1);
+}
+
+TEST(HiredisConnection, ReconnectsAfterServerRestart) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(run(conn, {"SET", "k", "v"}), reply::status("OK"));
+    srv.restart();
+    EXPECT_EQ(run(conn, {"GET", "k"}), reply::nil());  // the restart dropped the data
+    EXPECT_EQ(run(conn, {"SET", "k", "w"}), reply::status("OK"));
+}
+
+TEST(HiredisConnection, StoppedServerFailsFastThenWorksOnceStarted) {
+    redis_server srv;
+    hiredis_connection conn{with_query(srv, "connect_timeout=500")};
+    ASSERT_EQ(run(conn, {"PING"}), reply::status("PONG"));
+    srv.stop();
+    const stopwatch watch;
+    EXPECT_THROW(run(conn, {"PING"}), redislock::connection_error);
+    EXPECT_LT(watch.elapsed(), 5s);
+    srv.start();
+    EXPECT_EQ(run(conn, {"PING"}), reply::status("PONG"));
+}
+
+TEST(HiredisConnection, MovedConnectionKeepsWorking) {
+    redis_server srv;
+    hiredis_connection first{srv.uri()};
+    hiredis_connection second{std::move(first)};
+    EXPECT_EQ(run(second, {"PING"}), reply::status("PONG"));
+    hiredis_connection third{srv.uri()};
+    third = std::move(second);
+    EXPECT_EQ(run(third, {"PING"}), reply::status("PONG"));
+}
+
+}  // namespace
