@@ -121,6 +121,11 @@ public:
         // A renewal in flight reads the entry's strings: wait for it, unless this is the
         // watchdog thread itself (an on_lost handler), which is past sending by then.
         if (std::this_thread::get_id() != thread_id_) {
+            // Without the mark a lease due again at once (a reply slower than lease/3) would
+            // go straight back in flight and this wait could last forever.
+            if (auto it = entries_.find(id); it != entries_.end()) {
+                it->second.removed = true;
+            }
             done_.wait(lock, [&] { return !in_flight_.contains(id); });
         }
         if (auto it = entries_.find(id); it != entries_.end()) {
@@ -168,6 +173,7 @@ private:
         detail::steady::time_point due{};
         detail::steady::time_point confirmed_at{};  // reply to the last successful grant
         bool expiring = false;                      // max_hold reached: no more renewals
+        bool removed = false;                       // remove() waits for it: settle nothing
     };
 
     // A renewal taken out of the queue for one batch.
@@ -366,6 +372,9 @@ private:
                 continue;  // removed while in flight
             }
             entry& e = it->second;
+            if (e.removed) {
+                continue;  // remove() drops it once this batch is done
+            }
             const auto lease = e.renewal.lease;
             // The lease surely ran out this long after the reply that last granted it.
             const auto surely_gone = e.confirmed_at + lease + lease / 100 +
