@@ -8,8 +8,9 @@
 // Lifetime: not copyable or movable. Locks share the client's connection, so a lock may outlive
 // its client and still release; the client's destructor stops and joins the watchdog thread,
 // after which no lease is renewed.
-// fork(): a child's copy renews none of the parent's leases (see watchdog.hpp); the hiredis
-// adapter opens fresh connections in the child.
+// fork(): a child's copies of its parent's locks never renew or release them (unlock() there
+// reports errc::not_holder, destruction sends nothing); the child may take locks of its own
+// through the same client, and the hiredis adapter opens fresh connections for it.
 #pragma once
 
 #include <concepts>

@@ -90,7 +90,7 @@ public:
                 ec = errc::not_held;
                 return;
             }
-            if (!state_->caller_is_holder()) {
+            if (!state_->caller_is_holder() || state_->inherited_by_fork()) {
                 ec = errc::not_holder;
                 return;
             }
@@ -186,6 +186,10 @@ private:
         bool caller_is_holder() const {
             return !options.owner.empty() || holder == std::this_thread::get_id();
         }
+        // Held by the parent this process was forked from: only the parent may release it.
+        bool inherited_by_fork() const {
+            return generation != detail::current_fork_generation();
+        }
 
         std::shared_ptr<detail::client_core<C>> core;
         C* conn;
@@ -203,6 +207,7 @@ private:
         // until its lease runs out, so the next lock() on this object releases it first.
         std::optional<detail::token> unreleased;
         std::thread::id holder;
+        std::uint64_t generation = 0;  // fork generation of the acquisition
         detail::steady::time_point valid_until;
         std::int64_t fence = 0;
         typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
@@ -292,6 +297,7 @@ private:
             state_->unreleased.reset();  // SET NX found the name free: no older key is left
             state_->token = token;
             state_->holder = std::this_thread::get_id();
+            state_->generation = detail::current_fork_generation();
             state_->valid_until = detail::valid_until(sent, state_->options.lease);
             state_->fence = fence;
         }
@@ -483,6 +489,9 @@ private:
         std::optional<detail::token> unreleased;
         {
             std::lock_guard guard{state_->mutex};
+            if (state_->inherited_by_fork()) {
+                return;  // the parent's keys: never released from a child
+            }
             if (state_->held) {
                 held = give_up_locked();
             }

@@ -98,7 +98,7 @@ public:
                 ec = errc::not_held;
                 return;
             }
-            if (!state_->caller_is_holder()) {
+            if (!state_->caller_is_holder() || state_->inherited_by_fork()) {
                 ec = errc::not_holder;
                 return;
             }
@@ -203,6 +203,10 @@ private:
         bool caller_is_holder() const {
             return !options.owner.empty() || holder == std::this_thread::get_id();
         }
+        // Held by the parent this process was forked from: only the parent may release it.
+        bool inherited_by_fork() const {
+            return generation != detail::current_fork_generation();
+        }
         std::string caller_owner() const { return detail::owner_id(instance_id, options.owner); }
 
         std::shared_ptr<detail::client_core<C>> core;
@@ -221,6 +225,7 @@ private:
         std::uint64_t epoch = 0;
         std::uint64_t lost_epoch = 0;
         std::thread::id holder;
+        std::uint64_t generation = 0;  // fork generation of the first entry
         std::string holder_owner;
         detail::steady::time_point valid_until;
         std::int64_t fence = 0;
@@ -283,6 +288,7 @@ private:
                 first_entry = ++state_->epoch;
                 previous_renewal = std::exchange(state_->renewal, 0);
                 state_->holder = std::this_thread::get_id();
+                state_->generation = detail::current_fork_generation();
                 state_->holder_owner = owner;
                 state_->fence = value;
             }
@@ -405,6 +411,9 @@ private:
         typename basic_watchdog<C>::lease_id renewal = 0;
         {
             std::lock_guard guard{state_->mutex};
+            if (state_->depth > 0 && state_->inherited_by_fork()) {
+                return;  // the parent's entries: never left from a child
+            }
             entries = std::exchange(state_->depth, 0);
             entry = {state_->holder_owner, state_->epoch};
             renewal = std::exchange(state_->renewal, 0);

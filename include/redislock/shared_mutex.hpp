@@ -160,6 +160,12 @@ private:
         detail::steady::time_point valid_until{};
         std::int64_t fence = 0;
         typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
+        std::uint64_t generation = 0;  // fork generation of the first entry
+
+        // Held by the parent this process was forked from: only the parent may release it.
+        bool inherited_by_fork() const {
+            return generation != detail::current_fork_generation();
+        }
     };
 
     struct state {
@@ -285,6 +291,7 @@ private:
                 h->depth = 0;
                 h->lost = false;
                 h->fence = value;
+                h->generation = detail::current_fork_generation();
             }
             ++h->depth;
             h->valid_until = detail::valid_until(sent, state_->options.lease);
@@ -373,6 +380,9 @@ private:
             const hold* h = find(owner, kind);
             if (!h || h->depth == 0) {
                 return held_by_other_owner(kind) ? errc::not_holder : errc::not_held;
+            }
+            if (h->inherited_by_fork()) {
+                return errc::not_holder;
             }
             last_entry = h->depth == 1;
         }
@@ -483,6 +493,9 @@ private:
             holds = state_->holds;
         }
         for (const hold& h : holds) {
+            if (h.inherited_by_fork()) {
+                continue;  // the parent's entries: never left from a child
+            }
             stop_renewing(h.owner, h.kind);
             if (h.depth > 0) {
                 (void)leave(h.owner, h.kind, h.depth);

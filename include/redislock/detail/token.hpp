@@ -24,6 +24,12 @@ inline std::atomic<std::uint64_t>& fork_generation() {
     return generation;
 }
 
+/// The fork generation now: an acquisition made in another generation belongs to a parent
+/// process, which alone may release it.
+inline std::uint64_t current_fork_generation() noexcept {
+    return fork_generation().load(std::memory_order_relaxed);
+}
+
 /// xoshiro256** seeded per thread from std::random_device, reseeded after fork().
 class random_source {
 public:
