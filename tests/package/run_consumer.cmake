@@ -1,5 +1,6 @@
 # Builds and runs a tiny consumer of redislock, either against an installed copy
-# (MODE=installed: find_package(redislock CONFIG REQUIRED)) or through add_subdirectory.
+# (MODE=installed: find_package(redislock CONFIG REQUIRED)), through add_subdirectory
+# (MODE=subdirectory) or through FetchContent (MODE=fetchcontent).
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
@@ -19,7 +20,8 @@ if(MODE STREQUAL "installed")
     run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/installed -B ${WORK_DIR}/consumer-build
         -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 else()
-    run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/subdirectory -B ${WORK_DIR}/consumer-build
+    # MODE=subdirectory or MODE=fetchcontent: the consumer pulls the source tree in itself.
+    run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/${MODE} -B ${WORK_DIR}/consumer-build
         -DCMAKE_CXX_COMPILER=${CXX} -DREDISLOCK_SOURCE_DIR=${SOURCE_DIR})
 endif()
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer-build)
