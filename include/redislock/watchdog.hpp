@@ -267,10 +267,15 @@ private:
             return j;  // no command: only the expiry check
         }
         j.argv.reserve(3 + r.keys.size() + r.args.size());
-        j.argv.insert(j.argv.end(),
-                      {std::string_view{"EVALSHA"}, r.renew_script->sha1, digits[r.keys.size()]});
-        j.argv.insert(j.argv.end(), r.keys.begin(), r.keys.end());
-        j.argv.insert(j.argv.end(), r.args.begin(), r.args.end());
+        j.argv.push_back("EVALSHA");
+        j.argv.push_back(r.renew_script->sha1);
+        j.argv.push_back(digits[r.keys.size()]);
+        for (const std::string& key : r.keys) {
+            j.argv.push_back(key);
+        }
+        for (const std::string& arg : r.args) {
+            j.argv.push_back(arg);
+        }
         return j;
     }
 
