@@ -96,7 +96,7 @@ public:
             }
             released = give_up_locked();
         }
-        stop_renewing();
+        state_->core->watchdog.remove(released.renewal);
         ec = release(released);
     }
 
@@ -264,8 +264,11 @@ private:
                 }
             }
         } catch (const connection_error&) {
-            // The SET may have landed before the connection failed: take it back if we can.
-            (void)release_quietly(token, 1);
+            // The SET may have landed before the connection failed: take it back if we can,
+            // else have the next lock() on this object try again.
+            if (release_quietly(token, 1).outcome == release_outcome::unreachable) {
+                keep_unreleased(token, false);
+            }
             throw;
         }
         on_acquired(token, sent, fence);
@@ -339,15 +342,6 @@ private:
         }
     }
 
-    void stop_renewing() noexcept {
-        typename basic_watchdog<C>::lease_id id = 0;
-        {
-            std::lock_guard guard{state_->mutex};
-            id = std::exchange(state_->renewal, 0);
-        }
-        state_->core->watchdog.remove(id);
-    }
-
     // Marks the acquisition holding `token` lost and calls on_lost, once per acquisition.
     static void mark_lost(state& st, const detail::token& token) {
         {
@@ -360,22 +354,21 @@ private:
         notify_lost(st);
     }
 
-    static void notify_lost(state& st) noexcept {
-        if (st.options.on_lost) {
-            st.options.on_lost();
-        }
-    }
+    static void notify_lost(state& st) noexcept { detail::call_on_lost(st.options); }
 
     // An acquisition given up by unlock() or the destructor, to be released.
     struct given_up {
         detail::token token;
         detail::steady::time_point valid_until;
         bool reported = false;  // its loss was already reported through on_lost
+        typename basic_watchdog<C>::lease_id renewal = 0;  // to stop before releasing
     };
 
     // Marks the current acquisition as no longer held. Needs state_->mutex.
     given_up give_up_locked() {
-        given_up g{state_->token, state_->valid_until, state_->lost};
+        // The renewal is taken in the same step, so it cannot be a later acquisition's.
+        given_up g{state_->token, state_->valid_until, state_->lost,
+                   std::exchange(state_->renewal, 0)};
         state_->held = false;
         state_->lost = false;
         return g;
@@ -497,8 +490,8 @@ private:
             }
             unreleased = std::exchange(state_->unreleased, std::nullopt);
         }
-        stop_renewing();
         if (held) {
+            state_->core->watchdog.remove(held->renewal);
             (void)release(*held);
         }
         if (unreleased) {

@@ -396,11 +396,7 @@ private:
         notify_lost(st);
     }
 
-    static void notify_lost(state& st) noexcept {
-        if (st.options.on_lost) {
-            st.options.on_lost();
-        }
-    }
+    static void notify_lost(state& st) noexcept { detail::call_on_lost(st.options); }
 
     void release_on_destruction() noexcept {
         if (!state_) {

@@ -51,10 +51,21 @@ public:
     /// The elements of an array reply; empty for other kinds.
     const std::vector<reply>& elements() const noexcept { return elements_; }
 
-    /// True for an error reply whose code (first word) is `code`, e.g. "NOSCRIPT".
+    /// True for an error reply whose code (first word) is `code`, e.g. "NOSCRIPT". Also true
+    /// when a script's redis.call() raised that error on Redis before 7.0, which wraps it:
+    /// "ERR Error running script (call to f_...): @user_script:6: WRONGTYPE ...".
     bool is_error_code(std::string_view code) const noexcept {
-        return is_error() && std::string_view{text_}.substr(0, code.size()) == code &&
-               (text_.size() == code.size() || text_[code.size()] == ' ');
+        if (!is_error()) {
+            return false;
+        }
+        const std::string_view text{text_};
+        if (text.substr(0, code.size()) == code &&
+            (text.size() == code.size() || text[code.size()] == ' ')) {
+            return true;
+        }
+        const auto at = text.find(code);
+        return at != std::string_view::npos && at >= 2 && text.substr(at - 2, 2) == ": " &&
+               (at + code.size() == text.size() || text[at + code.size()] == ' ');
     }
 
     /// Throws server_error if this is an error reply; returns *this otherwise.

@@ -161,6 +161,7 @@ private:
         std::int64_t fence = 0;
         typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
         std::uint64_t generation = 0;  // fork generation of the first entry
+        std::uint64_t epoch = 0;       // which acquisition: renewals and releases name it
 
         // Held by the parent this process was forked from: only the parent may release it.
         bool inherited_by_fork() const {
@@ -168,14 +169,22 @@ private:
         }
     };
 
+    // What a release or a renewal callback knows of the hold it acts for.
+    struct hold_ref {
+        std::string owner;
+        mode kind;
+        std::uint64_t epoch = 0;
+        bool reported = false;  // its loss was already reported through on_lost
+    };
+
     struct state {
         state(std::shared_ptr<detail::client_core<C>> client, std::string_view lock_name,
               lock_options opts)
             : core{std::move(client)}, conn{&core->connection}, instance_id{core->instance_id},
-              name{lock_name}, options{std::move(opts)}, lease_text{options.lease.count()},
-              queue_text{std::max(std::chrono::milliseconds{1000}, 4 * options.backoff_max)
-                             .count()} {
+              name{lock_name}, options{std::move(opts)}, lease_text{options.lease.count()} {
             detail::check_options(name, options);
+            queue_text = detail::decimal{
+                std::max(std::chrono::milliseconds{1000}, 4 * options.backoff_max).count()};
             fence_key = detail::derived_key(name, "fence");
             channel = detail::derived_key(name, "released");
         }
@@ -188,12 +197,13 @@ private:
         std::string name;
         lock_options options;
         detail::decimal lease_text;
-        detail::decimal queue_text;  // how long a waiting writer keeps readers out
+        detail::decimal queue_text{0};  // how long a waiting writer keeps readers out
         std::string fence_key;
         std::string channel;
 
-        mutable std::mutex mutex;  // guards holds; never held across a round trip
+        mutable std::mutex mutex;  // guards the members below; never held across a round trip
         std::vector<hold> holds;
+        std::uint64_t last_epoch = 0;
     };
 
     hold* find(const std::string& owner, mode kind) const { return find_in(*state_, owner, kind); }
@@ -205,6 +215,12 @@ private:
             }
         }
         return nullptr;
+    }
+
+    // The hold `ref` names, if it is still the same acquisition and held.
+    static hold* find_in(state& st, const hold_ref& ref) {
+        hold* h = find_in(st, ref.owner, ref.kind);
+        return h && h->epoch == ref.epoch && h->depth > 0 ? h : nullptr;
     }
 
     static std::string_view mode_text(mode kind) {
@@ -277,7 +293,8 @@ private:
         if (status == 0) {
             return detail::holder_ttl{value};
         }
-        bool first_entry = false;
+        std::optional<hold_ref> first_entry;
+        bool previous_lost = false;
         typename basic_watchdog<C>::lease_id previous_renewal = 0;
         {
             std::lock_guard guard{state_->mutex};
@@ -285,46 +302,56 @@ private:
             if (!h) {
                 h = &state_->holds.emplace_back(hold{owner, kind});
             }
+            // A new acquisition (status 1) while entries are still counted here means Redis
+            // lost them: their lease ran out, or they were deleted.
+            if (h->depth > 0 && status == 1) {
+                previous_lost = !h->lost;
+                h->depth = 0;
+            }
             if (h->depth == 0 || h->lost) {
-                first_entry = true;
                 previous_renewal = std::exchange(h->renewal, 0);
                 h->depth = 0;
                 h->lost = false;
                 h->fence = value;
                 h->generation = detail::current_fork_generation();
+                h->epoch = ++state_->last_epoch;
+                first_entry = hold_ref{owner, kind, h->epoch};
             }
             ++h->depth;
             h->valid_until = detail::valid_until(sent, state_->options.lease);
         }
         state_->core->watchdog.remove(previous_renewal);
+        if (previous_lost) {
+            notify_lost(*state_);
+        }
         if (first_entry && state_->options.watchdog) {
-            start_renewing(owner, kind, sent);
+            start_renewing(*first_entry, sent);
         }
         return std::nullopt;
     }
 
-    void start_renewing(const std::string& owner, mode kind, detail::steady::time_point sent) {
+    void start_renewing(const hold_ref& ref, detail::steady::time_point sent) {
         state* st = state_.get();
         lease_renewal renewal{&detail::scripts::shared_extend,
                               {st->name},
-                              {owner, std::string{mode_text(kind)},
+                              {ref.owner, std::string{mode_text(ref.kind)},
                                std::string{st->lease_text.view()}},
                               st->options.lease,
                               st->options.max_hold,
-                              [st, owner, kind](detail::steady::time_point renewed_at) {
+                              [st, ref](detail::steady::time_point renewed_at) {
                                   std::lock_guard guard{st->mutex};
-                                  if (hold* h = find_in(*st, owner, kind); h && h->depth > 0) {
+                                  if (hold* h = find_in(*st, ref)) {
                                       h->valid_until =
                                           detail::valid_until(renewed_at, st->options.lease);
                                   }
                               },
-                              [st, owner, kind] { mark_lost(*st, owner, kind); }};
+                              [st, ref] { mark_lost(*st, ref); }};
         const auto id = st->core->watchdog.add(std::move(renewal), sent);
         bool still_ours = false;
         {
             std::lock_guard guard{st->mutex};
-            hold* h = find_in(*st, owner, kind);
-            still_ours = h && h->depth > 0 && h->renewal == 0;
+            hold* h = find_in(*st, ref);
+            still_ours = h && h->renewal == 0;
             if (still_ours) {
                 h->renewal = id;
             }
@@ -334,22 +361,11 @@ private:
         }
     }
 
-    void stop_renewing(const std::string& owner, mode kind) noexcept {
-        typename basic_watchdog<C>::lease_id id = 0;
-        {
-            std::lock_guard guard{state_->mutex};
-            if (hold* h = find(owner, kind)) {
-                id = std::exchange(h->renewal, 0);
-            }
-        }
-        state_->core->watchdog.remove(id);
-    }
-
-    static void mark_lost(state& st, const std::string& owner, mode kind) {
+    static void mark_lost(state& st, const hold_ref& ref) {
         {
             std::lock_guard guard{st.mutex};
-            hold* h = find_in(st, owner, kind);
-            if (!h || h->depth == 0 || h->lost) {
+            hold* h = find_in(st, ref);
+            if (!h || h->lost) {
                 return;
             }
             h->lost = true;
@@ -374,22 +390,32 @@ private:
         } catch (...) {
             return std::make_error_code(std::errc::not_enough_memory);
         }
-        bool last_entry = false;
+        hold_ref ref;
+        typename basic_watchdog<C>::lease_id renewal = 0;
         {
             std::lock_guard guard{state_->mutex};
-            const hold* h = find(owner, kind);
+            hold* h = find(owner, kind);
             if (!h || h->depth == 0) {
                 return held_by_other_owner(kind) ? errc::not_holder : errc::not_held;
             }
             if (h->inherited_by_fork()) {
                 return errc::not_holder;
             }
-            last_entry = h->depth == 1;
+            ref = {owner, kind, h->epoch, h->lost};
+            // Counted out before the round trip, so an acquisition that lands right after the
+            // release never mistakes the entry for a live one.
+            if (--h->depth == 0) {
+                renewal = std::exchange(h->renewal, 0);
+                erase_released();
+            }
         }
-        if (last_entry) {
-            stop_renewing(owner, kind);
-        }
-        return leave(owner, kind, 1);
+        state_->core->watchdog.remove(renewal);
+        return leave(ref, 1);
+    }
+
+    // Drops holds with no entries left. Needs state_->mutex.
+    void erase_released() {
+        std::erase_if(state_->holds, [](const hold& h) { return h.depth == 0; });
     }
 
     bool held_by_other_owner(mode kind) const {
@@ -397,41 +423,43 @@ private:
                            [kind](const hold& h) { return h.kind == kind && h.depth > 0; });
     }
 
-    // Leaves `entries` entries of `owner` in mode `kind`, in Redis and locally.
-    std::error_code leave(const std::string& owner, mode kind, std::size_t entries) noexcept {
-        std::optional<std::int64_t> outcome;
+    // Leaves `entries` entries, already counted out locally, of the hold `ref` in Redis.
+    std::error_code leave(const hold_ref& ref, std::size_t entries) noexcept {
+        reply r;
         try {
             const detail::decimal count{static_cast<long long>(entries)};
-            const reply r = detail::run_script(
-                *state_->conn, detail::scripts::shared_release,
-                std::array{std::string_view{state_->name}},
-                std::array<std::string_view, 4>{owner, mode_text(kind), count.view(),
-                                                state_->channel});
-            outcome = r.is_integer() ? r.as_integer() : -1;
+            r = detail::run_script(*state_->conn, detail::scripts::shared_release,
+                                   std::array{std::string_view{state_->name}},
+                                   std::array<std::string_view, 4>{ref.owner, mode_text(ref.kind),
+                                                                   count.view(), state_->channel});
         } catch (...) {
-        }
-        bool was_lost = false;
-        {
-            std::lock_guard guard{state_->mutex};
-            hold* h = find(owner, kind);
-            if (h) {
-                was_lost = outcome && *outcome == -1 && !h->lost;
-                h->depth = outcome && *outcome == -1 ? 0 : h->depth - std::min(entries, h->depth);
-                if (h->depth == 0) {
-                    std::erase_if(state_->holds, [](const hold& x) { return x.depth == 0; });
-                }
-            }
-        }
-        if (!outcome) {
             return errc::connection_failed;
         }
-        if (*outcome == -1) {
-            if (was_lost) {
-                notify_lost(*state_);
-            }
-            return errc::lock_lost;
+        // An error reply says nothing about ownership, except WRONGTYPE: the name now holds
+        // another type, so our entries are gone.
+        if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
+            return errc::server_failed;
         }
-        return {};
+        if (r.is_integer() && r.as_integer() >= 0) {
+            return {};
+        }
+        // The entries were gone: every entry of that acquisition is lost.
+        bool notify = !ref.reported;
+        typename basic_watchdog<C>::lease_id renewal = 0;
+        {
+            std::lock_guard guard{state_->mutex};
+            if (hold* h = find_in(*state_, ref)) {
+                notify = notify && !h->lost;
+                h->depth = 0;
+                renewal = std::exchange(h->renewal, 0);
+                erase_released();
+            }
+        }
+        state_->core->watchdog.remove(renewal);
+        if (notify) {
+            notify_lost(*state_);
+        }
+        return errc::lock_lost;
     }
 
     // Extends (lease > 0) or checks (lease == 0) every mode the caller holds.
@@ -457,6 +485,9 @@ private:
                 *state_->conn, detail::scripts::shared_extend,
                 std::array{std::string_view{state_->name}},
                 std::array<std::string_view, 3>{owner, mode_text(kind), lease_text.view()});
+            if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
+                throw server_error{"redislock: cannot check '" + state_->name + "': " + r.text()};
+            }
             const bool held = r.is_integer() && r.as_integer() == 1;
             all_held = all_held && held;
             bool newly_lost = false;
@@ -477,29 +508,31 @@ private:
         return all_held;
     }
 
-    static void notify_lost(state& st) noexcept {
-        if (st.options.on_lost) {
-            st.options.on_lost();
-        }
-    }
+    static void notify_lost(state& st) noexcept { detail::call_on_lost(st.options); }
 
     void release_on_destruction() noexcept {
         if (!state_) {
             return;
         }
-        std::vector<hold> holds;
+        std::vector<std::pair<hold_ref, std::size_t>> releases;
+        std::vector<typename basic_watchdog<C>::lease_id> renewals;
         {
             std::lock_guard guard{state_->mutex};
-            holds = state_->holds;
+            for (hold& h : state_->holds) {
+                if (h.depth == 0 || h.inherited_by_fork()) {
+                    continue;  // nothing held, or the parent's entries: never left from a child
+                }
+                releases.emplace_back(hold_ref{h.owner, h.kind, h.epoch, h.lost}, h.depth);
+                renewals.push_back(std::exchange(h.renewal, 0));
+                h.depth = 0;
+            }
+            erase_released();
         }
-        for (const hold& h : holds) {
-            if (h.inherited_by_fork()) {
-                continue;  // the parent's entries: never left from a child
-            }
-            stop_renewing(h.owner, h.kind);
-            if (h.depth > 0) {
-                (void)leave(h.owner, h.kind, h.depth);
-            }
+        for (auto renewal : renewals) {
+            state_->core->watchdog.remove(renewal);
+        }
+        for (const auto& [ref, entries] : releases) {
+            (void)leave(ref, entries);
         }
     }
 

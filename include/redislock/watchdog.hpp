@@ -18,6 +18,10 @@
 // called from the watchdog thread), so once it returns no callback of the lease runs again.
 // Lifetime: the thread starts with the first lease and is stopped and joined by stop() or the
 // destructor; leases still registered then are dropped (their locks keep their current lease).
+// A lease added after stop() is not renewed. An on_lost handler may destroy its own lock, but
+// must leave at least one lock or the client alive until it returns (the thread still runs).
+// A handler that blocks delays every renewal of the client, and unlock() on another thread
+// waits for the batch in flight, handlers included: keep handlers short and non-blocking.
 // fork(): the thread does not exist in a child; a child never renews its parent's leases. Its
 // copy of the watchdog drops every inherited lease on first use and starts its own thread.
 #pragma once
@@ -119,8 +123,11 @@ public:
         // In a child, the renewal marked in flight belongs to the parent's thread: never wait.
         forget_parent_after_fork();
         // A renewal in flight reads the entry's strings: wait for it, unless this is the
-        // watchdog thread itself (an on_lost handler), which is past sending by then.
-        if (std::this_thread::get_id() != thread_id_) {
+        // watchdog thread itself (an on_lost handler), which is past sending by then and only
+        // has to skip the lease's callbacks still queued in this batch.
+        if (std::this_thread::get_id() == thread_id_) {
+            in_flight_.erase(id);
+        } else {
             // Without the mark a lease due again at once (a reply slower than lease/3) would
             // go straight back in flight and this wait could last forever.
             if (auto it = entries_.find(id); it != entries_.end()) {
@@ -151,7 +158,11 @@ public:
         }
         wake_.notify_all();
         if (thread.joinable()) {
-            thread.join();
+            if (thread.get_id() == std::this_thread::get_id()) {
+                thread.detach();  // stopped from an on_lost handler: the loop ends on return
+            } else {
+                thread.join();
+            }
         }
     }
 
@@ -221,13 +232,15 @@ private:
             std::vector<outcome> results = send(batch);
             const auto replied = detail::steady::now();
             lock.lock();
-            std::vector<std::function<void()>> calls = settle(batch, results, sent, replied);
+            std::vector<callback> calls = settle(batch, results, sent, replied);
             stats_.cpu_time += thread_cpu_time() - cpu_before;
-            lock.unlock();
-            for (auto& call : calls) {
-                call();
+            for (auto& [id, call] : calls) {
+                if (in_flight_.contains(id)) {  // else an earlier callback removed the lease
+                    lock.unlock();
+                    call();
+                    lock.lock();
+                }
             }
-            lock.lock();
             for (const job& j : batch) {
                 in_flight_.erase(j.id);
             }
@@ -365,12 +378,14 @@ private:
         stats_.round_trips += round_trips;
     }
 
+    using callback = std::pair<lease_id, std::function<void()>>;
+
     // Applies a batch's outcomes; returns the callbacks to run once the mutex is released.
-    std::vector<std::function<void()>> settle(const std::vector<job>& batch,
+    std::vector<callback> settle(const std::vector<job>& batch,
                                               const std::vector<outcome>& results,
                                               detail::steady::time_point sent,
                                               detail::steady::time_point replied) {
-        std::vector<std::function<void()>> calls;
+        std::vector<callback> calls;
         for (std::size_t i = 0; i < batch.size(); ++i) {
             auto it = entries_.find(batch[i].id);
             if (it == entries_.end()) {
@@ -388,7 +403,7 @@ private:
             if (e.expiring || results[i] == outcome::lost ||
                 (results[i] == outcome::failed && expired)) {
                 if (e.renewal.lost) {
-                    calls.push_back(std::move(e.renewal.lost));
+                    calls.emplace_back(batch[i].id, std::move(e.renewal.lost));
                 }
                 ++stats_.losses;
                 entries_.erase(it);
@@ -403,7 +418,8 @@ private:
             }
             e.confirmed_at = replied;
             if (e.renewal.renewed) {
-                calls.push_back([callback = e.renewal.renewed, sent] { callback(sent); });
+                calls.emplace_back(batch[i].id,
+                                   [renewed = e.renewal.renewed, sent] { renewed(sent); });
             }
             const auto next = sent + e.interval;
             const auto cap = e.renewal.max_hold;

@@ -9,6 +9,7 @@
 #include <stop_token>
 
 #include <redislock/detail/wait.hpp>
+#include <redislock/lock_options.hpp>
 
 namespace redislock::detail {
 
@@ -75,6 +76,15 @@ public:
 private:
     Derived& self() { return static_cast<Derived&>(*this); }
 };
+
+/// Calls a lock's on_lost handler through a copy: a handler that destroys the lock, and with it
+/// the options, still runs to its end.
+inline void call_on_lost(const lock_options& options) noexcept {
+    if (options.on_lost) {
+        const auto handler = options.on_lost;
+        handler();
+    }
+}
 
 /// When a lease granted to an attempt sent at `sent` surely still holds: the lease counted from
 /// the send, minus a drift allowance of 1% of the lease + 2 ms for clock rate differences.

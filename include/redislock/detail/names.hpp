@@ -38,9 +38,9 @@ inline void check_options(std::string_view name, const lock_options& options) {
     check_lease(options.lease);
     // A zero minimum would make waiters poll Redis in a tight loop.
     if (options.backoff_min <= std::chrono::milliseconds::zero() ||
-        options.backoff_max < options.backoff_min) {
+        options.backoff_max < options.backoff_min || options.backoff_max > max_lease) {
         throw invalid_argument{"redislock: backoff bounds must satisfy 0 ms < backoff_min <= "
-                               "backoff_max"};
+                               "backoff_max <= max_lease"};
     }
 }
 

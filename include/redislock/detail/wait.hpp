@@ -63,7 +63,8 @@ inline bool sleep_unless_stopped(steady::duration how_long, const std::stop_toke
     std::mutex mutex;
     std::condition_variable_any wake;
     std::unique_lock lock{mutex};
-    return !wake.wait_for(lock, stop, how_long, [] { return false; });
+    (void)wake.wait_for(lock, stop, how_long, [] { return false; });
+    return !stop.stop_requested();
 }
 
 /// Full-jitter backoff: the n-th sleep is uniform in [0, min(max, min * 2^n, holder's PTTL)].
@@ -74,7 +75,11 @@ public:
 
     steady::duration next(holder_ttl ttl) {
         using std::chrono::milliseconds;
-        auto ceiling = std::min(max_, min_ * (std::int64_t{1} << std::min(round_, 30U)));
+        // min * 2^round, saturating at max without overflowing.
+        auto ceiling = max_;
+        if (round_ < 62 && min_.count() <= (max_.count() >> round_)) {
+            ceiling = min_ * (std::int64_t{1} << round_);
+        }
         ++round_;
         if (ttl == milliseconds{-2}) {
             ceiling = std::min(ceiling, milliseconds{1});  // already free: retry almost at once
