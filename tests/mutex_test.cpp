@@ -1012,10 +1012,18 @@ TEST(AcquireWithBackoff, StopRequestEndsTheWait) {
         stop.request_stop();
     }};
     const stopwatch watch;
+    int attempts = 0;
+    // The second attempt would succeed: a stop during the sleep must end the wait before it.
     const bool acquired = redislock::detail::acquire_with_backoff(
-        []() -> std::optional<redislock::detail::holder_ttl> { return -1ms; },
+        [&attempts]() -> std::optional<redislock::detail::holder_ttl> {
+            if (++attempts == 1) {
+                return -1ms;
+            }
+            return std::nullopt;
+        },
         std::chrono::steady_clock::time_point::max(), stop.get_token(), options);
     EXPECT_FALSE(acquired);
+    EXPECT_EQ(attempts, 1);
     EXPECT_LT(watch.elapsed(), 5s);
 }
 

@@ -1629,3 +1629,30 @@ TEST(SharedMutex, ScopedLockTakesSeveralLocksTogether) {
 }
 
 }  // namespace
+
+namespace {
+
+// Re-entered reads found gone at unlock: the renewal of that hold must stop with it, or it would
+// outlive the object and call back into freed state (ASan catches a slip).
+TEST(SharedMutex, ReadEntriesFoundGoneAtUnlockStopTheirRenewal) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    lost_counter lost;
+    {
+        auto rw = client.shared_mutex("gone:rw",
+                                      {.lease = 300ms, .watchdog = true, .on_lost = lost.handler()});
+        rw.lock_shared();
+        rw.lock_shared();
+        ASSERT_EQ(client.watchdog().size(), 1U);
+        ASSERT_EQ(srv.cli({"DEL", "gone:rw"}), "1");
+        std::error_code ec;
+        rw.unlock_shared(ec);  // depth 2 -> 1 locally; Redis has nothing left
+        EXPECT_EQ(ec, errc::lock_lost);
+        EXPECT_EQ(client.watchdog().size(), 0U);
+        EXPECT_FALSE(rw.owned());
+    }
+    std::this_thread::sleep_for(400ms);  // past a renewal period, with the object gone
+    EXPECT_LE(lost.calls.load(), 1);
+}
+
+}  // namespace

@@ -884,3 +884,70 @@ TEST(Watchdog, ChildForkedDuringARenewalCanDropItsCopiesWithoutHanging) {
 }
 
 }  // namespace
+
+namespace {
+
+// Two leases lost in one batch: the first handler destroys the second lock. Its callbacks still
+// queued in that batch must be skipped, not run on the destroyed state (ASan catches a slip).
+TEST(Watchdog, HandlerDestroyingAnotherLockOfTheSameBatchSkipsItsCallbacks) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+
+    std::atomic<int> first_calls{0};
+    std::atomic<int> second_calls{0};
+    std::atomic<int> second_calls_by_destruction{-1};
+    std::unique_ptr<redislock::mutex> second;
+    auto first = client.mutex("batch:first", {.lease = 600ms,
+                                              .watchdog = true,
+                                              .on_lost =
+                                                  [&] {
+                                                      first_calls.fetch_add(1);
+                                                      // Its release may report the loss itself.
+                                                      second.reset();
+                                                      second_calls_by_destruction.store(
+                                                          second_calls.load());
+                                                  },
+                                              .owner = "job"});
+    second = std::make_unique<redislock::mutex>(client.mutex(
+        "batch:second",
+        {.lease = 600ms, .watchdog = true, .on_lost = [&] { second_calls.fetch_add(1); },
+         .owner = "job"}));
+    // Taken back to back, so their renewals fall due together and share a batch.
+    first.lock();
+    second->lock();
+    ASSERT_TRUE(run(other.connection(), {"DEL", "batch:first", "batch:second"}).is_integer());
+
+    ASSERT_TRUE(eventually([&] { return first_calls.load() == 1; }, 5s));
+    std::this_thread::sleep_for(300ms);
+    EXPECT_EQ(first_calls.load(), 1);
+    EXPECT_LE(second_calls_by_destruction.load(), 1);
+    EXPECT_EQ(second_calls.load(), second_calls_by_destruction.load())
+        << "a callback of the destroyed lock ran after its destruction";
+    EXPECT_EQ(client.watchdog().size(), 0U);
+}
+
+// A handler may destroy the very lock it reports on: it runs on a copy of itself.
+TEST(Watchdog, HandlerMayDestroyItsOwnLock) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+
+    std::atomic<bool> done{false};
+    std::unique_ptr<redislock::mutex> m;
+    m = std::make_unique<redislock::mutex>(client.mutex(
+        "self:destroy", {.lease = 300ms,
+                         .watchdog = true,
+                         .on_lost =
+                             [&] {
+                                 m.reset();
+                                 done.store(true);
+                             },
+                         .owner = "job"}));
+    m->lock();
+    ASSERT_TRUE(run(other.connection(), {"DEL", "self:destroy"}).is_integer());
+    ASSERT_TRUE(eventually([&] { return done.load(); }, 5s));
+    EXPECT_EQ(client.watchdog().size(), 0U);
+}
+
+}  // namespace
