@@ -10,7 +10,9 @@
 // after which no lease is renewed.
 // fork(): a child's copies of its parent's locks never renew or release them (unlock() there
 // reports errc::not_holder, destruction sends nothing); the child may take locks of its own
-// through the same client, and the hiredis adapter opens fresh connections for it.
+// through the same client, and the hiredis adapter opens fresh connections for it. As with any
+// library that uses threads, fork() while another thread is inside a lock call may leave the
+// child's copy of an internal mutex locked: fork from a quiet moment, or make a new client.
 #pragma once
 
 #include <concepts>
