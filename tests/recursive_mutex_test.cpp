@@ -43,12 +43,13 @@ using redislock::test::stopwatch;
 
 // ---- Probes that read Redis through redis-cli, never through the code under test ----
 
-// The owner fields of the reentrant lock `key`: every field but the fencing token.
+// The owner fields of the reentrant lock `key`: every field but the fencing token and the
+// acquisition ids.
 std::vector<std::string> owners_of(const redis_server& srv, const std::string& key) {
     std::vector<std::string> owners;
     std::istringstream lines{srv.cli({"HKEYS", key})};
     for (std::string line; std::getline(lines, line);) {
-        if (!line.empty() && line != "fence") {
+        if (!line.empty() && line != "fence" && !line.starts_with("id:")) {
             owners.push_back(line);
         }
     }
@@ -79,18 +80,28 @@ std::string exists(const redis_server& srv, const std::string& key) {
 
 // ---- The scripts run directly, with arguments the test chooses ----
 
-// The integers of an integer reply or of an array reply, so a failed check prints values.
+// The integers of an integer reply or of an array reply, so a failed check prints values. The
+// acquisition id an acquisition returns last is left out (acquisition_id() reads it).
 std::vector<std::int64_t> integers(const redislock::reply& r) {
     if (r.is_integer()) {
         return {r.as_integer()};
     }
     std::vector<std::int64_t> out;
     for (const auto& element : r.elements()) {
-        out.push_back(element.is_integer() ? element.as_integer()
-                                           : std::numeric_limits<std::int64_t>::min());
+        if (!element.is_string()) {
+            out.push_back(element.is_integer() ? element.as_integer()
+                                               : std::numeric_limits<std::int64_t>::min());
+        }
     }
     return out;
 }
+
+std::string acquisition_id(const redislock::reply& r) {
+    return r.is_array() && r.elements().size() == 3 ? r.elements()[2].text() : "(none)";
+}
+
+// The acquisition id the script tests offer for `owner`.
+std::string id_for(std::string_view owner) { return "acq-" + std::string{owner}; }
 
 redislock::reply run_acquire(redislock::client& client, std::string_view key,
                              std::string_view owner, std::string_view lease_ms,
@@ -99,24 +110,28 @@ redislock::reply run_acquire(redislock::client& client, std::string_view key,
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_acquire,
         std::array<std::string_view, 2>{key, fence_key},
-        std::array<std::string_view, 3>{owner, lease_ms, fencing});
+        std::array<std::string_view, 4>{owner, lease_ms, fencing, id_for(owner)});
 }
 
 redislock::reply run_release(redislock::client& client, std::string_view key,
                              std::string_view owner, std::string_view entries,
-                             std::string_view lease_ms, std::string_view channel) {
+                             std::string_view lease_ms, std::string_view channel,
+                             std::optional<std::string> id = std::nullopt) {
+    const std::string acquisition = id.value_or(id_for(owner));
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_release,
         std::array<std::string_view, 1>{key},
-        std::array<std::string_view, 4>{owner, entries, lease_ms, channel});
+        std::array<std::string_view, 5>{owner, entries, lease_ms, channel, acquisition});
 }
 
 redislock::reply run_extend(redislock::client& client, std::string_view key,
-                            std::string_view owner, std::string_view lease_ms) {
-    return redislock::detail::run_script(client.connection(),
-                                         redislock::detail::scripts::recursive_extend,
-                                         std::array<std::string_view, 1>{key},
-                                         std::array<std::string_view, 2>{owner, lease_ms});
+                            std::string_view owner, std::string_view lease_ms,
+                            std::optional<std::string> id = std::nullopt) {
+    const std::string acquisition = id.value_or(id_for(owner));
+    return redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::recursive_extend,
+        std::array<std::string_view, 1>{key},
+        std::array<std::string_view, 3>{owner, lease_ms, acquisition});
 }
 
 // Subscribes on a raw hiredis connection of its own, so release messages are observed without
@@ -213,7 +228,9 @@ TEST(RecursiveAcquireScript, NewAcquisitionWithoutFencingReturnsZeroFenceAndDraw
 
     EXPECT_EQ(integers(run_acquire(client, "s", "o1", "5000", "0")),
               (std::vector<std::int64_t>{1, 0}));
-    EXPECT_EQ(srv.cli({"HKEYS", "s"}), "o1");
+    EXPECT_EQ(owners_of(srv, "s"), std::vector<std::string>{"o1"});
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o1"}), id_for("o1"));
+    EXPECT_EQ(srv.cli({"HGET", "s", "fence"}), "");
     EXPECT_EQ(exists(srv, "{s}:fence"), "0");
 }
 
@@ -339,7 +356,7 @@ TEST(RecursiveReleaseScript, NonOwnerOrMissingKeyGetsMinusOneAndChangesNothing) 
 
     EXPECT_EQ(integers(run_release(client, "s", "o2", "1", "1000", "{s}:released")),
               std::vector<std::int64_t>{-1});
-    EXPECT_EQ(srv.cli({"HLEN", "s"}), "1");  // no negative count left behind for o2
+    EXPECT_EQ(owners_of(srv, "s"), std::vector<std::string>{"o1"});  // nothing left for o2
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
     EXPECT_GT(pttl(srv, "s"), 50'000);
 
@@ -383,7 +400,60 @@ TEST(RecursiveExtendScript, NonOwnerOrMissingKeyGetsZeroAndLeaseStays) {
     EXPECT_EQ(pttl(srv, "str"), -1);
 }
 
+// ---- acquisition ids ----
+
+TEST(RecursiveAcquireScript, ReentryReturnsTheFirstEntrysAcquisitionId) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    EXPECT_EQ(acquisition_id(run_acquire(client, "s", "o1", "60000", "0")), id_for("o1"));
+    // A re-entry offering another id still joins the first acquisition.
+    const auto reentry = redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::recursive_acquire,
+        std::array<std::string_view, 2>{"s", "{s}:fence"},
+        std::array<std::string_view, 4>{"o1", "60000", "0", "other-id"});
+    EXPECT_EQ(integers(reentry), (std::vector<std::int64_t>{2, 0}));
+    EXPECT_EQ(acquisition_id(reentry), id_for("o1"));
+    EXPECT_EQ(acquisition_id(run_acquire(client, "s", "o2", "60000", "0")), "");
+}
+
+// A release or renewal made for an acquisition that was lost must not act on a later
+// acquisition of the same owner.
+TEST(RecursiveReleaseScript, ReleaseOrExtendForAnotherAcquisitionOfTheOwnerChangesNothing) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_FALSE(run_acquire(client, "s", "o1", "60000", "0").is_error());
+    ASSERT_EQ(srv.cli({"PEXPIRE", "s", "30000"}), "1");
+
+    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "1000", "{s}:released", "stale")),
+              std::vector<std::int64_t>{-1});
+    EXPECT_EQ(integers(run_extend(client, "s", "o1", "100", "stale")),
+              std::vector<std::int64_t>{0});
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
+    EXPECT_GT(pttl(srv, "s"), 20'000);
+}
+
 // ---- recursive_mutex ----
+
+// Object a's entries expire unnoticed; the same thread then acquires anew through b. Releasing
+// a's stale entries must leave b's acquisition alone.
+TEST(RecursiveMutex, StaleObjectOfTheSameOwnerNeverReleasesALaterAcquisition) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    std::atomic<int> lost_a{0};
+    auto a = client.recursive_mutex("x", {.lease = 200ms, .on_lost = [&] { ++lost_a; }});
+    auto b = client.recursive_mutex("x", {.lease = 10s});
+    a.lock();
+    std::this_thread::sleep_for(400ms);
+    b.lock();  // a new acquisition: a's entry is gone
+    std::error_code ec;
+    a.unlock(ec);
+    EXPECT_EQ(ec, redislock::errc::lock_lost);
+    EXPECT_EQ(lost_a.load(), 1);
+    EXPECT_EQ(sole_count(srv, "x"), "1");
+    EXPECT_TRUE(b.verify());
+    b.unlock();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
 
 TEST(RecursiveMutex, NestedLockToDepthHundredCountsEveryEntryAndLeavesNoKey) {
     redis_server srv;
@@ -855,7 +925,7 @@ TEST(RecursiveMutex, ErrorReplyToVerifyOrExtendIsThrownNotTakenForALoss) {
     auto rm = client.recursive_mutex("x", {.on_lost = [&] { ++lost; }});
     rm.lock();
 
-    client.connection().inject(redislock::test::fault::answer_error, "HEXISTS", 1, std::nullopt,
+    client.connection().inject(redislock::test::fault::answer_error, "HGET", 1, std::nullopt,
                                "LOADING Redis is loading the dataset in memory");
     EXPECT_THROW((void)rm.verify(), redislock::server_error);
     client.connection().inject(redislock::test::fault::answer_error, "EVALSHA", 1,

@@ -1,7 +1,9 @@
 // redislock::basic_recursive_mutex: the reentrant lock, one Redis hash per name.
 //
 // Layout: hash `name`, field <owner id> -> that owner's entry count, PEXPIRE'd with the lease on
-// every entry; with fencing also field `fence` -> the fencing token of the first entry. The
+// every entry, and field id:<owner id> -> a random id of the acquisition those entries belong to
+// (a release or renewal names it, so one made for an acquisition that was lost never acts on a
+// later one of the same owner); with fencing also field `fence` -> the first entry's token. The
 // owner id is the client's instance id plus the calling thread, or plus lock_options::owner when
 // set, so code that hops threads (coroutines, thread pools) can lock on one thread and unlock on
 // another. The same owner re-entering through another object for the same name is a re-entry.
@@ -46,6 +48,7 @@
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/owner.hpp>
 #include <redislock/detail/scripts.hpp>
+#include <redislock/detail/token.hpp>
 #include <redislock/detail/wait.hpp>
 #include <redislock/error.hpp>
 #include <redislock/lock_options.hpp>
@@ -102,7 +105,7 @@ public:
                 ec = errc::not_holder;
                 return;
             }
-            entry = {state_->holder_owner, state_->epoch};
+            entry = {state_->holder_owner, state_->epoch, state_->acquisition};
             // Counted out before the round trip, so an acquisition through this object that
             // lands right after the release never mistakes the entry for a live one.
             if (--state_->depth == 0) {
@@ -129,7 +132,7 @@ public:
         const reply r = detail::run_script(
             *state_->conn, detail::scripts::recursive_extend,
             std::array{std::string_view{state_->name}},
-            std::array<std::string_view, 2>{entry->owner, lease_text.view()});
+            std::array<std::string_view, 3>{entry->owner, lease_text.view(), entry->acquisition});
         if (r.is_integer() && r.as_integer() == 1) {
             std::lock_guard guard{state_->mutex};
             if (state_->depth > 0 && state_->epoch == entry->epoch) {
@@ -160,17 +163,19 @@ public:
         return state_->depth;
     }
 
-    /// Asks Redis whether the holder's entry is still there. A lock found lost calls on_lost.
+    /// Asks Redis whether the holder's acquisition is still there. A lock found lost calls
+    /// on_lost.
     /// @throws redislock::connection_error; redislock::server_error when the server answers with
-    ///         an error (the lock is not taken for lost). See https://redis.io/commands/hexists/
+    ///         an error (the lock is not taken for lost). See https://redis.io/commands/hget/
     bool verify() {
         std::optional<held> entry = held_entry();
         if (!entry) {
             return false;
         }
-        const std::array<std::string_view, 3> hexists{"HEXISTS", state_->name, entry->owner};
-        const reply r = state_->conn->execute(hexists);
-        if (r.is_integer() && r.as_integer() == 1) {
+        const std::string id_field = "id:" + entry->owner;
+        const std::array<std::string_view, 3> hget{"HGET", state_->name, id_field};
+        const reply r = state_->conn->execute(hget);
+        if (r.is_string() && r.text() == entry->acquisition) {
             return true;
         }
         throw_unless_not_ours(r, "verify");
@@ -227,15 +232,18 @@ private:
         std::thread::id holder;
         std::uint64_t generation = 0;  // fork generation of the first entry
         std::string holder_owner;
+        std::string acquisition;  // id of the acquisition the entries belong to, in Redis
         detail::steady::time_point valid_until;
         std::int64_t fence = 0;
         typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
     };
 
-    // The entries of one outermost acquisition: who made them, and which acquisition it was.
+    // The entries of one outermost acquisition: who made them, and which acquisition it was
+    // (here, and in Redis).
     struct held {
         std::string owner;
         std::uint64_t epoch = 0;
+        std::string acquisition;
     };
 
     std::optional<held> held_entry() const {
@@ -243,7 +251,7 @@ private:
         if (state_->depth == 0) {
             return std::nullopt;
         }
-        return held{state_->holder_owner, state_->epoch};
+        return held{state_->holder_owner, state_->epoch, state_->acquisition};
     }
 
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
@@ -254,20 +262,23 @@ private:
 
     // One attempt: std::nullopt when acquired or re-entered, else the holder's TTL.
     std::optional<detail::holder_ttl> attempt(const std::string& owner) {
+        const detail::token candidate = detail::token::random();
         const auto sent = detail::steady::now();
         const reply r = detail::run_script(
             *state_->conn, detail::scripts::recursive_acquire,
             std::array<std::string_view, 2>{state_->name, state_->fence_key},
-            std::array<std::string_view, 3>{owner, state_->lease_text.view(),
-                                            state_->options.fencing ? "1" : "0"});
+            std::array<std::string_view, 4>{owner, state_->lease_text.view(),
+                                            state_->options.fencing ? "1" : "0",
+                                            candidate.view()});
         if (r.is_error()) {
             throw server_error{"redislock: cannot lock '" + state_->name + "': " + r.text()};
         }
-        if (!r.is_array() || r.elements().size() != 2) {
+        if (!r.is_array() || r.elements().size() != 3) {
             throw server_error{"redislock: unexpected reply to a reentrant acquisition"};
         }
         const std::int64_t status = r.elements()[0].as_integer();
         const std::int64_t value = r.elements()[1].as_integer();
+        const std::string& acquisition = r.elements()[2].text();
         if (status == 0) {
             return detail::holder_ttl{value};
         }
@@ -277,9 +288,11 @@ private:
         {
             std::lock_guard guard{state_->mutex};
             // Entries still counted here (unlock counts them out before its round trip) that
-            // Redis no longer has: a new acquisition by their owner, or any entry by another
-            // owner, means their lease ran out or they were deleted.
-            if (state_->depth > 0 && (status == 1 || state_->holder_owner != owner)) {
+            // Redis no longer has: a new acquisition, an entry by another owner, or a re-entry
+            // into another acquisition of this owner means their lease ran out or they were
+            // deleted.
+            if (state_->depth > 0 && (status == 1 || state_->holder_owner != owner ||
+                                      state_->acquisition != acquisition)) {
                 previous_lost = state_->lost_epoch < state_->epoch;
                 state_->lost_epoch = state_->epoch;
                 state_->depth = 0;
@@ -290,6 +303,7 @@ private:
                 state_->holder = std::this_thread::get_id();
                 state_->generation = detail::current_fork_generation();
                 state_->holder_owner = owner;
+                state_->acquisition = acquisition;
                 state_->fence = value;
             }
             ++state_->depth;
@@ -300,17 +314,18 @@ private:
             notify_lost(*state_);
         }
         if (first_entry && state_->options.watchdog) {
-            start_renewing(owner, *first_entry, sent);
+            start_renewing(held{owner, *first_entry, acquisition}, sent);
         }
         return std::nullopt;
     }
 
-    void start_renewing(const std::string& owner, std::uint64_t epoch,
-                        detail::steady::time_point sent) {
+    void start_renewing(const held& entry, detail::steady::time_point sent) {
         state* st = state_.get();
+        const std::uint64_t epoch = entry.epoch;
         lease_renewal renewal{&detail::scripts::recursive_extend,
                               {st->name},
-                              {owner, std::string{st->lease_text.view()}},
+                              {entry.owner, std::string{st->lease_text.view()},
+                               entry.acquisition},
                               st->options.lease,
                               st->options.max_hold,
                               [st, epoch](detail::steady::time_point renewed_at) {
@@ -342,9 +357,9 @@ private:
             const detail::decimal count{static_cast<long long>(entries)};
             r = detail::run_script(*state_->conn, detail::scripts::recursive_release,
                                    std::array{std::string_view{state_->name}},
-                                   std::array<std::string_view, 4>{entry.owner, count.view(),
-                                                                   state_->lease_text.view(),
-                                                                   state_->channel});
+                                   std::array<std::string_view, 5>{
+                                       entry.owner, count.view(), state_->lease_text.view(),
+                                       state_->channel, entry.acquisition});
         } catch (...) {
             return errc::connection_failed;
         }
@@ -411,7 +426,7 @@ private:
                 return;  // the parent's entries: never left from a child
             }
             entries = std::exchange(state_->depth, 0);
-            entry = {state_->holder_owner, state_->epoch};
+            entry = {state_->holder_owner, state_->epoch, state_->acquisition};
             renewal = std::exchange(state_->renewal, 0);
         }
         state_->core->watchdog.remove(renewal);

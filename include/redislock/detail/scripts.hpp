@@ -71,14 +71,16 @@ return 0
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
-    R"lua(-- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries.
+    R"lua(-- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries, and whose
+-- field id:<owner> names the acquisition those entries belong to.
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the fencing counter (same hash slot; never expires)
 -- ARGV[1]  the owner id
 -- ARGV[2]  the lease, ms (set again on every entry)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
--- Returns  {1, fence} acquired; {2, fence} re-entered (the fence of the first entry);
---          {0, holder's PTTL} held by another owner. fence is 0 when none was drawn.
+-- ARGV[4]  a fresh random id, used if this is a new acquisition
+-- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
+--          entry); {0, holder's PTTL, ''} held by another owner. fence is 0 when none was drawn.
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind == 'none' then
@@ -87,9 +89,9 @@ if kind == 'none' then
         fence = redis.call('INCR', KEYS[2])
         redis.call('HSET', KEYS[1], 'fence', fence)
     end
-    redis.call('HSET', KEYS[1], ARGV[1], 1)
+    redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, fence}
+    return {1, fence, ARGV[4]}
 end
 if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1 then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
@@ -97,25 +99,28 @@ end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0}
+    local fence = tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0
+    return {2, fence, redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) or ''}
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return {0, redis.call('PTTL', KEYS[1]), ''}
 )lua",
-    "3fba7242292b25c4bda9058f959f72ebe5bfa161"};
+    "210baf3eb42b8c6c4feca75c6df8e4c1f11fd7fc"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
-    R"lua(-- Sets a reentrant lock's lease to ARGV[2] ms from now if ARGV[1] still owns it.
+    R"lua(-- Sets a reentrant lock's lease to ARGV[2] ms from now if ARGV[1] still holds acquisition ARGV[3].
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
 -- ARGV[2]  the new lease, ms
--- Returns  1 extended; 0 not the owner's (expired, or held by another owner)
-if redis.call('TYPE', KEYS[1]).ok == 'hash' and redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+-- ARGV[3]  the acquisition id
+-- Returns  1 extended; 0 not the owner's (expired, held by another owner, or a later acquisition's)
+if redis.call('TYPE', KEYS[1]).ok == 'hash' and
+    redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) == ARGV[3] then
     return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 )lua",
-    "bc2677ae8daa81e40f386abcb109dc744f4ba324"};
+    "f01e93590a5e72b48433e4e95fb95fd301fe6c8e"};
 
 inline constexpr script recursive_release{
     "recursive_release",
@@ -125,9 +130,11 @@ inline constexpr script recursive_release{
 -- ARGV[2]  how many entries to leave (1 for unlock)
 -- ARGV[3]  the lease, ms, set again while entries remain
 -- ARGV[4]  the release channel
+-- ARGV[5]  the acquisition id the entries belong to
 -- Returns  1 released (key deleted); 0 still held (lease refreshed);
---          -1 not the owner's (expired, or held by another owner)
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+--          -1 not the owner's (expired, held by another owner, or a later acquisition's)
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or
+    redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) ~= ARGV[5] then
     return -1
 end
 if redis.call('HINCRBY', KEYS[1], ARGV[1], -tonumber(ARGV[2])) > 0 then
@@ -138,7 +145,7 @@ redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[4], KEYS[1])
 return 1
 )lua",
-    "0adf52a8bf5f69d9bcabf51e4816bb2aacaef614"};
+    "567e8b4aadb44a52d22061f87222c02b32e6fea4"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",

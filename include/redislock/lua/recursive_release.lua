@@ -4,9 +4,11 @@
 -- ARGV[2]  how many entries to leave (1 for unlock)
 -- ARGV[3]  the lease, ms, set again while entries remain
 -- ARGV[4]  the release channel
+-- ARGV[5]  the acquisition id the entries belong to
 -- Returns  1 released (key deleted); 0 still held (lease refreshed);
---          -1 not the owner's (expired, or held by another owner)
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then
+--          -1 not the owner's (expired, held by another owner, or a later acquisition's)
+if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or
+    redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) ~= ARGV[5] then
     return -1
 end
 if redis.call('HINCRBY', KEYS[1], ARGV[1], -tonumber(ARGV[2])) > 0 then
