@@ -67,16 +67,18 @@ hash hash_of(const redis_server& srv, const std::string& key) {
     return fields;
 }
 
-// One holder's entry in the hash: "<count> <expiry ms>".
+// One entry in the hash: "<count> <expiry ms> <acquisition id>" for a holder, "0 <expiry ms>"
+// (no id) for a waiting writer.
 struct entry {
     long long count = -1;
     long long expiry = -1;
+    std::string id;
 };
 
 entry parse_entry(const std::string& text) {
     entry e;
     std::istringstream in{text};
-    in >> e.count >> e.expiry;
+    in >> e.count >> e.expiry >> e.id;
     return e;
 }
 
@@ -150,46 +152,63 @@ void expect_deadlock_refused(F f) {
     }
 }
 
+// The acquisition id the script tests offer, and then name, for `owner`: fixed, so the entries
+// it ends up in can be checked.
+std::string id_for(std::string_view owner) {
+    return "acq-" + std::string{owner};
+}
+
 // The scripts called directly, to check their replies rather than what the class makes of them.
+// Without `id`, each names the owner's id_for().
 reply run_acquire(redislock::client& client, std::string_view name, std::string_view owner,
                   std::string_view kind, std::string_view lease, std::string_view fencing = "0",
-                  std::string_view queue_ms = "0") {
+                  std::string_view queue_ms = "0", std::optional<std::string> id = std::nullopt) {
     const std::string fence_key = redislock::detail::derived_key(name, "fence");
+    const std::string offered = id.value_or(id_for(owner));
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::shared_acquire,
         std::array<std::string_view, 2>{name, fence_key},
-        std::array<std::string_view, 5>{owner, kind, lease, fencing, queue_ms});
+        std::array<std::string_view, 6>{owner, kind, lease, fencing, queue_ms, offered});
 }
 
 std::int64_t run_release(redislock::client& client, std::string_view name, std::string_view owner,
-                         std::string_view kind, std::string_view entries = "1") {
+                         std::string_view kind, std::string_view entries = "1",
+                         std::optional<std::string> id = std::nullopt) {
     const std::string channel = redislock::detail::derived_key(name, "released");
+    const std::string acquisition = id.value_or(id_for(owner));
     const reply r = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::shared_release,
         std::array<std::string_view, 1>{name},
-        std::array<std::string_view, 4>{owner, kind, entries, channel});
+        std::array<std::string_view, 5>{owner, kind, entries, channel, acquisition});
     EXPECT_TRUE(r.is_integer()) << r.text();
     return r.as_integer();
 }
 
 std::int64_t run_extend(redislock::client& client, std::string_view name, std::string_view owner,
-                        std::string_view kind, std::string_view lease) {
+                        std::string_view kind, std::string_view lease,
+                        std::optional<std::string> id = std::nullopt) {
+    const std::string acquisition = id.value_or(id_for(owner));
     const reply r = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::shared_extend,
-        std::array<std::string_view, 1>{name}, std::array<std::string_view, 3>{owner, kind, lease});
+        std::array<std::string_view, 1>{name},
+        std::array<std::string_view, 4>{owner, kind, lease, acquisition});
     EXPECT_TRUE(r.is_integer()) << r.text();
     return r.as_integer();
 }
 
 using verdict = std::pair<std::int64_t, std::int64_t>;
 
-// {status, value} of an acquisition reply.
+// {status, value} of an acquisition reply; acquisition_id() reads the id that comes last.
 verdict verdict_of(const reply& r) {
-    if (!r.is_array() || r.elements().size() != 2) {
-        ADD_FAILURE() << "not a two-element array: " << r.text();
+    if (!r.is_array() || r.elements().size() != 3) {
+        ADD_FAILURE() << "not a three-element array: " << r.text();
         return {-99, -99};
     }
     return {r.elements()[0].as_integer(), r.elements()[1].as_integer()};
+}
+
+std::string acquisition_id(const reply& r) {
+    return r.is_array() && r.elements().size() == 3 ? r.elements()[2].text() : "(none)";
 }
 
 std::int64_t counter_step(redislock::client& client, std::string_view key, std::string_view by) {
@@ -255,6 +274,7 @@ TEST(SharedAcquireScript, ReaderEntersWithItsOwnLeaseThenReentersCounted) {
     EXPECT_EQ(fields["mode"], "read");
     const entry first = parse_entry(fields["r:A"]);
     EXPECT_EQ(first.count, 1);
+    EXPECT_EQ(first.id, id_for("A"));
     // The entry's expiry is in server time, one lease from the acquisition.
     EXPECT_GE(first.expiry, before + 30'000);
     EXPECT_LE(first.expiry, server_ms(srv) + 30'000);
@@ -269,6 +289,8 @@ TEST(SharedAcquireScript, ReaderEntersWithItsOwnLeaseThenReentersCounted) {
     EXPECT_EQ(count_prefixed(fields, "r:"), 2U);
     EXPECT_EQ(parse_entry(fields["r:A"]).count, 2);
     EXPECT_EQ(parse_entry(fields["r:B"]).count, 1);
+    EXPECT_EQ(parse_entry(fields["r:A"]).id, id_for("A"));
+    EXPECT_EQ(parse_entry(fields["r:B"]).id, id_for("B"));
 }
 
 TEST(SharedAcquireScript, WriterEntersWithANewFenceAndReentersWithTheSameOne) {
@@ -343,6 +365,7 @@ TEST(SharedAcquireScript, QueuedWriterHoldsBackNewReadersButNotReadersInside) {
     EXPECT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000", "0", "1000")).first, 0);
     const entry queued = parse_entry(hash_of(srv, "doc")["q:W"]);
     EXPECT_EQ(queued.count, 0);
+    EXPECT_EQ(queued.id, "");  // a waiting writer has acquired nothing
     EXPECT_GE(queued.expiry, before + 1000);
     EXPECT_LE(queued.expiry, server_ms(srv) + 1000);
 
@@ -385,8 +408,9 @@ TEST(SharedAcquireScript, ReaderAskingToWriteIsRefusedAndNothingChanges) {
     ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(1, 0));
     const hash before = hash_of(srv, "doc");
 
-    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "A", "w", "30000", "1", "1000")),
-              verdict(-1, 0));
+    const reply refused = run_acquire(client, "doc", "A", "w", "30000", "1", "1000");
+    EXPECT_EQ(verdict_of(refused), verdict(-1, 0));
+    EXPECT_EQ(acquisition_id(refused), "");
     EXPECT_EQ(hash_of(srv, "doc"), before);    // no write entry, no queue entry
     EXPECT_FALSE(exists(srv, "{doc}:fence"));  // no token drawn
 }
@@ -409,6 +433,59 @@ TEST(SharedAcquireScript, KeysThatAreNotReadWriteLocksAreWrongType) {
     ASSERT_EQ(srv.cli({"RPUSH", "list", "a"}), "1");
     const reply on_list = run_acquire(client, "list", "A", "r", "30000");
     EXPECT_TRUE(on_list.is_error_code("WRONGTYPE")) << on_list.text();
+}
+
+TEST(SharedAcquireScript, ReentryReturnsTheFirstEntrysIdEvenWhenOfferedAnother) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+
+    const reply first = run_acquire(client, "doc", "A", "r", "30000");
+    EXPECT_EQ(verdict_of(first), verdict(1, 0));
+    EXPECT_EQ(acquisition_id(first), id_for("A"));
+    // A re-entry joins the acquisition it enters: the id offered for a new one is not used.
+    const reply reentry = run_acquire(client, "doc", "A", "r", "30000", "0", "0", "other-id");
+    EXPECT_EQ(verdict_of(reentry), verdict(2, 0));
+    EXPECT_EQ(acquisition_id(reentry), id_for("A"));
+    const entry read = parse_entry(hash_of(srv, "doc")["r:A"]);
+    EXPECT_EQ(read.count, 2);
+    EXPECT_EQ(read.id, id_for("A"));
+    ASSERT_EQ(run_release(client, "doc", "A", "r", "2"), 1);
+
+    // The same for a writer, whose re-entry keeps its fence too.
+    const reply writing = run_acquire(client, "doc", "W", "w", "30000", "1");
+    EXPECT_EQ(verdict_of(writing), verdict(1, 1));
+    EXPECT_EQ(acquisition_id(writing), id_for("W"));
+    const reply rewriting = run_acquire(client, "doc", "W", "w", "30000", "1", "0", "other-id");
+    EXPECT_EQ(verdict_of(rewriting), verdict(2, 1));
+    EXPECT_EQ(acquisition_id(rewriting), id_for("W"));
+    EXPECT_EQ(parse_entry(hash_of(srv, "doc")["w:W"]).id, id_for("W"));
+
+    // Each mode is an acquisition of its own: the writer's first read takes the offered id.
+    const reply downgrade = run_acquire(client, "doc", "W", "r", "30000", "0", "0", "read-id");
+    EXPECT_EQ(verdict_of(downgrade), verdict(1, 0));
+    EXPECT_EQ(acquisition_id(downgrade), "read-id");
+    const hash fields = hash_of(srv, "doc");
+    EXPECT_EQ(parse_entry(fields.at("r:W")).id, "read-id");
+    EXPECT_EQ(parse_entry(fields.at("w:W")).id, id_for("W"));
+}
+
+TEST(SharedAcquireScript, WaiterGetsNoAcquisitionId) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000")), verdict(1, 0));
+
+    const reply reader = run_acquire(client, "doc", "R", "r", "30000");
+    EXPECT_EQ(verdict_of(reader).first, 0);
+    EXPECT_EQ(acquisition_id(reader), "");
+    const reply writer = run_acquire(client, "doc", "X", "w", "30000", "0", "1000");
+    EXPECT_EQ(verdict_of(writer).first, 0);
+    EXPECT_EQ(acquisition_id(writer), "");
+
+    // The queued writer's entry carries no id either: nothing was acquired.
+    const hash fields = hash_of(srv, "doc");
+    EXPECT_EQ(parse_entry(fields.at("q:X")).id, "");
+    EXPECT_EQ(fields.count("r:R"), 0U);
+    EXPECT_EQ(fields.count("w:X"), 0U);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -458,6 +535,7 @@ TEST(SharedReleaseScript, OuterEntriesKeepTheLockAndItsExpiry) {
     const entry left = parse_entry(hash_of(srv, "doc")["r:A"]);
     EXPECT_EQ(left.count, 1);
     EXPECT_EQ(left.expiry, expiry);
+    EXPECT_EQ(left.id, id_for("A"));
     EXPECT_EQ(run_release(client, "doc", "A", "r"), 1);
     EXPECT_FALSE(exists(srv, "doc"));
 }
@@ -478,6 +556,44 @@ TEST(SharedReleaseScript, EntryNotHeldOrExpiredIsMinusOneAndLeavesOthersAlone) {
     EXPECT_GT(pttl(srv, "doc"), 50'000);
 }
 
+// A release made for an acquisition that was lost must not act on a later acquisition of the
+// same owner.
+TEST(SharedReleaseScript, ReleaseNamingAnotherAcquisitionIsMinusOneAndChangesNothing) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    subscriber released{srv, "{doc}:released"};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(1, 0));
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(2, 0));
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "B", "r", "60000")), verdict(1, 0));
+    const hash before = hash_of(srv, "doc");
+
+    EXPECT_EQ(run_release(client, "doc", "A", "r", "1", "stale"), -1);
+    EXPECT_EQ(run_release(client, "doc", "A", "r", "2", "stale"), -1);
+    EXPECT_EQ(run_release(client, "doc", "A", "r", "1", id_for("B")), -1);  // another owner's id
+    EXPECT_EQ(hash_of(srv, "doc"), before);
+    EXPECT_GT(pttl(srv, "doc"), 50'000);
+    // Nothing was published: a marker published now is the next message.
+    ASSERT_EQ(srv.cli({"PUBLISH", "{doc}:released", "marker"}), "1");
+    EXPECT_EQ(released.next(), "marker");
+
+    // The right id still releases.
+    EXPECT_EQ(run_release(client, "doc", "A", "r", "2"), 1);
+    EXPECT_EQ(hash_of(srv, "doc").count("r:A"), 0U);
+}
+
+TEST(SharedReleaseScript, WriteReleaseNamingAnotherAcquisitionKeepsTheEntryAndItsFence) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000", "1")), verdict(1, 1));
+    const hash before = hash_of(srv, "doc");
+
+    EXPECT_EQ(run_release(client, "doc", "W", "w", "1", "stale"), -1);
+    EXPECT_EQ(hash_of(srv, "doc"), before);
+    EXPECT_EQ(before.at("fence"), "1");
+    EXPECT_EQ(run_release(client, "doc", "W", "w"), 1);
+    EXPECT_FALSE(exists(srv, "doc"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // shared_extend.lua
 
@@ -490,6 +606,7 @@ TEST(SharedExtendScript, ExtendMovesTheEntryAndTheKeyTtlAndACheckMovesNothing) {
     EXPECT_EQ(run_extend(client, "doc", "A", "r", "60000"), 1);
     const entry extended = parse_entry(hash_of(srv, "doc")["r:A"]);
     EXPECT_EQ(extended.count, 1);
+    EXPECT_EQ(extended.id, id_for("A"));
     EXPECT_GE(extended.expiry - first, 58'000);
     EXPECT_GT(pttl(srv, "doc"), 55'000);
     EXPECT_LE(pttl(srv, "doc"), 60'000);
@@ -513,6 +630,25 @@ TEST(SharedExtendScript, EntryNotHeldOrExpiredIsZeroAndStaysAsItWas) {
     EXPECT_EQ(run_extend(client, "missing", "A", "r", "60000"), 0);
     EXPECT_EQ(hash_of(srv, "doc"), before);
     EXPECT_FALSE(exists(srv, "missing"));
+}
+
+// A renewal made for an acquisition that was lost must not keep a later acquisition of the same
+// owner alive.
+TEST(SharedExtendScript, ExtendNamingAnotherAcquisitionIsZeroAndChangesNothing) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000")), verdict(1, 0));
+    const hash before = hash_of(srv, "doc");
+
+    EXPECT_EQ(run_extend(client, "doc", "A", "r", "60000", "stale"), 0);
+    EXPECT_EQ(run_extend(client, "doc", "A", "r", "0", "stale"), 0);  // a check says so too
+    EXPECT_EQ(run_extend(client, "doc", "A", "r", "60000", id_for("B")), 0);
+    EXPECT_EQ(hash_of(srv, "doc"), before);
+    EXPECT_LE(pttl(srv, "doc"), 30'000);
+
+    // The right id still extends.
+    EXPECT_EQ(run_extend(client, "doc", "A", "r", "60000"), 1);
+    EXPECT_GT(pttl(srv, "doc"), 50'000);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1402,6 +1538,62 @@ TEST(SharedMutex, ExpiryWhileWritingIsReportedOnceAndLetsAnotherWriterIn) {
     EXPECT_EQ(lost.calls.load(), 1);
     EXPECT_EQ(hash_of(srv, "catalog"), held);
     other.unlock();
+}
+
+// Object a's read entry expires unnoticed; the same thread then reads anew through b. a's
+// release, made for the lost acquisition, must leave b's acquisition alone.
+TEST(SharedMutex, StaleObjectOfTheSameOwnerNeverReleasesALaterAcquisition) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    lost_counter lost;
+    auto a = client.shared_mutex("catalog", {.lease = 200ms, .on_lost = lost.handler()});
+    auto b = client.shared_mutex("catalog", {.lease = 10s});
+    const std::string field = "r:" + caller_owner(client);
+
+    a.lock_shared();
+    std::this_thread::sleep_for(400ms);
+    b.lock_shared();  // a new acquisition: a's entry is gone
+    const hash held = hash_of(srv, "catalog");
+    ASSERT_EQ(held.count(field), 1U);
+    ASSERT_EQ(parse_entry(held.at(field)).count, 1);
+
+    std::error_code ec;
+    a.unlock_shared(ec);
+    EXPECT_EQ(ec, redislock::make_error_code(errc::lock_lost));
+    EXPECT_EQ(lost.calls.load(), 1);
+    EXPECT_EQ(hash_of(srv, "catalog"), held);  // b's entry, count and lease untouched
+    EXPECT_TRUE(b.verify());
+    EXPECT_EQ(lost.calls.load(), 1);
+
+    b.unlock_shared();
+    EXPECT_FALSE(exists(srv, "catalog"));
+}
+
+// The same for renewal: a's extend, made for the lost acquisition, must not move b's lease.
+TEST(SharedMutex, StaleObjectOfTheSameOwnerNeverRenewsALaterAcquisition) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    lost_counter lost;
+    auto a = client.shared_mutex("catalog", {.lease = 200ms, .on_lost = lost.handler()});
+    auto b = client.shared_mutex("catalog", {.lease = 10s});
+
+    a.lock_shared();
+    std::this_thread::sleep_for(400ms);
+    b.lock_shared();
+    const hash held = hash_of(srv, "catalog");
+
+    EXPECT_FALSE(a.extend(60s));
+    EXPECT_EQ(lost.calls.load(), 1);
+    EXPECT_EQ(hash_of(srv, "catalog"), held);
+    EXPECT_LE(pttl(srv, "catalog"), 10'000);
+    EXPECT_TRUE(b.verify());
+
+    std::error_code ec;
+    a.unlock_shared(ec);
+    EXPECT_EQ(ec, redislock::make_error_code(errc::lock_lost));
+    EXPECT_EQ(lost.calls.load(), 1);
+    b.unlock_shared();
+    EXPECT_FALSE(exists(srv, "catalog"));
 }
 
 TEST(SharedMutex, WatchdogKeepsEveryHeldModeAlivePastItsLease) {

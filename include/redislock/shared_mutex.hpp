@@ -1,12 +1,14 @@
 // redislock::basic_shared_mutex: the read-write lock, one Redis hash per name.
 //
-// Layout (see lua/shared_acquire.lua): field r:<owner> or w:<owner> = "<count> <expiry ms>" for
-// every holder, each with its own lease in server time, so one reader's release or expiry never
-// frees another; q:<owner> marks a waiting writer, which makes new readers wait (no writer
-// starvation); `mode` marks the hash as a read-write lock; `fence` holds the writer's fencing
-// token. The key's own TTL is the longest lease in it. Everything is in one key, so it works on
-// Redis Cluster. Owners are as for basic_recursive_mutex: client instance id plus the calling
-// thread, or plus lock_options::owner.
+// Layout (see lua/shared_acquire.lua): field r:<owner> or w:<owner> =
+// "<count> <expiry ms> <acquisition id>" for every holder, each with its own lease in server
+// time, so one reader's release or expiry never frees another, and a release or renewal names
+// its acquisition, so one made for a lost acquisition never acts on a later one; q:<owner>
+// marks a waiting writer, which makes new readers wait (no writer starvation); `mode` marks the
+// hash as a read-write lock; `fence` holds the writer's fencing token. The key's own TTL is the
+// longest lease in it. Everything is in one key, so it works on Redis Cluster. Owners are as
+// for basic_recursive_mutex: client instance id plus the calling thread, or plus
+// lock_options::owner.
 //
 // TimedLockable (write side) and SharedTimedLockable (read side), so std::unique_lock,
 // std::shared_lock and std::scoped_lock work with it.
@@ -162,6 +164,7 @@ private:
         typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
         std::uint64_t generation = 0;  // fork generation of the first entry
         std::uint64_t epoch = 0;       // which acquisition: renewals and releases name it
+        std::string acquisition{};     // the acquisition's id in Redis
 
         // Held by the parent this process was forked from: only the parent may release it.
         bool inherited_by_fork() const {
@@ -174,6 +177,7 @@ private:
         std::string owner;
         mode kind;
         std::uint64_t epoch = 0;
+        std::string acquisition;
         bool reported = false;  // its loss was already reported through on_lost
     };
 
@@ -271,22 +275,24 @@ private:
     }
 
     std::optional<detail::holder_ttl> attempt(const std::string& owner, mode kind, bool queue) {
+        const detail::token candidate = detail::token::random();
         const auto sent = detail::steady::now();
         const reply r = detail::run_script(
             *state_->conn, detail::scripts::shared_acquire,
             std::array<std::string_view, 2>{state_->name, state_->fence_key},
-            std::array<std::string_view, 5>{
+            std::array<std::string_view, 6>{
                 owner, mode_text(kind), state_->lease_text.view(),
                 kind == mode::write && state_->options.fencing ? "1" : "0",
-                queue ? state_->queue_text.view() : std::string_view{"0"}});
+                queue ? state_->queue_text.view() : std::string_view{"0"}, candidate.view()});
         if (r.is_error()) {
             throw server_error{"redislock: cannot lock '" + state_->name + "': " + r.text()};
         }
-        if (!r.is_array() || r.elements().size() != 2) {
+        if (!r.is_array() || r.elements().size() != 3) {
             throw server_error{"redislock: unexpected reply to a read-write acquisition"};
         }
         const std::int64_t status = r.elements()[0].as_integer();
         const std::int64_t value = r.elements()[1].as_integer();
+        const std::string& acquisition = r.elements()[2].text();
         if (status == -1) {
             throw_upgrade();
         }
@@ -302,9 +308,10 @@ private:
             if (!h) {
                 h = &state_->holds.emplace_back(hold{owner, kind});
             }
-            // A new acquisition (status 1) while entries are still counted here means Redis
-            // lost them: their lease ran out, or they were deleted.
-            if (h->depth > 0 && status == 1) {
+            // A new acquisition, or a re-entry into another acquisition of this owner, while
+            // entries are still counted here means Redis lost them: their lease ran out, or they
+            // were deleted.
+            if (h->depth > 0 && (status == 1 || h->acquisition != acquisition)) {
                 previous_lost = !h->lost;
                 h->depth = 0;
             }
@@ -315,7 +322,8 @@ private:
                 h->fence = value;
                 h->generation = detail::current_fork_generation();
                 h->epoch = ++state_->last_epoch;
-                first_entry = hold_ref{owner, kind, h->epoch};
+                h->acquisition = acquisition;
+                first_entry = hold_ref{owner, kind, h->epoch, acquisition};
             }
             ++h->depth;
             h->valid_until = detail::valid_until(sent, state_->options.lease);
@@ -335,7 +343,7 @@ private:
         lease_renewal renewal{&detail::scripts::shared_extend,
                               {st->name},
                               {ref.owner, std::string{mode_text(ref.kind)},
-                               std::string{st->lease_text.view()}},
+                               std::string{st->lease_text.view()}, ref.acquisition},
                               st->options.lease,
                               st->options.max_hold,
                               [st, ref](detail::steady::time_point renewed_at) {
@@ -401,7 +409,7 @@ private:
             if (h->inherited_by_fork()) {
                 return errc::not_holder;
             }
-            ref = {owner, kind, h->epoch, h->lost};
+            ref = {owner, kind, h->epoch, h->acquisition, h->lost};
             // Counted out before the round trip, so an acquisition that lands right after the
             // release never mistakes the entry for a live one.
             if (--h->depth == 0) {
@@ -428,10 +436,11 @@ private:
         reply r;
         try {
             const detail::decimal count{static_cast<long long>(entries)};
-            r = detail::run_script(*state_->conn, detail::scripts::shared_release,
-                                   std::array{std::string_view{state_->name}},
-                                   std::array<std::string_view, 4>{ref.owner, mode_text(ref.kind),
-                                                                   count.view(), state_->channel});
+            r = detail::run_script(
+                *state_->conn, detail::scripts::shared_release,
+                std::array{std::string_view{state_->name}},
+                std::array<std::string_view, 5>{ref.owner, mode_text(ref.kind), count.view(),
+                                                state_->channel, ref.acquisition});
         } catch (...) {
             return errc::connection_failed;
         }
@@ -465,44 +474,39 @@ private:
     // Extends (lease > 0) or checks (lease == 0) every mode the caller holds.
     bool check_caller_holds(std::chrono::milliseconds lease) {
         const std::string owner = state_->caller_owner();
-        std::vector<mode> kinds;
+        std::vector<hold_ref> refs;
         {
             std::lock_guard guard{state_->mutex};
             for (const hold& h : state_->holds) {
                 if (h.owner == owner && h.depth > 0) {
-                    kinds.push_back(h.kind);
+                    refs.push_back({h.owner, h.kind, h.epoch, h.acquisition, h.lost});
                 }
             }
         }
-        if (kinds.empty()) {
+        if (refs.empty()) {
             return false;
         }
         bool all_held = true;
         const detail::decimal lease_text{lease.count()};
-        for (mode kind : kinds) {
+        for (const hold_ref& ref : refs) {
             const auto sent = detail::steady::now();
             const reply r = detail::run_script(
                 *state_->conn, detail::scripts::shared_extend,
                 std::array{std::string_view{state_->name}},
-                std::array<std::string_view, 3>{owner, mode_text(kind), lease_text.view()});
+                std::array<std::string_view, 4>{ref.owner, mode_text(ref.kind), lease_text.view(),
+                                                ref.acquisition});
             if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
                 throw server_error{"redislock: cannot check '" + state_->name + "': " + r.text()};
             }
             const bool held = r.is_integer() && r.as_integer() == 1;
             all_held = all_held && held;
-            bool newly_lost = false;
-            {
+            if (held && lease > std::chrono::milliseconds::zero()) {
                 std::lock_guard guard{state_->mutex};
-                hold* h = find(owner, kind);
-                if (h && held && lease > std::chrono::milliseconds::zero()) {
+                if (hold* h = find_in(*state_, ref)) {
                     h->valid_until = detail::valid_until(sent, lease);
                 }
-                if (h && !held && !h->lost) {
-                    h->lost = newly_lost = true;
-                }
-            }
-            if (newly_lost) {
-                notify_lost(*state_);
+            } else if (!held) {
+                mark_lost(*state_, ref);
             }
         }
         return all_held;
@@ -522,7 +526,8 @@ private:
                 if (h.depth == 0 || h.inherited_by_fork()) {
                     continue;  // nothing held, or the parent's entries: never left from a child
                 }
-                releases.emplace_back(hold_ref{h.owner, h.kind, h.epoch, h.lost}, h.depth);
+                releases.emplace_back(hold_ref{h.owner, h.kind, h.epoch, h.acquisition, h.lost},
+                                      h.depth);
                 renewals.push_back(std::exchange(h.renewal, 0));
                 h.depth = 0;
             }

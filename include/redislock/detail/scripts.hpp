@@ -151,7 +151,8 @@ inline constexpr script shared_acquire{
     "shared_acquire",
     R"lua(-- Enters a read-write lock for reading ('r') or writing ('w').
 -- Hash fields: mode = 'read' | 'write' | 'free' (marks the hash as a read-write lock);
---   r:<owner>, w:<owner> = '<count> <expiry ms>', each holder with its own lease in server time;
+--   r:<owner>, w:<owner> = '<count> <expiry ms> <acquisition id>', each holder with its own
+--   lease in server time;
 --   q:<owner> = '0 <expiry ms>', a writer waiting (new readers then wait too); fence.
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the fencing counter (same hash slot; never expires)
@@ -160,8 +161,10 @@ inline constexpr script shared_acquire{
 -- ARGV[3]  the lease, ms
 -- ARGV[4]  '1' to draw a fencing token (writers)
 -- ARGV[5]  how long, ms, a writer that must wait keeps its place in the queue ('0': not queued)
--- Returns  {1, fence} entered; {2, fence} re-entered; {0, ms} must wait (longest lease in the
---          way); {-1, 0} refused: a reader asking for the write lock would deadlock
+-- ARGV[6]  a fresh random id, used if this is a new acquisition
+-- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
+--          {0, ms, ''} must wait (longest lease in the way);
+--          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
@@ -172,11 +175,11 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 -- Drop expired entries; note ours, and who else holds or waits.
-local mine, others, latest, longest = {}, {}, now, 0
+local mine, ids, others, latest, longest = {}, {}, {}, now, 0
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
     local tag, owner = string.sub(fields[i], 1, 1), string.sub(fields[i], 3)
-    local count, expiry = string.match(fields[i + 1], '^(%d+) (%d+)$')
+    local count, expiry, id = string.match(fields[i + 1], '^(%d+) (%d+) ?(%S*)$')
     if string.sub(fields[i], 2, 2) == ':' and expiry then
         expiry = tonumber(expiry)
         if expiry <= now then
@@ -184,7 +187,7 @@ for i = 1, #fields, 2 do
         else
             latest = math.max(latest, expiry)
             if owner == me then
-                mine[tag] = tonumber(count)
+                mine[tag], ids[tag] = tonumber(count), id
             else
                 others[tag] = true
                 longest = math.max(longest, expiry - now)
@@ -194,10 +197,11 @@ for i = 1, #fields, 2 do
 end
 
 local result
+local id = ids[want] or ARGV[6]
 if want == 'w' and mine.r and not mine.w then
-    return {-1, 0}
+    return {-1, 0, ''}
 elseif mine[want] then
-    result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0}
+    result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 elseif others.w or (want == 'w' and others.r) or (want == 'r' and others.q and not mine.w) then
     if want == 'w' and ARGV[5] ~= '0' then
         local until_ms = now + tonumber(ARGV[5])
@@ -205,7 +209,7 @@ elseif others.w or (want == 'w' and others.r) or (want == 'r' and others.q and n
         latest = math.max(latest, until_ms)
     end
     redis.call('PEXPIRE', KEYS[1], latest - now)
-    return {0, longest}
+    return {0, longest, ''}
 else
     local fence = 0
     if want == 'w' then
@@ -215,14 +219,15 @@ else
             redis.call('HSET', KEYS[1], 'fence', fence)
         end
     end
-    result = {1, fence}
+    result = {1, fence, id}
 end
-redis.call('HSET', KEYS[1], want .. ':' .. me, ((mine[want] or 0) + 1) .. ' ' .. (now + lease),
+redis.call('HSET', KEYS[1], want .. ':' .. me,
+           ((mine[want] or 0) + 1) .. ' ' .. (now + lease) .. ' ' .. id,
            'mode', (want == 'w' or mine.w) and 'write' or 'read')
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "f703bc28d1496e8a9820637dc709b9b7e1a34870"};
+    "125814c921a2f2a1bc2cc113c2cb8910d07fa038"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -232,24 +237,26 @@ inline constexpr script shared_extend{
 -- ARGV[1]  the owner id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  the new lease, ms; '0' only checks that the entry is still held
--- Returns  1 held (and extended); 0 not held (expired, or never)
+-- ARGV[4]  the acquisition id the entry belongs to
+-- Returns  1 held (and extended); 0 not held (expired, never, or a later acquisition's)
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
-local count, expiry = string.match(redis.call('HGET', KEYS[1], field) or '', '^(%d+) (%d+)$')
-if not count or tonumber(expiry) <= now then
+local entry = redis.call('HGET', KEYS[1], field) or ''
+local count, expiry, id = string.match(entry, '^(%d+) (%d+) (%S+)$')
+if not count or tonumber(expiry) <= now or id ~= ARGV[4] then
     return 0
 end
 local lease = tonumber(ARGV[3])
 if lease > 0 then
-    redis.call('HSET', KEYS[1], field, count .. ' ' .. (now + lease))
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. (now + lease) .. ' ' .. id)
     if redis.call('PTTL', KEYS[1]) < lease then
         redis.call('PEXPIRE', KEYS[1], lease)
     end
 end
 return 1
 )lua",
-    "28e6e552948806c2b2d9ac8faf07a0b89cfc54ba"};
+    "4e3ec8e9d2bb09daa584916999803805448b7d7d"};
 
 inline constexpr script shared_release{
     "shared_release",
@@ -260,19 +267,20 @@ inline constexpr script shared_release{
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  how many entries to leave (1 for unlock)
 -- ARGV[4]  the release channel
+-- ARGV[5]  the acquisition id the entries belong to
 -- Returns  1 released (the key is deleted when no one else holds or waits);
---          0 still held by outer entries; -1 not held (expired, or never)
+--          0 still held by outer entries; -1 not held (expired, never, or a later acquisition's)
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
 local entry = redis.call('HGET', KEYS[1], field)
-local count, expiry = string.match(entry or '', '^(%d+) (%d+)$')
-if not count or tonumber(expiry) <= now then
+local count, expiry, id = string.match(entry or '', '^(%d+) (%d+) (%S+)$')
+if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
     return -1
 end
 count = tonumber(count) - tonumber(ARGV[3])
 if count > 0 then
-    redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry)
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     return 0
 end
 redis.call('HDEL', KEYS[1], field)
@@ -285,7 +293,7 @@ local writer, holders, latest = false, false, now
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
     local tag = string.sub(fields[i], 1, 2)
-    local left = tonumber(string.match(fields[i + 1], ' (%d+)$') or 0)
+    local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
     if left > now and (tag == 'r:' or tag == 'w:' or tag == 'q:') then
         latest = math.max(latest, left)
         writer = writer or tag == 'w:'
@@ -301,6 +309,6 @@ end
 redis.call('PUBLISH', ARGV[4], KEYS[1])
 return 1
 )lua",
-    "191e007385bd9b0a4528b314b23c260af71533e4"};
+    "ec0f00ae863ad47d7710678bf102184250c49595"};
 
 }  // namespace redislock::detail::scripts

@@ -1,6 +1,7 @@
 -- Enters a read-write lock for reading ('r') or writing ('w').
 -- Hash fields: mode = 'read' | 'write' | 'free' (marks the hash as a read-write lock);
---   r:<owner>, w:<owner> = '<count> <expiry ms>', each holder with its own lease in server time;
+--   r:<owner>, w:<owner> = '<count> <expiry ms> <acquisition id>', each holder with its own
+--   lease in server time;
 --   q:<owner> = '0 <expiry ms>', a writer waiting (new readers then wait too); fence.
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the fencing counter (same hash slot; never expires)
@@ -9,8 +10,10 @@
 -- ARGV[3]  the lease, ms
 -- ARGV[4]  '1' to draw a fencing token (writers)
 -- ARGV[5]  how long, ms, a writer that must wait keeps its place in the queue ('0': not queued)
--- Returns  {1, fence} entered; {2, fence} re-entered; {0, ms} must wait (longest lease in the
---          way); {-1, 0} refused: a reader asking for the write lock would deadlock
+-- ARGV[6]  a fresh random id, used if this is a new acquisition
+-- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
+--          {0, ms, ''} must wait (longest lease in the way);
+--          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
@@ -21,11 +24,11 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 -- Drop expired entries; note ours, and who else holds or waits.
-local mine, others, latest, longest = {}, {}, now, 0
+local mine, ids, others, latest, longest = {}, {}, {}, now, 0
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
     local tag, owner = string.sub(fields[i], 1, 1), string.sub(fields[i], 3)
-    local count, expiry = string.match(fields[i + 1], '^(%d+) (%d+)$')
+    local count, expiry, id = string.match(fields[i + 1], '^(%d+) (%d+) ?(%S*)$')
     if string.sub(fields[i], 2, 2) == ':' and expiry then
         expiry = tonumber(expiry)
         if expiry <= now then
@@ -33,7 +36,7 @@ for i = 1, #fields, 2 do
         else
             latest = math.max(latest, expiry)
             if owner == me then
-                mine[tag] = tonumber(count)
+                mine[tag], ids[tag] = tonumber(count), id
             else
                 others[tag] = true
                 longest = math.max(longest, expiry - now)
@@ -43,10 +46,11 @@ for i = 1, #fields, 2 do
 end
 
 local result
+local id = ids[want] or ARGV[6]
 if want == 'w' and mine.r and not mine.w then
-    return {-1, 0}
+    return {-1, 0, ''}
 elseif mine[want] then
-    result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0}
+    result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 elseif others.w or (want == 'w' and others.r) or (want == 'r' and others.q and not mine.w) then
     if want == 'w' and ARGV[5] ~= '0' then
         local until_ms = now + tonumber(ARGV[5])
@@ -54,7 +58,7 @@ elseif others.w or (want == 'w' and others.r) or (want == 'r' and others.q and n
         latest = math.max(latest, until_ms)
     end
     redis.call('PEXPIRE', KEYS[1], latest - now)
-    return {0, longest}
+    return {0, longest, ''}
 else
     local fence = 0
     if want == 'w' then
@@ -64,9 +68,10 @@ else
             redis.call('HSET', KEYS[1], 'fence', fence)
         end
     end
-    result = {1, fence}
+    result = {1, fence, id}
 end
-redis.call('HSET', KEYS[1], want .. ':' .. me, ((mine[want] or 0) + 1) .. ' ' .. (now + lease),
+redis.call('HSET', KEYS[1], want .. ':' .. me,
+           ((mine[want] or 0) + 1) .. ' ' .. (now + lease) .. ' ' .. id,
            'mode', (want == 'w' or mine.w) and 'write' or 'read')
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result

@@ -4,17 +4,19 @@
 -- ARGV[1]  the owner id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  the new lease, ms; '0' only checks that the entry is still held
--- Returns  1 held (and extended); 0 not held (expired, or never)
+-- ARGV[4]  the acquisition id the entry belongs to
+-- Returns  1 held (and extended); 0 not held (expired, never, or a later acquisition's)
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
-local count, expiry = string.match(redis.call('HGET', KEYS[1], field) or '', '^(%d+) (%d+)$')
-if not count or tonumber(expiry) <= now then
+local entry = redis.call('HGET', KEYS[1], field) or ''
+local count, expiry, id = string.match(entry, '^(%d+) (%d+) (%S+)$')
+if not count or tonumber(expiry) <= now or id ~= ARGV[4] then
     return 0
 end
 local lease = tonumber(ARGV[3])
 if lease > 0 then
-    redis.call('HSET', KEYS[1], field, count .. ' ' .. (now + lease))
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. (now + lease) .. ' ' .. id)
     if redis.call('PTTL', KEYS[1]) < lease then
         redis.call('PEXPIRE', KEYS[1], lease)
     end

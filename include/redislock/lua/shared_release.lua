@@ -5,19 +5,20 @@
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  how many entries to leave (1 for unlock)
 -- ARGV[4]  the release channel
+-- ARGV[5]  the acquisition id the entries belong to
 -- Returns  1 released (the key is deleted when no one else holds or waits);
---          0 still held by outer entries; -1 not held (expired, or never)
+--          0 still held by outer entries; -1 not held (expired, never, or a later acquisition's)
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
 local entry = redis.call('HGET', KEYS[1], field)
-local count, expiry = string.match(entry or '', '^(%d+) (%d+)$')
-if not count or tonumber(expiry) <= now then
+local count, expiry, id = string.match(entry or '', '^(%d+) (%d+) (%S+)$')
+if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
     return -1
 end
 count = tonumber(count) - tonumber(ARGV[3])
 if count > 0 then
-    redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry)
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     return 0
 end
 redis.call('HDEL', KEYS[1], field)
@@ -30,7 +31,7 @@ local writer, holders, latest = false, false, now
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
     local tag = string.sub(fields[i], 1, 2)
-    local left = tonumber(string.match(fields[i + 1], ' (%d+)$') or 0)
+    local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
     if left > now and (tag == 'r:' or tag == 'w:' or tag == 'q:') then
         latest = math.max(latest, left)
         writer = writer or tag == 'w:'
