@@ -20,8 +20,8 @@ namespace {
 void move_stock(redislock::client& client, int units) {
     auto inventory = client.recursive_mutex("example:inventory", {.lease = 10s});
     std::lock_guard guard{inventory};  // a re-entry when rebalance() already holds it
-    std::cout << "moving " << units << " units (depth through this object: "
-              << inventory.depth() << ")\n";
+    std::cout << "moving " << units << " units (depth through this object: " << inventory.depth()
+              << ")\n";
 }
 
 void rebalance(redislock::client& client) {
@@ -40,8 +40,8 @@ int main(int argc, char** argv) {
         rebalance(client);
 
         // A job that starts on one thread and finishes on another names its owner itself.
-        auto job_lock = client.recursive_mutex("example:job",
-                                               {.lease = 10s, .owner = "job-2026-11-22"});
+        auto job_lock =
+            client.recursive_mutex("example:job", {.lease = 10s, .owner = "job-2026-11-22"});
         job_lock.lock();
         std::thread finisher{[&job_lock] { job_lock.unlock(); }};
         finisher.join();

@@ -20,12 +20,12 @@ int main(int argc, char** argv) {
     try {
         redislock::client client{uri};
         std::atomic<bool> lost{false};
-        auto job = client.mutex("example:nightly-job",
-                                {.lease = 2s,
-                                 .watchdog = true,
-                                 // Runs on the watchdog thread: keep it short.
-                                 .on_lost = [&lost] { lost = true; },
-                                 .max_hold = 1min});
+        auto job =
+            client.mutex("example:nightly-job", {.lease = 2s,
+                                                 .watchdog = true,
+                                                 // Runs on the watchdog thread: keep it short.
+                                                 .on_lost = [&lost] { lost = true; },
+                                                 .max_hold = 1min});
         std::unique_lock guard{job};
         for (int step = 1; step <= 3 && !lost; ++step) {
             std::this_thread::sleep_for(1500ms);  // longer than the lease, in total

@@ -59,8 +59,7 @@ std::vector<std::string> owners_of(const redis_server& srv, const std::string& k
 // The single owner field of `key`; fails the test (and returns "") when there is not exactly one.
 std::string sole_owner(const redis_server& srv, const std::string& key) {
     const auto owners = owners_of(srv, key);
-    EXPECT_EQ(owners.size(), 1U) << "owners of " << key << ": "
-                                 << testing::PrintToString(owners);
+    EXPECT_EQ(owners.size(), 1U) << "owners of " << key << ": " << testing::PrintToString(owners);
     return owners.size() == 1 ? owners.front() : std::string{};
 }
 
@@ -101,7 +100,9 @@ std::string acquisition_id(const redislock::reply& r) {
 }
 
 // The acquisition id the script tests offer for `owner`.
-std::string id_for(std::string_view owner) { return "acq-" + std::string{owner}; }
+std::string id_for(std::string_view owner) {
+    return "acq-" + std::string{owner};
+}
 
 redislock::reply run_acquire(redislock::client& client, std::string_view key,
                              std::string_view owner, std::string_view lease_ms,
@@ -124,8 +125,8 @@ redislock::reply run_release(redislock::client& client, std::string_view key,
         std::array<std::string_view, 5>{owner, entries, lease_ms, channel, acquisition});
 }
 
-redislock::reply run_extend(redislock::client& client, std::string_view key,
-                            std::string_view owner, std::string_view lease_ms,
+redislock::reply run_extend(redislock::client& client, std::string_view key, std::string_view owner,
+                            std::string_view lease_ms,
                             std::optional<std::string> id = std::nullopt) {
     const std::string acquisition = id.value_or(id_for(owner));
     return redislock::detail::run_script(
@@ -146,8 +147,8 @@ public:
         }
         std::array<const char*, 2> argv{"SUBSCRIBE", channel_.c_str()};
         std::array<std::size_t, 2> lengths{9, channel_.size()};
-        auto* confirmation = static_cast<redisReply*>(
-            redisCommandArgv(ctx_, 2, argv.data(), lengths.data()));
+        auto* confirmation =
+            static_cast<redisReply*>(redisCommandArgv(ctx_, 2, argv.data(), lengths.data()));
         if (confirmation == nullptr) {
             throw std::runtime_error{"subscriber: SUBSCRIBE got no reply"};
         }
@@ -814,8 +815,8 @@ TEST(RecursiveMutex, FencingTokenIsOnePerOutermostAcquisitionAndStrictlyIncrease
         elsewhere.unlock();
     }
     for (std::size_t i = 1; i < tokens.size(); ++i) {
-        EXPECT_LT(tokens[i - 1], tokens[i]) << "acquisition " << i << " of "
-                                            << testing::PrintToString(tokens);
+        EXPECT_LT(tokens[i - 1], tokens[i])
+            << "acquisition " << i << " of " << testing::PrintToString(tokens);
     }
 
     // Without fencing no token is drawn.
@@ -863,8 +864,8 @@ TEST(RecursiveMutex, KeyOfAnotherTypeMakesLockAndTryLockThrowServerError) {
 
     // lock() must fail, not retry forever. Were it retrying, deleting the key lets it acquire
     // and return, so the test ends either way.
-    auto locking = std::async(std::launch::async,
-                              [&] { return server_error_from([&] { rm.lock(); }); });
+    auto locking =
+        std::async(std::launch::async, [&] { return server_error_from([&] { rm.lock(); }); });
     if (locking.wait_for(10s) != std::future_status::ready) {
         ADD_FAILURE() << "lock() on a key of another type had not returned after 10 s";
         srv.cli({"DEL", "x"});
@@ -947,8 +948,8 @@ TEST(RecursiveMutex, WatchdogRenewsTheLeaseUntilTheLastEntryIsLeft) {
     redis_server srv;
     redislock::client client{srv.uri()};
     std::atomic<int> lost{0};
-    auto rm = client.recursive_mutex(
-        "x", {.lease = 600ms, .watchdog = true, .on_lost = [&] { ++lost; }});
+    auto rm =
+        client.recursive_mutex("x", {.lease = 600ms, .watchdog = true, .on_lost = [&] { ++lost; }});
     rm.lock();
     rm.lock();
     EXPECT_EQ(client.watchdog().size(), 1U);  // one renewal per acquisition, not per entry
@@ -1144,9 +1145,11 @@ struct entry_stack {
 
 TEST(RecursiveMutex, ThreadsAndProcessesNeverOverlapAndLoseNoIncrement) {
     redis_server srv;
-    const redislock::test::exclusion_options options{
-        .uri = srv.uri(), .counter_key = "counter", .processes = 2, .threads = 3,
-        .iterations = 150};
+    const redislock::test::exclusion_options options{.uri = srv.uri(),
+                                                     .counter_key = "counter",
+                                                     .processes = 2,
+                                                     .threads = 3,
+                                                     .iterations = 150};
 
     const auto report = redislock::test::run_exclusion(options, [&options](int) {
         auto process = std::make_shared<stress_process>(options.uri);

@@ -1831,8 +1831,8 @@ TEST(SharedMutex, ReadEntriesFoundGoneAtUnlockStopTheirRenewal) {
     redislock::client client{srv.uri()};
     lost_counter lost;
     {
-        auto rw = client.shared_mutex("gone:rw",
-                                      {.lease = 300ms, .watchdog = true, .on_lost = lost.handler()});
+        auto rw = client.shared_mutex(
+            "gone:rw", {.lease = 300ms, .watchdog = true, .on_lost = lost.handler()});
         rw.lock_shared();
         rw.lock_shared();
         ASSERT_EQ(client.watchdog().size(), 1U);

@@ -898,21 +898,22 @@ TEST(Watchdog, HandlerDestroyingAnotherLockOfTheSameBatchSkipsItsCallbacks) {
     std::atomic<int> second_calls{0};
     std::atomic<int> second_calls_by_destruction{-1};
     std::unique_ptr<redislock::mutex> second;
-    auto first = client.mutex("batch:first", {.lease = 600ms,
-                                              .watchdog = true,
-                                              .on_lost =
-                                                  [&] {
-                                                      first_calls.fetch_add(1);
-                                                      // Its release may report the loss itself.
-                                                      second.reset();
-                                                      second_calls_by_destruction.store(
-                                                          second_calls.load());
-                                                  },
-                                              .owner = "job"});
-    second = std::make_unique<redislock::mutex>(client.mutex(
-        "batch:second",
-        {.lease = 600ms, .watchdog = true, .on_lost = [&] { second_calls.fetch_add(1); },
-         .owner = "job"}));
+    auto first =
+        client.mutex("batch:first", {.lease = 600ms,
+                                     .watchdog = true,
+                                     .on_lost =
+                                         [&] {
+                                             first_calls.fetch_add(1);
+                                             // Its release may report the loss itself.
+                                             second.reset();
+                                             second_calls_by_destruction.store(second_calls.load());
+                                         },
+                                     .owner = "job"});
+    second = std::make_unique<redislock::mutex>(
+        client.mutex("batch:second", {.lease = 600ms,
+                                      .watchdog = true,
+                                      .on_lost = [&] { second_calls.fetch_add(1); },
+                                      .owner = "job"}));
     // Taken back to back, so their renewals fall due together and share a batch.
     first.lock();
     second->lock();
@@ -935,15 +936,14 @@ TEST(Watchdog, HandlerMayDestroyItsOwnLock) {
 
     std::atomic<bool> done{false};
     std::unique_ptr<redislock::mutex> m;
-    m = std::make_unique<redislock::mutex>(client.mutex(
-        "self:destroy", {.lease = 300ms,
-                         .watchdog = true,
-                         .on_lost =
-                             [&] {
-                                 m.reset();
-                                 done.store(true);
-                             },
-                         .owner = "job"}));
+    m = std::make_unique<redislock::mutex>(client.mutex("self:destroy", {.lease = 300ms,
+                                                                         .watchdog = true,
+                                                                         .on_lost =
+                                                                             [&] {
+                                                                                 m.reset();
+                                                                                 done.store(true);
+                                                                             },
+                                                                         .owner = "job"}));
     m->lock();
     ASSERT_TRUE(run(other.connection(), {"DEL", "self:destroy"}).is_integer());
     ASSERT_TRUE(eventually([&] { return done.load(); }, 5s));

@@ -39,17 +39,17 @@ public:
     using connection_type = C;
 
     /// Takes ownership of a ready connection.
-    explicit basic_client(C conn) : core_{std::make_shared<detail::client_core<C>>(std::move(conn))} {}
+    explicit basic_client(C conn)
+        : core_{std::make_shared<detail::client_core<C>>(std::move(conn))} {}
 
     /// Builds the connection in place from its constructor's arguments, e.g. a URI or an
     /// endpoint for hiredis_connection.
     /// @throws whatever C's constructor throws (for hiredis_connection: connection_error,
     ///         timeout_error, server_error, invalid_argument).
     template <class... Args>
-        requires(sizeof...(Args) > 0 && std::constructible_from<C, Args...> &&
-                 !(sizeof...(Args) == 1 &&
-                   (std::same_as<std::remove_cvref_t<Args>, basic_client> || ...)))
-    explicit basic_client(Args&&... args)
+    requires(sizeof...(Args) > 0 && std::constructible_from<C, Args...> &&
+             !(sizeof...(Args) == 1 && (std::same_as<std::remove_cvref_t<Args>, basic_client> ||
+                                        ...))) explicit basic_client(Args&&... args)
         : core_{std::make_shared<detail::client_core<C>>(std::forward<Args>(args)...)} {}
 
     basic_client(const basic_client&) = delete;

@@ -40,10 +40,9 @@ concept connection = requires(C& c, command argv) {
 
 /// A connection that can send several commands in one round trip.
 template <class C>
-concept pipelining_connection =
-    connection<C> && requires(C& c, std::span<const command> commands) {
-        { c.execute_pipeline(commands) } -> std::same_as<std::vector<reply>>;
-    };
+concept pipelining_connection = connection<C> && requires(C& c, std::span<const command> commands) {
+    { c.execute_pipeline(commands) } -> std::same_as<std::vector<reply>>;
+};
 
 namespace detail {
 
@@ -51,7 +50,9 @@ namespace detail {
 /// than a page of template diagnostics. Use as `static_assert(detail::check_connection<C>())`.
 template <class C>
 consteval bool check_connection() {
-    constexpr bool has_execute = requires(C& c, command argv) { c.execute(argv); };
+    constexpr bool has_execute = requires(C & c, command argv) {
+        c.execute(argv);
+    };
     static_assert(has_execute,
                   "redislock: a connection type needs a member function "
                   "execute(redislock::command) (see redislock/connection.hpp)");

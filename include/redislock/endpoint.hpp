@@ -42,8 +42,8 @@ struct endpoint {
 namespace detail {
 
 [[noreturn]] inline void bad_uri(std::string_view uri, std::string_view why) {
-    throw invalid_argument{"redislock: bad Redis URI '" + std::string{uri} + "': " +
-                           std::string{why}};
+    throw invalid_argument{"redislock: bad Redis URI '" + std::string{uri} +
+                           "': " + std::string{why}};
 }
 
 template <class Int>

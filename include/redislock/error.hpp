@@ -45,11 +45,11 @@ public:
 
 /// Errors reported through std::error_code where a call cannot throw.
 enum class errc {
-    not_held = 1,      ///< unlock() of a lock this object does not hold
-    not_holder,        ///< unlock() from a thread (or owner) other than the one that locked
-    lock_lost,         ///< the lock had expired or was taken by someone else
-    connection_failed, ///< the release could not reach the server; the lease will run out
-    server_failed,     ///< the server answered with an error reply
+    not_held = 1,       ///< unlock() of a lock this object does not hold
+    not_holder,         ///< unlock() from a thread (or owner) other than the one that locked
+    lock_lost,          ///< the lock had expired or was taken by someone else
+    connection_failed,  ///< the release could not reach the server; the lease will run out
+    server_failed,      ///< the server answered with an error reply
 };
 
 namespace detail {
@@ -58,11 +58,16 @@ public:
     const char* name() const noexcept override { return "redislock"; }
     std::string message(int value) const override {
         switch (static_cast<errc>(value)) {
-            case errc::not_held: return "the lock is not held by this object";
-            case errc::not_holder: return "the lock is held by another thread or owner";
-            case errc::lock_lost: return "the lock was lost (expired or taken by another holder)";
-            case errc::connection_failed: return "the server could not be reached";
-            case errc::server_failed: return "the server answered with an error";
+            case errc::not_held:
+                return "the lock is not held by this object";
+            case errc::not_holder:
+                return "the lock is held by another thread or owner";
+            case errc::lock_lost:
+                return "the lock was lost (expired or taken by another holder)";
+            case errc::connection_failed:
+                return "the server could not be reached";
+            case errc::server_failed:
+                return "the server answered with an error";
         }
         return "unknown redislock error";
     }

@@ -75,8 +75,10 @@ inline reply convert_reply(const redisReply& r) {
         case REDIS_REPLY_DOUBLE:
 #endif
             return reply::string(std::string{r.str, r.len});
-        case REDIS_REPLY_STATUS: return reply::status(std::string{r.str, r.len});
-        case REDIS_REPLY_ERROR: return reply::error(std::string{r.str, r.len});
+        case REDIS_REPLY_STATUS:
+            return reply::status(std::string{r.str, r.len});
+        case REDIS_REPLY_ERROR:
+            return reply::error(std::string{r.str, r.len});
         case REDIS_REPLY_INTEGER:
 #ifdef REDIS_REPLY_BOOL
         case REDIS_REPLY_BOOL:
@@ -100,7 +102,8 @@ inline reply convert_reply(const redisReply& r) {
             }
             return reply::array(std::move(elements));
         }
-        default: return reply::nil();
+        default:
+            return reply::nil();
     }
 }
 
@@ -156,7 +159,8 @@ public:
     }
 
     /// @throws redislock::invalid_argument for a malformed URI; else as the endpoint overload.
-    explicit hiredis_connection(std::string_view uri) : hiredis_connection{endpoint::from_uri(uri)} {}
+    explicit hiredis_connection(std::string_view uri)
+        : hiredis_connection{endpoint::from_uri(uri)} {}
 
     hiredis_connection(hiredis_connection&&) noexcept = default;
     hiredis_connection& operator=(hiredis_connection&&) noexcept = default;
@@ -230,7 +234,7 @@ private:
             std::chrono::steady_clock::time_point since;
         };
         std::vector<idle_context> idle;  // most recently used last
-        std::size_t open_count = 0;  // idle + in use
+        std::size_t open_count = 0;      // idle + in use
         std::atomic<std::uint64_t> opened{0};
         std::atomic<std::uint64_t> round_trips{0};
         std::uint64_t fork_generation = detail::fork_generation().load(std::memory_order_relaxed);
@@ -260,8 +264,9 @@ private:
                         throw;
                     }
                 }
-                if (!slot_freed.wait_for(lock, config.connect_timeout + config.command_timeout,
-                                         [&] { return !idle.empty() || open_count < config.pool_size; })) {
+                if (!slot_freed.wait_for(
+                        lock, config.connect_timeout + config.command_timeout,
+                        [&] { return !idle.empty() || open_count < config.pool_size; })) {
                     throw timeout_error{"redislock: no connection to " + config.describe() +
                                         " became free in time (pool_size " +
                                         std::to_string(config.pool_size) + ")"};
@@ -320,10 +325,11 @@ private:
                                         " timed out after " +
                                         std::to_string(config.connect_timeout.count()) + " ms"};
                 }
-                throw connection_error{"redislock: cannot connect to " + config.describe() +
-                                       ": " + why};
+                throw connection_error{"redislock: cannot connect to " + config.describe() + ": " +
+                                       why};
             }
-            if (redisSetTimeout(ctx.get(), detail::to_timeval(config.command_timeout)) != REDIS_OK) {
+            if (redisSetTimeout(ctx.get(), detail::to_timeval(config.command_timeout)) !=
+                REDIS_OK) {
                 throw connection_error{"redislock: cannot set the command timeout on " +
                                        config.describe()};
             }

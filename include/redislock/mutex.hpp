@@ -113,9 +113,9 @@ public:
         }
         const detail::decimal lease_text{lease.count()};
         const auto sent = detail::steady::now();
-        const reply r = detail::run_script(
-            *state_->conn, detail::scripts::mutex_extend, std::array{std::string_view{state_->name}},
-            std::array{token->view(), lease_text.view()});
+        const reply r = detail::run_script(*state_->conn, detail::scripts::mutex_extend,
+                                           std::array{std::string_view{state_->name}},
+                                           std::array{token->view(), lease_text.view()});
         if (r.is_integer() && r.as_integer() == 1) {
             std::lock_guard guard{state_->mutex};
             if (state_->held && state_->token == *token) {
@@ -176,8 +176,11 @@ private:
     struct state {
         state(std::shared_ptr<detail::client_core<C>> client, std::string_view lock_name,
               lock_options opts)
-            : core{std::move(client)}, conn{&core->connection}, name{lock_name},
-              options{std::move(opts)}, lease_text{options.lease.count()} {
+            : core{std::move(client)},
+              conn{&core->connection},
+              name{lock_name},
+              options{std::move(opts)},
+              lease_text{options.lease.count()} {
             detail::check_options(name, options);
             fence_key = detail::derived_key(name, "fence");
             channel = detail::derived_key(name, "released");
@@ -187,9 +190,7 @@ private:
             return !options.owner.empty() || holder == std::this_thread::get_id();
         }
         // Held by the parent this process was forked from: only the parent may release it.
-        bool inherited_by_fork() const {
-            return generation != detail::current_fork_generation();
-        }
+        bool inherited_by_fork() const { return generation != detail::current_fork_generation(); }
 
         std::shared_ptr<detail::client_core<C>> core;
         C* conn;
@@ -411,7 +412,8 @@ private:
     std::error_code release(const given_up& g) noexcept {
         const release_result result = release_quietly(g.token);
         switch (result.outcome) {
-            case release_outcome::released: return {};
+            case release_outcome::released:
+                return {};
             case release_outcome::not_ours:
                 // After a try whose reply was lost, "not ours" most likely means that try deleted
                 // the key: while the lease surely held, nobody else could have taken it.

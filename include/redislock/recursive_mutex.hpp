@@ -66,8 +66,7 @@ public:
     /// Usually made by client.recursive_mutex(name, options).
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, or inconsistent backoff bounds.
-    basic_recursive_mutex(basic_client<C>& client, std::string_view name,
-                          lock_options options = {})
+    basic_recursive_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
         : state_{std::make_unique<state>(client.core_, name, std::move(options))} {}
 
     basic_recursive_mutex(basic_recursive_mutex&&) noexcept = default;
@@ -198,8 +197,12 @@ private:
     struct state {
         state(std::shared_ptr<detail::client_core<C>> client, std::string_view lock_name,
               lock_options opts)
-            : core{std::move(client)}, conn{&core->connection}, instance_id{core->instance_id},
-              name{lock_name}, options{std::move(opts)}, lease_text{options.lease.count()} {
+            : core{std::move(client)},
+              conn{&core->connection},
+              instance_id{core->instance_id},
+              name{lock_name},
+              options{std::move(opts)},
+              lease_text{options.lease.count()} {
             detail::check_options(name, options);
             fence_key = detail::derived_key(name, "fence");
             channel = detail::derived_key(name, "released");
@@ -209,9 +212,7 @@ private:
             return !options.owner.empty() || holder == std::this_thread::get_id();
         }
         // Held by the parent this process was forked from: only the parent may release it.
-        bool inherited_by_fork() const {
-            return generation != detail::current_fork_generation();
-        }
+        bool inherited_by_fork() const { return generation != detail::current_fork_generation(); }
         std::string caller_owner() const { return detail::owner_id(instance_id, options.owner); }
 
         std::shared_ptr<detail::client_core<C>> core;
@@ -268,8 +269,7 @@ private:
             *state_->conn, detail::scripts::recursive_acquire,
             std::array<std::string_view, 2>{state_->name, state_->fence_key},
             std::array<std::string_view, 4>{owner, state_->lease_text.view(),
-                                            state_->options.fencing ? "1" : "0",
-                                            candidate.view()});
+                                            state_->options.fencing ? "1" : "0", candidate.view()});
         if (r.is_error()) {
             throw server_error{"redislock: cannot lock '" + state_->name + "': " + r.text()};
         }
@@ -324,8 +324,7 @@ private:
         const std::uint64_t epoch = entry.epoch;
         lease_renewal renewal{&detail::scripts::recursive_extend,
                               {st->name},
-                              {entry.owner, std::string{st->lease_text.view()},
-                               entry.acquisition},
+                              {entry.owner, std::string{st->lease_text.view()}, entry.acquisition},
                               st->options.lease,
                               st->options.max_hold,
                               [st, epoch](detail::steady::time_point renewed_at) {

@@ -13,15 +13,18 @@
 // TimedLockable (write side) and SharedTimedLockable (read side), so std::unique_lock,
 // std::shared_lock and std::scoped_lock work with it.
 //
-//   state of the caller    | lock()               | lock_shared()        | unlock()  | unlock_shared()
-//   -----------------------+----------------------+----------------------+-----------+----------------
-//   free                   | writes               | reads                | not_held  | not_held
-//   others read            | waits                | reads (unless a      | not_held  | not_held
-//                          |                      | writer waits: waits) |           |
-//   others write           | waits                | waits                | not_held  | not_held
-//   caller reads           | throws (deadlock)    | re-enters            | not_held  | leaves one
-//   caller writes          | re-enters            | reads too (downgrade)| leaves one| not_held
-//   caller writes + reads  | re-enters            | re-enters            | leaves one| leaves one
+//   state               | lock()            | lock_shared()       | unlock()   | unlock_shared()
+//   --------------------+-------------------+---------------------+------------+----------------
+//   free                | writes            | reads               | not_held   | not_held
+//   others read         | waits             | reads; waits while  | not_held   | not_held
+//                       |                   | a writer waits      |            |
+//   others write        | waits             | waits               | not_held   | not_held
+//   caller reads        | throws (deadlock) | re-enters           | not_held   | leaves one
+//   caller writes       | re-enters         | reads (downgrade)   | leaves one | not_held
+//   caller writes+reads | re-enters         | re-enters           | leaves one | leaves one
+//
+//   (unlock calls report not_holder instead of not_held when another owner holds that mode
+//   through the same object.)
 //
 // Thread safety: one object may be shared by several threads; each thread is its own owner
 // (unless lock_options::owner is set), so several threads may read through one object at once.
@@ -124,8 +127,8 @@ public:
         std::optional<std::chrono::milliseconds> shortest;
         for (const hold& h : state_->holds) {
             if (h.owner == owner) {
-                const auto left = h.lost ? std::chrono::milliseconds::zero()
-                                         : detail::time_left(h.valid_until);
+                const auto left =
+                    h.lost ? std::chrono::milliseconds::zero() : detail::time_left(h.valid_until);
                 shortest = shortest ? std::min(*shortest, left) : left;
             }
         }
@@ -162,14 +165,12 @@ private:
         detail::steady::time_point valid_until{};
         std::int64_t fence = 0;
         typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
-        std::uint64_t generation = 0;  // fork generation of the first entry
-        std::uint64_t epoch = 0;       // which acquisition: renewals and releases name it
-        std::string acquisition{};     // the acquisition's id in Redis
+        std::uint64_t generation = 0;                      // fork generation of the first entry
+        std::uint64_t epoch = 0;    // which acquisition: renewals and releases name it
+        std::string acquisition{};  // the acquisition's id in Redis
 
         // Held by the parent this process was forked from: only the parent may release it.
-        bool inherited_by_fork() const {
-            return generation != detail::current_fork_generation();
-        }
+        bool inherited_by_fork() const { return generation != detail::current_fork_generation(); }
     };
 
     // What a release or a renewal callback knows of the hold it acts for.
@@ -184,8 +185,12 @@ private:
     struct state {
         state(std::shared_ptr<detail::client_core<C>> client, std::string_view lock_name,
               lock_options opts)
-            : core{std::move(client)}, conn{&core->connection}, instance_id{core->instance_id},
-              name{lock_name}, options{std::move(opts)}, lease_text{options.lease.count()} {
+            : core{std::move(client)},
+              conn{&core->connection},
+              instance_id{core->instance_id},
+              name{lock_name},
+              options{std::move(opts)},
+              lease_text{options.lease.count()} {
             detail::check_options(name, options);
             queue_text = detail::decimal{
                 std::max(std::chrono::milliseconds{1000}, 4 * options.backoff_max).count()};

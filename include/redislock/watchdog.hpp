@@ -45,8 +45,8 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/token.hpp>
-#include <redislock/error.hpp>
 #include <redislock/detail/wait.hpp>
+#include <redislock/error.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
 
@@ -67,9 +67,9 @@ struct lease_renewal {
 
 /// Counters for tests and benchmarks.
 struct watchdog_stats {
-    std::uint64_t renewals = 0;     ///< renewal commands sent
-    std::uint64_t round_trips = 0;  ///< batches (pipelined) or single commands sent
-    std::uint64_t losses = 0;       ///< leases reported lost
+    std::uint64_t renewals = 0;           ///< renewal commands sent
+    std::uint64_t round_trips = 0;        ///< batches (pipelined) or single commands sent
+    std::uint64_t losses = 0;             ///< leases reported lost
     std::chrono::nanoseconds cpu_time{};  ///< CPU time used by the watchdog thread
 };
 
@@ -92,8 +92,9 @@ public:
         }
         if (renewal.renew_script == nullptr || renewal.keys.size() > 9 ||
             renewal.lease <= std::chrono::milliseconds::zero()) {
-            throw invalid_argument{"redislock: a lease renewal needs a script, at most 9 keys "
-                                   "and a positive lease"};
+            throw invalid_argument{
+                "redislock: a lease renewal needs a script, at most 9 keys "
+                "and a positive lease"};
         }
         const lease_id id = next_id_++;
         entry e{std::move(renewal)};
@@ -381,10 +382,9 @@ private:
     using callback = std::pair<lease_id, std::function<void()>>;
 
     // Applies a batch's outcomes; returns the callbacks to run once the mutex is released.
-    std::vector<callback> settle(const std::vector<job>& batch,
-                                              const std::vector<outcome>& results,
-                                              detail::steady::time_point sent,
-                                              detail::steady::time_point replied) {
+    std::vector<callback> settle(const std::vector<job>& batch, const std::vector<outcome>& results,
+                                 detail::steady::time_point sent,
+                                 detail::steady::time_point replied) {
         std::vector<callback> calls;
         for (std::size_t i = 0; i < batch.size(); ++i) {
             auto it = entries_.find(batch[i].id);
@@ -397,8 +397,8 @@ private:
             }
             const auto lease = e.renewal.lease;
             // The lease surely ran out this long after the reply that last granted it.
-            const auto surely_gone = e.confirmed_at + lease + lease / 100 +
-                                     std::chrono::milliseconds{2};
+            const auto surely_gone =
+                e.confirmed_at + lease + lease / 100 + std::chrono::milliseconds{2};
             const bool expired = replied >= surely_gone;
             if (e.expiring || results[i] == outcome::lost ||
                 (results[i] == outcome::failed && expired)) {

@@ -284,8 +284,7 @@ exclusion_outcome run_exclusion_process(const exclusion_options& options, int pr
                         const std::int64_t enter = monotonic_ns();
                         const std::int64_t value = read_counter(counter, options.counter_key);
                         const std::string next = std::to_string(value + 1);
-                        const std::array<std::string_view, 3> set{"SET", options.counter_key,
-                                                                  next};
+                        const std::array<std::string_view, 3> set{"SET", options.counter_key, next};
                         if (!counter.execute(set).is_status()) {
                             throw std::runtime_error{"SET of the counter failed"};
                         }

@@ -57,9 +57,7 @@ public:
     }
 
     /// Tries once.
-    [[nodiscard]] bool try_lock_shared() {
-        return self().acquire_shared_until(steady::now(), {});
-    }
+    [[nodiscard]] bool try_lock_shared() { return self().acquire_shared_until(steady::now(), {}); }
 
     template <class Rep, class Period>
     [[nodiscard]] bool try_lock_shared_for(const std::chrono::duration<Rep, Period>& timeout,
@@ -89,8 +87,8 @@ inline void call_on_lost(const lock_options& options) noexcept {
 /// When a lease granted to an attempt sent at `sent` surely still holds: the lease counted from
 /// the send, minus a drift allowance of 1% of the lease + 2 ms for clock rate differences.
 inline steady::time_point valid_until(steady::time_point sent, std::chrono::milliseconds lease) {
-    return sent + lease - std::chrono::duration_cast<steady::duration>(
-                              lease / 100 + std::chrono::milliseconds{2});
+    return sent + lease -
+           std::chrono::duration_cast<steady::duration>(lease / 100 + std::chrono::milliseconds{2});
 }
 
 /// Time left until `until`, in whole ms, never negative.

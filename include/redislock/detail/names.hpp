@@ -39,8 +39,9 @@ inline void check_options(std::string_view name, const lock_options& options) {
     // A zero minimum would make waiters poll Redis in a tight loop.
     if (options.backoff_min <= std::chrono::milliseconds::zero() ||
         options.backoff_max < options.backoff_min || options.backoff_max > max_lease) {
-        throw invalid_argument{"redislock: backoff bounds must satisfy 0 ms < backoff_min <= "
-                               "backoff_max <= max_lease"};
+        throw invalid_argument{
+            "redislock: backoff bounds must satisfy 0 ms < backoff_min <= "
+            "backoff_max <= max_lease"};
     }
 }
 
@@ -72,8 +73,8 @@ inline std::string derived_key(std::string_view name, std::string_view suffix) {
 class decimal {
 public:
     explicit decimal(long long value) noexcept {
-        size_ = static_cast<std::size_t>(std::to_chars(text_, text_ + sizeof text_, value).ptr -
-                                         text_);
+        size_ =
+            static_cast<std::size_t>(std::to_chars(text_, text_ + sizeof text_, value).ptr - text_);
     }
     std::string_view view() const noexcept { return {text_, size_}; }
 

@@ -168,7 +168,7 @@ inline constexpr script shared_acquire{
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a read-write lock')
+    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a read-write lock')
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -227,7 +227,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "125814c921a2f2a1bc2cc113c2cb8910d07fa038"};
+    "f5628c6bc3698db76e83057beefce907f288800e"};
 
 inline constexpr script shared_extend{
     "shared_extend",

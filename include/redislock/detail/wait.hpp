@@ -90,7 +90,8 @@ public:
         if (ceiling_us.count() <= 0) {
             return steady::duration::zero();
         }
-        const auto jitter = random_source::next() % static_cast<std::uint64_t>(ceiling_us.count() + 1);
+        const auto jitter =
+            random_source::next() % static_cast<std::uint64_t>(ceiling_us.count() + 1);
         return std::chrono::microseconds{static_cast<std::int64_t>(jitter)};
     }
 

@@ -17,7 +17,7 @@
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a read-write lock')
+    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a read-write lock')
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
