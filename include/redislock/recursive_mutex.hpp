@@ -44,6 +44,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/owner.hpp>
@@ -194,35 +195,12 @@ public:
 private:
     friend class detail::timed_lockable<basic_recursive_mutex>;
 
-    struct state {
-        state(std::shared_ptr<detail::client_core<C>> client, std::string_view lock_name,
-              lock_options opts)
-            : core{std::move(client)},
-              conn{&core->connection},
-              instance_id{core->instance_id},
-              name{lock_name},
-              options{std::move(opts)},
-              lease_text{options.lease.count()} {
-            detail::check_options(name, options);
-            fence_key = detail::derived_key(name, "fence");
-            channel = detail::derived_key(name, "released");
-        }
+    struct state : detail::lock_identity<C> {
+        using detail::lock_identity<C>::lock_identity;
 
-        bool caller_is_holder() const {
-            return !options.owner.empty() || holder == std::this_thread::get_id();
-        }
+        bool caller_is_holder() const { return this->caller_is(holder); }
         // Held by the parent this process was forked from: only the parent may release it.
         bool inherited_by_fork() const { return generation != detail::current_fork_generation(); }
-        std::string caller_owner() const { return detail::owner_id(instance_id, options.owner); }
-
-        std::shared_ptr<detail::client_core<C>> core;
-        C* conn;
-        std::string instance_id;
-        std::string name;
-        lock_options options;
-        detail::decimal lease_text;
-        std::string fence_key;
-        std::string channel;
 
         mutable std::mutex mutex;  // guards the members below; never held across a round trip
         std::size_t depth = 0;     // entries made through this object by its holder

@@ -57,6 +57,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/owner.hpp>
@@ -182,33 +183,15 @@ private:
         bool reported = false;  // its loss was already reported through on_lost
     };
 
-    struct state {
+    struct state : detail::lock_identity<C> {
         state(std::shared_ptr<detail::client_core<C>> client, std::string_view lock_name,
               lock_options opts)
-            : core{std::move(client)},
-              conn{&core->connection},
-              instance_id{core->instance_id},
-              name{lock_name},
-              options{std::move(opts)},
-              lease_text{options.lease.count()} {
-            detail::check_options(name, options);
-            queue_text = detail::decimal{
-                std::max(std::chrono::milliseconds{1000}, 4 * options.backoff_max).count()};
-            fence_key = detail::derived_key(name, "fence");
-            channel = detail::derived_key(name, "released");
-        }
+            : detail::lock_identity<C>{std::move(client), lock_name, std::move(opts)},
+              // After the options were checked: backoff_max is bounded by then.
+              queue_text{std::max(std::chrono::milliseconds{1000}, 4 * this->options.backoff_max)
+                             .count()} {}
 
-        std::string caller_owner() const { return detail::owner_id(instance_id, options.owner); }
-
-        std::shared_ptr<detail::client_core<C>> core;
-        C* conn;
-        std::string instance_id;
-        std::string name;
-        lock_options options;
-        detail::decimal lease_text;
-        detail::decimal queue_text{0};  // how long a waiting writer keeps readers out
-        std::string fence_key;
-        std::string channel;
+        detail::decimal queue_text;  // how long a waiting writer keeps readers out
 
         mutable std::mutex mutex;  // guards the members below; never held across a round trip
         std::vector<hold> holds;

@@ -1,0 +1,52 @@
+// What every lock kind keeps about itself: its client, name and options, and the keys and
+// channel derived from the name. Each kind's state extends it with what it tracks.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/client_core.hpp>
+#include <redislock/detail/names.hpp>
+#include <redislock/detail/owner.hpp>
+#include <redislock/lock_options.hpp>
+
+namespace redislock::detail {
+
+template <connection C>
+struct lock_identity {
+    /// @throws redislock::invalid_argument for a bad name or options.
+    lock_identity(std::shared_ptr<client_core<C>> client, std::string_view lock_name,
+                  lock_options opts)
+        : core{std::move(client)},
+          conn{&core->connection},
+          name{lock_name},
+          options{std::move(opts)},
+          lease_text{options.lease.count()} {
+        check_options(name, options);
+        fence_key = derived_key(name, "fence");
+        channel = derived_key(name, "released");
+    }
+
+    /// True when the calling thread is the one `holder` names, or an explicit owner makes every
+    /// caller the same owner.
+    bool caller_is(std::thread::id holder) const {
+        return !options.owner.empty() || holder == std::this_thread::get_id();
+    }
+
+    /// The owner id of the calling thread, or of lock_options::owner (reentrant kinds).
+    std::string caller_owner() const { return owner_id(core->instance_id, options.owner); }
+
+    std::shared_ptr<client_core<C>> core;
+    C* conn;
+    std::string name;
+    lock_options options;
+    decimal lease_text;
+    std::string fence_key;
+    std::string channel;
+};
+
+}  // namespace redislock::detail
