@@ -53,8 +53,8 @@ TEST(Endpoint, HostAloneKeepsTheDefaultPortAndDb) {
 }
 
 TEST(Endpoint, HostPortAndDbAreParsed) {
-    const auto ep = endpoint::from_uri("redis://10.1.2.3:7000/5");
-    EXPECT_EQ(ep.host, "10.1.2.3");
+    const auto ep = endpoint::from_uri("redis://127.1.2.3:7000/5");
+    EXPECT_EQ(ep.host, "127.1.2.3");
     EXPECT_EQ(ep.port, 7000);
     EXPECT_EQ(ep.db, 5);
 }

@@ -209,7 +209,8 @@ inline std::string make_temp_dir() {
         tmp != nullptr && *tmp != '\0' && std::strlen(tmp) <= 60) {
         base = tmp;
     }
-    std::string templ = base + "/redislock-test-XXXXXX";
+    // mkdtemp replaces the trailing six placeholder characters.
+    std::string templ = base + "/redislock-test-" + std::string(6, 'X');
     if (::mkdtemp(templ.data()) == nullptr) {
         throw sys_error("mkdtemp " + templ);
     }
