@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the project and runs the test suite: release, then ASan+UBSan, then TSan.
+# Builds the project and runs the test suite: release, then ASan+UBSan, then TSan, then against
+# hiredis 1.x.
 # Usage: tests/run.sh [--quick]    --quick: release build and tests only.
 set -euo pipefail
 
@@ -133,3 +134,36 @@ run_suite tsan "$warnings -fsanitize=thread -fno-omit-frame-pointer" \
     -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
     -- \
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+# hiredis 1.x: Debian 12 ships 0.14 only. The npm registry's redis-fast-driver package carries
+# hiredis 1.2.0's sources (deps/hiredis); build them once into build/hiredis1-dist and run the
+# suite against that install, found through hiredis's own CMake package, so the adapter keeps
+# building and working with 1.x.
+hiredis1_dist=$PWD/build/hiredis1-dist
+fetch_hiredis1() {
+    banner "hiredis 1.x: fetch and build"
+    if [[ -f $hiredis1_dist/prefix/lib/cmake/hiredis/hiredis-config.cmake ]]; then
+        echo "already built"
+        return 0
+    fi
+    rm -rf "$hiredis1_dist"
+    mkdir -p "$hiredis1_dist"
+    if ! command -v npm >/dev/null ||
+        ! (cd "$hiredis1_dist" && npm pack --silent redis-fast-driver@2.2.6 >/dev/null); then
+        echo "not run: the npm package redis-fast-driver@2.2.6 (hiredis 1.2.0) is unavailable"
+        return 1
+    fi
+    tar xzf "$hiredis1_dist/redis-fast-driver-2.2.6.tgz" -C "$hiredis1_dist"
+    cmake -S "$hiredis1_dist/package/deps/hiredis" -B "$hiredis1_dist/build" \
+        -DCMAKE_BUILD_TYPE=Release -DDISABLE_TESTS=ON -DENABLE_SSL=OFF \
+        "-DCMAKE_INSTALL_PREFIX=$hiredis1_dist/prefix"
+    cmake --build "$hiredis1_dist/build" -j "$jobs"
+    cmake --install "$hiredis1_dist/build"
+}
+
+if fetch_hiredis1; then
+    run_suite hiredis1 "$warnings" \
+        -DCMAKE_BUILD_TYPE=Debug \
+        "-DCMAKE_PREFIX_PATH=$hiredis1_dist/prefix" \
+        -DREDISLOCK_BUILD_BENCHMARKS=OFF
+fi
