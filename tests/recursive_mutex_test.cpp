@@ -40,6 +40,7 @@ using redislock::test::child_process;
 using redislock::test::line_channel;
 using redislock::test::redis_server;
 using redislock::test::stopwatch;
+using redislock::test::subscriber;
 
 // ---- Probes that read Redis through redis-cli, never through the code under test ----
 
@@ -134,49 +135,6 @@ redislock::reply run_extend(redislock::client& client, std::string_view key, std
         std::array<std::string_view, 1>{key},
         std::array<std::string_view, 3>{owner, lease_ms, acquisition});
 }
-
-// Subscribes on a raw hiredis connection of its own, so release messages are observed without
-// the library.
-class subscriber {
-public:
-    subscriber(const redis_server& srv, const std::string& channel) : channel_{channel} {
-        const timeval timeout{2, 0};
-        ctx_ = redisConnectWithTimeout(srv.host().c_str(), srv.port(), timeout);
-        if (ctx_ == nullptr || ctx_->err != 0 || redisSetTimeout(ctx_, timeout) != REDIS_OK) {
-            throw std::runtime_error{"subscriber: cannot connect"};
-        }
-        std::array<const char*, 2> argv{"SUBSCRIBE", channel_.c_str()};
-        std::array<std::size_t, 2> lengths{9, channel_.size()};
-        auto* confirmation =
-            static_cast<redisReply*>(redisCommandArgv(ctx_, 2, argv.data(), lengths.data()));
-        if (confirmation == nullptr) {
-            throw std::runtime_error{"subscriber: SUBSCRIBE got no reply"};
-        }
-        freeReplyObject(confirmation);
-    }
-    subscriber(const subscriber&) = delete;
-    subscriber& operator=(const subscriber&) = delete;
-    ~subscriber() { redisFree(ctx_); }
-
-    // The payload of the next message on the channel; std::nullopt when none came within 2 s.
-    std::optional<std::string> next() {
-        void* raw = nullptr;
-        if (redisGetReply(ctx_, &raw) != REDIS_OK || raw == nullptr) {
-            return std::nullopt;
-        }
-        const std::unique_ptr<redisReply, void (*)(void*)> message{static_cast<redisReply*>(raw),
-                                                                   freeReplyObject};
-        if (message->type != REDIS_REPLY_ARRAY || message->elements != 3 ||
-            std::string_view{message->element[1]->str, message->element[1]->len} != channel_) {
-            return "(not a message on " + channel_ + ")";
-        }
-        return std::string{message->element[2]->str, message->element[2]->len};
-    }
-
-private:
-    std::string channel_;
-    redisContext* ctx_ = nullptr;
-};
 
 // What `call` threw as a redislock::server_error, or what it did instead.
 template <class Call>

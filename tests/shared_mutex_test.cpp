@@ -41,11 +41,14 @@ using redislock::errc;
 using redislock::lock_options;
 using redislock::reply;
 using redislock::test::child_process;
+using redislock::test::eventually;
 using redislock::test::hold_interval;
 using redislock::test::line_channel;
+using redislock::test::lost_counter;
 using redislock::test::monotonic_ns;
 using redislock::test::redis_server;
 using redislock::test::stopwatch;
+using redislock::test::subscriber;
 
 static_assert(noexcept(std::declval<redislock::shared_mutex&>().unlock()));
 static_assert(noexcept(std::declval<redislock::shared_mutex&>().unlock_shared()));
@@ -107,27 +110,6 @@ long long server_ms(const redis_server& srv) {
 // The owner id the library writes for the calling thread of `client`.
 std::string caller_owner(const redislock::client& client) {
     return redislock::detail::owner_id(client.instance_id(), {});
-}
-
-// Counts on_lost calls of one lock.
-struct lost_counter {
-    std::atomic<int> calls{0};
-    std::function<void()> handler() {
-        return [this] { calls.fetch_add(1); };
-    }
-};
-
-// Waits, bounded, until `done()` holds; returns whether it came to hold.
-template <class Predicate>
-bool eventually(Predicate done, std::chrono::milliseconds timeout = 10s) {
-    const stopwatch watch;
-    while (!done()) {
-        if (watch.elapsed() > timeout) {
-            return false;
-        }
-        std::this_thread::sleep_for(2ms);
-    }
-    return true;
 }
 
 // Runs `f`, which must throw redislock::server_error naming WRONGTYPE.
@@ -219,47 +201,6 @@ std::int64_t counter_step(redislock::client& client, std::string_view key, std::
     }
     return r.as_integer();
 }
-
-// A plain hiredis subscriber, apart from the library, reading one message at a time.
-class subscriber {
-public:
-    subscriber(const redis_server& srv, const std::string& channel)
-        : ctx_{redisConnect("127.0.0.1", srv.port())} {
-        if (!ctx_ || ctx_->err != 0) {
-            throw std::runtime_error{"the subscriber cannot connect"};
-        }
-        redisSetTimeout(ctx_.get(), timeval{5, 0});
-        const reply_ptr confirm{static_cast<redisReply*>(
-            redisCommand(ctx_.get(), "SUBSCRIBE %b", channel.data(), channel.size()))};
-        if (!confirm) {
-            throw std::runtime_error{"SUBSCRIBE failed"};
-        }
-    }
-
-    // The payload of the next message, or std::nullopt when none comes within 5 s.
-    std::optional<std::string> next() {
-        void* raw = nullptr;
-        if (redisGetReply(ctx_.get(), &raw) != REDIS_OK || raw == nullptr) {
-            return std::nullopt;
-        }
-        const reply_ptr message{static_cast<redisReply*>(raw)};
-        if (message->type != REDIS_REPLY_ARRAY || message->elements != 3) {
-            return std::nullopt;
-        }
-        return std::string{message->element[2]->str, message->element[2]->len};
-    }
-
-private:
-    struct free_context {
-        void operator()(redisContext* c) const { redisFree(c); }
-    };
-    struct free_reply {
-        void operator()(redisReply* r) const { freeReplyObject(r); }
-    };
-    using reply_ptr = std::unique_ptr<redisReply, free_reply>;
-
-    std::unique_ptr<redisContext, free_context> ctx_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // shared_acquire.lua

@@ -38,20 +38,14 @@ using namespace std::chrono_literals;
 using redislock::errc;
 using redislock::reply;
 using redislock::test::child_process;
+using redislock::test::eventually;
 using redislock::test::fault;
 using redislock::test::fault_connection;
 using redislock::test::line_channel;
+using redislock::test::lost_counter;
 using redislock::test::redis_server;
 using redislock::test::stopwatch;
 using steady = std::chrono::steady_clock;
-
-// Counts on_lost calls of one lock; the watchdog thread bumps it.
-struct lost_counter {
-    std::atomic<int> calls{0};
-    std::function<void()> handler() {
-        return [this] { calls.fetch_add(1); };
-    }
-};
 
 template <redislock::connection C>
 reply run(C& conn, std::initializer_list<std::string_view> words) {
@@ -74,21 +68,6 @@ template <redislock::connection C>
 bool exists(C& conn, std::string_view key) {
     const reply r = run(conn, {"EXISTS", key});
     return r.is_integer() && r.as_integer() == 1;
-}
-
-// Polls `condition` every 10 ms until it holds or `timeout` has passed.
-template <class Condition>
-bool eventually(Condition condition, std::chrono::milliseconds timeout) {
-    const auto deadline = steady::now() + timeout;
-    for (;;) {
-        if (condition()) {
-            return true;
-        }
-        if (steady::now() >= deadline) {
-            return false;
-        }
-        std::this_thread::sleep_for(10ms);
-    }
 }
 
 // Samples every 50 ms for `duration` whether any of `keys` exists; true if one ever did.

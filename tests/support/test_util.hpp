@@ -12,12 +12,15 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -53,6 +56,64 @@ struct lost_counter {
     std::function<void()> handler() {
         return [this] { calls.fetch_add(1); };
     }
+};
+
+/// Polls `done()` every 2 ms until it holds or `timeout` has passed; returns whether it held.
+template <class Predicate>
+bool eventually(Predicate done, std::chrono::milliseconds timeout = std::chrono::seconds{10}) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!done()) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+            return false;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds{2});
+    }
+    return true;
+}
+
+/// A raw hiredis subscriber to one channel, apart from the library, so release messages are
+/// observed without the code under test.
+class subscriber {
+public:
+    subscriber(const redis_server& srv, std::string channel) : channel_{std::move(channel)} {
+        const timeval timeout{5, 0};
+        ctx_.reset(redisConnectWithTimeout(srv.host().c_str(), srv.port(), timeout));
+        if (!ctx_ || ctx_->err != 0 || redisSetTimeout(ctx_.get(), timeout) != REDIS_OK) {
+            throw std::runtime_error{"subscriber: cannot connect"};
+        }
+        const char* argv[] = {"SUBSCRIBE", channel_.c_str()};
+        const std::size_t lengths[] = {9, channel_.size()};
+        if (!reply_ptr{static_cast<redisReply*>(redisCommandArgv(ctx_.get(), 2, argv, lengths))}) {
+            throw std::runtime_error{"subscriber: SUBSCRIBE got no reply"};
+        }
+    }
+
+    /// The payload of the next message; std::nullopt when none comes within 5 s, and a text
+    /// saying so when one comes on another channel.
+    std::optional<std::string> next() {
+        void* raw = nullptr;
+        if (redisGetReply(ctx_.get(), &raw) != REDIS_OK || raw == nullptr) {
+            return std::nullopt;
+        }
+        const reply_ptr message{static_cast<redisReply*>(raw)};
+        if (message->type != REDIS_REPLY_ARRAY || message->elements != 3 ||
+            std::string_view{message->element[1]->str, message->element[1]->len} != channel_) {
+            return "(not a message on " + channel_ + ")";
+        }
+        return std::string{message->element[2]->str, message->element[2]->len};
+    }
+
+private:
+    struct free_context {
+        void operator()(redisContext* c) const { redisFree(c); }
+    };
+    struct free_reply {
+        void operator()(redisReply* r) const { freeReplyObject(r); }
+    };
+    using reply_ptr = std::unique_ptr<redisReply, free_reply>;
+
+    std::string channel_;
+    std::unique_ptr<redisContext, free_context> ctx_;
 };
 
 /// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the machine, so times taken
