@@ -204,6 +204,7 @@ private:
     }
 
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
+        std::optional<detail::token> unreleased;
         {
             std::lock_guard guard{state_->mutex};
             if (state_->held && state_->caller_is_holder()) {
@@ -211,8 +212,11 @@ private:
                     std::make_error_code(std::errc::resource_deadlock_would_occur),
                     "redislock: lock() of '" + state_->name + "' by its holder"};
             }
+            unreleased = std::exchange(state_->unreleased, std::nullopt);
         }
-        finish_unreleased();
+        if (unreleased) {
+            finish_unreleased(*unreleased);
+        }
         return detail::acquire_with_backoff([this] { return attempt(); }, deadline, stop,
                                             state_->options);
     }
@@ -426,23 +430,15 @@ private:
 
     // Releases a key an earlier unlock() left behind. Its loss, if it was lost, is not reported:
     // that acquisition ended when unlock() returned.
-    void finish_unreleased() {
-        std::optional<detail::token> token;
-        {
-            std::lock_guard guard{state_->mutex};
-            token = std::exchange(state_->unreleased, std::nullopt);
-        }
-        if (!token) {
-            return;
-        }
-        const release_result result = release_quietly(*token);
+    void finish_unreleased(const detail::token& token) {
+        const release_result result = release_quietly(token);
         if (result.outcome == release_outcome::unreachable) {
-            keep_unreleased(*token, false);
+            keep_unreleased(token, false);
             throw connection_error{"redislock: cannot reach the server to finish releasing '" +
                                    state_->name + "'"};
         }
         if (result.outcome == release_outcome::refused) {
-            keep_unreleased(*token, false);
+            keep_unreleased(token, false);
             throw server_error{"redislock: the server refused to finish releasing '" +
                                state_->name + "'"};
         }
