@@ -8,9 +8,26 @@
 //   c.execute_pipeline(commands)     std::vector<reply>   optional (pipelining_connection): send
 //                                                         every command, then read every reply,
 //                                                         one reply per command, in order
+//   c.execute(argv, how)             redislock::reply     optional (contextual_connection): as
+//                                                         execute(argv), sent to the node that
+//                                                         serves how.key, ending by how.deadline
+//                                                         or when *how.stop is requested
+//   c.execute_pipeline(commands,     std::vector<reply>   optional (contextual_pipelining_
+//                      hows)                              connection): hows[i] goes with
+//                                                         commands[i]; commands may be grouped
+//                                                         by node, replies come back in order
 //
 // where `c` is a C&, `argv` a redislock::command (the command name and its arguments, as
-// std::string_view, valid only during the call) and `commands` a std::span<const command>.
+// std::string_view, valid only during the call), `commands` a std::span<const command>, `how` a
+// const redislock::call_context& and `hows` a std::span<const call_context>.
+//
+// The library always passes a call_context where the connection takes one: the key the command
+// touches (a cluster connection routes by it; SCRIPT LOAD carries the key of the script it is
+// loaded for, so it reaches the same node), the caller's deadline and stop token. A connection
+// that honours the deadline throws redislock::timeout_error when it passes, and one that honours
+// the stop token throws redislock::cancelled_error when a stop is requested mid-call. A custom
+// connection that implements execute(argv) alone keeps working on a single node: its calls are
+// then bounded only by its own timeouts.
 //
 // execute() returns error replies as reply values (reply::is_error()); it throws
 // redislock::connection_error (or timeout_error) when the command could not be sent or its
@@ -21,8 +38,10 @@
 // (the library then sends one command per call).
 #pragma once
 
+#include <chrono>
 #include <concepts>
 #include <span>
+#include <stop_token>
 #include <string_view>
 #include <vector>
 
@@ -38,13 +57,50 @@ concept connection = requires(C& c, command argv) {
     { c.execute(argv) } -> std::same_as<reply>;
 };
 
+/// How the library wants one call made.
+struct call_context {
+    /// The first key the command touches, or for a keyless command sent on a key's behalf
+    /// (SCRIPT LOAD) that key. Empty: any node will do.
+    std::string_view key{};
+    /// The call must end by then; std::chrono::steady_clock::time_point::max() means only the
+    /// connection's own command timeout bounds it.
+    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+    /// When not null, a stop request ends the call early (redislock::cancelled_error).
+    const std::stop_token* stop = nullptr;
+};
+
+/// A connection that takes a call_context: routing by key, per-call deadline, stop requests.
+template <class C>
+concept contextual_connection =
+    connection<C> && requires(C& c, command argv, const call_context& how) {
+    { c.execute(argv, how) } -> std::same_as<reply>;
+};
+
 /// A connection that can send several commands in one round trip.
 template <class C>
 concept pipelining_connection = connection<C> && requires(C& c, std::span<const command> commands) {
     { c.execute_pipeline(commands) } -> std::same_as<std::vector<reply>>;
 };
 
+/// A pipelining connection that takes one call_context per command.
+template <class C>
+concept contextual_pipelining_connection =
+    connection<C> &&
+    requires(C& c, std::span<const command> commands, std::span<const call_context> hows) {
+    { c.execute_pipeline(commands, hows) } -> std::same_as<std::vector<reply>>;
+};
+
 namespace detail {
+
+/// Sends one command the best way `conn` supports.
+template <connection C>
+reply execute(C& conn, command argv, const call_context& how) {
+    if constexpr (contextual_connection<C>) {
+        return conn.execute(argv, how);
+    } else {
+        return conn.execute(argv);
+    }
+}
 
 /// Checks `connection<C>` part by part, so a type that misses it fails with a sentence rather
 /// than a page of template diagnostics. Use as `static_assert(detail::check_connection<C>())`.

@@ -29,6 +29,13 @@ public:
     using connection_error::connection_error;
 };
 
+/// A stop request ended a call while its command was in flight. The command may still reach
+/// the server; the library cleans up after acquisitions it abandons this way.
+class cancelled_error : public error {
+public:
+    using error::error;
+};
+
 /// The server answered with an error reply, e.g. WRONGTYPE when a lock's name holds a key of
 /// another type.
 class server_error : public error {

@@ -20,6 +20,7 @@
 #include <signal.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -28,6 +29,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -181,6 +183,35 @@ public:
         return result;
     }
 
+    /// As execute(argv), ending by how.deadline (timeout_error) or as soon as *how.stop is
+    /// requested (cancelled_error), whichever comes first; the command timeout still bounds it.
+    /// A call given neither takes the plain path above. how.key is not used: one server.
+    /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
+    reply execute(command argv, const call_context& how) {
+        if (!bounded(how)) {
+            return execute(argv);
+        }
+        std::vector<reply> replies = execute_pipeline(std::span<const command>{&argv, 1}, how);
+        return std::move(replies.front());
+    }
+
+    /// As execute_pipeline(commands), bounded by the earliest deadline of `hows` and by the first
+    /// stop token among them.
+    std::vector<reply> execute_pipeline(std::span<const command> commands,
+                                        std::span<const call_context> hows) {
+        call_context bound;
+        for (const call_context& how : hows) {
+            bound.deadline = std::min(bound.deadline, how.deadline);
+            if (bound.stop == nullptr) {
+                bound.stop = how.stop;
+            }
+        }
+        if (!bounded(bound)) {
+            return execute_pipeline(commands);
+        }
+        return execute_pipeline(commands, bound);
+    }
+
     /// Sends every command, then reads every reply: one round trip for the batch.
     /// @throws redislock::connection_error, redislock::timeout_error
     std::vector<reply> execute_pipeline(std::span<const command> commands) {
@@ -212,6 +243,101 @@ public:
 
     const endpoint& config() const noexcept { return pool_->config; }
 
+private:
+    static bool bounded(const call_context& how) noexcept {
+        return how.deadline != std::chrono::steady_clock::time_point::max() ||
+               (how.stop != nullptr && how.stop->stop_possible());
+    }
+
+    // The bounded path: append, write, then poll the socket in short slices so that the deadline
+    // and stop requests are noticed while the reply is outstanding. A context given up mid-reply
+    // is closed, never reused (its late reply would be read as the next command's).
+    std::vector<reply> execute_pipeline(std::span<const command> commands,
+                                        const call_context& how) {
+        using clock = std::chrono::steady_clock;
+        const auto deadline = std::min(how.deadline, clock::now() + pool_->config.command_timeout);
+        check_stop(how);
+        auto ctx = pool_->acquire(deadline, how.stop);
+        for (command argv : commands) {
+            detail::argv_buffer args{argv};
+            if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
+                REDIS_OK) {
+                fail(std::move(ctx));
+            }
+        }
+        for (int done = 0; done == 0;) {
+            if (redisBufferWrite(ctx.get(), &done) != REDIS_OK) {
+                fail(std::move(ctx));
+            }
+        }
+        std::vector<reply> results;
+        results.reserve(commands.size());
+        while (results.size() < commands.size()) {
+            void* raw_reply = nullptr;
+            if (redisGetReplyFromReader(ctx.get(), &raw_reply) != REDIS_OK) {
+                fail(std::move(ctx));
+            }
+            if (raw_reply != nullptr) {
+                detail::hiredis_reply_ptr raw{raw_reply};
+                results.push_back(detail::convert_reply(*static_cast<redisReply*>(raw.get())));
+                continue;
+            }
+            wait_readable(ctx, deadline, how);
+            if (redisBufferRead(ctx.get()) != REDIS_OK) {
+                fail(std::move(ctx));
+            }
+        }
+        pool_->release(std::move(ctx));
+        pool_->round_trips.fetch_add(1, std::memory_order_relaxed);
+        return results;
+    }
+
+    void check_stop(const call_context& how) const {
+        if (how.stop != nullptr && how.stop->stop_requested()) {
+            throw cancelled_error{"redislock: a stop was requested during a call to " +
+                                  pool_->config.describe()};
+        }
+    }
+
+    // Waits until the context's socket has bytes to read; closes the context and throws when
+    // the deadline passes or a stop is requested first.
+    void wait_readable(detail::context_ptr& ctx, std::chrono::steady_clock::time_point deadline,
+                       const call_context& how) {
+        using namespace std::chrono;
+        constexpr milliseconds stop_poll_slice{5};
+        for (;;) {
+            const auto left = deadline - steady_clock::now();
+            if (left <= steady_clock::duration::zero()) {
+                drop(std::move(ctx));
+                throw timeout_error{"redislock: " + pool_->config.describe() +
+                                    " did not answer in time"};
+            }
+            auto slice = ceil<milliseconds>(left);
+            if (how.stop != nullptr && how.stop->stop_possible()) {
+                slice = std::min(slice, stop_poll_slice);
+            }
+            pollfd pfd{ctx->fd, POLLIN, 0};
+            const int ready = ::poll(&pfd, 1, static_cast<int>(slice.count()));
+            if (ready > 0) {
+                return;
+            }
+            if (ready < 0 && errno != EINTR) {
+                fail(std::move(ctx));
+            }
+            if (how.stop != nullptr && how.stop->stop_requested()) {
+                drop(std::move(ctx));
+                check_stop(how);
+            }
+        }
+    }
+
+    void drop(detail::context_ptr ctx) noexcept {
+        ctx.reset();
+        pool_->discard();
+    }
+
+public:
+
     /// Connections opened so far, the first one included (a reconnect adds one).
     std::uint64_t connections_opened() const noexcept {
         return pool_->opened.load(std::memory_order_relaxed);
@@ -228,7 +354,7 @@ private:
 
         endpoint config;
         std::mutex mutex;
-        std::condition_variable slot_freed;
+        std::condition_variable_any slot_freed;
         struct idle_context {
             detail::context_ptr ctx;
             std::chrono::steady_clock::time_point since;
@@ -240,6 +366,13 @@ private:
         std::uint64_t fork_generation = detail::fork_generation().load(std::memory_order_relaxed);
 
         detail::context_ptr acquire() {
+            return acquire(std::chrono::steady_clock::time_point::max(), nullptr);
+        }
+
+        // Waits for a free slot no longer than the connect plus command timeouts, `deadline`, or
+        // until *stop is requested.
+        detail::context_ptr acquire(std::chrono::steady_clock::time_point deadline,
+                                    const std::stop_token* stop) {
             std::unique_lock lock{mutex};
             forget_parent_connections();
             for (;;) {
@@ -264,9 +397,18 @@ private:
                         throw;
                     }
                 }
-                if (!slot_freed.wait_for(
-                        lock, config.connect_timeout + config.command_timeout,
-                        [&] { return !idle.empty() || open_count < config.pool_size; })) {
+                const auto until = std::min(
+                    deadline, std::chrono::steady_clock::now() + config.connect_timeout +
+                                  config.command_timeout);
+                const auto slot_free = [&] { return !idle.empty() || open_count < config.pool_size; };
+                const bool freed = stop != nullptr
+                                       ? slot_freed.wait_until(lock, *stop, until, slot_free)
+                                       : slot_freed.wait_until(lock, until, slot_free);
+                if (stop != nullptr && stop->stop_requested()) {
+                    throw cancelled_error{"redislock: a stop was requested while waiting for a "
+                                          "connection to " + config.describe()};
+                }
+                if (!freed) {
                     throw timeout_error{"redislock: no connection to " + config.describe() +
                                         " became free in time (pool_size " +
                                         std::to_string(config.pool_size) + ")"};
@@ -400,5 +542,7 @@ private:
 };
 
 static_assert(pipelining_connection<hiredis_connection>);
+static_assert(contextual_connection<hiredis_connection>);
+static_assert(contextual_pipelining_connection<hiredis_connection>);
 
 }  // namespace redislock

@@ -26,11 +26,14 @@ struct script {
 namespace detail {
 
 /// Runs `s` with EVALSHA over `keys` then `args`; loads it and retries once on NOSCRIPT.
-/// Returns the script's reply, which may be an error reply raised by the script itself.
-/// @throws redislock::connection_error; redislock::server_error if SCRIPT LOAD is refused.
+/// `how` carries the deadline and stop token; its key is set to keys[0] (the node that runs the
+/// script is the node that must load it). Returns the script's reply, which may be an error
+/// reply raised by the script itself.
+/// @throws redislock::connection_error; redislock::server_error if SCRIPT LOAD is refused;
+///         redislock::cancelled_error on a stop request.
 template <connection C, std::size_t KeyCount, std::size_t ArgCount>
 reply run_script(C& conn, const script& s, const std::array<std::string_view, KeyCount>& keys,
-                 const std::array<std::string_view, ArgCount>& args) {
+                 const std::array<std::string_view, ArgCount>& args, call_context how = {}) {
     // Enough for any key count the scripts use; keeps the argument count off the heap.
     static_assert(KeyCount < 10, "run_script writes the key count as one digit");
     static constexpr char key_count[2] = {static_cast<char>('0' + KeyCount), '\0'};
@@ -47,17 +50,20 @@ reply run_script(C& conn, const script& s, const std::array<std::string_view, Ke
         argv[i++] = arg;
     }
 
-    reply r = conn.execute(argv);
+    if constexpr (KeyCount > 0) {
+        how.key = keys[0];
+    }
+    reply r = detail::execute(conn, argv, how);
     if (!r.is_error_code("NOSCRIPT")) {
         return r;
     }
     const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", s.source};
-    reply loaded = conn.execute(load);
+    reply loaded = detail::execute(conn, load, how);
     if (loaded.is_error()) {
         throw server_error{"redislock: SCRIPT LOAD of " + std::string{s.name} +
                            " was refused: " + loaded.text()};
     }
-    return conn.execute(argv);
+    return detail::execute(conn, argv, how);
 }
 
 }  // namespace detail
