@@ -112,12 +112,12 @@ TEST(Connection, ArchetypeRunsTheFencedScripts) {
     redislock::basic_client<archetype> client{srv.uri()};
     auto m = client.mutex("fenced", {.fencing = true});
     ASSERT_TRUE(m.try_lock());
-    EXPECT_EQ(m.fencing_token(), 1);
+    EXPECT_GT(m.fencing_token(), 0);
     std::error_code ec;
     m.unlock(ec);
     EXPECT_FALSE(ec) << ec.message();
     ASSERT_TRUE(m.try_lock());
-    EXPECT_EQ(m.fencing_token(), 2);
+    EXPECT_GT(m.fencing_token(), 1);
     m.unlock();
 }
 

@@ -5,9 +5,10 @@
 //   auto m = client.mutex("orders:42", {.lease = 5s});
 //
 // Thread safety: every member may be called from any thread.
-// Lifetime: not copyable or movable. Locks share the client's connection, so a lock may outlive
-// its client and still release; the client's destructor stops and joins the watchdog thread,
-// after which no lease is renewed.
+// Lifetime: not copyable or movable. Locks share the client's machinery (connection, watchdog,
+// loss timer, reaper), so a lock may outlive its client and is still renewed, told of its loss
+// and released; the threads stop and are joined when the client and the last of its locks are
+// gone.
 // fork(): a child's copies of its parent's locks never renew or release them (unlock() there
 // reports errc::not_holder, destruction sends nothing); the child may take locks of its own
 // through the same client, and the hiredis adapter opens fresh connections for it. As with any
@@ -54,7 +55,7 @@ public:
 
     basic_client(const basic_client&) = delete;
     basic_client& operator=(const basic_client&) = delete;
-    ~basic_client() { core_->watchdog.stop(); }
+    ~basic_client() = default;
 
     /// A simple lock (SET NX PX) on `name`. @throws redislock::invalid_argument
     basic_mutex<C> mutex(std::string_view name, lock_options options = {}) {

@@ -43,6 +43,13 @@ public:
     using error::error;
 };
 
+/// The server cannot serve the command right now (LOADING, READONLY, TRYAGAIN, CLUSTERDOWN,
+/// MASTERDOWN, BUSY, or a script killed): a wait with time left tries again.
+class unavailable_error : public server_error {
+public:
+    using server_error::server_error;
+};
+
 /// A caller passed a value the library cannot use: an empty name, a lease out of range, a
 /// malformed URI.
 class invalid_argument : public error {
@@ -60,6 +67,14 @@ enum class errc {
 };
 
 namespace detail {
+
+/// The text of the last error reply a release or renewal on this thread got, for
+/// errc::server_failed's message.
+inline std::string& last_server_failure() {
+    thread_local std::string text;
+    return text;
+}
+
 class error_category final : public std::error_category {
 public:
     const char* name() const noexcept override { return "redislock"; }
@@ -74,7 +89,9 @@ public:
             case errc::connection_failed:
                 return "the server could not be reached";
             case errc::server_failed:
-                return "the server answered with an error";
+                return last_server_failure().empty()
+                           ? "the server answered with an error"
+                           : "the server answered with an error: " + last_server_failure();
         }
         return "unknown redislock error";
     }

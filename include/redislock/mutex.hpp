@@ -14,8 +14,16 @@
 // another thread does nothing and reports errc::not_holder through unlock(std::error_code&).
 // With lock_options::watchdog the client's watchdog renews the lease until unlock() (see
 // watchdog.hpp); unlock() stops the renewals before it releases.
+// Loss: told no later than the local conservative deadline (remaining() reaching zero) when no
+// renewal was confirmed by then — through owned(), lost_token() and on_lost, once — whatever a
+// round trip blocked on a stalled connection is doing.
+// Faults: an acquisition whose reply comes back after its lease ran out is released and counts
+// as a failed attempt; one abandoned mid-flight (deadline, stop request, broken connection) and
+// a release that could not be finished are cleaned up by the client's reaper once the server
+// answers. A wait with time left rides out connection errors and LOADING/READONLY/TRYAGAIN.
 // Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
-// moved-from object may only be destroyed or assigned to. Destroying a held lock releases it.
+// moved-from object behaves as a lock never held (queries answer "not held", lock calls throw
+// redislock::invalid_argument). Destroying a held lock releases it.
 // Exceptions: lock calls throw redislock::error subclasses on failures (never for contention);
 // unlock() never throws.
 #pragma once
@@ -23,7 +31,6 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,12 +43,12 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/scripts.hpp>
 #include <redislock/detail/token.hpp>
-#include <redislock/detail/wait.hpp>
 #include <redislock/error.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/reply.hpp>
@@ -57,7 +64,7 @@ class basic_mutex : public detail::timed_lockable<basic_mutex<C>> {
 public:
     /// Usually made by client.mutex(name, options).
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
-    ///         range, or inconsistent backoff bounds.
+    ///         range, inconsistent backoff bounds or a max_hold below the lease.
     basic_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
         : state_{std::make_unique<state>(client.core_, name, std::move(options))} {}
 
@@ -79,11 +86,15 @@ public:
 
     /// Releases the lock and says how it went: no error; errc::not_held or errc::not_holder
     /// (misuse: nothing is sent); errc::lock_lost (it had expired or been taken);
-    /// errc::connection_failed (the release could not be sent, even on a retry) or
-    /// errc::server_failed (the server answered it with an error): the key stays until its lease
-    /// runs out, and the next lock() on this object retries the release first.
+    /// errc::connection_failed (no answer within the command timeout) or errc::server_failed
+    /// (the server answered with an error, whose text is in the message): the release is then
+    /// finished in the background by the client's reaper. Takes at most the command timeout.
     void unlock(std::error_code& ec) noexcept {
         ec.clear();
+        if (!state_) {
+            ec = errc::not_held;
+            return;
+        }
         given_up released;
         {
             std::lock_guard guard{state_->mutex};
@@ -97,7 +108,7 @@ public:
             }
             released = give_up_locked();
         }
-        state_->core->watchdog.remove(released.renewal);
+        tracker().end(released.lease);
         ec = release(released);
     }
 
@@ -116,32 +127,40 @@ public:
         const auto sent = detail::steady::now();
         const reply r = detail::run_script(*state_->conn, detail::scripts::mutex_extend,
                                            std::array{std::string_view{state_->name}},
-                                           std::array{token->view(), lease_text.view()});
+                                           std::array{token->view(), lease_text.view()},
+                                           call_context{{}, state_->core->untimed_deadline()});
         if (r.is_integer() && r.as_integer() == 1) {
-            std::lock_guard guard{state_->mutex};
-            if (state_->held && state_->token == *token) {
-                state_->valid_until = detail::valid_until(sent, lease);
-            }
+            tracker().extended(*token, sent, lease);
             return true;
         }
         throw_unless_not_ours(r, "extend");
-        mark_lost(*state_, *token);
+        tracker().lose(*token);
         return false;
     }
 
     /// Local, conservative estimate of how long the lock stays ours: the lease counted from when
-    /// the successful attempt was sent, on the steady clock, minus a drift allowance
-    /// (1% of the lease + 2 ms). Zero when not held or known lost.
+    /// the successful attempt (or the last confirmed renewal) was sent, on the steady clock,
+    /// minus a drift allowance (1% of the lease + 2 ms). Zero when not held or known lost.
     std::chrono::milliseconds remaining() const {
-        std::lock_guard guard{state_->mutex};
-        if (!state_->held || state_->lost) {
+        if (!state_) {
             return std::chrono::milliseconds::zero();
         }
-        return detail::time_left(state_->valid_until);
+        std::lock_guard guard{state_->mutex};
+        return state_->held ? state_->lease.remaining() : std::chrono::milliseconds::zero();
     }
 
     /// Local: true while this object holds the lock, it is not known lost, and remaining() > 0.
     bool owned() const { return remaining() > std::chrono::milliseconds::zero(); }
+
+    /// A token whose stop is requested when the current acquisition is lost (at the latest when
+    /// remaining() reaches zero without a confirmed renewal). Already stopped when not held.
+    std::stop_token lost_token() const {
+        if (!state_) {
+            return detail::stopped_token();
+        }
+        std::lock_guard guard{state_->mutex};
+        return state_->held ? state_->lease.lost_source.get_token() : detail::stopped_token();
+    }
 
     /// Asks Redis whether the key still holds our token. A lock found lost calls on_lost.
     /// @throws redislock::connection_error; redislock::server_error when the server answers with
@@ -152,24 +171,31 @@ public:
             return false;
         }
         const std::array<std::string_view, 2> get{"GET", state_->name};
-        const reply r = state_->conn->execute(get);
+        const reply r = detail::execute(
+            *state_->conn, get, call_context{state_->name, state_->core->untimed_deadline()});
         if (r.is_string() && r.text() == token->view()) {
             return true;
         }
         throw_unless_not_ours(r, "verify");
-        mark_lost(*state_, *token);
+        tracker().lose(*token);
         return false;
     }
 
     /// The fencing token of the current acquisition (lock_options::fencing); 0 when fencing is
-    /// off or the lock is not held. Strictly increases across acquisitions of the same name.
+    /// off or the lock is not held. Strictly increases across acquisitions of the same name, also
+    /// across FLUSHALL and restarts without persistence (see lua/mutex_acquire_fenced.lua).
     std::int64_t fencing_token() const {
+        if (!state_) {
+            return 0;
+        }
         std::lock_guard guard{state_->mutex};
         return state_->held ? state_->fence : 0;
     }
 
-    const std::string& name() const noexcept { return state_->name; }
-    const lock_options& options() const noexcept { return state_->options; }
+    /// @throws redislock::invalid_argument on a moved-from object.
+    const std::string& name() const { return checked().name; }
+    /// @throws redislock::invalid_argument on a moved-from object.
+    const lock_options& options() const { return checked().options; }
 
 private:
     friend class detail::timed_lockable<basic_mutex>;
@@ -183,19 +209,31 @@ private:
 
         mutable std::mutex mutex;  // guards the members below; never held across a round trip
         bool held = false;
-        bool lost = false;  // held, but a round trip found it gone (on_lost called)
         detail::token token;
-        // An earlier acquisition whose release failed (network or error reply): its key may stay
-        // until its lease runs out, so the next lock() on this object releases it first.
-        std::optional<detail::token> unreleased;
         std::thread::id holder;
         std::uint64_t generation = 0;  // fork generation of the acquisition
-        detail::steady::time_point valid_until;
         std::int64_t fence = 0;
-        typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
+        detail::tracked_lease<C> lease;
     };
 
+    // The tracked lease of the acquisition holding `token`, if it is still held.
+    static detail::tracked_lease<C>* find_lease(state& st, const detail::token& token) {
+        return st.held && st.token == token ? &st.lease : nullptr;
+    }
+
+    detail::lease_tracker<C, state, detail::token> tracker() const {
+        return {*state_, &find_lease};
+    }
+
+    const state& checked() const {
+        if (!state_) {
+            throw invalid_argument{"redislock: use of a moved-from lock"};
+        }
+        return *state_;
+    }
+
     std::optional<detail::token> held_token() const {
+        checked();
         std::lock_guard guard{state_->mutex};
         if (!state_->held) {
             return std::nullopt;
@@ -204,7 +242,7 @@ private:
     }
 
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
-        std::optional<detail::token> unreleased;
+        checked();
         {
             std::lock_guard guard{state_->mutex};
             if (state_->held && state_->caller_is_holder()) {
@@ -212,27 +250,26 @@ private:
                     std::make_error_code(std::errc::resource_deadlock_would_occur),
                     "redislock: lock() of '" + state_->name + "' by its holder"};
             }
-            unreleased = std::exchange(state_->unreleased, std::nullopt);
         }
-        if (unreleased) {
-            finish_unreleased(*unreleased);
-        }
-        return detail::acquire_with_backoff([this] { return attempt(); }, deadline, stop,
-                                            state_->options);
+        return detail::acquire_until([this](const call_context& how) { return attempt(how); },
+                                     deadline, stop, state_->options);
     }
 
     // One acquisition attempt: std::nullopt when acquired, else the holder's TTL.
-    std::optional<detail::holder_ttl> attempt() {
+    std::optional<detail::holder_ttl> attempt(call_context how) {
         const detail::token token = detail::token::random();
         const auto sent = detail::steady::now();
+        how.key = state_->name;
         std::int64_t fence = 0;
         try {
             if (state_->options.fencing) {
                 const reply r = detail::run_script(
                     *state_->conn, detail::scripts::mutex_acquire_fenced,
                     std::array<std::string_view, 2>{state_->name, state_->fence_key},
-                    std::array{token.view(), state_->lease_text.view()});
-                r.throw_if_error();
+                    std::array{token.view(), state_->lease_text.view()}, how);
+                if (r.is_error()) {
+                    detail::throw_reply_error(r, "lock", state_->name);
+                }
                 if (!r.is_array() || r.elements().size() != 2) {
                     throw server_error{"redislock: unexpected reply to a fenced acquisition"};
                 }
@@ -243,213 +280,162 @@ private:
             } else {
                 const std::array<std::string_view, 6> set{
                     "SET", state_->name, token.view(), "NX", "PX", state_->lease_text.view()};
-                const reply r = state_->conn->execute(set);
-                r.throw_if_error();
+                const reply r = detail::execute(*state_->conn, set, how);
+                if (r.is_error()) {
+                    detail::throw_reply_error(r, "lock", state_->name);
+                }
                 if (r.is_nil()) {
-                    return holder_ttl_after_failed_set();
+                    return holder_ttl_after_failed_set(how);
                 }
             }
         } catch (const connection_error&) {
-            // The SET may have landed before the connection failed: take it back if we can,
-            // else have the next lock() on this object try again.
-            if (release_quietly(token, 1).outcome == release_outcome::unreachable) {
-                keep_unreleased(token, false);
-            }
+            abandon(token, sent);  // the SET may have landed before the connection failed
             throw;
+        } catch (const cancelled_error&) {
+            abandon(token, sent);
+            throw;
+        }
+        if (detail::steady::now() >= detail::valid_until(sent, state_->options.lease)) {
+            abandon(token, sent);  // granted, but its lease ran out before the reply came
+            return detail::holder_ttl{0};
         }
         on_acquired(token, sent, fence);
         return std::nullopt;
     }
 
-    detail::holder_ttl holder_ttl_after_failed_set() {
+    detail::holder_ttl holder_ttl_after_failed_set(const call_context& how) {
         const reply r = detail::run_script(*state_->conn, detail::scripts::mutex_probe,
                                            std::array{std::string_view{state_->name}},
-                                           std::array<std::string_view, 0>{});
+                                           std::array<std::string_view, 0>{}, how);
         if (r.is_error()) {
-            throw server_error{"redislock: cannot lock '" + state_->name + "': " + r.text()};
+            detail::throw_reply_error(r, "lock", state_->name);
         }
         return detail::holder_ttl{r.as_integer()};
     }
 
     void on_acquired(const detail::token& token, detail::steady::time_point sent,
                      std::int64_t fence) {
-        bool previous_lost = false;
-        typename basic_watchdog<C>::lease_id previous_renewal = 0;
+        std::optional<detail::token> previous;
+        detail::tracked_lease<C> previous_lease;
         {
             std::lock_guard guard{state_->mutex};
             // Another thread of this object still thinks it holds: its lease ran out, since we
             // could take the key. Its acquisition is lost.
-            previous_lost = state_->held && !state_->lost;
-            previous_renewal = std::exchange(state_->renewal, 0);
+            if (state_->held && !state_->lease.lost) {
+                previous = state_->token;
+            }
+            previous_lease = std::exchange(state_->lease, {});
             state_->held = true;
-            state_->lost = false;
-            state_->unreleased.reset();  // SET NX found the name free: no older key is left
             state_->token = token;
             state_->holder = std::this_thread::get_id();
             state_->generation = detail::current_fork_generation();
-            state_->valid_until = detail::valid_until(sent, state_->options.lease);
+            state_->lease.valid_until = detail::valid_until(sent, state_->options.lease);
             state_->fence = fence;
         }
-        state_->core->watchdog.remove(previous_renewal);
-        if (previous_lost) {
-            notify_lost(*state_);
+        tracker().end(previous_lease);
+        if (previous) {
+            previous_lease.lost_source.request_stop();
+            detail::call_on_lost(state_->options);
         }
-        if (state_->options.watchdog) {
-            start_renewing(token, sent);
-        }
-    }
-
-    void start_renewing(const detail::token& token, detail::steady::time_point sent) {
-        state* st = state_.get();
-        lease_renewal renewal{&detail::scripts::mutex_extend,
-                              {st->name},
-                              {token.str(), std::string{st->lease_text.view()}},
-                              st->options.lease,
-                              st->options.max_hold,
-                              [st, token](detail::steady::time_point renewed_at) {
-                                  std::lock_guard guard{st->mutex};
-                                  if (st->held && st->token == token) {
-                                      st->valid_until =
-                                          detail::valid_until(renewed_at, st->options.lease);
-                                  }
-                              },
-                              [st, token] { mark_lost(*st, token); }};
-        const auto id = st->core->watchdog.add(std::move(renewal), sent);
-        bool still_ours = false;
-        {
-            std::lock_guard guard{st->mutex};
-            still_ours = st->held && st->token == token;
-            if (still_ours) {
-                st->renewal = id;
-            }
-        }
-        if (!still_ours) {
-            st->core->watchdog.remove(id);
+        try {
+            tracker().start(token, sent, &detail::scripts::mutex_extend, {state_->name},
+                            {token.str(), std::string{state_->lease_text.view()}});
+        } catch (...) {
+            // Not tracked, so not safe to hand out: give it back before reporting the failure.
+            std::error_code ignored;
+            unlock(ignored);
+            throw;
         }
     }
-
-    // Marks the acquisition holding `token` lost and calls on_lost, once per acquisition.
-    static void mark_lost(state& st, const detail::token& token) {
-        {
-            std::lock_guard guard{st.mutex};
-            if (!st.held || st.token != token || st.lost) {
-                return;
-            }
-            st.lost = true;
-        }
-        notify_lost(st);
-    }
-
-    static void notify_lost(state& st) noexcept { detail::call_on_lost(st.options); }
 
     // An acquisition given up by unlock() or the destructor, to be released.
     struct given_up {
         detail::token token;
-        detail::steady::time_point valid_until;
-        bool reported = false;  // its loss was already reported through on_lost
-        typename basic_watchdog<C>::lease_id renewal = 0;  // to stop before releasing
+        detail::tracked_lease<C> lease;
     };
 
     // Marks the current acquisition as no longer held. Needs state_->mutex.
     given_up give_up_locked() {
-        // The renewal is taken in the same step, so it cannot be a later acquisition's.
-        given_up g{state_->token, state_->valid_until, state_->lost,
-                   std::exchange(state_->renewal, 0)};
         state_->held = false;
-        state_->lost = false;
-        return g;
+        return {state_->token, std::exchange(state_->lease, {})};
     }
 
     enum class release_outcome { released, not_ours, unreachable, refused };
 
-    struct release_result {
-        release_outcome outcome;
-        bool after_failure;  // an earlier try failed on the network, and may have landed
-    };
-
-    // Sends the compare-and-delete, retrying once on a connection failure (it is idempotent).
-    release_result release_quietly(const detail::token& token, int tries = 2) noexcept {
-        bool failed = false;
-        for (int i = 0; i < tries; ++i) {
-            try {
-                const reply r = detail::run_script(
-                    *state_->conn, detail::scripts::mutex_release,
-                    std::array{std::string_view{state_->name}},
-                    std::array<std::string_view, 2>{token.view(), state_->channel});
-                if (r.is_integer()) {
-                    return {
-                        r.as_integer() == 1 ? release_outcome::released : release_outcome::not_ours,
-                        failed};
-                }
-                // Another type at the name is surely not our lock; other errors say nothing.
-                return {r.is_error_code("WRONGTYPE") ? release_outcome::not_ours
-                                                     : release_outcome::refused,
-                        failed};
-            } catch (const connection_error&) {
-                failed = true;
-            } catch (...) {
-                return {release_outcome::refused, failed};
+    // One compare-and-delete of `token`, ending by `deadline`.
+    static release_outcome release_once(C& conn, std::string_view name, std::string_view channel,
+                                        const detail::token& token,
+                                        detail::steady::time_point deadline) noexcept {
+        try {
+            const reply r = detail::run_script(conn, detail::scripts::mutex_release,
+                                               std::array{name},
+                                               std::array<std::string_view, 2>{token.view(), channel},
+                                               call_context{{}, deadline});
+            if (r.is_integer()) {
+                return r.as_integer() == 1 ? release_outcome::released : release_outcome::not_ours;
             }
+            // Another type at the name is surely not our lock; other errors say nothing.
+            if (r.is_error_code("WRONGTYPE")) {
+                return release_outcome::not_ours;
+            }
+            (void)detail::server_failure(r);
+            return release_outcome::refused;
+        } catch (...) {
+            return release_outcome::unreachable;
         }
-        return {release_outcome::unreachable, true};
     }
 
     std::error_code release(const given_up& g) noexcept {
-        const release_result result = release_quietly(g.token);
-        switch (result.outcome) {
+        switch (release_once(*state_->conn, state_->name, state_->channel, g.token,
+                             state_->core->untimed_deadline())) {
             case release_outcome::released:
                 return {};
             case release_outcome::not_ours:
-                // After a try whose reply was lost, "not ours" most likely means that try deleted
-                // the key: while the lease surely held, nobody else could have taken it.
-                if (result.after_failure && detail::steady::now() < g.valid_until) {
-                    return {};
-                }
-                if (!g.reported) {
-                    notify_lost(*state_);
+                if (!g.lease.lost) {
+                    detail::call_on_lost(state_->options);
                 }
                 return errc::lock_lost;
             case release_outcome::unreachable:
-                keep_unreleased(g.token, true);
+                hand_to_reaper(g.token, g.lease.valid_until);
                 return errc::connection_failed;
             case release_outcome::refused:
-                keep_unreleased(g.token, true);
-                return errc::server_failed;
+                hand_to_reaper(g.token, g.lease.valid_until);
+                return {static_cast<int>(errc::server_failed), error_category()};
         }
         return errc::connection_failed;
     }
 
-    // Remembers a key left behind, unless this object has acquired since (then the name was
-    // free, so the key is gone) or, without `replace`, another one is remembered already.
-    void keep_unreleased(const detail::token& token, bool replace) noexcept {
-        std::lock_guard guard{state_->mutex};
-        if (!state_->held && (replace || !state_->unreleased)) {
-            state_->unreleased = token;
+    // An attempt whose outcome is unknown, or known too late: its key, if it landed, is ours to
+    // delete, in the background.
+    void abandon(const detail::token& token, detail::steady::time_point sent) noexcept {
+        hand_to_reaper(token, sent + state_->options.lease);
+    }
+
+    // Retries the compare-and-delete of `token` until the server answers or the lease that token
+    // may hold has surely ended. The reaper keeps the client's core, and so the connection, alive.
+    void hand_to_reaper(const detail::token& token, detail::steady::time_point lease_end) noexcept {
+        try {
+            const auto give_up_at = lease_end + state_->options.lease / 100 +
+                                    std::chrono::milliseconds{2};
+            detail::background_reaper().add(
+                [core = state_->core, name = state_->name, channel = state_->channel,
+                 token](detail::steady::time_point deadline) {
+                    const auto outcome = release_once(core->connection, name, channel, token,
+                                                      deadline);
+                    return outcome == release_outcome::released ||
+                           outcome == release_outcome::not_ours;
+                },
+                give_up_at);
+        } catch (...) {
+            // Out of memory: the key expires with its lease.
         }
     }
 
-    // Releases a key an earlier unlock() left behind. Its loss, if it was lost, is not reported:
-    // that acquisition ended when unlock() returned.
-    void finish_unreleased(const detail::token& token) {
-        const release_result result = release_quietly(token);
-        if (result.outcome == release_outcome::unreachable) {
-            keep_unreleased(token, false);
-            throw connection_error{"redislock: cannot reach the server to finish releasing '" +
-                                   state_->name + "'"};
-        }
-        if (result.outcome == release_outcome::refused) {
-            keep_unreleased(token, false);
-            throw server_error{"redislock: the server refused to finish releasing '" +
-                               state_->name + "'"};
-        }
-    }
-
-    // Throws server_error for an error reply other than WRONGTYPE (which means the name now
-    // holds another type, so the lock is surely not ours).
+    // Throws for an error reply other than WRONGTYPE (which means the name now holds another
+    // type, so the lock is surely not ours).
     void throw_unless_not_ours(const reply& r, std::string_view what) const {
         if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
-            throw server_error{"redislock: cannot " + std::string{what} + " '" + state_->name +
-                               "': " + r.text()};
+            detail::throw_reply_error(r, what, state_->name);
         }
     }
 
@@ -458,7 +444,6 @@ private:
             return;
         }
         std::optional<given_up> held;
-        std::optional<detail::token> unreleased;
         {
             std::lock_guard guard{state_->mutex};
             if (state_->inherited_by_fork()) {
@@ -467,14 +452,10 @@ private:
             if (state_->held) {
                 held = give_up_locked();
             }
-            unreleased = std::exchange(state_->unreleased, std::nullopt);
         }
         if (held) {
-            state_->core->watchdog.remove(held->renewal);
+            tracker().end(held->lease);
             (void)release(*held);
-        }
-        if (unreleased) {
-            (void)release_quietly(*unreleased);
         }
     }
 

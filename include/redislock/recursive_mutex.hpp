@@ -16,14 +16,19 @@
 // process waits as another process does. unlock() from a thread that does not hold the lock
 // through this object sends nothing and reports errc::not_holder through
 // unlock(std::error_code&); it never touches the holder's count.
-// Releases are not retried after a connection failure or an error reply (a decrement is not
-// idempotent): the entry then stays in Redis until its lease runs out, and unlock(ec) says
-// connection_failed or server_failed.
+// Faults: every operation is safe to retry. An acquisition keeps one id across the retries of a
+// lock() call, so a retry whose first reply was lost takes its own entry over instead of
+// re-entering it; a release that could not be finished, or an acquisition abandoned mid-flight,
+// makes the object remember that acquisition as given up (its next outermost lock() takes the
+// entry over) and has the client's reaper drop it in the background; a re-entry whose reply was
+// lost makes the outermost unlock() drop the whole acquisition rather than trust the count.
+// Loss is told at the local conservative deadline (see basic_mutex), through owned(),
+// lost_token() and on_lost. A wait with time left rides out transient failures.
 // With lock_options::watchdog the lease is renewed from the first entry through this object
 // until the last one is left (see watchdog.hpp).
 // Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
-// moved-from object may only be destroyed or assigned to. Destroying a held lock leaves every
-// entry made through it.
+// moved-from object behaves as a lock never held (lock calls throw redislock::invalid_argument).
+// Destroying a held lock leaves every entry made through it.
 // Exceptions: lock calls throw redislock::error subclasses on failures (never for contention);
 // unlock() never throws.
 #pragma once
@@ -44,13 +49,13 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/owner.hpp>
 #include <redislock/detail/scripts.hpp>
 #include <redislock/detail/token.hpp>
-#include <redislock/detail/wait.hpp>
 #include <redislock/error.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/reply.hpp>
@@ -66,7 +71,7 @@ class basic_recursive_mutex : public detail::timed_lockable<basic_recursive_mute
 public:
     /// Usually made by client.recursive_mutex(name, options).
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
-    ///         range, or inconsistent backoff bounds.
+    ///         range, inconsistent backoff bounds or a max_hold below the lease.
     basic_recursive_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
         : state_{std::make_unique<state>(client.core_, name, std::move(options))} {}
 
@@ -89,12 +94,18 @@ public:
     /// Leaves one entry and says how it went: no error (released, or still held by outer
     /// entries); errc::not_held or errc::not_holder (misuse: nothing is sent); errc::lock_lost
     /// (the entry had expired or the lock was taken: every entry through this object is gone);
-    /// errc::connection_failed or errc::server_failed (not retried; the entry stays until its
-    /// lease runs out).
+    /// errc::connection_failed or errc::server_failed (the object counts the entry out anyway;
+    /// a last entry is then dropped in the background). Takes at most the command timeout.
     void unlock(std::error_code& ec) noexcept {
         ec.clear();
+        if (!state_) {
+            ec = errc::not_held;
+            return;
+        }
         held entry;
-        typename basic_watchdog<C>::lease_id renewal = 0;
+        std::size_t entries = 1;
+        detail::tracked_lease<C> ended;
+        bool last = false;
         {
             std::lock_guard guard{state_->mutex};
             if (state_->depth == 0) {
@@ -105,15 +116,22 @@ public:
                 ec = errc::not_holder;
                 return;
             }
-            entry = {state_->holder_owner, state_->epoch, state_->acquisition};
+            entry = current_locked();
             // Counted out before the round trip, so an acquisition through this object that
             // lands right after the release never mistakes the entry for a live one.
             if (--state_->depth == 0) {
-                renewal = std::exchange(state_->renewal, 0);
+                last = true;
+                ended = std::exchange(state_->lease, {});
+                state_->given_up = entry.acquisition;
+                if (std::exchange(state_->uncertain, false)) {
+                    entries = drop_all;  // the count may hold a re-entry whose reply was lost
+                }
             }
         }
-        state_->core->watchdog.remove(renewal);
-        ec = leave(entry, 1);
+        if (last) {
+            tracker().end(ended);
+        }
+        ec = leave(entry, entries, last, ended.valid_until, ended.lost);
     }
 
     /// Sets the lease to `lease` from now if the lock is still ours.
@@ -132,33 +150,44 @@ public:
         const reply r = detail::run_script(
             *state_->conn, detail::scripts::recursive_extend,
             std::array{std::string_view{state_->name}},
-            std::array<std::string_view, 3>{entry->owner, lease_text.view(), entry->acquisition});
+            std::array<std::string_view, 3>{entry->owner, lease_text.view(), entry->acquisition},
+            call_context{{}, state_->core->untimed_deadline()});
         if (r.is_integer() && r.as_integer() == 1) {
-            std::lock_guard guard{state_->mutex};
-            if (state_->depth > 0 && state_->epoch == entry->epoch) {
-                state_->valid_until = detail::valid_until(sent, lease);
-            }
+            tracker().extended(entry->epoch, sent, lease);
             return true;
         }
         throw_unless_not_ours(r, "extend");
-        mark_lost(*state_, entry->epoch);
+        tracker().lose(entry->epoch);
         return false;
     }
 
     /// Local, conservative estimate of how long the lock stays ours (see basic_mutex).
     std::chrono::milliseconds remaining() const {
-        std::lock_guard guard{state_->mutex};
-        if (state_->depth == 0 || state_->lost_epoch == state_->epoch) {
+        if (!state_) {
             return std::chrono::milliseconds::zero();
         }
-        return detail::time_left(state_->valid_until);
+        std::lock_guard guard{state_->mutex};
+        return state_->depth > 0 ? state_->lease.remaining() : std::chrono::milliseconds::zero();
     }
 
     /// Local: true while this object holds the lock, not known lost, and remaining() > 0.
     bool owned() const { return remaining() > std::chrono::milliseconds::zero(); }
 
+    /// A token whose stop is requested when the current acquisition is lost (see basic_mutex).
+    /// Already stopped when not held.
+    std::stop_token lost_token() const {
+        if (!state_) {
+            return detail::stopped_token();
+        }
+        std::lock_guard guard{state_->mutex};
+        return state_->depth > 0 ? state_->lease.lost_source.get_token() : detail::stopped_token();
+    }
+
     /// Entries made through this object by its current holder (0 when not held).
     std::size_t depth() const {
+        if (!state_) {
+            return 0;
+        }
         std::lock_guard guard{state_->mutex};
         return state_->depth;
     }
@@ -174,26 +203,35 @@ public:
         }
         const std::string id_field = "id:" + entry->owner;
         const std::array<std::string_view, 3> hget{"HGET", state_->name, id_field};
-        const reply r = state_->conn->execute(hget);
+        const reply r = detail::execute(
+            *state_->conn, hget, call_context{state_->name, state_->core->untimed_deadline()});
         if (r.is_string() && r.text() == entry->acquisition) {
             return true;
         }
         throw_unless_not_ours(r, "verify");
-        mark_lost(*state_, entry->epoch);
+        tracker().lose(entry->epoch);
         return false;
     }
 
     /// The fencing token of the outermost acquisition; 0 when fencing is off or not held.
     std::int64_t fencing_token() const {
+        if (!state_) {
+            return 0;
+        }
         std::lock_guard guard{state_->mutex};
         return state_->depth > 0 ? state_->fence : 0;
     }
 
-    const std::string& name() const noexcept { return state_->name; }
-    const lock_options& options() const noexcept { return state_->options; }
+    /// @throws redislock::invalid_argument on a moved-from object.
+    const std::string& name() const { return checked().name; }
+    /// @throws redislock::invalid_argument on a moved-from object.
+    const lock_options& options() const { return checked().options; }
 
 private:
     friend class detail::timed_lockable<basic_recursive_mutex>;
+
+    // Leaving this many entries drops the whole acquisition.
+    static constexpr std::size_t drop_all = std::size_t{1} << 40;
 
     struct state : detail::lock_identity<C> {
         using detail::lock_identity<C>::lock_identity;
@@ -204,17 +242,15 @@ private:
 
         mutable std::mutex mutex;  // guards the members below; never held across a round trip
         std::size_t depth = 0;     // entries made through this object by its holder
-        // Outermost acquisitions through this object so far, and the latest of them found lost
-        // (on_lost called for it): on_lost runs once per acquisition.
-        std::uint64_t epoch = 0;
-        std::uint64_t lost_epoch = 0;
+        std::uint64_t epoch = 0;   // outermost acquisitions through this object so far
         std::thread::id holder;
         std::uint64_t generation = 0;  // fork generation of the first entry
         std::string holder_owner;
         std::string acquisition;  // id of the acquisition the entries belong to, in Redis
-        detail::steady::time_point valid_until;
+        std::string given_up;     // the last acquisition this object gave up (see the script)
+        bool uncertain = false;   // a re-entry's reply was lost: its count is unknown
         std::int64_t fence = 0;
-        typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
+        detail::tracked_lease<C> lease;
     };
 
     // The entries of one outermost acquisition: who made them, and which acquisition it was
@@ -225,31 +261,87 @@ private:
         std::string acquisition;
     };
 
+    static detail::tracked_lease<C>* find_lease(state& st, const std::uint64_t& epoch) {
+        return st.depth > 0 && st.epoch == epoch ? &st.lease : nullptr;
+    }
+
+    detail::lease_tracker<C, state, std::uint64_t> tracker() const {
+        return {*state_, &find_lease};
+    }
+
+    const state& checked() const {
+        if (!state_) {
+            throw invalid_argument{"redislock: use of a moved-from lock"};
+        }
+        return *state_;
+    }
+
+    std::uint64_t epoch_now() const {
+        std::lock_guard guard{state_->mutex};
+        return state_->epoch;
+    }
+
+    held current_locked() const {
+        return held{state_->holder_owner, state_->epoch, state_->acquisition};
+    }
+
     std::optional<held> held_entry() const {
+        checked();
         std::lock_guard guard{state_->mutex};
         if (state_->depth == 0) {
             return std::nullopt;
         }
-        return held{state_->holder_owner, state_->epoch, state_->acquisition};
+        return current_locked();
     }
 
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
+        checked();
         const std::string owner = state_->caller_owner();
-        return detail::acquire_with_backoff([&] { return attempt(owner); }, deadline, stop,
-                                            state_->options);
+        const detail::token candidate = detail::token::random();
+        return detail::acquire_until(
+            [&](const call_context& how) { return attempt(owner, candidate, how); }, deadline,
+            stop, state_->options);
     }
 
     // One attempt: std::nullopt when acquired or re-entered, else the holder's TTL.
-    std::optional<detail::holder_ttl> attempt(const std::string& owner) {
-        const detail::token candidate = detail::token::random();
+    std::optional<detail::holder_ttl> attempt(const std::string& owner,
+                                              const detail::token& candidate,
+                                              const call_context& how) {
+        bool outermost = false;
+        std::string given_up;
+        {
+            std::lock_guard guard{state_->mutex};
+            outermost = state_->depth == 0 || state_->holder_owner != owner;
+            given_up = state_->given_up;
+        }
         const auto sent = detail::steady::now();
-        const reply r = detail::run_script(
-            *state_->conn, detail::scripts::recursive_acquire,
-            std::array<std::string_view, 2>{state_->name, state_->fence_key},
-            std::array<std::string_view, 4>{owner, state_->lease_text.view(),
-                                            state_->options.fencing ? "1" : "0", candidate.view()});
+        reply r;
+        try {
+            r = detail::run_script(*state_->conn, detail::scripts::recursive_acquire,
+                                   std::array<std::string_view, 2>{state_->name, state_->fence_key},
+                                   std::array<std::string_view, 6>{
+                                       owner, state_->lease_text.view(),
+                                       state_->options.fencing ? "1" : "0", candidate.view(),
+                                       outermost ? "1" : "0", given_up},
+                                   how);
+        } catch (const error& e) {
+            if (!dynamic_cast<const connection_error*>(&e) &&
+                !dynamic_cast<const cancelled_error*>(&e)) {
+                throw;
+            }
+            // The entry may have landed: a new acquisition is given up (the next attempt of this
+            // call takes it over by its id; the reaper drops it otherwise), a re-entry makes the
+            // count uncertain.
+            if (outermost) {
+                abandon(owner, candidate.str(), sent + state_->options.lease);
+            } else {
+                std::lock_guard guard{state_->mutex};
+                state_->uncertain = true;
+            }
+            throw;
+        }
         if (r.is_error()) {
-            throw server_error{"redislock: cannot lock '" + state_->name + "': " + r.text()};
+            detail::throw_reply_error(r, "lock", state_->name);
         }
         if (!r.is_array() || r.elements().size() != 3) {
             throw server_error{"redislock: unexpected reply to a reentrant acquisition"};
@@ -260,9 +352,20 @@ private:
         if (status == 0) {
             return detail::holder_ttl{value};
         }
+        if (status == 1 &&
+            detail::steady::now() >= detail::valid_until(sent, state_->options.lease)) {
+            abandon(owner, acquisition, sent + state_->options.lease);  // granted too late
+            return detail::holder_ttl{0};
+        }
+        on_entered(owner, status, value, acquisition, sent);
+        return std::nullopt;
+    }
+
+    void on_entered(const std::string& owner, std::int64_t status, std::int64_t fence,
+                    const std::string& acquisition, detail::steady::time_point sent) {
         bool previous_lost = false;
         std::optional<std::uint64_t> first_entry;
-        typename basic_watchdog<C>::lease_id previous_renewal = 0;
+        detail::tracked_lease<C> previous;
         {
             std::lock_guard guard{state_->mutex};
             // Entries still counted here (unlock counts them out before its round trip) that
@@ -271,124 +374,141 @@ private:
             // deleted.
             if (state_->depth > 0 && (status == 1 || state_->holder_owner != owner ||
                                       state_->acquisition != acquisition)) {
-                previous_lost = state_->lost_epoch < state_->epoch;
-                state_->lost_epoch = state_->epoch;
+                previous_lost = !state_->lease.lost;
                 state_->depth = 0;
             }
             if (state_->depth == 0) {
                 first_entry = ++state_->epoch;
-                previous_renewal = std::exchange(state_->renewal, 0);
+                previous = std::exchange(state_->lease, {});
                 state_->holder = std::this_thread::get_id();
                 state_->generation = detail::current_fork_generation();
                 state_->holder_owner = owner;
                 state_->acquisition = acquisition;
-                state_->fence = value;
+                state_->uncertain = false;
+                state_->fence = fence;
+                state_->lease.valid_until = detail::valid_until(sent, state_->options.lease);
             }
             ++state_->depth;
-            state_->valid_until = detail::valid_until(sent, state_->options.lease);
         }
-        state_->core->watchdog.remove(previous_renewal);
+        if (!first_entry) {
+            tracker().extended(epoch_now(), sent, state_->options.lease);  // re-entry refreshed it
+        }
+        tracker().end(previous);
         if (previous_lost) {
-            notify_lost(*state_);
+            previous.lost_source.request_stop();
+            detail::call_on_lost(state_->options);
         }
-        if (first_entry && state_->options.watchdog) {
-            start_renewing(held{owner, *first_entry, acquisition}, sent);
-        }
-        return std::nullopt;
-    }
-
-    void start_renewing(const held& entry, detail::steady::time_point sent) {
-        state* st = state_.get();
-        const std::uint64_t epoch = entry.epoch;
-        lease_renewal renewal{&detail::scripts::recursive_extend,
-                              {st->name},
-                              {entry.owner, std::string{st->lease_text.view()}, entry.acquisition},
-                              st->options.lease,
-                              st->options.max_hold,
-                              [st, epoch](detail::steady::time_point renewed_at) {
-                                  std::lock_guard guard{st->mutex};
-                                  if (st->depth > 0 && st->epoch == epoch) {
-                                      st->valid_until =
-                                          detail::valid_until(renewed_at, st->options.lease);
-                                  }
-                              },
-                              [st, epoch] { mark_lost(*st, epoch); }};
-        const auto id = st->core->watchdog.add(std::move(renewal), sent);
-        bool still_ours = false;
-        {
-            std::lock_guard guard{st->mutex};
-            still_ours = st->depth > 0 && st->epoch == epoch && st->renewal == 0;
-            if (still_ours) {
-                st->renewal = id;
+        if (first_entry) {
+            try {
+                tracker().start(*first_entry, sent, &detail::scripts::recursive_extend,
+                                {state_->name},
+                                {owner, std::string{state_->lease_text.view()}, acquisition});
+            } catch (...) {
+                std::error_code ignored;
+                unlock(ignored);
+                throw;
             }
         }
-        if (!still_ours) {
-            st->core->watchdog.remove(id);
+    }
+
+    // Remembers an acquisition whose entry may be in Redis though this object does not hold it,
+    // and has the reaper drop it.
+    void abandon(const std::string& owner, const std::string& acquisition,
+                 detail::steady::time_point lease_end) {
+        {
+            std::lock_guard guard{state_->mutex};
+            state_->given_up = acquisition;
+        }
+        hand_to_reaper(held{owner, 0, acquisition}, lease_end);
+    }
+
+    // Sends one release of `entries` entries of `entry`, ending by `deadline`.
+    static reply leave_once(C& conn, const std::string& name, const std::string& channel,
+                            std::string_view lease_text, const held& entry, std::size_t entries,
+                            detail::steady::time_point deadline) {
+        const detail::decimal count{static_cast<long long>(entries)};
+        return detail::run_script(conn, detail::scripts::recursive_release,
+                                  std::array{std::string_view{name}},
+                                  std::array<std::string_view, 5>{entry.owner, count.view(),
+                                                                  lease_text, channel,
+                                                                  entry.acquisition},
+                                  call_context{{}, deadline});
+    }
+
+    void hand_to_reaper(const held& entry, detail::steady::time_point lease_end) noexcept {
+        try {
+            const auto give_up_at =
+                lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
+            detail::background_reaper().add(
+                [core = state_->core, name = state_->name, channel = state_->channel,
+                 lease = std::string{state_->lease_text.view()},
+                 entry](detail::steady::time_point deadline) {
+                    try {
+                        return leave_once(core->connection, name, channel, lease, entry, drop_all,
+                                          deadline)
+                            .is_integer();
+                    } catch (...) {
+                        return false;
+                    }
+                },
+                give_up_at);
+        } catch (...) {
+            // Out of memory: the entry expires with its lease.
         }
     }
 
     // Leaves `entries` entries of `entry` in Redis; the caller has already counted them out.
-    std::error_code leave(const held& entry, std::size_t entries) noexcept {
+    std::error_code leave(const held& entry, std::size_t entries, bool last,
+                          detail::steady::time_point valid_until, bool reported) noexcept {
         reply r;
         try {
-            const detail::decimal count{static_cast<long long>(entries)};
-            r = detail::run_script(*state_->conn, detail::scripts::recursive_release,
-                                   std::array{std::string_view{state_->name}},
-                                   std::array<std::string_view, 5>{
-                                       entry.owner, count.view(), state_->lease_text.view(),
-                                       state_->channel, entry.acquisition});
+            r = leave_once(*state_->conn, state_->name, state_->channel,
+                           state_->lease_text.view(), entry, entries,
+                           state_->core->untimed_deadline());
         } catch (...) {
+            not_finished(entry, last, valid_until);
             return errc::connection_failed;
         }
         if (!r.is_integer()) {
-            return errc::server_failed;
+            not_finished(entry, last, valid_until);
+            return detail::server_failure(r);
         }
         if (r.as_integer() >= 0) {
             return {};
         }
         // The entries were gone: every entry of that acquisition is lost.
-        bool notify = false;
-        typename basic_watchdog<C>::lease_id renewal = 0;
-        {
+        if (!last) {
+            tracker().lose(entry.epoch);
             std::lock_guard guard{state_->mutex};
-            notify = state_->lost_epoch < entry.epoch;
-            if (notify) {
-                state_->lost_epoch = entry.epoch;
-            }
             if (state_->epoch == entry.epoch && state_->depth > 0) {
                 state_->depth = 0;
-                renewal = std::exchange(state_->renewal, 0);
             }
-        }
-        state_->core->watchdog.remove(renewal);
-        if (notify) {
-            notify_lost(*state_);
+        } else if (!reported) {
+            detail::call_on_lost(state_->options);
         }
         return errc::lock_lost;
+    }
+
+    // A release whose outcome is unknown: an inner entry makes the count uncertain; the last one
+    // is dropped in the background.
+    void not_finished(const held& entry, bool last, detail::steady::time_point valid_until) {
+        if (last) {
+            hand_to_reaper(entry, valid_until + state_->options.lease);
+            return;
+        }
+        std::lock_guard guard{state_->mutex};
+        if (state_->epoch == entry.epoch) {
+            state_->uncertain = true;
+        }
     }
 
     // An error reply (LOADING, BUSY, READONLY...) says nothing about ownership, except WRONGTYPE:
     // the name now holds a key of another type, so our entry is gone.
     void throw_unless_not_ours(const reply& r, std::string_view what) const {
         if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
-            throw server_error{"redislock: cannot " + std::string{what} + " '" + state_->name +
-                               "': " + r.text()};
+            detail::throw_reply_error(r, what, state_->name);
         }
     }
-
-    // Marks acquisition `epoch` lost and calls on_lost, once, if it is still held.
-    static void mark_lost(state& st, std::uint64_t epoch) {
-        {
-            std::lock_guard guard{st.mutex};
-            if (st.depth == 0 || st.epoch != epoch || st.lost_epoch >= epoch) {
-                return;
-            }
-            st.lost_epoch = epoch;
-        }
-        notify_lost(st);
-    }
-
-    static void notify_lost(state& st) noexcept { detail::call_on_lost(st.options); }
 
     void release_on_destruction() noexcept {
         if (!state_) {
@@ -396,19 +516,22 @@ private:
         }
         held entry;
         std::size_t entries = 0;
-        typename basic_watchdog<C>::lease_id renewal = 0;
+        detail::tracked_lease<C> ended;
         {
             std::lock_guard guard{state_->mutex};
             if (state_->depth > 0 && state_->inherited_by_fork()) {
                 return;  // the parent's entries: never left from a child
             }
             entries = std::exchange(state_->depth, 0);
-            entry = {state_->holder_owner, state_->epoch, state_->acquisition};
-            renewal = std::exchange(state_->renewal, 0);
+            if (std::exchange(state_->uncertain, false)) {
+                entries = drop_all;
+            }
+            entry = current_locked();
+            ended = std::exchange(state_->lease, {});
         }
-        state_->core->watchdog.remove(renewal);
+        tracker().end(ended);
         if (entries > 0) {
-            (void)leave(entry, entries);
+            (void)leave(entry, entries, true, ended.valid_until, ended.lost);
         }
     }
 

@@ -29,12 +29,17 @@
 // Thread safety: one object may be shared by several threads; each thread is its own owner
 // (unless lock_options::owner is set), so several threads may read through one object at once.
 // owned(), remaining(), extend(), verify() and fencing_token() concern the calling owner.
-// Releases are not retried after a connection failure (a decrement is not idempotent).
+// Faults: every operation is safe to retry, as for basic_recursive_mutex: an acquisition keeps
+// one id across the retries of a lock() call; a release that could not be finished, or an
+// acquisition abandoned mid-flight, is remembered as given up (the owner's next acquisition
+// through this object drops its entry, so a lost release never makes lock() refuse as an
+// upgrade) and dropped in the background by the client's reaper. Loss is told at the local
+// conservative deadline through owned(), lost_token() and on_lost.
 // With lock_options::watchdog each held mode of each owner is renewed from its first entry
 // through this object until its last one is left (see watchdog.hpp).
 // Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
-// moved-from object may only be destroyed or assigned to. Destroying the object leaves every
-// entry made through it.
+// moved-from object behaves as a lock never held (lock calls throw redislock::invalid_argument).
+// Destroying the object leaves every entry made through it.
 // Exceptions: lock calls throw redislock::error subclasses on failures (never for contention),
 // and std::system_error(resource_deadlock_would_occur) for a reader asking to write;
 // unlock() and unlock_shared() never throw.
@@ -57,6 +62,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
@@ -113,23 +119,42 @@ public:
     /// @throws redislock::invalid_argument, redislock::connection_error
     bool extend(std::chrono::milliseconds lease) {
         detail::check_lease(lease);
-        return check_caller_holds(lease);
+        return state_ && check_caller_holds(lease);
     }
 
     /// Asks Redis whether every mode the caller holds is still held. Lost ones call on_lost.
     /// @throws redislock::connection_error
-    bool verify() { return check_caller_holds(std::chrono::milliseconds::zero()); }
+    bool verify() { return state_ && check_caller_holds(std::chrono::milliseconds::zero()); }
+
+    /// A token whose stop is requested when the caller's hold (its write hold when it has both)
+    /// is lost, at the latest at its local conservative deadline. Already stopped when the
+    /// caller holds nothing.
+    std::stop_token lost_token() const {
+        if (!state_) {
+            return detail::stopped_token();
+        }
+        const std::string owner = state_->caller_owner();
+        std::lock_guard guard{state_->mutex};
+        const hold* h = find(owner, mode::write);
+        if (h == nullptr || h->depth == 0) {
+            h = find(owner, mode::read);
+        }
+        return h != nullptr && h->depth > 0 ? h->lease.lost_source.get_token()
+                                            : detail::stopped_token();
+    }
 
     /// Local, conservative estimate of how long the caller's holds last (the shortest of them);
     /// zero when the caller holds none or one is known lost.
     std::chrono::milliseconds remaining() const {
+        if (!state_) {
+            return std::chrono::milliseconds::zero();
+        }
         const std::string owner = state_->caller_owner();
         std::lock_guard guard{state_->mutex};
         std::optional<std::chrono::milliseconds> shortest;
         for (const hold& h : state_->holds) {
             if (h.owner == owner) {
-                const auto left =
-                    h.lost ? std::chrono::milliseconds::zero() : detail::time_left(h.valid_until);
+                const auto left = h.lease.remaining();
                 shortest = shortest ? std::min(*shortest, left) : left;
             }
         }
@@ -142,14 +167,19 @@ public:
     /// The fencing token of the caller's write acquisition; 0 when fencing is off or the caller
     /// does not hold the write lock.
     std::int64_t fencing_token() const {
+        if (!state_) {
+            return 0;
+        }
         const std::string owner = state_->caller_owner();
         std::lock_guard guard{state_->mutex};
         const hold* h = find(owner, mode::write);
         return h ? h->fence : 0;
     }
 
-    const std::string& name() const noexcept { return state_->name; }
-    const lock_options& options() const noexcept { return state_->options; }
+    /// @throws redislock::invalid_argument on a moved-from object.
+    const std::string& name() const { return checked().name; }
+    /// @throws redislock::invalid_argument on a moved-from object.
+    const lock_options& options() const { return checked().options; }
 
 private:
     friend class detail::timed_lockable<basic_shared_mutex>;
@@ -162,10 +192,8 @@ private:
         std::string owner;
         mode kind;
         std::size_t depth = 0;
-        bool lost = false;
-        detail::steady::time_point valid_until{};
         std::int64_t fence = 0;
-        typename basic_watchdog<C>::lease_id renewal = 0;  // 0: not renewed
+        detail::tracked_lease<C> lease;
         std::uint64_t generation = 0;                      // fork generation of the first entry
         std::uint64_t epoch = 0;    // which acquisition: renewals and releases name it
         std::string acquisition{};  // the acquisition's id in Redis
@@ -196,6 +224,8 @@ private:
         mutable std::mutex mutex;  // guards the members below; never held across a round trip
         std::vector<hold> holds;
         std::uint64_t last_epoch = 0;
+        // Acquisitions this object gave up whose entries may still be in Redis (see the script).
+        std::vector<std::string> given_up;
     };
 
     hold* find(const std::string& owner, mode kind) const { return find_in(*state_, owner, kind); }
@@ -226,7 +256,15 @@ private:
         return acquire(mode::read, deadline, stop);
     }
 
+    const state& checked() const {
+        if (!state_) {
+            throw invalid_argument{"redislock: use of a moved-from lock"};
+        }
+        return *state_;
+    }
+
     bool acquire(mode kind, detail::steady::time_point deadline, const std::stop_token& stop) {
+        checked();
         const std::string owner = state_->caller_owner();
         // A reader asking to write is refused by the script ({-1, 0}), not here: only the server
         // knows whether this owner also writes through another object (then it re-enters).
@@ -234,10 +272,11 @@ private:
         const bool queue = kind == mode::write && deadline > detail::steady::now();
         bool queued = false;
         bool acquired = false;
+        const detail::token candidate = detail::token::random();
         try {
-            acquired = detail::acquire_with_backoff(
-                [&] {
-                    auto ttl = attempt(owner, kind, queue);
+            acquired = detail::acquire_until(
+                [&](const call_context& how) {
+                    auto ttl = attempt(owner, kind, queue, candidate, how);
                     queued = queued || ttl.has_value();
                     return ttl;
                 },
@@ -262,18 +301,44 @@ private:
                                     "unlock_shared() first"};
     }
 
-    std::optional<detail::holder_ttl> attempt(const std::string& owner, mode kind, bool queue) {
-        const detail::token candidate = detail::token::random();
+    std::optional<detail::holder_ttl> attempt(const std::string& owner, mode kind, bool queue,
+                                              const detail::token& candidate,
+                                              const call_context& how) {
+        bool outermost = false;
+        std::string given_up;
+        {
+            std::lock_guard guard{state_->mutex};
+            const hold* h = find(owner, kind);
+            outermost = h == nullptr || h->depth == 0;
+            for (const std::string& id : state_->given_up) {
+                given_up.append(given_up.empty() ? "" : " ").append(id);
+            }
+        }
         const auto sent = detail::steady::now();
-        const reply r = detail::run_script(
-            *state_->conn, detail::scripts::shared_acquire,
-            std::array<std::string_view, 2>{state_->name, state_->fence_key},
-            std::array<std::string_view, 6>{
-                owner, mode_text(kind), state_->lease_text.view(),
-                kind == mode::write && state_->options.fencing ? "1" : "0",
-                queue ? state_->queue_text.view() : std::string_view{"0"}, candidate.view()});
+        reply r;
+        try {
+            r = detail::run_script(
+                *state_->conn, detail::scripts::shared_acquire,
+                std::array<std::string_view, 2>{state_->name, state_->fence_key},
+                std::array<std::string_view, 8>{
+                    owner, mode_text(kind), state_->lease_text.view(),
+                    kind == mode::write && state_->options.fencing ? "1" : "0",
+                    queue ? state_->queue_text.view() : std::string_view{"0"}, candidate.view(),
+                    outermost ? "1" : "0", given_up},
+                how);
+        } catch (const error& e) {
+            if (dynamic_cast<const connection_error*>(&e) || dynamic_cast<const cancelled_error*>(&e)) {
+                // The entry may have landed. A new acquisition is given up (the next attempt of
+                // this call takes it over by its id; the reaper drops it otherwise); a re-entry
+                // whose count is now unknown is dropped with the hold's last release.
+                if (outermost) {
+                    abandon(hold_ref{owner, kind, 0, candidate.str()}, sent + state_->options.lease);
+                }
+            }
+            throw;
+        }
         if (r.is_error()) {
-            throw server_error{"redislock: cannot lock '" + state_->name + "': " + r.text()};
+            detail::throw_reply_error(r, "lock", state_->name);
         }
         if (!r.is_array() || r.elements().size() != 3) {
             throw server_error{"redislock: unexpected reply to a read-write acquisition"};
@@ -287,9 +352,15 @@ private:
         if (status == 0) {
             return detail::holder_ttl{value};
         }
+        if (status == 1 &&
+            detail::steady::now() >= detail::valid_until(sent, state_->options.lease)) {
+            abandon(hold_ref{owner, kind, 0, acquisition}, sent + state_->options.lease);
+            return detail::holder_ttl{0};  // granted, but its lease ran out before the reply came
+        }
         std::optional<hold_ref> first_entry;
+        std::optional<hold_ref> reentered;
         bool previous_lost = false;
-        typename basic_watchdog<C>::lease_id previous_renewal = 0;
+        detail::tracked_lease<C> previous;
         {
             std::lock_guard guard{state_->mutex};
             hold* h = find(owner, kind);
@@ -300,13 +371,13 @@ private:
             // entries are still counted here means Redis lost them: their lease ran out, or they
             // were deleted.
             if (h->depth > 0 && (status == 1 || h->acquisition != acquisition)) {
-                previous_lost = !h->lost;
+                previous_lost = !h->lease.lost;
                 h->depth = 0;
             }
-            if (h->depth == 0 || h->lost) {
-                previous_renewal = std::exchange(h->renewal, 0);
+            if (h->depth == 0 || h->lease.lost) {
+                previous = std::exchange(h->lease, {});
+                h->lease.valid_until = detail::valid_until(sent, state_->options.lease);
                 h->depth = 0;
-                h->lost = false;
                 h->fence = value;
                 h->generation = detail::current_fork_generation();
                 h->epoch = ++state_->last_epoch;
@@ -314,59 +385,81 @@ private:
                 first_entry = hold_ref{owner, kind, h->epoch, acquisition};
             }
             ++h->depth;
-            h->valid_until = detail::valid_until(sent, state_->options.lease);
+            if (!first_entry) {
+                reentered = hold_ref{owner, kind, h->epoch, acquisition};
+            }
         }
-        state_->core->watchdog.remove(previous_renewal);
+        if (reentered) {
+            tracker().extended(*reentered, sent, state_->options.lease);  // re-entry refreshed it
+        }
+        tracker().end(previous);
         if (previous_lost) {
+            previous.lost_source.request_stop();
             notify_lost(*state_);
         }
-        if (first_entry && state_->options.watchdog) {
-            start_renewing(*first_entry, sent);
+        if (first_entry) {
+            try {
+                tracker().start(*first_entry, sent, &detail::scripts::shared_extend,
+                                {state_->name},
+                                {owner, std::string{mode_text(kind)},
+                                 std::string{state_->lease_text.view()}, acquisition});
+            } catch (...) {
+                (void)leave_one(kind);
+                throw;
+            }
         }
         return std::nullopt;
     }
 
-    void start_renewing(const hold_ref& ref, detail::steady::time_point sent) {
-        state* st = state_.get();
-        lease_renewal renewal{&detail::scripts::shared_extend,
-                              {st->name},
-                              {ref.owner, std::string{mode_text(ref.kind)},
-                               std::string{st->lease_text.view()}, ref.acquisition},
-                              st->options.lease,
-                              st->options.max_hold,
-                              [st, ref](detail::steady::time_point renewed_at) {
-                                  std::lock_guard guard{st->mutex};
-                                  if (hold* h = find_in(*st, ref)) {
-                                      h->valid_until =
-                                          detail::valid_until(renewed_at, st->options.lease);
-                                  }
-                              },
-                              [st, ref] { mark_lost(*st, ref); }};
-        const auto id = st->core->watchdog.add(std::move(renewal), sent);
-        bool still_ours = false;
-        {
-            std::lock_guard guard{st->mutex};
-            hold* h = find_in(*st, ref);
-            still_ours = h && h->renewal == 0;
-            if (still_ours) {
-                h->renewal = id;
+    static detail::tracked_lease<C>* find_lease(state& st, const hold_ref& ref) {
+        hold* h = find_in(st, ref);
+        return h ? &h->lease : nullptr;
+    }
+
+    detail::lease_tracker<C, state, hold_ref> tracker() const { return {*state_, &find_lease}; }
+
+    // Remembers an acquisition whose entry may be in Redis though this object does not hold it,
+    // and has the reaper drop it.
+    void abandon(const hold_ref& ref, detail::steady::time_point lease_end) noexcept {
+        try {
+            {
+                std::lock_guard guard{state_->mutex};
+                auto& ids = state_->given_up;
+                if (ids.size() >= 4) {
+                    ids.erase(ids.begin());  // the oldest is surely gone by now or reaped
+                }
+                ids.push_back(ref.acquisition);
             }
-        }
-        if (!still_ours) {
-            st->core->watchdog.remove(id);
+            const auto give_up_at =
+                lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
+            detail::background_reaper().add(
+                [core = state_->core, name = state_->name, channel = state_->channel,
+                 ref](detail::steady::time_point deadline) {
+                    try {
+                        return leave_once(core->connection, name, channel, ref, drop_all, deadline)
+                            .is_integer();
+                    } catch (...) {
+                        return false;
+                    }
+                },
+                give_up_at);
+        } catch (...) {
+            // Out of memory: the entry expires with its lease.
         }
     }
 
-    static void mark_lost(state& st, const hold_ref& ref) {
-        {
-            std::lock_guard guard{st.mutex};
-            hold* h = find_in(st, ref);
-            if (!h || h->lost) {
-                return;
-            }
-            h->lost = true;
-        }
-        notify_lost(st);
+    // Leaving this many entries drops the whole hold.
+    static constexpr std::size_t drop_all = std::size_t{1} << 40;
+
+    static reply leave_once(C& conn, const std::string& name, const std::string& channel,
+                            const hold_ref& ref, std::size_t entries,
+                            detail::steady::time_point deadline) {
+        const detail::decimal count{static_cast<long long>(entries)};
+        return detail::run_script(
+            conn, detail::scripts::shared_release, std::array{std::string_view{name}},
+            std::array<std::string_view, 5>{ref.owner, mode_text(ref.kind), count.view(),
+                                            channel, ref.acquisition},
+            call_context{{}, deadline});
     }
 
     void leave_queue(const std::string& owner) noexcept {
@@ -380,6 +473,9 @@ private:
     }
 
     std::error_code leave_one(mode kind) noexcept {
+        if (!state_) {
+            return errc::not_held;
+        }
         std::string owner;
         try {
             owner = state_->caller_owner();
@@ -387,7 +483,8 @@ private:
             return std::make_error_code(std::errc::not_enough_memory);
         }
         hold_ref ref;
-        typename basic_watchdog<C>::lease_id renewal = 0;
+        detail::tracked_lease<C> ended;
+        bool last = false;
         {
             std::lock_guard guard{state_->mutex};
             hold* h = find(owner, kind);
@@ -397,16 +494,17 @@ private:
             if (h->inherited_by_fork()) {
                 return errc::not_holder;
             }
-            ref = {owner, kind, h->epoch, h->acquisition, h->lost};
+            ref = {owner, kind, h->epoch, h->acquisition, h->lease.lost};
             // Counted out before the round trip, so an acquisition that lands right after the
             // release never mistakes the entry for a live one.
             if (--h->depth == 0) {
-                renewal = std::exchange(h->renewal, 0);
+                last = true;
+                ended = std::exchange(h->lease, {});
                 erase_released();
             }
         }
-        state_->core->watchdog.remove(renewal);
-        return leave(ref, 1);
+        tracker().end(ended);
+        return leave(ref, last ? drop_all : 1, ended.valid_until);
     }
 
     // Drops holds with no entries left. Needs state_->mutex.
@@ -419,40 +517,46 @@ private:
                            [kind](const hold& h) { return h.kind == kind && h.depth > 0; });
     }
 
-    // Leaves `entries` entries, already counted out locally, of the hold `ref` in Redis.
-    std::error_code leave(const hold_ref& ref, std::size_t entries) noexcept {
+    // Leaves `entries` entries, already counted out locally, of the hold `ref` in Redis. A
+    // hold's last release drops every entry of its acquisition, so a re-entry whose reply was
+    // lost cannot keep it alive. A release whose outcome is unknown is given up: the reaper
+    // finishes it (an inner entry stays counted until the hold's last release).
+    std::error_code leave(const hold_ref& ref, std::size_t entries,
+                          detail::steady::time_point valid_until) noexcept {
         reply r;
         try {
-            const detail::decimal count{static_cast<long long>(entries)};
-            r = detail::run_script(
-                *state_->conn, detail::scripts::shared_release,
-                std::array{std::string_view{state_->name}},
-                std::array<std::string_view, 5>{ref.owner, mode_text(ref.kind), count.view(),
-                                                state_->channel, ref.acquisition});
+            r = leave_once(*state_->conn, state_->name, state_->channel, ref, entries,
+                           state_->core->untimed_deadline());
         } catch (...) {
+            if (entries == drop_all) {
+                abandon(ref, valid_until + state_->options.lease);
+            }
             return errc::connection_failed;
         }
         // An error reply says nothing about ownership, except WRONGTYPE: the name now holds
         // another type, so our entries are gone.
         if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
-            return errc::server_failed;
+            if (entries == drop_all) {
+                abandon(ref, valid_until + state_->options.lease);
+            }
+            return detail::server_failure(r);
         }
         if (r.is_integer() && r.as_integer() >= 0) {
             return {};
         }
         // The entries were gone: every entry of that acquisition is lost.
         bool notify = !ref.reported;
-        typename basic_watchdog<C>::lease_id renewal = 0;
+        detail::tracked_lease<C> ended;
         {
             std::lock_guard guard{state_->mutex};
             if (hold* h = find_in(*state_, ref)) {
-                notify = notify && !h->lost;
+                notify = notify && !h->lease.lost;
                 h->depth = 0;
-                renewal = std::exchange(h->renewal, 0);
+                ended = std::exchange(h->lease, {});
                 erase_released();
             }
         }
-        state_->core->watchdog.remove(renewal);
+        tracker().end(ended);
         if (notify) {
             notify_lost(*state_);
         }
@@ -467,7 +571,7 @@ private:
             std::lock_guard guard{state_->mutex};
             for (const hold& h : state_->holds) {
                 if (h.owner == owner && h.depth > 0) {
-                    refs.push_back({h.owner, h.kind, h.epoch, h.acquisition, h.lost});
+                    refs.push_back({h.owner, h.kind, h.epoch, h.acquisition, h.lease.lost});
                 }
             }
         }
@@ -482,19 +586,17 @@ private:
                 *state_->conn, detail::scripts::shared_extend,
                 std::array{std::string_view{state_->name}},
                 std::array<std::string_view, 4>{ref.owner, mode_text(ref.kind), lease_text.view(),
-                                                ref.acquisition});
+                                                ref.acquisition},
+                call_context{{}, state_->core->untimed_deadline()});
             if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
-                throw server_error{"redislock: cannot check '" + state_->name + "': " + r.text()};
+                detail::throw_reply_error(r, "check", state_->name);
             }
             const bool held = r.is_integer() && r.as_integer() == 1;
             all_held = all_held && held;
             if (held && lease > std::chrono::milliseconds::zero()) {
-                std::lock_guard guard{state_->mutex};
-                if (hold* h = find_in(*state_, ref)) {
-                    h->valid_until = detail::valid_until(sent, lease);
-                }
+                tracker().extended(ref, sent, lease);
             } else if (!held) {
-                mark_lost(*state_, ref);
+                tracker().lose(ref);
             }
         }
         return all_held;
@@ -506,26 +608,23 @@ private:
         if (!state_) {
             return;
         }
-        std::vector<std::pair<hold_ref, std::size_t>> releases;
-        std::vector<typename basic_watchdog<C>::lease_id> renewals;
+        std::vector<std::pair<hold_ref, detail::tracked_lease<C>>> releases;
         {
             std::lock_guard guard{state_->mutex};
             for (hold& h : state_->holds) {
                 if (h.depth == 0 || h.inherited_by_fork()) {
                     continue;  // nothing held, or the parent's entries: never left from a child
                 }
-                releases.emplace_back(hold_ref{h.owner, h.kind, h.epoch, h.acquisition, h.lost},
-                                      h.depth);
-                renewals.push_back(std::exchange(h.renewal, 0));
+                releases.emplace_back(
+                    hold_ref{h.owner, h.kind, h.epoch, h.acquisition, h.lease.lost},
+                    std::exchange(h.lease, {}));
                 h.depth = 0;
             }
             erase_released();
         }
-        for (auto renewal : renewals) {
-            state_->core->watchdog.remove(renewal);
-        }
-        for (const auto& [ref, entries] : releases) {
-            (void)leave(ref, entries);
+        for (auto& [ref, ended] : releases) {
+            tracker().end(ended);
+            (void)leave(ref, drop_all, ended.valid_until);
         }
     }
 

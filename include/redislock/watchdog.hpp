@@ -22,8 +22,12 @@
 // must leave at least one lock or the client alive until it returns (the thread still runs).
 // A handler that blocks delays every renewal of the client, and unlock() on another thread
 // waits for the batch in flight, handlers included: keep handlers short and non-blocking.
-// fork(): the thread does not exist in a child; a child never renews its parent's leases. Its
-// copy of the watchdog drops every inherited lease on first use and starts its own thread.
+// A renewal's round trip ends by the time its lease surely runs out; a lock is told of its loss
+// at that moment by the client's loss timer (detail/loss_timer.hpp) even if the round trip is
+// still blocked.
+// fork(): the thread does not exist in a child; a child never renews its parent's leases. The
+// child's first use builds a fresh watchdog (new thread, mutexes and condition variables) and
+// never touches the parent's copy.
 #pragma once
 
 #include <algorithm>
@@ -35,6 +39,7 @@
 #include <ctime>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -44,6 +49,7 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/per_process.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/detail/wait.hpp>
 #include <redislock/error.hpp>
@@ -73,20 +79,21 @@ struct watchdog_stats {
     std::chrono::nanoseconds cpu_time{};  ///< CPU time used by the watchdog thread
 };
 
+namespace detail {
+
+// The watchdog of one process: see basic_watchdog.
 template <connection C>
-class basic_watchdog {
+class watchdog_engine {
 public:
     using lease_id = std::uint64_t;
 
-    explicit basic_watchdog(C& conn) : conn_{&conn} {}
-    basic_watchdog(const basic_watchdog&) = delete;
-    basic_watchdog& operator=(const basic_watchdog&) = delete;
-    ~basic_watchdog() { stop(); }
+    explicit watchdog_engine(C& conn) : conn_{&conn} {}
+    watchdog_engine(const watchdog_engine&) = delete;
+    watchdog_engine& operator=(const watchdog_engine&) = delete;
+    ~watchdog_engine() { stop(); }
 
-    /// Starts renewing a lease whose last grant was sent at `sent`. Returns its id for remove().
     lease_id add(lease_renewal renewal, detail::steady::time_point sent) {
         std::unique_lock lock{mutex_};
-        forget_parent_after_fork();
         if (stopped_) {
             return 0;  // the client is going away; the lock keeps its current lease
         }
@@ -121,8 +128,6 @@ public:
             return;
         }
         std::unique_lock lock{mutex_};
-        // In a child, the renewal marked in flight belongs to the parent's thread: never wait.
-        forget_parent_after_fork();
         // A renewal in flight reads the entry's strings: wait for it, unless this is the
         // watchdog thread itself (an on_lost handler), which is past sending by then and only
         // has to skip the lease's callbacks still queued in this batch.
@@ -142,12 +147,28 @@ public:
         }
     }
 
+    /// Stops renewing a lease without waiting for a renewal in flight (whose callbacks are then
+    /// skipped): for a lease already reported lost, from a thread that must not block.
+    void cancel(lease_id id) {
+        std::lock_guard lock{mutex_};
+        auto it = entries_.find(id);
+        if (it == entries_.end()) {
+            return;
+        }
+        if (in_flight_.contains(id)) {
+            it->second.removed = true;
+            it->second.cancelled = true;
+            return;
+        }
+        queue_.erase({it->second.due, id});
+        entries_.erase(it);
+    }
+
     /// Stops and joins the thread; drops every lease. Idempotent.
     void stop() {
         std::thread thread;
         {
             std::unique_lock lock{mutex_};
-            forget_parent_after_fork();  // in a child: detaches the parent's thread, no waiting
             stopped_ = true;
             // A batch in flight reads the entries' strings: let it finish before dropping them.
             if (std::this_thread::get_id() != thread_id_) {
@@ -186,6 +207,7 @@ private:
         detail::steady::time_point confirmed_at{};  // reply to the last successful grant
         bool expiring = false;                      // max_hold reached: no more renewals
         bool removed = false;                       // remove() waits for it: settle nothing
+        bool cancelled = false;                     // cancel()ed in flight: drop when settled
     };
 
     // A renewal taken out of the queue for one batch.
@@ -193,24 +215,10 @@ private:
         lease_id id;
         const script* renew_script;
         std::vector<std::string_view> argv;  // EVALSHA sha nkeys keys... args...; empty: expiry
+        call_context how;                    // the first key, and when the lease surely ends
     };
 
     enum class outcome { renewed, lost, failed };
-
-    void forget_parent_after_fork() {
-        const auto generation = detail::fork_generation().load(std::memory_order_relaxed);
-        if (generation == fork_generation_) {
-            return;
-        }
-        fork_generation_ = generation;
-        entries_.clear();
-        queue_.clear();
-        in_flight_.clear();
-        if (thread_.joinable()) {
-            thread_.detach();
-        }
-        thread_id_ = {};
-    }
 
     void run() {
         std::unique_lock lock{mutex_};
@@ -268,6 +276,7 @@ private:
             e.due = detail::steady::time_point::max();
             in_flight_.insert(id);
             batch.push_back(make_job(id, e));
+            batch.back().how.deadline = surely_gone(e);
         }
         return batch;
     }
@@ -275,10 +284,13 @@ private:
     static job make_job(lease_id id, const entry& e) {
         static constexpr std::array<std::string_view, 10> digits{"0", "1", "2", "3", "4",
                                                                  "5", "6", "7", "8", "9"};
-        job j{id, e.renewal.renew_script, {}};
+        job j{id, e.renewal.renew_script, {}, {}};
         const auto& r = e.renewal;
         if (e.expiring) {
             return j;  // no command: only the expiry check
+        }
+        if (!r.keys.empty()) {
+            j.how.key = r.keys.front();
         }
         j.argv.reserve(3 + r.keys.size() + r.args.size());
         j.argv.push_back("EVALSHA");
@@ -335,7 +347,19 @@ private:
             return {};
         }
         try {
-            if constexpr (pipelining_connection<C>) {
+            if constexpr (contextual_pipelining_connection<C>) {
+                std::vector<command> commands;
+                std::vector<call_context> hows;
+                commands.reserve(which.size());
+                hows.reserve(which.size());
+                for (std::size_t i : which) {
+                    commands.emplace_back(batch[i].argv);
+                    hows.push_back(batch[i].how);
+                }
+                auto replies = conn_->execute_pipeline(commands, hows);
+                count(which.size(), 1);
+                return replies;
+            } else if constexpr (pipelining_connection<C>) {
                 std::vector<command> commands;
                 commands.reserve(which.size());
                 for (std::size_t i : which) {
@@ -348,7 +372,7 @@ private:
                 std::vector<reply> replies;
                 replies.reserve(which.size());
                 for (std::size_t i : which) {
-                    replies.push_back(conn_->execute(batch[i].argv));
+                    replies.push_back(detail::execute(*conn_, batch[i].argv, batch[i].how));
                 }
                 count(which.size(), which.size());
                 return replies;
@@ -359,14 +383,16 @@ private:
     }
 
     void load_scripts(const std::vector<job>& batch, const std::vector<std::size_t>& which) {
-        std::set<const script*> scripts;
+        // Once per script, routed by the key of one lease that needs it (a cluster connection
+        // loads it on any other node that answers NOSCRIPT itself).
+        std::map<const script*, std::string_view> scripts;
         for (std::size_t i : which) {
-            scripts.insert(batch[i].renew_script);
+            scripts.emplace(batch[i].renew_script, batch[i].how.key);
         }
-        for (const script* s : scripts) {
+        for (const auto& [s, key] : scripts) {
             try {
                 const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", s->source};
-                (void)conn_->execute(load);
+                (void)detail::execute(*conn_, load, call_context{key, detail::steady::now() + std::chrono::seconds{1}, nullptr});
                 count(0, 1);  // a round trip like any other, so stats match the connection's
             } catch (...) {
             }
@@ -392,14 +418,15 @@ private:
                 continue;  // removed while in flight
             }
             entry& e = it->second;
+            if (e.cancelled) {
+                entries_.erase(it);
+                continue;
+            }
             if (e.removed) {
                 continue;  // remove() drops it once this batch is done
             }
             const auto lease = e.renewal.lease;
-            // The lease surely ran out this long after the reply that last granted it.
-            const auto surely_gone =
-                e.confirmed_at + lease + lease / 100 + std::chrono::milliseconds{2};
-            const bool expired = replied >= surely_gone;
+            const bool expired = replied >= surely_gone(e);
             if (e.expiring || results[i] == outcome::lost ||
                 (results[i] == outcome::failed && expired)) {
                 if (e.renewal.lost) {
@@ -413,7 +440,7 @@ private:
                 // Transient: try again soon, while the lease is still running.
                 const auto retry = std::clamp<detail::steady::duration>(
                     e.interval / 4, std::chrono::milliseconds{10}, std::chrono::seconds{1});
-                reschedule(batch[i].id, e, std::min(replied + retry, surely_gone));
+                reschedule(batch[i].id, e, std::min(replied + retry, surely_gone(e)));
                 continue;
             }
             e.confirmed_at = replied;
@@ -433,6 +460,12 @@ private:
             reschedule(batch[i].id, e, next);
         }
         return calls;
+    }
+
+    // The lease surely ran out this long after the reply that last granted it.
+    static detail::steady::time_point surely_gone(const entry& e) {
+        const auto lease = e.renewal.lease;
+        return e.confirmed_at + lease + lease / 100 + std::chrono::milliseconds{2};
     }
 
     void reschedule(lease_id id, entry& e, detail::steady::time_point due) {
@@ -458,8 +491,43 @@ private:
     bool stopped_ = false;
     std::thread thread_;
     std::thread::id thread_id_;
-    std::uint64_t fork_generation_ = detail::fork_generation().load(std::memory_order_relaxed);
     watchdog_stats stats_;
+};
+
+}  // namespace detail
+
+template <connection C>
+class basic_watchdog {
+public:
+    using lease_id = std::uint64_t;
+
+    explicit basic_watchdog(C& conn)
+        : engine_{[&conn] { return std::make_unique<detail::watchdog_engine<C>>(conn); }} {}
+    basic_watchdog(const basic_watchdog&) = delete;
+    basic_watchdog& operator=(const basic_watchdog&) = delete;
+
+    /// Starts renewing a lease whose last grant was sent at `sent`. Returns its id for remove(),
+    /// or 0 when the watchdog was stopped (the lock keeps its current lease).
+    /// @throws redislock::invalid_argument for a renewal without script or lease.
+    lease_id add(lease_renewal renewal, detail::steady::time_point sent) {
+        return engine_->add(std::move(renewal), sent);
+    }
+
+    /// Stops renewing a lease. Once it returns, none of the lease's callbacks runs again
+    /// (a renewal already sent may still reach Redis; the scripts compare before they act).
+    void remove(lease_id id) { engine_->remove(id); }
+
+    /// Stops renewing a lease without waiting for a renewal in flight; its callbacks are skipped.
+    void cancel(lease_id id) { engine_->cancel(id); }
+
+    /// Stops and joins the thread; drops every lease. Idempotent.
+    void stop() { engine_->stop(); }
+
+    std::size_t size() { return engine_->size(); }
+    watchdog_stats stats() { return engine_->stats(); }
+
+private:
+    detail::per_process<detail::watchdog_engine<C>> engine_;
 };
 
 }  // namespace redislock

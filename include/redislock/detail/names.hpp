@@ -4,13 +4,18 @@
 #include <charconv>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
+#include <redislock/detail/crc16.hpp>
 #include <redislock/error.hpp>
 #include <redislock/lock_options.hpp>
 
 namespace redislock::detail {
+
+/// The shortest lease accepted: below it a lease is gone before its reply can arrive.
+inline constexpr std::chrono::milliseconds min_lease{10};
 
 /// The longest lock name accepted, in bytes.
 inline constexpr std::size_t max_name_size = 64 * 1024;
@@ -26,10 +31,12 @@ inline void check_name(std::string_view name) {
 }
 
 inline void check_lease(std::chrono::milliseconds lease, std::string_view what = "lease") {
-    if (lease <= std::chrono::milliseconds::zero() || lease > max_lease) {
+    if (lease < min_lease || lease > max_lease) {
         throw invalid_argument{"redislock: " + std::string{what} + " of " +
-                               std::to_string(lease.count()) + " ms is out of range (1 to " +
-                               std::to_string(max_lease.count()) + " ms)"};
+                               std::to_string(lease.count()) + " ms is out of range (" +
+                               std::to_string(min_lease.count()) + " to " +
+                               std::to_string(max_lease.count()) +
+                               " ms; a shorter lease is gone before its reply can arrive)"};
     }
 }
 
@@ -43,27 +50,50 @@ inline void check_options(std::string_view name, const lock_options& options) {
             "redislock: backoff bounds must satisfy 0 ms < backoff_min <= "
             "backoff_max <= max_lease"};
     }
+    if (options.max_hold < std::chrono::milliseconds::zero() ||
+        (options.max_hold > std::chrono::milliseconds::zero() && options.max_hold < options.lease)) {
+        throw invalid_argument{"redislock: max_hold of " + std::to_string(options.max_hold.count()) +
+                               " ms must be 0 (no cap) or at least the lease (" +
+                               std::to_string(options.lease.count()) + " ms)"};
+    }
 }
 
 /// True when Redis Cluster would hash `key` by a {tag} inside it.
-inline bool has_hash_tag(std::string_view key) {
-    auto open = key.find('{');
-    if (open == std::string_view::npos) {
-        return false;
+inline bool has_hash_tag(std::string_view key) { return hash_tag_part(key).size() != key.size(); }
+
+/// A brace-free tag that hashes to `slot`: "rl" and three characters from a 64-letter alphabet,
+/// the first match in a fixed order (262,144 candidates cover all 16,384 slots).
+inline std::string tag_for_slot(std::uint16_t slot) {
+    static constexpr std::string_view alphabet =
+        "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_";
+    std::string tag = "rl...";
+    for (char a : alphabet) {
+        for (char b : alphabet) {
+            for (char c : alphabet) {
+                tag[2] = a;
+                tag[3] = b;
+                tag[4] = c;
+                if (key_slot(tag) == slot) {
+                    return tag;
+                }
+            }
+        }
     }
-    auto close = key.find('}', open + 1);
-    return close != std::string_view::npos && close > open + 1;
+    throw invalid_argument{"redislock: no tag found for cluster slot " + std::to_string(slot)};
 }
 
-/// A key or channel beside `name` in the same hash slot: `a{x}b` -> `a{x}b:suffix`,
-/// `orders:42` -> `{orders:42}:suffix`.
+/// A key or channel in the same hash slot as `name`: `a{x}b` -> `a{x}b:suffix` (hashed by x),
+/// `orders:42` -> `{orders:42}:suffix`. A name hashed whole that holds a `}` (`job}1`, `a{}b`)
+/// cannot be wrapped in braces (the tag would end at its `}`), so its derived keys carry a short
+/// brace-free tag of the same slot: `{rlXYZ}:job}1:suffix`.
 inline std::string derived_key(std::string_view name, std::string_view suffix) {
     std::string out;
-    out.reserve(name.size() + suffix.size() + 3);
     if (has_hash_tag(name)) {
         out.append(name);
-    } else {
+    } else if (name.find('}') == std::string_view::npos) {
         out.append("{").append(name).append("}");
+    } else {
+        out.append("{").append(tag_for_slot(key_slot(name))).append("}:").append(name);
     }
     out.append(":").append(suffix);
     return out;

@@ -1,11 +1,18 @@
-// Owner ids of the reentrant kinds: "<client instance id>:thread:<number>" for the calling
-// thread, "<client instance id>:owner:<id>" for an explicit lock_options::owner.
+// Owner ids of the reentrant kinds: "<client instance id>:<pid>:thread:<number>" for the calling
+// thread, "<client instance id>:<pid>:owner:<id>" for an explicit lock_options::owner. The
+// process id is part of it because a forked child inherits its parent's client (and so its
+// instance id) and the forking thread's number: without it the child would re-enter locks its
+// parent holds.
 #pragma once
+
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
 #include <string>
 #include <string_view>
+
+#include <redislock/detail/token.hpp>
 
 namespace redislock::detail {
 
@@ -16,9 +23,23 @@ inline std::uint64_t thread_number() noexcept {
     return number;
 }
 
+/// This process's id, read once per fork generation (getpid is a system call).
+inline std::uint64_t process_id() noexcept {
+    static std::atomic<std::uint64_t> cached{0};
+    static std::atomic<std::uint64_t> cached_generation{~std::uint64_t{0}};
+    const std::uint64_t generation = current_fork_generation();
+    if (cached_generation.load(std::memory_order_acquire) != generation) {
+        cached.store(static_cast<std::uint64_t>(::getpid()), std::memory_order_relaxed);
+        cached_generation.store(generation, std::memory_order_release);
+    }
+    return cached.load(std::memory_order_relaxed);
+}
+
 /// The owner id of the calling thread, or of `explicit_owner` when it is not empty.
 inline std::string owner_id(std::string_view instance_id, std::string_view explicit_owner) {
     std::string id{instance_id};
+    id += ':';
+    id += std::to_string(process_id());
     if (explicit_owner.empty()) {
         id += ":thread:";
         id += std::to_string(thread_number());

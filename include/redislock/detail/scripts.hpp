@@ -8,22 +8,35 @@ namespace redislock::detail::scripts {
 
 inline constexpr script mutex_acquire_fenced{
     "mutex_acquire_fenced",
-    R"lua(-- Takes a simple lock and draws its fencing token from a counter that only grows.
+    R"lua(-- Takes a simple lock and draws its fencing token. Everything that can fail is checked before
+-- the first write, so an error never leaves the lock set.
 -- KEYS[1]  the lock's key
--- KEYS[2]  the fencing counter (same hash slot as KEYS[1]; never expires)
+-- KEYS[2]  the fencing counter (same hash slot as KEYS[1]; expires a day after its last use)
 -- ARGV[1]  our token
 -- ARGV[2]  the lease, ms
 -- Returns  {1, fencing token} acquired; {0, holder's PTTL} held (-1: the holder set no lease)
--- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return {1, redis.call('INCR', KEYS[2])}
-end
-if redis.call('TYPE', KEYS[1]).ok ~= 'string' then
+-- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[2] is not a
+--          counter; nothing is written then.
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'string' and kind ~= 'none' then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
 end
-return {0, redis.call('PTTL', KEYS[1])}
+if kind == 'string' then
+    return {0, redis.call('PTTL', KEYS[1])}
+end
+local last = redis.call('GET', KEYS[2])
+if last and not tonumber(last) then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+end
+-- Never below the server's clock in microseconds, so tokens keep growing after a FLUSHALL or a
+-- restart without persistence (as long as fewer than a million are drawn per second).
+local time = redis.call('TIME')
+local fence = math.max((tonumber(last) or 0) + 1, tonumber(time[1]) * 1000000 + tonumber(time[2]))
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+return {1, fence}
 )lua",
-    "5b45c37e2521fdf0979669b6d31f79c6d8d646e1"};
+    "962adf656fca9c2b92ac7a0a5d7701bdf9062de0"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -74,37 +87,54 @@ inline constexpr script recursive_acquire{
     R"lua(-- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries, and whose
 -- field id:<owner> names the acquisition those entries belong to.
 -- KEYS[1]  the lock's hash
--- KEYS[2]  the fencing counter (same hash slot; never expires)
+-- KEYS[2]  the fencing counter (same hash slot)
 -- ARGV[1]  the owner id
 -- ARGV[2]  the lease, ms (set again on every entry)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
--- ARGV[4]  a fresh random id, used if this is a new acquisition
+-- ARGV[4]  the id for a new acquisition; the same on every retry of one lock() call
+-- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
+--          (a retry whose first reply was lost) or ARGV[6] (an acquisition the object already
+--          gave up, whose release may not have landed) is then taken over, not re-entered
+-- ARGV[6]  the id of the object's last given-up acquisition, or ''
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, holder's PTTL, ''} held by another owner. fence is 0 when none was drawn.
--- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'none' then
+-- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock; nothing is written then.
+local function fresh()
     local fence = 0
     if ARGV[3] == '1' then
-        fence = redis.call('INCR', KEYS[2])
-        redis.call('HSET', KEYS[1], 'fence', fence)
+        -- Never below the server's clock in microseconds, so tokens keep growing after a
+        -- FLUSHALL or a restart without persistence.
+        local time = redis.call('TIME')
+        local floor = tonumber(time[1]) * 1000000 + tonumber(time[2])
+        fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, floor)
+        redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+        redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
+    else
+        redis.call('HDEL', KEYS[1], 'fence')
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, fence, ARGV[4]}
 end
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+    return fresh()
+end
 if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1 then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+local id = redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
+if id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6]) then
+    return fresh()
+end
+if id then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    local fence = tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0
-    return {2, fence, redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) or ''}
+    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 return {0, redis.call('PTTL', KEYS[1]), ''}
 )lua",
-    "210baf3eb42b8c6c4feca75c6df8e4c1f11fd7fc"};
+    "58887b7ea014c7949bae0e46f1cfebee89deaff2"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -125,9 +155,11 @@ return 0
 inline constexpr script recursive_release{
     "recursive_release",
     R"lua(-- Leaves a reentrant lock ARGV[2] times; deletes it and tells waiters when the count reaches 0.
+-- Works when the server is out of memory: PEXPIRE and DEL are not refused there, and once a
+-- script has written, Redis lets the rest of it write too.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
--- ARGV[2]  how many entries to leave (1 for unlock)
+-- ARGV[2]  how many entries to leave (1 for unlock; a huge count drops the acquisition)
 -- ARGV[3]  the lease, ms, set again while entries remain
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
@@ -137,15 +169,17 @@ if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or
     redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) ~= ARGV[5] then
     return -1
 end
-if redis.call('HINCRBY', KEYS[1], ARGV[1], -tonumber(ARGV[2])) > 0 then
+local left = (tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0) - tonumber(ARGV[2])
+if left > 0 then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    redis.call('HSET', KEYS[1], ARGV[1], left)
     return 0
 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[4], KEYS[1])
 return 1
 )lua",
-    "567e8b4aadb44a52d22061f87222c02b32e6fea4"};
+    "808d8db1a51b8728e70572d0bf4c743b246f76fc"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -161,12 +195,21 @@ inline constexpr script shared_acquire{
 -- ARGV[3]  the lease, ms
 -- ARGV[4]  '1' to draw a fencing token (writers)
 -- ARGV[5]  how long, ms, a writer that must wait keeps its place in the queue ('0': not queued)
--- ARGV[6]  a fresh random id, used if this is a new acquisition
+-- ARGV[6]  the id for a new acquisition; the same on every retry of one lock() call
+-- ARGV[7]  '1' when the calling object holds no entry in this mode: an entry of this owner in
+--          this mode named ARGV[6] (a retry whose first reply was lost) is taken over, not
+--          re-entered
+-- ARGV[8]  ids of acquisitions the calling object gave up whose release may not have landed,
+--          separated by spaces, or '': entries of this owner with these ids are dropped
 -- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
 --          {0, ms, ''} must wait (longest lease in the way);
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
 local kind = redis.call('TYPE', KEYS[1]).ok
+local given_up = {}
+for id in string.gmatch(ARGV[8] or '', '%S+') do
+    given_up[id] = true
+end
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a read-write lock')
 end
@@ -182,7 +225,7 @@ for i = 1, #fields, 2 do
     local count, expiry, id = string.match(fields[i + 1], '^(%d+) (%d+) ?(%S*)$')
     if string.sub(fields[i], 2, 2) == ':' and expiry then
         expiry = tonumber(expiry)
-        if expiry <= now then
+        if expiry <= now or (owner == me and given_up[id]) then
             redis.call('HDEL', KEYS[1], fields[i])
         else
             latest = math.max(latest, expiry)
@@ -196,6 +239,9 @@ for i = 1, #fields, 2 do
     end
 end
 
+if mine[want] and ARGV[7] == '1' and ids[want] == ARGV[6] then
+    mine[want] = nil  -- our own retried acquisition: take it over with a count of 1
+end
 local result
 local id = ids[want] or ARGV[6]
 if want == 'w' and mine.r and not mine.w then
@@ -215,8 +261,11 @@ else
     if want == 'w' then
         redis.call('HDEL', KEYS[1], 'q:' .. me)
         if ARGV[4] == '1' then
-            fence = redis.call('INCR', KEYS[2])
-            redis.call('HSET', KEYS[1], 'fence', fence)
+            -- Never below the server's clock in microseconds: see mutex_acquire_fenced.lua.
+            fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1,
+                             tonumber(time[1]) * 1000000 + tonumber(time[2]))
+            redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+            redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
         end
     end
     result = {1, fence, id}
@@ -227,7 +276,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "f5628c6bc3698db76e83057beefce907f288800e"};
+    "0138a9faaa43e60f0fa7d3c562721051d18f933f"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -249,18 +298,19 @@ if not count or tonumber(expiry) <= now or id ~= ARGV[4] then
 end
 local lease = tonumber(ARGV[3])
 if lease > 0 then
+    -- PEXPIRE first: Redis refuses HSET at out-of-memory unless the script already wrote.
+    redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), lease))
     redis.call('HSET', KEYS[1], field, count .. ' ' .. (now + lease) .. ' ' .. id)
-    if redis.call('PTTL', KEYS[1]) < lease then
-        redis.call('PEXPIRE', KEYS[1], lease)
-    end
 end
 return 1
 )lua",
-    "4e3ec8e9d2bb09daa584916999803805448b7d7d"};
+    "bdb3e9f72927d51f678da68ed4da0dfc3e22838c"};
 
 inline constexpr script shared_release{
     "shared_release",
     R"lua(-- Leaves a read-write lock ARGV[3] times in mode ARGV[2]; tells waiters when a mode is freed.
+-- Works when the server is out of memory: the first write (PEXPIRE or HDEL) is one Redis allows
+-- there, and once a script has written Redis lets the rest of it write too.
 -- Layout: see shared_acquire.lua.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
@@ -280,6 +330,7 @@ if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
 end
 count = tonumber(count) - tonumber(ARGV[3])
 if count > 0 then
+    redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), 1))
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     return 0
 end
@@ -309,6 +360,6 @@ end
 redis.call('PUBLISH', ARGV[4], KEYS[1])
 return 1
 )lua",
-    "ec0f00ae863ad47d7710678bf102184250c49595"};
+    "ef84809d40958fceb4e40d0060d45614284457e8"};
 
 }  // namespace redislock::detail::scripts

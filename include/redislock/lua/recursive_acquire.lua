@@ -1,32 +1,49 @@
 -- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries, and whose
 -- field id:<owner> names the acquisition those entries belong to.
 -- KEYS[1]  the lock's hash
--- KEYS[2]  the fencing counter (same hash slot; never expires)
+-- KEYS[2]  the fencing counter (same hash slot)
 -- ARGV[1]  the owner id
 -- ARGV[2]  the lease, ms (set again on every entry)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
--- ARGV[4]  a fresh random id, used if this is a new acquisition
+-- ARGV[4]  the id for a new acquisition; the same on every retry of one lock() call
+-- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
+--          (a retry whose first reply was lost) or ARGV[6] (an acquisition the object already
+--          gave up, whose release may not have landed) is then taken over, not re-entered
+-- ARGV[6]  the id of the object's last given-up acquisition, or ''
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, holder's PTTL, ''} held by another owner. fence is 0 when none was drawn.
--- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'none' then
+-- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock; nothing is written then.
+local function fresh()
     local fence = 0
     if ARGV[3] == '1' then
-        fence = redis.call('INCR', KEYS[2])
-        redis.call('HSET', KEYS[1], 'fence', fence)
+        -- Never below the server's clock in microseconds, so tokens keep growing after a
+        -- FLUSHALL or a restart without persistence.
+        local time = redis.call('TIME')
+        local floor = tonumber(time[1]) * 1000000 + tonumber(time[2])
+        fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, floor)
+        redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+        redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
+    else
+        redis.call('HDEL', KEYS[1], 'fence')
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, fence, ARGV[4]}
 end
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+    return fresh()
+end
 if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1 then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+local id = redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
+if id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6]) then
+    return fresh()
+end
+if id then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    local fence = tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0
-    return {2, fence, redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) or ''}
+    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 return {0, redis.call('PTTL', KEYS[1]), ''}

@@ -1,7 +1,9 @@
 -- Leaves a reentrant lock ARGV[2] times; deletes it and tells waiters when the count reaches 0.
+-- Works when the server is out of memory: PEXPIRE and DEL are not refused there, and once a
+-- script has written, Redis lets the rest of it write too.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
--- ARGV[2]  how many entries to leave (1 for unlock)
+-- ARGV[2]  how many entries to leave (1 for unlock; a huge count drops the acquisition)
 -- ARGV[3]  the lease, ms, set again while entries remain
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
@@ -11,8 +13,10 @@ if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or
     redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) ~= ARGV[5] then
     return -1
 end
-if redis.call('HINCRBY', KEYS[1], ARGV[1], -tonumber(ARGV[2])) > 0 then
+local left = (tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0) - tonumber(ARGV[2])
+if left > 0 then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    redis.call('HSET', KEYS[1], ARGV[1], left)
     return 0
 end
 redis.call('DEL', KEYS[1])

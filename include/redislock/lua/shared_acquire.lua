@@ -10,12 +10,21 @@
 -- ARGV[3]  the lease, ms
 -- ARGV[4]  '1' to draw a fencing token (writers)
 -- ARGV[5]  how long, ms, a writer that must wait keeps its place in the queue ('0': not queued)
--- ARGV[6]  a fresh random id, used if this is a new acquisition
+-- ARGV[6]  the id for a new acquisition; the same on every retry of one lock() call
+-- ARGV[7]  '1' when the calling object holds no entry in this mode: an entry of this owner in
+--          this mode named ARGV[6] (a retry whose first reply was lost) is taken over, not
+--          re-entered
+-- ARGV[8]  ids of acquisitions the calling object gave up whose release may not have landed,
+--          separated by spaces, or '': entries of this owner with these ids are dropped
 -- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
 --          {0, ms, ''} must wait (longest lease in the way);
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
 local kind = redis.call('TYPE', KEYS[1]).ok
+local given_up = {}
+for id in string.gmatch(ARGV[8] or '', '%S+') do
+    given_up[id] = true
+end
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a read-write lock')
 end
@@ -31,7 +40,7 @@ for i = 1, #fields, 2 do
     local count, expiry, id = string.match(fields[i + 1], '^(%d+) (%d+) ?(%S*)$')
     if string.sub(fields[i], 2, 2) == ':' and expiry then
         expiry = tonumber(expiry)
-        if expiry <= now then
+        if expiry <= now or (owner == me and given_up[id]) then
             redis.call('HDEL', KEYS[1], fields[i])
         else
             latest = math.max(latest, expiry)
@@ -45,6 +54,9 @@ for i = 1, #fields, 2 do
     end
 end
 
+if mine[want] and ARGV[7] == '1' and ids[want] == ARGV[6] then
+    mine[want] = nil  -- our own retried acquisition: take it over with a count of 1
+end
 local result
 local id = ids[want] or ARGV[6]
 if want == 'w' and mine.r and not mine.w then
@@ -64,8 +76,11 @@ else
     if want == 'w' then
         redis.call('HDEL', KEYS[1], 'q:' .. me)
         if ARGV[4] == '1' then
-            fence = redis.call('INCR', KEYS[2])
-            redis.call('HSET', KEYS[1], 'fence', fence)
+            -- Never below the server's clock in microseconds: see mutex_acquire_fenced.lua.
+            fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1,
+                             tonumber(time[1]) * 1000000 + tonumber(time[2]))
+            redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+            redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
         end
     end
     result = {1, fence, id}

@@ -16,9 +16,8 @@ if not count or tonumber(expiry) <= now or id ~= ARGV[4] then
 end
 local lease = tonumber(ARGV[3])
 if lease > 0 then
+    -- PEXPIRE first: Redis refuses HSET at out-of-memory unless the script already wrote.
+    redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), lease))
     redis.call('HSET', KEYS[1], field, count .. ' ' .. (now + lease) .. ' ' .. id)
-    if redis.call('PTTL', KEYS[1]) < lease then
-        redis.call('PEXPIRE', KEYS[1], lease)
-    end
 end
 return 1

@@ -1,4 +1,6 @@
 -- Leaves a read-write lock ARGV[3] times in mode ARGV[2]; tells waiters when a mode is freed.
+-- Works when the server is out of memory: the first write (PEXPIRE or HDEL) is one Redis allows
+-- there, and once a script has written Redis lets the rest of it write too.
 -- Layout: see shared_acquire.lua.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
@@ -18,6 +20,7 @@ if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
 end
 count = tonumber(count) - tonumber(ARGV[3])
 if count > 0 then
+    redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), 1))
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     return 0
 end

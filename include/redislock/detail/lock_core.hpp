@@ -1,0 +1,250 @@
+// The machinery every lock kind shares, so that each safety rule is written once:
+//   - reply_failure(): what an error reply means (transient, or a real failure);
+//   - tracked_lease: what a held acquisition keeps besides its kind's own fields — its local
+//     deadline, registered with the client's loss timer so the loss is told at that moment
+//     whatever a blocked round trip is doing; its watchdog renewal; the stop source of
+//     lost_token(); whether its loss was already told;
+//   - lease_tracker: starts, renews, loses and ends a tracked_lease for one lock object;
+//   - the acquisition loop (acquire_until) that rides out transient failures within the
+//     caller's deadline and ends at once on a stop request.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/client_core.hpp>
+#include <redislock/detail/lockable.hpp>
+#include <redislock/detail/wait.hpp>
+#include <redislock/error.hpp>
+#include <redislock/lock_options.hpp>
+#include <redislock/reply.hpp>
+#include <redislock/watchdog.hpp>
+
+namespace redislock::detail {
+
+/// True for error replies that say "not now" rather than "no".
+inline bool is_transient(const reply& r) {
+    for (std::string_view code : {"LOADING", "READONLY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN",
+                                  "BUSY", "NOREPLICAS"}) {
+        if (r.is_error_code(code)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/// Throws the exception an error reply to `what` on `name` deserves.
+[[noreturn]] inline void throw_reply_error(const reply& r, std::string_view what,
+                                           std::string_view name) {
+    const std::string message =
+        "redislock: cannot " + std::string{what} + " '" + std::string{name} + "': " + r.text();
+    if (is_transient(r)) {
+        throw unavailable_error{message};
+    }
+    throw server_error{message};
+}
+
+/// errc::server_failed for a release or renewal answered with `r`, an error reply; the reply's
+/// text becomes the code's message on this thread.
+inline std::error_code server_failure(const reply& r) noexcept {
+    try {
+        last_server_failure() = r.text();
+    } catch (...) {
+    }
+    return errc::server_failed;
+}
+
+/// True for failures a wait with time left rides out.
+inline bool is_transient(const error& e) {
+    return dynamic_cast<const connection_error*>(&e) != nullptr ||
+           dynamic_cast<const unavailable_error*>(&e) != nullptr;
+}
+
+/// The round-trip bound of one attempt of a wait that ends at `deadline`: the deadline itself,
+/// or for untimed and immediate calls the connection's own command timeout.
+inline call_context attempt_context(steady::time_point deadline, const std::stop_token& stop) {
+    call_context how;
+    if (deadline != steady::time_point::max() && deadline > steady::now()) {
+        how.deadline = deadline;
+    }
+    if (stop.stop_possible()) {
+        how.stop = &stop;
+    }
+    return how;
+}
+
+/// Tries `attempt(how)` until it acquires, the deadline passes or a stop is requested; rides out
+/// transient failures (connection errors, timeouts, LOADING, READONLY, TRYAGAIN...) while the
+/// wait has time left, then throws the last one. A call without a wait (deadline already past)
+/// throws at once, and so does an untimed, unstoppable lock(): with no deadline and no way to
+/// stop it, riding out an outage would hang its caller silently. `attempt` returns
+/// std::nullopt when it acquired, else the holder's TTL.
+template <class Attempt>
+bool acquire_until(Attempt&& attempt, steady::time_point deadline, const std::stop_token& stop,
+                   const lock_options& options) {
+    backoff policy{options};
+    for (;;) {
+        std::optional<holder_ttl> ttl;
+        try {
+            ttl = attempt(attempt_context(deadline, stop));
+            if (!ttl) {
+                return true;
+            }
+        } catch (const cancelled_error&) {
+            return false;
+        } catch (const error& e) {
+            const bool endless = deadline == steady::time_point::max() && !stop.stop_possible();
+            if (endless || !is_transient(e) || steady::now() >= deadline || stop.stop_requested()) {
+                throw;
+            }
+            ttl = holder_ttl{-1};  // back off as if held with no known lease
+        }
+        const auto now = steady::now();
+        if (now >= deadline || stop.stop_requested()) {
+            return false;
+        }
+        const auto pause = std::min(policy.next(*ttl), deadline - now);
+        if (!sleep_unless_stopped(pause, stop)) {
+            return false;
+        }
+    }
+}
+
+/// A stop token that is already stopped: what lost_token() gives for a lock that is not held.
+inline std::stop_token stopped_token() {
+    std::stop_source source;
+    source.request_stop();
+    return source.get_token();
+}
+
+/// What a held acquisition keeps besides its kind's own fields. Guarded by its lock's mutex.
+template <connection C>
+struct tracked_lease {
+    steady::time_point valid_until{};
+    bool lost = false;  // told through on_lost and the stop source
+    typename basic_watchdog<C>::lease_id renewal = 0;
+    loss_timer::entry_id timer = 0;
+    std::stop_source lost_source{};
+
+    /// Local, conservative time left; zero once lost.
+    std::chrono::milliseconds remaining() const {
+        return lost ? std::chrono::milliseconds::zero() : time_left(valid_until);
+    }
+};
+
+/// Starts, renews, loses and ends tracked leases for one lock object whose state has a
+/// `std::mutex mutex`. `Find` maps an acquisition key to its tracked_lease (or nullptr when that
+/// acquisition is no longer held), called with the mutex held.
+template <connection C, class State, class Key>
+class lease_tracker {
+public:
+    using find_function = tracked_lease<C>* (*)(State&, const Key&);
+
+    lease_tracker(State& st, find_function find) : st_{&st}, find_{find} {}
+
+    /// Registers a fresh acquisition whose grant was sent at `sent`: the loss timer and, with
+    /// lock_options::watchdog, renewals by `renew_script` over `keys` and `args`. If the watchdog
+    /// cannot take it the acquisition is reported lost at once (the caller releases it).
+    void start(const Key& key, steady::time_point sent, const script* renew_script,
+               std::vector<std::string> keys, std::vector<std::string> args) {
+        const auto deadline = valid_until(sent, st_->options.lease);
+        const auto timer = core().timer->add(deadline, [st = st_, find = find_, key] {
+            lease_tracker{*st, find}.lose(key);
+        });
+        if (!attach(key, [&](tracked_lease<C>& t) { t.timer = timer; })) {
+            core().timer->remove(timer);
+            return;
+        }
+        if (!st_->options.watchdog) {
+            return;
+        }
+        lease_renewal renewal{renew_script,
+                              std::move(keys),
+                              std::move(args),
+                              st_->options.lease,
+                              st_->options.max_hold,
+                              [st = st_, find = find_, key](steady::time_point renewed_at) {
+                                  lease_tracker{*st, find}.renewed(key, renewed_at);
+                              },
+                              [st = st_, find = find_, key] { lease_tracker{*st, find}.lose(key); }};
+        const auto id = core().watchdog.add(std::move(renewal), sent);
+        if (!attach(key, [&](tracked_lease<C>& t) { t.renewal = id; })) {
+            core().watchdog.remove(id);
+        }
+    }
+
+    /// A renewal sent at `renewed_at` was confirmed: the local deadline moves.
+    void renewed(const Key& key, steady::time_point renewed_at) {
+        std::lock_guard guard{st_->mutex};
+        if (tracked_lease<C>* t = find_(*st_, key); t && !t->lost) {
+            t->valid_until = valid_until(renewed_at, st_->options.lease);
+            core().timer->move(t->timer, t->valid_until);
+        }
+    }
+
+    /// An extend() of `lease` sent at `sent` succeeded.
+    void extended(const Key& key, steady::time_point sent, std::chrono::milliseconds lease) {
+        std::lock_guard guard{st_->mutex};
+        if (tracked_lease<C>* t = find_(*st_, key); t && !t->lost) {
+            t->valid_until = valid_until(sent, lease);
+            core().timer->move(t->timer, t->valid_until);
+        }
+    }
+
+    /// Marks the acquisition lost and tells it (stop source, then on_lost), once.
+    void lose(const Key& key) {
+        typename basic_watchdog<C>::lease_id renewal = 0;
+        {
+            std::lock_guard guard{st_->mutex};
+            tracked_lease<C>* t = find_(*st_, key);
+            if (t == nullptr || t->lost) {
+                return;
+            }
+            t->lost = true;
+            t->lost_source.request_stop();
+            renewal = std::exchange(t->renewal, 0);
+        }
+        // Renewing a lost lease could only revive it behind a rival's back; cancel() does not
+        // wait for a renewal in flight, so the loss timer never blocks on a stalled server.
+        if (renewal != 0) {
+            core().watchdog.cancel(renewal);
+        }
+        call_on_lost(st_->options);
+    }
+
+    /// Stops the timer and renewals of an acquisition that ended; `t` was taken out of the
+    /// state with the mutex held (its ids are this acquisition's alone).
+    void end(tracked_lease<C>& t) {
+        core().watchdog.remove(std::exchange(t.renewal, 0));
+        core().timer->remove(std::exchange(t.timer, 0));
+    }
+
+private:
+    template <class Set>
+    bool attach(const Key& key, Set set) {
+        std::lock_guard guard{st_->mutex};
+        tracked_lease<C>* t = find_(*st_, key);
+        if (t == nullptr) {
+            return false;
+        }
+        set(*t);
+        return true;
+    }
+
+    client_core<C>& core() { return *st_->core; }
+
+    State* st_;
+    find_function find_;
+};
+
+}  // namespace redislock::detail

@@ -1,0 +1,152 @@
+// detail::loss_timer: tells a held lock it is lost at its local conservative deadline.
+//
+// A lock's lease is surely valid until a deadline computed from when its last grant was sent
+// (valid_until in lockable.hpp). If no renewal has moved that deadline by the time it comes, the
+// lock must be reported lost then, before a rival can be inside, whatever a round trip blocked on
+// a stalled connection is doing. So this thread does no I/O: it sleeps until the earliest
+// deadline and runs that lock's callback.
+//
+// Thread safety: every member may be called from any thread, callbacks included. remove() waits
+// for a callback of that entry that is running on another thread, so once it returns the
+// callback never runs again. Callbacks run with no internal lock held.
+// fork(): the owner keeps the timer in a detail::per_process, so a child builds its own.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+namespace redislock::detail {
+
+class loss_timer {
+public:
+    using clock = std::chrono::steady_clock;
+    using entry_id = std::uint64_t;
+
+    loss_timer() = default;
+    loss_timer(const loss_timer&) = delete;
+    loss_timer& operator=(const loss_timer&) = delete;
+    ~loss_timer() {
+        std::thread thread;
+        {
+            std::lock_guard lock{mutex_};
+            stopped_ = true;
+            thread = std::move(thread_);
+        }
+        wake_.notify_all();
+        if (thread.joinable()) {
+            if (thread.get_id() == std::this_thread::get_id()) {
+                thread.detach();  // destroyed from a callback: the loop ends when it returns
+            } else {
+                thread.join();
+            }
+        }
+    }
+
+    /// Calls `on_deadline` at `deadline` unless moved or removed first. Returns the entry's id.
+    entry_id add(clock::time_point deadline, std::function<void()> on_deadline) {
+        std::lock_guard lock{mutex_};
+        const entry_id id = next_id_++;
+        entries_.emplace(id, entry{deadline, std::move(on_deadline)});
+        queue_.emplace(deadline, id);
+        if (!thread_.joinable() && !stopped_) {
+            thread_ = std::thread{[this] { run(); }};
+        } else if (deadline < planned_wake_) {
+            wake_.notify_all();
+        }
+        return id;
+    }
+
+    /// Moves an entry's deadline (a renewal was confirmed). No effect on a removed or fired entry.
+    void move(entry_id id, clock::time_point deadline) {
+        std::lock_guard lock{mutex_};
+        auto it = entries_.find(id);
+        if (it == entries_.end() || it->second.fired) {
+            return;
+        }
+        queue_.erase({it->second.deadline, id});
+        it->second.deadline = deadline;
+        queue_.emplace(deadline, id);
+        if (deadline < planned_wake_) {
+            wake_.notify_all();
+        }
+    }
+
+    /// Forgets an entry; waits for its callback if it is running on another thread.
+    void remove(entry_id id) {
+        if (id == 0) {
+            return;
+        }
+        std::unique_lock lock{mutex_};
+        if (running_ == id && std::this_thread::get_id() != thread_id_) {
+            done_.wait(lock, [&] { return running_ != id; });
+        }
+        if (auto it = entries_.find(id); it != entries_.end()) {
+            queue_.erase({it->second.deadline, id});
+            entries_.erase(it);
+        }
+    }
+
+    std::size_t size() const {
+        std::lock_guard lock{mutex_};
+        return entries_.size();
+    }
+
+private:
+    struct entry {
+        clock::time_point deadline;
+        std::function<void()> on_deadline;
+        bool fired = false;
+    };
+
+    // With nothing queued the thread still wakes now and then, so add() rarely has to notify:
+    // a deadline later than the planned wake-up is picked up then.
+    static constexpr std::chrono::seconds idle_wake{1};
+
+    void run() {
+        std::unique_lock lock{mutex_};
+        thread_id_ = std::this_thread::get_id();
+        while (!stopped_) {
+            const auto now = clock::now();
+            if (queue_.empty() || queue_.begin()->first > now) {
+                planned_wake_ = queue_.empty() ? now + idle_wake : queue_.begin()->first;
+                wake_.wait_until(lock, planned_wake_);
+                continue;
+            }
+            const entry_id id = queue_.begin()->second;
+            queue_.erase(queue_.begin());
+            entry& e = entries_.at(id);
+            e.fired = true;
+            auto call = std::move(e.on_deadline);
+            running_ = id;
+            lock.unlock();
+            if (call) {
+                call();
+            }
+            lock.lock();
+            running_ = 0;
+            entries_.erase(id);
+            done_.notify_all();
+        }
+    }
+
+    mutable std::mutex mutex_;
+    std::condition_variable wake_;
+    std::condition_variable done_;
+    std::map<entry_id, entry> entries_;
+    std::set<std::pair<clock::time_point, entry_id>> queue_;
+    entry_id next_id_ = 1;
+    entry_id running_ = 0;
+    clock::time_point planned_wake_ = clock::time_point::min();
+    bool stopped_ = false;
+    std::thread thread_;
+    std::thread::id thread_id_;
+};
+
+}  // namespace redislock::detail
