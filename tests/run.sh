@@ -35,7 +35,7 @@ minutes() {
 # Counts from the last ctest summary in a log: "N run, P passed, F failed[, S skipped]".
 ctest_counts() {
     local log=$1 line total failed skipped
-    [[ -f $log ]] || { echo "no tests run"; return; }
+    [[ -f $log ]] || { echo "tests not reached"; return; }
     line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1) ||
         true
     [[ -n $line ]] || { echo "tests did not finish"; return; }
