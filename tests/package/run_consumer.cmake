@@ -4,6 +4,7 @@
 #                      installed copy
 #   MODE=core          a copy configured and installed without hiredis, used through
 #                      redislock::core with a connection of the consumer's own
+#   MODE=core_full     the same consumer, without hiredis, of a copy installed with hiredis
 #   MODE=subdirectory  add_subdirectory of the source tree
 #   MODE=fetchcontent  FetchContent of the source tree
 # VERSION is the project's version, which the installed package must report.
@@ -22,16 +23,18 @@ endfunction()
 string(REGEX MATCH "^[0-9]+" version_major "${VERSION}")
 set(prefix ${WORK_DIR}/prefix)
 
-if(MODE MATCHES "^(installed|pkgconfig|core)$")
-    # Configured with nothing else set, as a user installing it would; the core mode hides
-    # hiredis from both ways it is looked for (its CMake package and pkg-config).
-    set(hide_hiredis "")
+# The core modes hide hiredis from both ways it is looked for (its CMake package and pkg-config):
+# from the redislock configure (MODE=core) and from the consumer (both core modes).
+set(hide_hiredis -DCMAKE_DISABLE_FIND_PACKAGE_hiredis=ON -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON)
+
+if(MODE MATCHES "^(installed|pkgconfig|core|core_full)$")
+    # Configured with nothing else set, as a user installing it would.
+    set(configure_hiding "")
     if(MODE STREQUAL "core")
-        set(hide_hiredis -DCMAKE_DISABLE_FIND_PACKAGE_hiredis=ON
-                         -DCMAKE_DISABLE_FIND_PACKAGE_PkgConfig=ON)
+        set(configure_hiding ${hide_hiredis})
     endif()
     run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/redislock-build
-        -DCMAKE_CXX_COMPILER=${CXX} ${hide_hiredis})
+        -DCMAKE_CXX_COMPILER=${CXX} ${configure_hiding})
     if(MODE STREQUAL "core" AND NOT output MATCHES "only redislock::core is available")
         message(FATAL_ERROR "configuring without hiredis did not say so:\n${output}")
     endif()
@@ -71,11 +74,14 @@ if(MODE STREQUAL "pkgconfig")
     return()
 endif()
 
-if(MODE STREQUAL "installed" OR MODE STREQUAL "core")
-    run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/${MODE} -B ${WORK_DIR}/consumer-build
+if(MODE STREQUAL "installed")
+    run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/installed -B ${WORK_DIR}/consumer-build
         -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${prefix}
-        -DREDISLOCK_VERSION=${VERSION} -DREDISLOCK_VERSION_MAJOR=${version_major}
-        ${hide_hiredis})
+        -DREDISLOCK_VERSION=${VERSION} -DREDISLOCK_VERSION_MAJOR=${version_major})
+elseif(MODE MATCHES "^core")
+    run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/core -B ${WORK_DIR}/consumer-build
+        -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_PREFIX_PATH=${prefix}
+        -DREDISLOCK_VERSION=${VERSION} ${hide_hiredis})
 else()
     # MODE=subdirectory or MODE=fetchcontent: the consumer pulls the source tree in itself.
     run(${CMAKE_COMMAND} -S ${CMAKE_CURRENT_LIST_DIR}/${MODE} -B ${WORK_DIR}/consumer-build
@@ -83,7 +89,7 @@ else()
 endif()
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/consumer-build)
 
-if(MODE STREQUAL "core")
+if(MODE MATCHES "^core")
     # The compile and link lines of the core consumer name no hiredis at all.
     file(GLOB_RECURSE build_rules ${WORK_DIR}/consumer-build/CMakeFiles/consumer.dir/flags.make
          ${WORK_DIR}/consumer-build/CMakeFiles/consumer.dir/link.txt)
