@@ -69,7 +69,11 @@ report_time() {
     local status=$?
     local verdict="PASSED"
     [[ $status -eq 0 ]] || verdict="FAILED (exit $status)"
-    [[ -z $current_stage ]] || stage_end FAILED
+    # A stage still open here ended the run early, even when a signal left the status at 0.
+    if [[ -n $current_stage ]]; then
+        [[ $status -ne 0 ]] || verdict="FAILED (interrupted)"
+        stage_end FAILED
+    fi
     if ((${#summary[@]} > 0)); then
         printf '\n==== summary ====\n'
         printf '%s\n' "${summary[@]}"
@@ -132,6 +136,9 @@ fi
 
 warnings="-Wall -Wextra -Wpedantic -Werror"
 
+# Extra ctest arguments (such as a label filter) for the next run_suite calls.
+ctest_args=()
+
 # run_suite NAME CXX_FLAGS [extra cmake args...] -- [env for ctest...]
 run_suite() {
     local name=$1 cxx_flags=$2
@@ -172,7 +179,6 @@ packages+=(clang)
 
 install_missing_packages
 
-ctest_args=()
 run_suite release "$warnings" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
 if ((quick)); then
