@@ -1,6 +1,9 @@
 # Defines the target redislock::hiredis from whatever hiredis the system has: hiredis 1.x
 # installs a CMake package (hiredis::hiredis); Debian's 0.14 installs only hiredis.pc.
+# Sets redislock_hiredis_FOUND, and redislock_hiredis_message when hiredis is missing; the caller
+# decides whether that is an error, since redislock::core needs no hiredis.
 if(TARGET redislock::hiredis)
+    set(redislock_hiredis_FOUND TRUE)
     return()
 endif()
 
@@ -18,16 +21,13 @@ else()
 endif()
 
 if(NOT redislock_hiredis_target)
+    set(redislock_hiredis_FOUND FALSE)
     set(redislock_hiredis_message
-        "redislock needs hiredis (0.14 or 1.x): install libhiredis-dev, or point CMAKE_PREFIX_PATH at a hiredis install")
-    if(CMAKE_FIND_PACKAGE_NAME STREQUAL "redislock")
-        set(redislock_FOUND FALSE)
-        set(redislock_NOT_FOUND_MESSAGE "${redislock_hiredis_message}")
-        return()
-    endif()
-    message(FATAL_ERROR "${redislock_hiredis_message}")
+        "hiredis (0.14 or 1.x) not found: install libhiredis-dev, or point CMAKE_PREFIX_PATH at a hiredis install")
+    return()
 endif()
 
 add_library(redislock::hiredis INTERFACE IMPORTED GLOBAL)
 target_link_libraries(redislock::hiredis INTERFACE ${redislock_hiredis_target})
 unset(redislock_hiredis_target)
+set(redislock_hiredis_FOUND TRUE)

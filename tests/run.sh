@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the project and runs the test suite: release, then ASan+UBSan, then TSan, then against
-# hiredis 1.x.
+# Builds the project and runs the test suite: release (g++), then clang++, then ASan+UBSan, then
+# TSan, then against hiredis 1.x; ends with a summary of each stage.
 # Usage: tests/run.sh [--quick]    --quick: release build and tests only.
 set -euo pipefail
 
@@ -21,11 +21,64 @@ esac
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 SECONDS=0
+
+# One line per stage for the summary: name, result, tests, time; and what was skipped and why.
+summary=()
+current_stage=""
+current_log=""
+stage_started=0
+
+minutes() {
+    printf '%dm%02ds' $(($1 / 60)) $(($1 % 60))
+}
+
+# Counts from the last ctest summary in a log: "N run, P passed, F failed[, S skipped]".
+ctest_counts() {
+    local log=$1 line total failed skipped
+    [[ -f $log ]] || { echo "tests not reached"; return; }
+    line=$(grep -E '[0-9]+% tests passed, [0-9]+ tests? failed out of [0-9]+' "$log" | tail -n 1) ||
+        true
+    [[ -n $line ]] || { echo "tests did not finish"; return; }
+    total=${line##* out of }
+    failed=$(sed -E 's/.* ([0-9]+) tests? failed.*/\1/' <<<"$line")
+    skipped=$(grep -cE '^[[:space:]]*[0-9]+ - .* \(Skipped\)$' "$log" || true)
+    printf '%d run, %d passed, %d failed' "$total" $((total - failed - skipped)) "$failed"
+    ((skipped == 0)) || printf ', %d skipped' "$skipped"
+    echo
+}
+
+# stage_begin NAME [CTEST_LOG]: times a stage; stage_end RESULT records it.
+stage_begin() {
+    current_stage=$1
+    current_log=${2:-}
+    stage_started=$SECONDS
+    [[ -z $current_log ]] || rm -f "$current_log"
+}
+stage_end() {
+    local counts="-"
+    [[ -z $current_log ]] || counts=$(ctest_counts "$current_log")
+    summary+=("$(printf '%-14s %-8s %-42s %s' "$current_stage" "$1" "$counts" \
+        "$(minutes $((SECONDS - stage_started)))")")
+    current_stage=""
+}
+skip_stage() {
+    summary+=("$(printf '%-14s %-8s %s' "$1" skipped "$2")")
+}
+
 report_time() {
     local status=$?
     local verdict="PASSED"
     [[ $status -eq 0 ]] || verdict="FAILED (exit $status)"
-    printf '\n==== %s in %dm%02ds ====\n' "$verdict" $((SECONDS / 60)) $((SECONDS % 60))
+    # A stage still open here ended the run early, even when a signal left the status at 0.
+    if [[ -n $current_stage ]]; then
+        [[ $status -ne 0 ]] || verdict="FAILED (interrupted)"
+        stage_end FAILED
+    fi
+    if ((${#summary[@]} > 0)); then
+        printf '\n==== summary ====\n'
+        printf '%s\n' "${summary[@]}"
+    fi
+    printf '\n==== %s in %s ====\n' "$verdict" "$(minutes $SECONDS)"
 }
 trap report_time EXIT
 
@@ -45,6 +98,7 @@ packages=(
 
 install_missing_packages() {
     banner "dependencies"
+    stage_begin dependencies
     if ! command -v dpkg >/dev/null; then
         echo "dpkg not found: this script expects Debian 12" >&2
         exit 1
@@ -55,6 +109,7 @@ install_missing_packages() {
     done
     if ((${#missing[@]} == 0)); then
         echo "all packages present"
+        stage_end "ok"
         return
     fi
     echo "installing: ${missing[*]}"
@@ -68,6 +123,7 @@ install_missing_packages() {
         apt-get install -y --no-install-recommends "${missing[@]}"
     # Installing redis-server may start its system service on port 6379. The tests start their
     # own servers on free ports, so that service is neither needed nor touched.
+    stage_end "ok"
 }
 
 # GCC 12's sanitizer runtimes cannot map their shadow memory when the kernel uses more than 28
@@ -79,6 +135,9 @@ if ((rnd_bits > 28)) && setarch "$(uname -m)" -R true 2>/dev/null; then
 fi
 
 warnings="-Wall -Wextra -Wpedantic -Werror"
+
+# Extra ctest arguments (such as a label filter) for the next run_suite calls.
+ctest_args=()
 
 # run_suite NAME CXX_FLAGS [extra cmake args...] -- [env for ctest...]
 run_suite() {
@@ -93,6 +152,7 @@ run_suite() {
     local test_env=("$@")
     local dir="build/$name"
 
+    stage_begin "$name" "$dir/ctest.log"
     banner "$name: configure"
     cmake -S . -B "$dir" \
         "-DCMAKE_CXX_FLAGS=$cxx_flags" \
@@ -107,17 +167,35 @@ run_suite() {
     banner "$name: test"
     local launcher=()
     [[ $name == release ]] || launcher=("${sanitizer_launcher[@]}")
+    # Also kept in the build directory, where the summary reads the counts from.
     env "${test_env[@]}" "${launcher[@]}" \
-        ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 300
+        ctest --test-dir "$dir" --output-on-failure -j "$jobs" --timeout 300 "${ctest_args[@]}" \
+        2>&1 | tee "$dir/ctest.log"
+    stage_end passed
 }
+
+# The clang stage builds with Debian's clang (clang 14 on Debian 12) and its default libstdc++.
+packages+=(clang)
 
 install_missing_packages
 
 run_suite release "$warnings" -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
 if ((quick)); then
+    for stage in clang asan tsan hiredis1; do
+        skip_stage "$stage" "--quick"
+    done
     exit 0
 fi
+
+# clang++ with the same warnings as errors: the library, tests and examples. The release stage
+# already runs the benchmarks and the package consumers with g++.
+ctest_args=(--label-exclude package)
+run_suite clang "$warnings" \
+    -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_BUILD_TYPE=Debug \
+    -DREDISLOCK_BUILD_BENCHMARKS=OFF
+ctest_args=()
 
 asan_flags="-fsanitize=address,undefined"
 run_suite asan "$warnings $asan_flags -fno-omit-frame-pointer -fno-sanitize-recover=all" \
@@ -161,9 +239,14 @@ fetch_hiredis1() {
     cmake --install "$hiredis1_dist/build"
 }
 
+stage_begin "hiredis1 fetch"
 if fetch_hiredis1; then
+    stage_end ok
     run_suite hiredis1 "$warnings" \
         -DCMAKE_BUILD_TYPE=Debug \
         "-DCMAKE_PREFIX_PATH=$hiredis1_dist/prefix" \
         -DREDISLOCK_BUILD_BENCHMARKS=OFF
+else
+    stage_end "not run"
+    skip_stage hiredis1 "hiredis 1.x sources unavailable (see 'not run' above)"
 fi

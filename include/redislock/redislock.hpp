@@ -13,6 +13,7 @@
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
 #include <redislock/shared_mutex.hpp>
+#include <redislock/version.hpp>
 #include <redislock/watchdog.hpp>
 
 namespace redislock {
