@@ -85,7 +85,7 @@ struct fault_run_options {
     /// Faults are injected this long; then the paths are healed and the workers go on for
     /// quiet_tail before they stop.
     std::chrono::milliseconds fault_time{3000};
-    std::chrono::milliseconds quiet_tail{1500};
+    std::chrono::milliseconds quiet_tail{1000};
     std::chrono::milliseconds lease{500};            ///< with the watchdog on
     std::chrono::milliseconds acquire_wait{500};     ///< try_lock_for per attempt
     std::chrono::milliseconds command_timeout{250};  ///< the hiredis adapter's, via the URI
@@ -186,7 +186,8 @@ struct fault_run_report {
     }
 };
 
-/// REDISLOCK_LONG_FAULTS=1 makes the fault time 30 s; REDISLOCK_FAULT_SEED=N replaces the seed.
+/// REDISLOCK_LONG_FAULTS=1 makes the fault time 30 s; REDISLOCK_FAULT_SEED=N replaces the seed;
+/// REDISLOCK_FAULT_PERCENT=N the fault rate (0: a control run through healthy proxies).
 inline fault_run_options with_environment(fault_run_options options) {
     if (const char* v = std::getenv("REDISLOCK_LONG_FAULTS");
         v != nullptr && std::string_view{v} == "1") {
@@ -194,6 +195,9 @@ inline fault_run_options with_environment(fault_run_options options) {
     }
     if (const char* v = std::getenv("REDISLOCK_FAULT_SEED"); v != nullptr && *v != '\0') {
         options.seed = std::stoull(v);
+    }
+    if (const char* v = std::getenv("REDISLOCK_FAULT_PERCENT"); v != nullptr && *v != '\0') {
+        options.fault_percent = std::stoi(v);
     }
     return options;
 }
@@ -616,7 +620,6 @@ inline void fault_controller(const fault_run_options& options, fault_shared_memo
     for (auto& proxy : proxies) {
         proxy->heal();
     }
-    log.push_back(at() + " all paths healed");
 }
 
 inline std::string describe_hold(const fault_hold& h, std::int64_t origin) {
