@@ -120,7 +120,8 @@ struct alignas(8) fault_hold {
     std::int64_t enter_ns = 0;        ///< when lock() returned true
     std::int64_t exit_ns = 0;         ///< when the holder stopped believing it held
     std::int64_t remaining_ms = 0;    ///< remaining() right after lock() returned
-    std::int64_t lost_ns = 0;         ///< when on_lost was called during the hold; 0: not called
+    std::int64_t lost_ns = 0;  ///< when on_lost was called (in the hold, or up to on_lost_slack
+                               ///< after remaining() reached zero); 0: not called
     std::int64_t seen_lost_ns = 0;    ///< first look that found remaining() zero; 0: none
     std::int64_t promise_end_ns = 0;  ///< last look's time + remaining(); 0: never looked
 };
@@ -879,12 +880,17 @@ inline fault_run_report run_fault_exclusion(redis_server& server, fault_run_opti
     std::this_thread::sleep_for(std::max(options.lease, options.longest_claim) +
                                 std::chrono::milliseconds{300});
     try {
-        const std::string keys = server.cli({"KEYS", "*"});
+        // SCAN (redis-cli --scan) deletes the expired keys it meets, so DBSIZE afterwards
+        // counts only keys that are really left.
+        const std::string keys = server.cli({"--scan"});
         std::istringstream lines{keys};
         std::vector<std::string> left;
+        std::size_t fences = 0;
         for (std::string key; std::getline(lines, key);) {
             const bool fence = key.size() > 6 && key.compare(key.size() - 6, 6, ":fence") == 0;
-            if (!key.empty() && !fence) {
+            if (fence) {
+                ++fences;
+            } else if (!key.empty()) {
                 left.push_back(key);
             }
         }
@@ -892,6 +898,11 @@ inline fault_run_report run_fault_exclusion(redis_server& server, fault_run_opti
             report.violations.push_back("key left in Redis after every lease ran out: " + key +
                                         " (type " + server.cli({"TYPE", key}) + ", pttl " +
                                         server.cli({"PTTL", key}) + ")");
+        }
+        const std::string dbsize = server.cli({"DBSIZE"});
+        if (left.empty() && dbsize != std::to_string(fences)) {
+            report.violations.push_back("DBSIZE is " + dbsize + " at the end, with " +
+                                        std::to_string(fences) + " fence counter(s)");
         }
     } catch (const std::exception& e) {
         report.violations.push_back(std::string{"checking Redis at the end: "} + e.what());
