@@ -18,15 +18,20 @@
 //   * after the faults stop, the workers finish and the leases run out, Redis holds no key
 //     (apart from fence counters, `name:fence` / `{name}:fence`, which never expire by design);
 //   * no call failed with anything but a transient error (connection_error, timeout_error,
-//     cancelled_error): e.g. a "would deadlock" from an object that believes it still holds.
+//     cancelled_error): e.g. a "would deadlock" from an object that believes it still holds;
+//   * a hold whose remaining() reached zero (its local deadline, no renewal confirmed) heard
+//     on_lost by then, give or take on_lost_slack for scheduling.
 //
 // When a hold ends matters as much as when it starts. A hold begins when lock() returned, and
 // ends when the holder stops believing it holds: at the end of its work, or earlier when the
 // loss is reported. Half of the threads trust on_lost alone (the hold ends when on_lost is
-// called); the other half look at remaining() every millisecond (the hold ends at the first look
-// that finds it zero, or at the end of the validity promised by the previous look, whichever is
-// first: a late look is the test's fault, not the lock's). A rival found inside while a holder
-// still believed it held is an overlap.
+// called); the other half look at remaining() (owned() is remaining() > 0) every millisecond,
+// and their hold ends at the first look that finds it zero, or at the end of the validity
+// promised by the previous look, whichever is first (a late look is the test's fault, not the
+// lock's). A rival found inside while a holder still believed it held is an overlap.
+//
+// The process plumbing (child_process, line_channel) and the overlap search (find_overlap) are
+// those of support/exclusion.hpp.
 //
 // Forks: the children are forked before the parent starts any thread or opens any connection
 // (the proxies start after the fork and their ports are sent to the children), so no child holds
@@ -188,7 +193,8 @@ struct fault_run_report {
 };
 
 /// REDISLOCK_LONG_FAULTS=1 makes the fault time 30 s; REDISLOCK_FAULT_SEED=N replaces the seed;
-/// REDISLOCK_FAULT_PERCENT=N the fault rate (0: a control run through healthy proxies).
+/// REDISLOCK_FAULT_PERCENT=N the fault rate (0: a control run through healthy proxies);
+/// REDISLOCK_FAULT_LOST_REPLIES=1 adds windows of lost replies to the faults.
 inline fault_run_options with_environment(fault_run_options options) {
     if (const char* v = std::getenv("REDISLOCK_LONG_FAULTS");
         v != nullptr && std::string_view{v} == "1") {
@@ -199,6 +205,10 @@ inline fault_run_options with_environment(fault_run_options options) {
     }
     if (const char* v = std::getenv("REDISLOCK_FAULT_PERCENT"); v != nullptr && *v != '\0') {
         options.fault_percent = std::stoi(v);
+    }
+    if (const char* v = std::getenv("REDISLOCK_FAULT_LOST_REPLIES");
+        v != nullptr && std::string_view{v} == "1") {
+        options.lost_replies = true;
     }
     return options;
 }
