@@ -2,15 +2,20 @@
 
 #include <gtest/gtest.h>
 
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -155,6 +160,127 @@ TEST(redis_server, startup_failure_reports_the_log) {
     } catch (const std::runtime_error& e) {
         EXPECT_NE(std::string(e.what()).find("no-such-option"), std::string::npos) << e.what();
     }
+}
+
+// A client connection kept open across a fault, apart from the fixture's one-shot probes.
+class open_client {
+public:
+    explicit open_client(const redis_server& server)
+        : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+        sockaddr_in addr{};
+        addr.sin_family = AF_INET;
+        addr.sin_port = htons(static_cast<std::uint16_t>(server.port()));
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (!fd_ ||
+            ::connect(fd_.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+            throw std::runtime_error("open_client: cannot connect");
+        }
+    }
+
+    // The first reply line to `command`, or nullopt when the server closed the connection or
+    // did not answer within `timeout`.
+    std::optional<std::string> send(const std::vector<std::string>& command,
+                                    std::chrono::milliseconds timeout = 2s) {
+        const std::string payload = redislock::test::detail::encode_command(command);
+        if (::send(fd_.get(), payload.data(), payload.size(), MSG_NOSIGNAL) !=
+            static_cast<ssize_t>(payload.size())) {
+            return std::nullopt;
+        }
+        std::string received;
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        while (received.find("\r\n") == std::string::npos) {
+            pollfd pfd{fd_.get(), POLLIN, 0};
+            if (::poll(&pfd, 1, redislock::test::detail::remaining_ms(deadline)) != 1) {
+                return std::nullopt;
+            }
+            char buf[256];
+            const ssize_t n = ::recv(fd_.get(), buf, sizeof(buf), 0);
+            if (n <= 0) {
+                return std::nullopt;
+            }
+            received.append(buf, static_cast<std::size_t>(n));
+        }
+        return received.substr(0, received.find("\r\n"));
+    }
+
+private:
+    redislock::test::detail::unique_fd fd_;
+};
+
+TEST(redis_server, kill_and_restart_empty_keeps_the_port_and_forgets_data_and_scripts) {
+    redis_server server;
+    const int port = server.port();
+    const pid_t old_pid = server.pid();
+    ASSERT_EQ(server.cli({"SET", "key", "value"}), "OK");
+    const std::string sha1 = server.cli({"SCRIPT", "LOAD", "return 1"});
+    open_client client(server);
+    ASSERT_EQ(client.send({"PING"}), "+PONG");
+
+    server.kill_and_restart_empty();
+    EXPECT_EQ(server.port(), port);
+    EXPECT_NE(server.pid(), old_pid);
+    EXPECT_EQ(::kill(old_pid, 0), -1);
+    EXPECT_EQ(server.cli({"DBSIZE"}), "0");
+    EXPECT_EQ(server.cli({"SCRIPT", "EXISTS", sha1}), "0");
+    EXPECT_EQ(client.send({"PING"}), std::nullopt);
+}
+
+TEST(redis_server, flushall_removes_every_key_of_every_db) {
+    redis_server server;
+    ASSERT_EQ(server.cli({"SET", "a", "1"}), "OK");
+    ASSERT_EQ(server.cli({"-n", "3", "SET", "b", "2"}), "OK");
+    server.flushall();
+    EXPECT_EQ(server.cli({"DBSIZE"}), "0");
+    EXPECT_EQ(server.cli({"-n", "3", "DBSIZE"}), "0");
+}
+
+TEST(redis_server, script_flush_makes_evalsha_answer_noscript) {
+    redis_server server;
+    const std::string sha1 = server.cli({"SCRIPT", "LOAD", "return 1"});
+    ASSERT_EQ(server.cli({"SCRIPT", "EXISTS", sha1}), "1");
+    server.script_flush();
+    EXPECT_EQ(server.cli({"SCRIPT", "EXISTS", sha1}), "0");
+    const auto reply = probe_tcp(server.host(), server.port(), {"EVALSHA", sha1, "0"}, 2s);
+    ASSERT_TRUE(reply.line);
+    EXPECT_EQ(reply.line->rfind("-NOSCRIPT", 0), 0U) << *reply.line;
+}
+
+TEST(redis_server, client_kill_all_closes_other_connections_and_the_server_stays_up) {
+    redis_server server;
+    open_client first(server);
+    open_client second(server);
+    ASSERT_EQ(first.send({"PING"}), "+PONG");
+    ASSERT_EQ(second.send({"PING"}), "+PONG");
+    EXPECT_EQ(server.client_kill_all(), 2);
+    EXPECT_EQ(first.send({"PING"}), std::nullopt);
+    EXPECT_EQ(second.send({"PING"}), std::nullopt);
+    EXPECT_EQ(ping(server), "+PONG");
+}
+
+TEST(redis_server, client_pause_holds_commands_for_its_duration) {
+    redis_server server;
+    open_client client(server);
+    ASSERT_EQ(client.send({"PING"}), "+PONG");
+    server.client_pause(300ms);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(client.send({"SET", "k", "v"}), "+OK");
+    const auto waited = std::chrono::steady_clock::now() - start;
+    EXPECT_GE(waited, 200ms);
+    EXPECT_LT(waited, 2s);
+}
+
+TEST(redis_server, maxmemory_noeviction_refuses_writes_once_full_and_allows_deletes) {
+    redis_server server;
+    const int written = server.fill_memory_until_oom();
+    EXPECT_GT(written, 0);
+    EXPECT_EQ(server.cli({"CONFIG", "GET", "maxmemory-policy"}), "maxmemory-policy\nnoeviction");
+    const auto refused = probe_tcp(server.host(), server.port(), {"SET", "more", "x"}, 2s);
+    ASSERT_TRUE(refused.line);
+    EXPECT_EQ(refused.line->rfind("-OOM", 0), 0U) << *refused.line;
+    // Every key written before the OOM is still there: nothing was evicted.
+    EXPECT_EQ(server.cli({"DBSIZE"}), std::to_string(written));
+    const auto deleted = probe_tcp(server.host(), server.port(), {"DEL", "oom-filler:0"}, 2s);
+    EXPECT_EQ(deleted.line, ":1");
 }
 
 }  // namespace

@@ -543,6 +543,89 @@ public:
         start();
     }
 
+    // Server faults. Each acts on this server at once and returns when it has taken effect.
+
+    // kill -9, then a new server on the same port with no data and no scripts loaded (as after a
+    // crash of a server without persistence). Clients see their connections closed.
+    void kill_and_restart_empty() {
+        stop();
+        std::error_code ignored;
+        std::filesystem::remove(dir_ + "/dump.rdb", ignored);
+        std::filesystem::remove_all(dir_ + "/appendonlydir", ignored);
+        start();
+    }
+
+    void flushall() { expect_ok(cli({"FLUSHALL"}), "FLUSHALL"); }
+
+    // Forgets every loaded script, so the next EVALSHA gets NOSCRIPT.
+    void script_flush() { expect_ok(cli({"SCRIPT", "FLUSH"}), "SCRIPT FLUSH"); }
+
+    // Closes every normal client connection (not the redis-cli that asks: CLIENT KILL skips the
+    // caller). Returns how many were closed.
+    int client_kill_all() { return std::stoi(cli({"CLIENT", "KILL", "TYPE", "normal"})); }
+
+    // Holds every client's commands for `duration` (CLIENT PAUSE ... ALL); connections stay open.
+    void client_pause(std::chrono::milliseconds duration) {
+        expect_ok(cli({"CLIENT", "PAUSE", std::to_string(duration.count()), "ALL"}),
+                  "CLIENT PAUSE");
+    }
+
+    // Caps memory at `bytes` and refuses writes past it (OOM) instead of evicting keys.
+    void set_maxmemory_noeviction(std::size_t bytes) {
+        expect_ok(cli({"CONFIG", "SET", "maxmemory-policy", "noeviction"}), "CONFIG SET");
+        expect_ok(cli({"CONFIG", "SET", "maxmemory", std::to_string(bytes)}), "CONFIG SET");
+    }
+
+    // used_memory from INFO memory, in bytes.
+    std::size_t used_memory() const {
+        const std::string info = cli({"INFO", "memory"});
+        const std::string field = "used_memory:";
+        const auto at = info.find(field);
+        if (at == std::string::npos) {
+            throw std::runtime_error("INFO memory has no used_memory: " + info);
+        }
+        return static_cast<std::size_t>(std::stoull(info.substr(at + field.size())));
+    }
+
+    // Sets maxmemory a little above what the server uses now (noeviction), then writes keys
+    // "<prefix><n>" until the server answers OOM even to a small write: values start at
+    // `value_size` bytes and halve after each OOM down to 64, since a big write can be refused
+    // (its own query buffer counts) while a small one still fits. Returns how many keys were
+    // written. Needs a server without a password (the writes are raw probes).
+    // @throws std::runtime_error if that takes more than 8192 writes or 10 s.
+    int fill_memory_until_oom(std::size_t headroom = std::size_t{1} << 20,
+                              std::size_t value_size = std::size_t{1} << 16,
+                              const std::string& prefix = "oom-filler:") {
+        if (!password_.empty()) {
+            throw std::logic_error("fill_memory_until_oom needs a server without a password");
+        }
+        constexpr std::size_t smallest = 64;
+        set_maxmemory_noeviction(used_memory() + headroom);
+        const auto deadline = detail::clock::now() + std::chrono::seconds(10);
+        int written = 0;
+        for (int attempt = 0; attempt < 8192 && detail::clock::now() < deadline; ++attempt) {
+            const auto reply =
+                probe_tcp(host(), port_,
+                          {"SET", prefix + std::to_string(written), std::string(value_size, 'x')},
+                          std::chrono::seconds(2));
+            if (!reply.line) {
+                throw std::runtime_error("no reply while filling memory");
+            }
+            if (reply.line->rfind("-OOM", 0) == 0) {
+                if (value_size <= smallest) {
+                    return written;
+                }
+                value_size = std::max(value_size / 2, smallest);
+                continue;
+            }
+            if (*reply.line != "+OK") {
+                throw std::runtime_error("filling memory: unexpected reply " + *reply.line);
+            }
+            ++written;
+        }
+        throw std::runtime_error("the server did not run out of memory");
+    }
+
     // Runs one redis-cli command; nil replies come back as an empty string.
     std::string cli(const std::vector<std::string>& args) const {
         std::vector<std::string> argv{detail::find_executable("redis-cli"), "-h", host(), "-p",
@@ -566,6 +649,12 @@ private:
     enum class launch_result { ready, bind_failed };
 
     bool is_owner() const { return ::getpid() == owner_pid_; }
+
+    static void expect_ok(const std::string& answer, const std::string& what) {
+        if (answer != "OK") {
+            throw std::runtime_error(what + " answered: " + answer);
+        }
+    }
 
     std::string log_path() const { return dir_ + "/log"; }
     std::string stdout_path() const { return dir_ + "/stdout"; }
