@@ -91,6 +91,12 @@ public:
           options_{options},
           engine_{[this] { return std::make_unique<engine>(nodes_); }} {}
 
+    redlock_core(const redlock_core&) = delete;
+    redlock_core& operator=(const redlock_core&) = delete;
+
+    // The workers run what is queued before they stop; nothing they do may schedule more.
+    ~redlock_core() { closing_.store(true, std::memory_order_release); }
+
     std::size_t size() const noexcept { return nodes_.size(); }
     std::size_t quorum() const noexcept { return nodes_.size() / 2 + 1; }
     const redlock_options& options() const noexcept { return options_; }
@@ -289,7 +295,8 @@ private:
         // master runs what it received when it wakes up): send it again, while the lease may
         // still run.
         void retry_release() const {
-            if (op != node_op::release || retries_left <= 0) {
+            if (op != node_op::release || retries_left <= 0 ||
+                core->closing_.load(std::memory_order_acquire)) {
                 return;
             }
             const int attempt = core->options_.release_retries - retries_left;
@@ -311,6 +318,7 @@ private:
     std::vector<node_spec> nodes_;
     redlock_options options_;
     std::atomic<bool> renewals_stopped_{false};
+    std::atomic<bool> closing_{false};
     fork_local<engine> engine_;  // last: its threads use the members above
 };
 
