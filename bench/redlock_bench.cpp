@@ -129,17 +129,17 @@ int run(int argc, char** argv) {
     redlock_reporter reporter{color ? benchmark::ConsoleReporter::OO_ColorTabular
                                     : benchmark::ConsoleReporter::OO_Tabular};
     const redislock::bench::detail::clear_registered clear;
-    benchmark::RegisterBenchmark(std::string{single_name}.c_str(),
-                                 [m = single.mutex("bench:single")](
-                                     benchmark::State& state) mutable {
-                                     redislock::bench::lock_unlock(state, m);
-                                 })
+    benchmark::RegisterBenchmark(
+        std::string{single_name}.c_str(),
+        [m = single.mutex("bench:single")](benchmark::State& state) mutable {
+            redislock::bench::lock_unlock(state, m);
+        })
         ->UseRealTime();
-    benchmark::RegisterBenchmark(std::string{redlock_name}.c_str(),
-                                 [m = five.mutex("bench:redlock")](
-                                     benchmark::State& state) mutable {
-                                     redislock::bench::lock_unlock(state, m);
-                                 })
+    benchmark::RegisterBenchmark(
+        std::string{redlock_name}.c_str(),
+        [m = five.mutex("bench:redlock")](benchmark::State& state) mutable {
+            redislock::bench::lock_unlock(state, m);
+        })
         ->UseRealTime();
 
     benchmark::RunSpecifiedBenchmarks(&reporter);

@@ -124,7 +124,9 @@ private:
     std::array<bool, masters> paused_{};
 };
 
-redlock_options fast() { return redlock_options{.node_timeout = 100ms}; }
+redlock_options fast() {
+    return redlock_options{.node_timeout = 100ms};
+}
 
 TEST_F(Redlock, QuorumAcquisitionSetsOneTokenOnEveryMasterAndUnlockRemovesItEverywhere) {
     redlock_client rl{uris(), fast()};
@@ -393,8 +395,7 @@ TEST_F(Redlock, FencingIsRejectedBecauseNoCounterOrdersIndependentMasters) {
         (void)rl.mutex("fenced", {.fencing = true});
         FAIL() << "fencing was accepted";
     } catch (const invalid_argument& e) {
-        EXPECT_NE(std::string{e.what()}.find("independent masters"), std::string::npos)
-            << e.what();
+        EXPECT_NE(std::string{e.what()}.find("independent masters"), std::string::npos) << e.what();
     }
 }
 
@@ -507,8 +508,7 @@ TEST_F(Redlock, ExcludesAndIsExcludedByNodeRedlockOnTheSameMasters) {
         m.unlock();
         return;
     }
-    std::cout << "[   NOTE   ] interop checked against node-redlock 5 (" REDISLOCK_TEST_NODE_DIR
-                 ")"
+    std::cout << "[   NOTE   ] interop checked against node-redlock 5 (" REDISLOCK_TEST_NODE_DIR ")"
               << std::endl;
     std::vector<std::string> ports;
     for (std::size_t i = 0; i < masters; ++i) {

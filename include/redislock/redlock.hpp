@@ -71,16 +71,17 @@ public:
     /// first use, so some may be down when the client is made.
     /// @throws redislock::invalid_argument for no URI, a malformed URI, the same master twice,
     ///         or a node_timeout that is not positive.
-    explicit basic_redlock_client(const std::vector<std::string>& uris,
-                                  redlock_options options = {})
-    requires std::constructible_from<C, endpoint>
+    explicit basic_redlock_client(
+        const std::vector<std::string>& uris,
+        redlock_options options = {}) requires std::constructible_from<C, endpoint>
         : basic_redlock_client{parse(uris), options} {}
 
     /// One master per endpoint. Each endpoint's connect and command timeouts are capped at
     /// options.node_timeout.
     /// @throws as the URI overload.
-    explicit basic_redlock_client(std::span<const endpoint> masters, redlock_options options = {})
-    requires std::constructible_from<C, endpoint>
+    explicit basic_redlock_client(
+        std::span<const endpoint> masters,
+        redlock_options options = {}) requires std::constructible_from<C, endpoint>
         : core_{make_core(masters, options)} {}
 
     basic_redlock_client(const basic_redlock_client&) = delete;

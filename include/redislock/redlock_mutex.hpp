@@ -77,8 +77,7 @@ public:
     ///         can order acquisitions made on independent masters).
     basic_redlock_mutex(basic_redlock_client<C>& client, std::string_view name,
                         lock_options options = {})
-        : core_{client.core_},
-          state_{std::make_shared<state>(name, std::move(options))} {}
+        : core_{client.core_}, state_{std::make_shared<state>(name, std::move(options))} {}
 
     basic_redlock_mutex(basic_redlock_mutex&&) noexcept = default;
     basic_redlock_mutex& operator=(basic_redlock_mutex&& other) noexcept {
@@ -250,8 +249,8 @@ private:
                     "redislock: lock() of '" + state_->name + "' by its holder"};
             }
         }
-        return detail::acquire_with_backoff([this, &stop] { return attempt(stop); }, deadline,
-                                            stop, state_->options);
+        return detail::acquire_with_backoff([this, &stop] { return attempt(stop); }, deadline, stop,
+                                            state_->options);
     }
 
     // One round on every master: std::nullopt when acquired; else an unknown holder TTL.
@@ -379,8 +378,8 @@ private:
     }
 
     // Stores a timer id in `st` if `acq` is still its acquisition, else cancels the timer.
-    static void remember_timer(detail::deadline_timer& timer, state& st,
-                               const acquisition_ptr& acq, detail::deadline_timer::id id,
+    static void remember_timer(detail::deadline_timer& timer, state& st, const acquisition_ptr& acq,
+                               detail::deadline_timer::id id,
                                detail::deadline_timer::id state::*slot) {
         {
             std::lock_guard guard{st.mutex};

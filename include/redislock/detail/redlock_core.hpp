@@ -87,9 +87,9 @@ public:
     };
 
     redlock_core(std::vector<node_spec> nodes, redlock_options options)
-        : nodes_{std::move(nodes)},
-          options_{options},
-          engine_{[this] { return std::make_unique<engine>(nodes_); }} {}
+        : nodes_{std::move(nodes)}, options_{options}, engine_{[this] {
+              return std::make_unique<engine>(nodes_);
+          }} {}
 
     redlock_core(const redlock_core&) = delete;
     redlock_core& operator=(const redlock_core&) = delete;
@@ -129,8 +129,8 @@ public:
         auto round = std::make_shared<quorum_round>(size(), quorum());
         engine& e = engine_.get();
         for (std::size_t i = 0; i < size(); ++i) {
-            e.workers[i]->post(
-                node_call{this, op, acq, i, deadline, round, extend_lease, options_.release_retries});
+            e.workers[i]->post(node_call{this, op, acq, i, deadline, round, extend_lease,
+                                         options_.release_retries});
         }
         return round;
     }
@@ -247,8 +247,8 @@ private:
 
         void acquire(C& conn, const call_context& how) const {
             acq->sent_to[node].store(true, std::memory_order_release);
-            const std::array<std::string_view, 6> set{
-                "SET", acq->name, acq->tok.view(), "NX", "PX", acq->lease_text.view()};
+            const std::array<std::string_view, 6> set{"SET", acq->name, acq->tok.view(),
+                                                      "NX",  "PX",      acq->lease_text.view()};
             const reply r = detail::execute(conn, set, how);
             if (r.is_status()) {
                 answer(node_answer::yes);
@@ -305,7 +305,13 @@ private:
             if (when >= acq->latest_expiry()) {
                 return;  // the key, if any, has expired by then
             }
-            node_call again{core, op, acq, node, when + core->options_.node_timeout, nullptr, {},
+            node_call again{core,
+                            op,
+                            acq,
+                            node,
+                            when + core->options_.node_timeout,
+                            nullptr,
+                            {},
                             retries_left - 1};
             redlock_core* owner = core;
             const std::size_t target = node;
