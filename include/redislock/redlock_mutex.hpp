@@ -26,6 +26,13 @@
 // the loss timer's or the renewal thread); it must not throw and should return quickly, as it
 // delays other locks' loss deadlines while it runs.
 //
+// Renewal (lock_options::watchdog): every lease/3 a compare-and-PEXPIRE round goes to the
+// masters; only a quorum's confirmation moves the validity (counted from when the round was
+// sent). A round that finds the key gone on more than N - quorum masters reports the loss; one
+// with too few answers is tried again soon, and the loss timer ends the lock at its deadline if
+// none succeeds. Rounds of all locks of a client run one after another on one thread, each
+// bounded by node_timeout.
+//
 // Thread safety: one object may be shared by several threads, as a std::mutex is; the thread
 // that locked it holds it (or, with lock_options::owner set, the object does). lock() from the
 // holder throws std::system_error(resource_deadlock_would_occur); unlock() from another thread
@@ -72,12 +79,15 @@ template <connection C>
 class basic_redlock_mutex : public detail::timed_lockable<basic_redlock_mutex<C>> {
 public:
     /// Usually made by redlock_client.mutex(name, options).
-    /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of range,
-    ///         inconsistent backoff bounds, or lock_options::fencing (see redlock.hpp: no counter
+    /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of range
+    ///         or not above redlock_options::node_timeout plus the drift allowance, inconsistent
+    ///         backoff bounds, or lock_options::fencing (see redlock.hpp: no counter
     ///         can order acquisitions made on independent masters).
     basic_redlock_mutex(basic_redlock_client<C>& client, std::string_view name,
                         lock_options options = {})
-        : core_{client.core_}, state_{std::make_shared<state>(name, std::move(options))} {}
+        : core_{client.core_},
+          state_{std::make_shared<state>(name, std::move(options), core_->options().node_timeout)} {
+    }
 
     basic_redlock_mutex(basic_redlock_mutex&&) noexcept = default;
     basic_redlock_mutex& operator=(basic_redlock_mutex&& other) noexcept {
@@ -96,12 +106,13 @@ public:
         unlock(ignored);
     }
 
-    /// Releases the lock on every master and says how it went: no error (a quorum released
-    /// it); errc::not_held or errc::not_holder (misuse: nothing is sent); errc::lock_lost (more
-    /// than N - quorum masters no longer had it); errc::connection_failed or
-    /// errc::server_failed (too few answers to tell). Masters that could not be reached get the
-    /// release again in the background (redlock_options::release_retries) while the lease may
-    /// still run; past that their key is left to expire.
+    /// Releases the lock on every master, waiting for each one's answer (at most
+    /// redlock_options::node_timeout), and says how it went: no error (a quorum released it);
+    /// errc::not_held or errc::not_holder (misuse: nothing is sent); errc::lock_lost (more than N -
+    /// quorum masters no longer had it); errc::connection_failed or errc::server_failed (too few
+    /// answers to tell). Masters that could not be reached get the release again in the background
+    /// (redlock_options::release_retries) while the lease may still run; past that their key is
+    /// left to expire.
     void unlock(std::error_code& ec) noexcept {
         ec.clear();
         given_up released;
@@ -197,9 +208,16 @@ private:
     using acquisition_ptr = std::shared_ptr<detail::redlock_acquisition>;
 
     struct state {
-        state(std::string_view lock_name, lock_options opts)
+        state(std::string_view lock_name, lock_options opts, std::chrono::milliseconds node_timeout)
             : name{lock_name}, options{std::move(opts)}, lease_text{options.lease.count()} {
             detail::check_options(name, options);
+            if (options.lease <=
+                node_timeout + options.lease / 100 + std::chrono::milliseconds{2}) {
+                throw invalid_argument{
+                    "redislock: a redlock lease must exceed redlock_options::node_timeout (" +
+                    std::to_string(node_timeout.count()) +
+                    " ms) plus the drift allowance, or no acquisition could ever be valid"};
+            }
             if (options.fencing) {
                 throw invalid_argument{
                     "redislock: a redlock lock cannot offer fencing tokens: no single counter "
@@ -282,12 +300,17 @@ private:
         {
             std::lock_guard guard{state_->mutex};
             // Another thread of this object still thinks it holds: its validity ran out, since
-            // a quorum let us in. That acquisition is lost.
-            if (state_->held && !state_->lost) {
-                previous_lost = state_->lost_source;
+            // a quorum let us in. That acquisition is lost. One made by the parent this process
+            // was forked from is the parent's business, and its timers are not ours to cancel.
+            if (!state_->inherited_by_fork()) {
+                if (state_->held && !state_->lost) {
+                    previous_lost = state_->lost_source;
+                }
+                previous_check = state_->loss_check;
+                previous_renewal = state_->renewal;
             }
-            previous_check = std::exchange(state_->loss_check, 0);
-            previous_renewal = std::exchange(state_->renewal, 0);
+            state_->loss_check = 0;
+            state_->renewal = 0;
             state_->held = true;
             state_->lost = false;
             state_->acq = acq;
@@ -460,7 +483,9 @@ private:
             core_->renewal_timer().cancel(g.renewal);
             const auto deadline = detail::steady::now() + core_->options().node_timeout;
             auto round = core_->start_round(detail::node_op::release, g.acq, deadline);
-            const auto outcomes = core_->finish_round(*round, deadline);
+            // Every master, not just a quorum: a process that exits right after unlock() must
+            // not leave its key on a minority until the lease runs out.
+            const auto outcomes = core_->finish_round(*round, deadline, {}, true);
             const detail::quorum_tally t = detail::tally(outcomes);
             if (t.yes >= core_->quorum()) {
                 return {};

@@ -71,11 +71,15 @@ public:
 
     /// Waits until the outcome cannot change any more (a quorum said yes, or more than N -
     /// quorum said no, or failed), every node answered, `until` passed or `stop` was requested.
-    /// Returns every node's outcome so far; nodes that have not answered are still pending.
+    /// With `every_node`, waits for every node's answer (or `until`, or `stop`) even once the
+    /// outcome is settled. Returns every node's outcome so far; nodes that have not answered are
+    /// still pending.
     std::vector<node_outcome> wait(std::chrono::steady_clock::time_point until,
-                                   const std::stop_token& stop) {
+                                   const std::stop_token& stop, bool every_node = false) {
         std::unique_lock lock{mutex_};
-        const auto done = [this] { return settled(); };
+        const auto done = [this, every_node] {
+            return every_node ? answered_ == outcomes_.size() : settled();
+        };
         if (stop.stop_possible()) {
             (void)settled_.wait_until(lock, stop, until, done);
         } else {

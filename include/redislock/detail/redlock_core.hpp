@@ -141,11 +141,13 @@ public:
         (void)start_round(node_op::release, acq, clock::now() + options_.node_timeout);
     }
 
-    /// Outcomes of `round`, waiting until settled, `deadline` + grace() passed, or `stop`.
-    /// Masters that have not answered by then are reported failed.
+    /// Outcomes of `round`, waiting until settled (with `every_node`, until every master
+    /// answered), `deadline` + grace() passed, or `stop`. Masters that have not answered by then
+    /// are reported failed.
     std::vector<node_outcome> finish_round(quorum_round& round, clock::time_point deadline,
-                                           const std::stop_token& stop = {}) {
-        std::vector<node_outcome> outcomes = round.wait(deadline + grace(), stop);
+                                           const std::stop_token& stop = {},
+                                           bool every_node = false) {
+        std::vector<node_outcome> outcomes = round.wait(deadline + grace(), stop, every_node);
         const bool timed_out = clock::now() >= deadline + grace();
         for (node_outcome& o : outcomes) {
             if (o.answer == node_answer::pending) {
