@@ -32,7 +32,8 @@
 // Lifetime: not copyable or movable. Locks share the client's core, so a lock may outlive its
 // client and still release; the client's destructor stops lease renewals. The worker threads
 // (one per master) and the two timer threads are made on first use and end with the last lock
-// or client that uses them.
+// or client that uses them. A lock call makes one of its round's calls on its own thread (to a
+// master that answered its last call), the others run on the workers at the same time.
 // fork(): a child never uses its parent's threads or connections; it makes its own on first
 // use (the parent's copies are left untouched). As with any library that uses threads, fork()
 // from a quiet moment: a fork while another thread is inside a lock call may leave the child's

@@ -122,15 +122,35 @@ public:
 
     /// Sends `op` for `acq` to every master at once and returns the round their answers go to.
     /// Every call ends by `deadline`. `extend_lease` is the new lease text for node_op::extend.
+    /// With `here`, the calling thread makes one of the calls itself (on a master that answered
+    /// its last call and has nothing queued), which blocks it for that call.
     std::shared_ptr<quorum_round> start_round(node_op op,
                                               const std::shared_ptr<redlock_acquisition>& acq,
                                               clock::time_point deadline,
-                                              std::string extend_lease = {}) {
+                                              std::string extend_lease = {}, bool here = true) {
         auto round = std::make_shared<quorum_round>(size(), quorum());
         engine& e = engine_.get();
+        std::size_t own = size();
+        if (here) {
+            for (std::size_t i = 0; i < size(); ++i) {
+                if (e.workers[i]->answering()) {
+                    own = i;
+                    break;
+                }
+            }
+        }
         for (std::size_t i = 0; i < size(); ++i) {
-            e.workers[i]->post(node_call{this, op, acq, i, deadline, round, extend_lease,
-                                         options_.release_retries});
+            if (i != own) {
+                e.workers[i]->post(node_call{this, op, acq, i, deadline, round, extend_lease,
+                                             options_.release_retries});
+            }
+        }
+        if (own < size()) {
+            node_call call{this,     op,    acq,          own,
+                           deadline, round, extend_lease, options_.release_retries};
+            if (!e.workers[own]->try_run_here(call)) {
+                e.workers[own]->post(std::move(call));
+            }
         }
         return round;
     }
@@ -138,7 +158,7 @@ public:
     /// Sends the compare-and-delete for `acq` to every master it may have reached, without
     /// waiting; masters out of reach are retried in the background.
     void release_in_background(const std::shared_ptr<redlock_acquisition>& acq) {
-        (void)start_round(node_op::release, acq, clock::now() + options_.node_timeout);
+        (void)start_round(node_op::release, acq, clock::now() + options_.node_timeout, {}, false);
     }
 
     /// Outcomes of `round`, waiting until settled (with `every_node`, until every master
@@ -225,26 +245,37 @@ private:
             }
             const call_context how{acq->name, deadline, nullptr};
             try {
+                C& conn = worker.connection();
+                if (clock::now() >= deadline) {
+                    // Connecting took the whole budget: better not sent than sent late.
+                    answer(node_answer::failed, "connected past the deadline, not sent");
+                    retry_release();
+                    return;
+                }
                 switch (op) {
                     case node_op::acquire:
-                        acquire(worker.connection(), how);
+                        acquire(conn, how);
                         break;
                     case node_op::release:
-                        run_compare(worker.connection(), scripts::mutex_release, acq->channel, how);
+                        run_compare(conn, scripts::mutex_release, acq->channel, how);
                         break;
                     case node_op::extend:
-                        run_compare(worker.connection(), scripts::mutex_extend, extend_lease, how);
+                        run_compare(conn, scripts::mutex_extend, extend_lease, how);
                         break;
                     case node_op::verify:
-                        verify(worker.connection(), how);
+                        verify(conn, how);
                         break;
                 }
             } catch (const server_error& e) {
                 answer(node_answer::failed, e.what(), true);
+                return;
             } catch (const std::exception& e) {
+                worker.record_answer(false);
                 answer(node_answer::failed, e.what());
                 retry_release();
+                return;
             }
+            worker.record_answer(true);
         }
 
         void acquire(C& conn, const call_context& how) const {
