@@ -9,7 +9,11 @@
 #include <redislock/hiredis.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/mutex.hpp>
+#include <redislock/quorum_error.hpp>
 #include <redislock/recursive_mutex.hpp>
+#include <redislock/redlock.hpp>
+#include <redislock/redlock_mutex.hpp>
+#include <redislock/redlock_options.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
 #include <redislock/shared_mutex.hpp>
@@ -23,5 +27,7 @@ using mutex = basic_mutex<hiredis_connection>;
 using recursive_mutex = basic_recursive_mutex<hiredis_connection>;
 using shared_mutex = basic_shared_mutex<hiredis_connection>;
 using watchdog = basic_watchdog<hiredis_connection>;
+using redlock_client = basic_redlock_client<hiredis_connection>;
+using redlock_mutex = basic_redlock_mutex<hiredis_connection>;
 
 }  // namespace redislock

@@ -1,0 +1,22 @@
+// redislock::redlock_options: how a redlock_client talks to its masters.
+#pragma once
+
+#include <chrono>
+
+namespace redislock {
+
+/// Options of a redlock_client, shared by every lock it makes. An aggregate:
+/// `redlock_options{.node_timeout = 20ms}`.
+struct redlock_options {
+    /// The longest one call to one master may take (connecting included), counted from when the
+    /// round that sent it started. Far below the lease: a hung master costs every acquisition
+    /// this long, and the time is taken off the lock's validity. Must be positive.
+    std::chrono::milliseconds node_timeout{50};
+
+    /// How many times a release that could not reach a master is sent again in the background,
+    /// with doubling delays from twice node_timeout, while the lease it releases may still run.
+    /// A master that stays out of reach that long keeps the key until its lease runs out.
+    int release_retries = 8;
+};
+
+}  // namespace redislock

@@ -1,0 +1,551 @@
+// Tests of redlock.hpp and redlock_mutex.hpp against five real, independent redis-server
+// masters, started once for the suite. Faults: a master hung by SIGSTOP, a master killed.
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <set>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include <redislock/redislock.hpp>
+
+#include "support/exclusion.hpp"
+#include "support/redis_server.hpp"
+#include "support/test_util.hpp"
+
+namespace redislock::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::size_t masters = 5;
+
+class Redlock : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        for (auto& server : servers_) {
+            server = std::make_unique<redis_server>(
+                redis_server::options{.extra_args = {"--hz", "100"}});
+        }
+    }
+
+    static void TearDownTestSuite() {
+        for (auto& server : servers_) {
+            server.reset();
+        }
+    }
+
+    void SetUp() override {
+        for (std::size_t i = 0; i < masters; ++i) {
+            bring_back(i);
+            raw(i, {"FLUSHALL"});
+        }
+    }
+
+    void TearDown() override {
+        for (std::size_t i = 0; i < masters; ++i) {
+            bring_back(i);
+        }
+    }
+
+    static redis_server& server(std::size_t i) { return *servers_[i]; }
+
+    static std::vector<std::string> uris() {
+        std::vector<std::string> out;
+        for (const auto& server : servers_) {
+            out.push_back(server->uri());
+        }
+        return out;
+    }
+
+    static std::string port_of(std::size_t i) { return std::to_string(servers_[i]->port()); }
+
+    // Hangs master i (SIGSTOP): it accepts connections but answers nothing.
+    void hang(std::size_t i) {
+        server(i).pause();
+        paused_[i] = true;
+    }
+
+    void resume(std::size_t i) {
+        server(i).resume();
+        paused_[i] = false;
+    }
+
+    void kill(std::size_t i) { server(i).stop(); }
+
+    // Sends one command to master i on a fresh connection, past the code under test.
+    static reply raw(std::size_t i, std::vector<std::string> words) {
+        hiredis_connection conn{server(i).uri()};
+        std::vector<std::string_view> argv{words.begin(), words.end()};
+        return conn.execute(argv);
+    }
+
+    static std::optional<std::string> value_on(std::size_t i, const std::string& key) {
+        const reply r = raw(i, {"GET", key});
+        if (r.is_nil()) {
+            return std::nullopt;
+        }
+        return r.text();
+    }
+
+    static std::size_t masters_holding(const std::string& key) {
+        std::size_t count = 0;
+        for (std::size_t i = 0; i < masters; ++i) {
+            count += value_on(i, key).has_value() ? 1 : 0;
+        }
+        return count;
+    }
+
+    static bool gone_everywhere(const std::string& key) { return masters_holding(key) == 0; }
+
+private:
+    void bring_back(std::size_t i) {
+        if (paused_[i]) {
+            resume(i);
+        }
+        if (server(i).pid() <= 0) {
+            server(i).start();
+        }
+    }
+
+    static inline std::array<std::unique_ptr<redis_server>, masters> servers_{};
+    std::array<bool, masters> paused_{};
+};
+
+// For tests that time faults: a hung master costs 100 ms.
+redlock_options fast() {
+    return redlock_options{.node_timeout = 100ms};
+}
+
+// For tests that need every master to answer, however loaded the machine is.
+redlock_options patient() {
+    return redlock_options{.node_timeout = 2s};
+}
+
+TEST_F(Redlock, QuorumAcquisitionSetsOneTokenOnEveryMasterAndUnlockRemovesItEverywhere) {
+    redlock_client rl{uris(), patient()};
+    EXPECT_EQ(rl.size(), 5u);
+    EXPECT_EQ(rl.quorum(), 3u);
+    auto m = rl.mutex("orders:42", {.lease = 10s});
+    ASSERT_TRUE(m.try_lock());
+    EXPECT_TRUE(m.owned());
+    EXPECT_GT(m.remaining(), 9s);
+    EXPECT_LE(m.remaining(), 10s - 100ms - 2ms);  // drift: 1% of the lease + 2 ms
+
+    ASSERT_TRUE(eventually([&] { return masters_holding("orders:42") == masters; }, 3s));
+    const auto token = value_on(0, "orders:42");
+    ASSERT_TRUE(token.has_value());
+    EXPECT_EQ(token->size(), 32u);
+    for (std::size_t i = 0; i < masters; ++i) {
+        EXPECT_EQ(value_on(i, "orders:42"), token) << "master " << i;
+        const auto pttl = raw(i, {"PTTL", "orders:42"}).as_integer();
+        EXPECT_GT(pttl, 9000) << "master " << i;
+        EXPECT_LE(pttl, 10000) << "master " << i;
+    }
+    EXPECT_TRUE(m.verify());
+
+    std::error_code ec;
+    m.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_FALSE(m.owned());
+    EXPECT_TRUE(gone_everywhere("orders:42"));  // unlock() waits for every master's answer
+    EXPECT_FALSE(m.lost_token().stop_requested());
+
+    m.unlock(ec);
+    EXPECT_EQ(ec, errc::not_held);
+}
+
+TEST_F(Redlock, SecondLockOnTheSameNameIsExcludedUntilReleased) {
+    redlock_client rl{uris(), patient()};
+    auto first = rl.mutex("shared-name");
+    auto second = rl.mutex("shared-name");
+    ASSERT_TRUE(first.try_lock());
+    EXPECT_FALSE(second.try_lock());
+    stopwatch waited;
+    EXPECT_FALSE(second.try_lock_for(150ms));
+    EXPECT_GE(waited.elapsed(), 150ms);
+    first.unlock();
+    EXPECT_TRUE(second.try_lock_for(2s));
+    second.unlock();
+}
+
+TEST_F(Redlock, ForeignHolderOnThreeMastersMakesTryLockFalseAndTheMinorityIsReleased) {
+    for (std::size_t i = 0; i < 3; ++i) {
+        ASSERT_TRUE(raw(i, {"SET", "contended", "foreign", "NX", "PX", "10000"}).is_status());
+    }
+    redlock_client rl{uris(), patient()};
+    auto m = rl.mutex("contended", {.lease = 10s});
+    EXPECT_FALSE(m.try_lock());
+    EXPECT_FALSE(m.owned());
+    // Our SET landed on masters 3 and 4; the failed attempt must take it back there.
+    EXPECT_TRUE(eventually([&] { return !value_on(3, "contended") && !value_on(4, "contended"); }));
+    for (std::size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(value_on(i, "contended"), "foreign") << "master " << i;
+    }
+    EXPECT_FALSE(m.try_lock_for(100ms));  // contention stays a false, never an exception
+}
+
+TEST_F(Redlock, TwoMastersDownOneHungOneKilledStillAcquiresWithinTheNodeTimeout) {
+    redlock_client rl{uris(), fast()};
+    hang(0);
+    kill(1);
+    auto m = rl.mutex("two-down", {.lease = 10s});
+    stopwatch took;
+    ASSERT_TRUE(m.try_lock());
+    EXPECT_LT(took.elapsed(), fast().node_timeout * 2);
+    EXPECT_GT(m.remaining(), 9s);
+    for (std::size_t i = 2; i < masters; ++i) {
+        EXPECT_TRUE(value_on(i, "two-down").has_value()) << "master " << i;
+    }
+    EXPECT_TRUE(m.verify());
+    EXPECT_TRUE(m.extend(10s));
+
+    stopwatch unlocking;
+    std::error_code ec;
+    m.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_LT(unlocking.elapsed(), fast().node_timeout * 2);
+    EXPECT_TRUE(eventually([&] {
+        return !value_on(2, "two-down") && !value_on(3, "two-down") && !value_on(4, "two-down");
+    }));
+}
+
+TEST_F(Redlock, SetLandingLateOnAHungMasterIsReleasedInTheBackground) {
+    redlock_client rl{uris(), fast()};
+    hang(0);
+    auto m = rl.mutex("ghost", {.lease = 10s});
+    ASSERT_TRUE(m.try_lock());
+    m.unlock();
+    // The hung master holds our SET and the releases sent so far in its socket buffers; they run
+    // in any order when it wakes up. Resume between two background retries (at about 150 ms
+    // and 400 ms after unlock), so a retry sent after the wake-up takes the key back.
+    std::this_thread::sleep_for(300ms);
+    resume(0);
+    EXPECT_TRUE(eventually([&] { return gone_everywhere("ghost"); }, 5s))
+        << "master 0 still holds " << value_on(0, "ghost").value_or("(nothing)");
+}
+
+TEST_F(Redlock, ThreeMastersDownThrowsAQuorumErrorNamingThemWithinTheNodeTimeout) {
+    const redlock_options options{.node_timeout = 150ms};
+    redlock_client rl{uris(), options};
+    hang(0);
+    hang(1);
+    kill(2);
+    auto m = rl.mutex("outage", {.lease = 10s});
+    stopwatch took;
+    try {
+        (void)m.try_lock();
+        FAIL() << "try_lock returned instead of throwing";
+    } catch (const quorum_error& e) {
+        // In parallel: about one node timeout, not one per master.
+        EXPECT_LT(took.elapsed(), options.node_timeout * 2);
+        const std::string what = e.what();
+        for (std::size_t i = 0; i < 3; ++i) {
+            EXPECT_NE(what.find(":" + port_of(i)), std::string::npos) << what;
+        }
+        EXPECT_NE(what.find("outage"), std::string::npos) << what;
+        std::set<std::string> failed;
+        for (const auto& failure : e.failures()) {
+            failed.insert(failure.node);
+            EXPECT_FALSE(failure.what.empty());
+        }
+        for (std::size_t i = 0; i < 3; ++i) {
+            EXPECT_EQ(failed.count("127.0.0.1:" + port_of(i)), 1u) << what;
+        }
+    }
+    EXPECT_FALSE(m.owned());
+    // The two live masters got the SET; the failed attempt takes it back.
+    EXPECT_TRUE(eventually([&] { return !value_on(3, "outage") && !value_on(4, "outage"); }));
+
+    // A timed wait reports the outage too, instead of spinning until its deadline.
+    stopwatch timed;
+    EXPECT_THROW((void)m.try_lock_for(5s), quorum_error);
+    EXPECT_LT(timed.elapsed(), 1s);
+}
+
+TEST_F(Redlock, ProcessesAndThreadsNeverOverlap) {
+    exclusion_options options;
+    options.uri = server(0).uri();
+    options.counter_key = "exclusion:counter";
+    options.processes = 2;
+    options.threads = 3;
+    options.iterations = 25;
+    const std::vector<std::string> all = uris();
+    const auto report = run_exclusion(options, [&all](int) {
+        auto rl = std::make_shared<redlock_client>(all, patient());
+        return [rl](int) {
+            auto m = std::make_shared<redlock_mutex>(rl->mutex("exclusion", {.lease = 10s}));
+            return [m](std::mt19937_64&, const std::function<void()>& critical) {
+                std::unique_lock guard{*m};
+                critical();
+            };
+        };
+    });
+    EXPECT_TRUE(report.errors.empty()) << report.describe();
+    EXPECT_EQ(report.completed, report.planned) << report.describe();
+    EXPECT_EQ(report.counter, report.planned) << report.describe();
+    EXPECT_FALSE(report.overlap().has_value()) << report.describe();
+}
+
+TEST_F(Redlock, WatchdogKeepsTheLockPastSeveralLeasesAndReportsLossWhenAQuorumOfKeysIsDeleted) {
+    redlock_client rl{uris(), fast()};
+    lost_counter lost;
+    auto m = rl.mutex("renewed", {.lease = 400ms, .watchdog = true, .on_lost = lost.handler()});
+    ASSERT_TRUE(m.try_lock());
+    const std::stop_token token = m.lost_token();
+    std::this_thread::sleep_for(1500ms);  // almost four leases
+    EXPECT_TRUE(m.owned());
+    EXPECT_TRUE(m.verify());
+    EXPECT_GE(masters_holding("renewed"), rl.quorum());
+    EXPECT_EQ(lost.calls.load(), 0);
+    EXPECT_FALSE(token.stop_requested());
+
+    for (std::size_t i = 0; i < 3; ++i) {
+        raw(i, {"DEL", "renewed"});
+    }
+    EXPECT_TRUE(eventually([&] { return lost.calls.load() == 1; }, 2s));
+    EXPECT_TRUE(token.stop_requested());
+    EXPECT_FALSE(m.owned());
+    EXPECT_EQ(m.remaining(), 0ms);
+
+    std::error_code ec;
+    m.unlock(ec);
+    EXPECT_EQ(ec, errc::lock_lost);
+    EXPECT_EQ(lost.calls.load(), 1);  // once per acquisition
+    EXPECT_TRUE(eventually([&] { return gone_everywhere("renewed"); }));
+}
+
+TEST_F(Redlock, LostTokenIsRequestedAtTheLocalDeadlineWhileRenewalsHangOnAQuorum) {
+    redlock_client rl{uris(), fast()};
+    lost_counter lost;
+    constexpr auto lease = 600ms;
+    auto m = rl.mutex("stalled", {.lease = lease, .watchdog = true, .on_lost = lost.handler()});
+    ASSERT_TRUE(m.try_lock());
+    stopwatch since_acquired;
+    const std::stop_token token = m.lost_token();
+    hang(0);
+    hang(1);
+    hang(2);
+    ASSERT_TRUE(eventually([&] { return token.stop_requested(); }, 3s));
+    const auto when = since_acquired.elapsed();
+    EXPECT_LE(when, lease);  // never later than the lease, whatever the renewal rounds are doing
+    EXPECT_GE(when, lease / 2);
+    EXPECT_EQ(lost.calls.load(), 1);
+    EXPECT_FALSE(m.owned());
+    EXPECT_EQ(m.remaining(), 0ms);
+}
+
+TEST_F(Redlock, LockWithoutWatchdogIsReportedLostWhenItsValidityRunsOut) {
+    redlock_client rl{uris(), fast()};
+    lost_counter lost;
+    auto m = rl.mutex("short", {.lease = 300ms, .on_lost = lost.handler()});
+    ASSERT_TRUE(m.try_lock());
+    const std::stop_token token = m.lost_token();
+    stopwatch since_acquired;
+    ASSERT_TRUE(eventually([&] { return token.stop_requested(); }, 2s));
+    EXPECT_LE(since_acquired.elapsed(), 300ms);
+    EXPECT_GE(since_acquired.elapsed(), 200ms);
+    EXPECT_EQ(lost.calls.load(), 1);
+    EXPECT_FALSE(m.owned());
+}
+
+TEST_F(Redlock, ExtendAndVerifyNeedAQuorum) {
+    redlock_client rl{uris(), fast()};
+    lost_counter lost;
+    auto m = rl.mutex("extended", {.lease = 2s, .on_lost = lost.handler()});
+    EXPECT_FALSE(m.extend(1s));  // not held
+    EXPECT_FALSE(m.verify());
+    ASSERT_TRUE(m.try_lock());
+    ASSERT_TRUE(m.extend(20s));
+    EXPECT_GT(m.remaining(), 19s);
+    for (std::size_t i = 0; i < masters; ++i) {
+        EXPECT_GT(raw(i, {"PTTL", "extended"}).as_integer(), 19000) << "master " << i;
+    }
+
+    hang(0);
+    hang(1);
+    hang(2);
+    EXPECT_THROW((void)m.extend(20s), quorum_error);
+    EXPECT_THROW((void)m.verify(), quorum_error);
+    resume(0);
+    resume(1);
+    resume(2);
+    EXPECT_TRUE(m.verify());
+    EXPECT_EQ(lost.calls.load(), 0);
+
+    for (std::size_t i = 2; i < masters; ++i) {
+        raw(i, {"DEL", "extended"});
+    }
+    EXPECT_FALSE(m.verify());
+    EXPECT_EQ(lost.calls.load(), 1);
+    EXPECT_FALSE(m.extend(1s));
+    EXPECT_EQ(lost.calls.load(), 1);
+    EXPECT_TRUE(m.lost_token().stop_requested());
+}
+
+TEST_F(Redlock, FencingIsRejectedBecauseNoCounterOrdersIndependentMasters) {
+    redlock_client rl{uris(), fast()};
+    try {
+        (void)rl.mutex("fenced", {.fencing = true});
+        FAIL() << "fencing was accepted";
+    } catch (const invalid_argument& e) {
+        EXPECT_NE(std::string{e.what()}.find("independent masters"), std::string::npos) << e.what();
+    }
+}
+
+TEST_F(Redlock, BadArgumentsAreClearErrors) {
+    EXPECT_THROW(redlock_client(std::vector<std::string>{}), invalid_argument);
+    EXPECT_THROW(redlock_client({"redis://127.0.0.1:1", "redis://127.0.0.1:1"}), invalid_argument);
+    EXPECT_THROW(redlock_client({"not a uri"}), invalid_argument);
+    EXPECT_THROW(redlock_client(uris(), redlock_options{.node_timeout = 0ms}), invalid_argument);
+    redlock_client rl{uris(), fast()};
+    EXPECT_THROW((void)rl.mutex(""), invalid_argument);
+    EXPECT_THROW((void)rl.mutex("x", {.lease = 0ms}), invalid_argument);
+    EXPECT_THROW((void)rl.mutex("x", {.lease = -5ms}), invalid_argument);
+    // No acquisition could be valid: the whole lease may go to one slow master.
+    EXPECT_THROW((void)rl.mutex("x", {.lease = fast().node_timeout}), invalid_argument);
+    EXPECT_NO_THROW((void)rl.mutex("x", {.lease = 2 * fast().node_timeout}));
+}
+
+TEST_F(Redlock, LockByItsHolderIsADeadlockErrorAndUnlockFromAnotherThreadIsRefused) {
+    redlock_client rl{uris(), patient()};
+    auto m = rl.mutex("owned-by-thread");
+    ASSERT_TRUE(m.try_lock());
+    EXPECT_THROW(m.lock(), std::system_error);
+    std::error_code from_other;
+    std::thread{[&] { m.unlock(from_other); }}.join();
+    EXPECT_EQ(from_other, errc::not_holder);
+    EXPECT_TRUE(m.owned());
+    m.unlock();
+}
+
+TEST_F(Redlock, ForkedChildMakesItsOwnWorkersAndLeavesTheParentsLocksAlone) {
+    redlock_client rl{uris(), patient()};
+    auto held = rl.mutex("parent-held", {.lease = 10s});
+    ASSERT_TRUE(held.try_lock());  // the workers and timers now run in this process
+    child_process child{[&](line_channel&) {
+        std::error_code ec;
+        held.unlock(ec);
+        if (ec != errc::not_holder) {
+            return 2;
+        }
+        auto mine = rl.mutex("child-own", {.lease = 10s});
+        if (!mine.try_lock()) {
+            return 3;
+        }
+        mine.unlock(ec);
+        return ec ? 4 : 0;
+    }};
+    EXPECT_EQ(child.wait(10s), 0);
+    EXPECT_GE(masters_holding("parent-held"), rl.quorum());  // untouched by the child
+    EXPECT_TRUE(held.verify());
+    held.unlock();
+    // The child exited right after unlock(): its key is gone from every master at once, not
+    // left on a minority until its lease runs out.
+    EXPECT_TRUE(gone_everywhere("child-own"));
+}
+
+// ---- interop with node-redlock (npm `redlock` v5 + ioredis) on the same masters ----
+
+struct node_peer {
+    bool available = false;
+    std::string why_not;
+};
+
+node_peer install_node_redlock() {
+    node_peer peer;
+    try {
+        const auto result = detail::run_capture(
+            {detail::find_executable("sh"), REDISLOCK_TEST_SUPPORT_DIR "/install_node_redlock.sh",
+             REDISLOCK_TEST_NODE_DIR},
+            300s);
+        if (WIFEXITED(result.status) && WEXITSTATUS(result.status) == 0) {
+            peer.available = true;
+        } else {
+            peer.why_not = "the install failed: " + result.out + result.err;
+        }
+    } catch (const std::exception& e) {
+        peer.why_not = e.what();
+    }
+    return peer;
+}
+
+// Runs the node peer (support/node_redlock_peer.js) to its end; returns its output.
+std::string run_node_peer(std::string_view mode, const std::string& resource,
+                          std::chrono::milliseconds hold, const std::vector<std::string>& ports) {
+    std::vector<std::string> args{detail::find_executable("node"),
+                                  REDISLOCK_TEST_SUPPORT_DIR "/node_redlock_peer.js",
+                                  REDISLOCK_TEST_NODE_DIR,
+                                  std::string{mode},
+                                  resource,
+                                  std::to_string(hold.count())};
+    args.insert(args.end(), ports.begin(), ports.end());
+    const auto result = detail::run_capture(args, 60s);
+    return result.out + result.err;
+}
+
+TEST_F(Redlock, ExcludesAndIsExcludedByNodeRedlockOnTheSameMasters) {
+    const node_peer peer = install_node_redlock();
+    redlock_client rl{uris(), patient()};
+    auto m = rl.mutex("interop", {.lease = 10s});
+    if (!peer.available) {
+        // Not skipped: the same exclusion is checked against a raw SET NX PX holder, which is
+        // what node-redlock and redsync write.
+        std::cout << "[   NOTE   ] node-redlock could not be installed (" << peer.why_not
+                  << "); checking interop against a raw SET NX PX holder instead" << std::endl;
+        for (std::size_t i = 0; i < masters; ++i) {
+            ASSERT_TRUE(raw(i, {"SET", "interop", "raw-holder", "NX", "PX", "10000"}).is_status());
+        }
+        EXPECT_FALSE(m.try_lock());
+        for (std::size_t i = 0; i < masters; ++i) {
+            raw(i, {"DEL", "interop"});
+        }
+        ASSERT_TRUE(m.try_lock());
+        for (std::size_t i = 0; i < masters; ++i) {
+            EXPECT_TRUE(raw(i, {"SET", "interop", "raw-holder", "NX", "PX", "10000"}).is_nil());
+        }
+        m.unlock();
+        return;
+    }
+    std::cout << "[   NOTE   ] interop checked against node-redlock 5 (" REDISLOCK_TEST_NODE_DIR ")"
+              << std::endl;
+    std::vector<std::string> ports;
+    for (std::size_t i = 0; i < masters; ++i) {
+        ports.push_back(port_of(i));
+    }
+
+    // We hold: node-redlock is refused; once we release, it gets in.
+    ASSERT_TRUE(m.try_lock());
+    EXPECT_EQ(run_node_peer("try", "interop", 0ms, ports), "busy\n");
+    m.unlock();
+    const std::string after = run_node_peer("try", "interop", 0ms, ports);
+    EXPECT_NE(after.find("acquired"), std::string::npos) << after;
+    EXPECT_NE(after.find("released"), std::string::npos) << after;
+
+    // node-redlock holds: we are refused; once it releases, we get in.
+    std::string held_output;
+    std::thread holder{[&] { held_output = run_node_peer("hold", "interop", 2000ms, ports); }};
+    ASSERT_TRUE(eventually([&] { return masters_holding("interop") >= 3; }, 20s)) << held_output;
+    EXPECT_FALSE(m.try_lock());
+    holder.join();
+    EXPECT_NE(held_output.find("acquired"), std::string::npos) << held_output;
+    EXPECT_NE(held_output.find("released"), std::string::npos) << held_output;
+    EXPECT_TRUE(gone_everywhere("interop"));
+    EXPECT_TRUE(m.try_lock());
+    m.unlock();
+}
+
+}  // namespace
+}  // namespace redislock::test
