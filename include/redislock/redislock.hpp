@@ -1,8 +1,10 @@
 // redislock: distributed locks on Redis. Include this header for everything, with the hiredis
-// adapter as the default connection (redislock::client).
+// adapter as the default connection (redislock::client) and its Redis Cluster counterpart
+// (redislock::cluster_client).
 #pragma once
 
 #include <redislock/client.hpp>
+#include <redislock/cluster.hpp>
 #include <redislock/connection.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
@@ -22,5 +24,10 @@ using mutex = basic_mutex<hiredis_connection>;
 using recursive_mutex = basic_recursive_mutex<hiredis_connection>;
 using shared_mutex = basic_shared_mutex<hiredis_connection>;
 using watchdog = basic_watchdog<hiredis_connection>;
+
+using cluster_client = basic_client<hiredis_cluster_connection>;
+using cluster_mutex = basic_mutex<hiredis_cluster_connection>;
+using cluster_recursive_mutex = basic_recursive_mutex<hiredis_cluster_connection>;
+using cluster_shared_mutex = basic_shared_mutex<hiredis_cluster_connection>;
 
 }  // namespace redislock
