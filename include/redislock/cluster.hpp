@@ -404,7 +404,7 @@ private:
             }
             const auto now = steady::now();
             if (now + backoff >= deadline) {
-                return give_up(commands, items, results, served, caller_deadline && now >= deadline,
+                return give_up(commands, items, results, served, caller_deadline,
                                now - started);
             }
             if (!detail::sleep_unless_stopped(
