@@ -1,0 +1,155 @@
+// What the cluster connection costs: lock+unlock through redislock::cluster_client next to the
+// same two round trips sent by hand to the right node, and the watchdog over three masters.
+//
+// One private Redis Cluster (3 masters + 3 replicas, loopback) is started here and stopped at
+// exit. Variants, each over persistent connections:
+//   raw_hiredis                 one redisContext to the master that serves "bench:raw" (found
+//                               with redis-cli): SET key token NX PX 30000, then EVALSHA of a plain
+//                               compare-and-delete script, a fresh random token per iteration;
+//                               the floor of any simple lock that already knows the slot map
+//   cluster_mutex_lock_unlock   redislock::cluster_mutex lock() + unlock() through
+//                               redislock::cluster_client (slot hashing and routing included;
+//                               its release script also PUBLISHes for waiters)
+//   cluster_mutex_fenced_lock_unlock  the same with lock_options::fencing
+// Repetitions run in random interleaving (10 by default). After Google Benchmark's table:
+//   ratio <name>: <median real time of raw_hiredis / median real time of the variant>
+// Then the watchdog: --locks locks (default 10,000) spread over the masters, held with
+// lock_options::watchdog and a 3 s lease (renewal period 1 s); over three periods after a
+// warm-up round it prints the watchdog's batches per period and each master's round trips per
+// period (one pipelined batch per master per period when renewals are grouped per node).
+//
+// Usage: cluster_bench [--locks=N] [--benchmark_* flags]; --locks=0 skips the watchdog part.
+
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <redislock/redislock.hpp>
+
+#include "support/bench_support.hpp"
+#include "support/redis_cluster.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+void report_watchdog(redislock::cluster_client& cc, std::size_t count) {
+    constexpr std::chrono::milliseconds lease{3000};
+    constexpr auto period = lease / 3;
+    constexpr int periods = 3;
+    std::vector<redislock::cluster_mutex> locks;
+    locks.reserve(count);
+    for (std::size_t i = 0; i < count; ++i) {
+        locks.push_back(
+            cc.mutex("bench:watchdog:" + std::to_string(i), {.lease = lease, .watchdog = true}));
+        locks.back().lock();
+    }
+    auto& wd = cc.watchdog();
+    // Warm-up: a full round of renewals, so that leases taken over the loop fall due together.
+    const auto warm_from = wd.stats().renewals;
+    const auto warm_deadline = std::chrono::steady_clock::now() + 3 * period;
+    while (wd.stats().renewals - warm_from < 2 * count &&
+           std::chrono::steady_clock::now() < warm_deadline) {
+        std::this_thread::sleep_for(10ms);
+    }
+    const auto before = wd.stats();
+    const auto trips_before = cc.connection().round_trips_per_node();
+    std::this_thread::sleep_for(periods * period);
+    const auto after = wd.stats();
+    const auto trips_after = cc.connection().round_trips_per_node();
+    std::printf(
+        "watchdog over %zu masters, %zu locks, lease %lld ms: %.2f batches per period, "
+        "%.0f renewals per period, %llu losses\n",
+        cc.connection().masters().size(), count, static_cast<long long>(lease.count()),
+        static_cast<double>(after.round_trips - before.round_trips) / periods,
+        static_cast<double>(after.renewals - before.renewals) / periods,
+        static_cast<unsigned long long>(after.losses));
+    for (const auto& [node, trips] : trips_after) {
+        const auto it = trips_before.find(node);
+        const auto was = it == trips_before.end() ? 0 : it->second;
+        std::printf("  %s: %.2f round trips per period\n", node.c_str(),
+                    static_cast<double>(trips - was) / periods);
+    }
+    for (auto& m : locks) {
+        m.unlock();
+    }
+}
+
+int run(int argc, char** argv) {
+    std::vector<char*> args{argv, argv + argc};
+    std::size_t locks = 10'000;
+    for (auto it = args.begin() + 1; it != args.end();) {
+        const std::string_view arg{*it};
+        if (arg.starts_with("--locks=")) {
+            locks = std::stoul(std::string{arg.substr(8)});
+            it = args.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    std::string interleave = "--benchmark_enable_random_interleaving=true";
+    std::string repetitions = "--benchmark_repetitions=10";
+    if (!redislock::bench::detail::has_flag(args, "--benchmark_enable_random_interleaving")) {
+        args.insert(args.begin() + 1, interleave.data());
+    }
+    if (!redislock::bench::detail::has_flag(args, "--benchmark_repetitions")) {
+        args.insert(args.begin() + 1, repetitions.data());
+    }
+    int count = static_cast<int>(args.size());
+    args.push_back(nullptr);
+    benchmark::Initialize(&count, args.data());
+    if (benchmark::ReportUnrecognizedArguments(count, args.data())) {
+        return 2;
+    }
+
+    redislock::test::redis_cluster cluster{3, 1};
+    std::printf("cluster of 3 masters + 3 replicas ready in %lld ms\n",
+                static_cast<long long>(cluster.bring_up_time().count()));
+    redislock::bench::raw_baseline raw =
+        redislock::bench::connect_raw(cluster.master_for_key("bench:raw"));
+    redislock::cluster_client cc{cluster.uri()};
+
+    redislock::bench::ratio_reporter reporter{benchmark::ConsoleReporter::OO_Tabular};
+    const redislock::bench::detail::clear_registered clear;
+    const std::string raw_name{redislock::bench::raw_name};
+    reporter.expect(raw_name);
+    benchmark::RegisterBenchmark(raw_name.c_str(), [&raw](benchmark::State& state) {
+        redislock::bench::bench_raw(state, raw);
+    })->UseRealTime();
+    for (const bool fenced : {false, true}) {
+        const std::string name =
+            fenced ? "cluster_mutex_fenced_lock_unlock" : "cluster_mutex_lock_unlock";
+        reporter.expect(name);
+        benchmark::RegisterBenchmark(name.c_str(), [m = cc.mutex(
+                                                        fenced ? "bench:fenced" : "bench:lock",
+                                                        {.fencing = fenced})](
+                                                       benchmark::State& state) mutable {
+            redislock::bench::lock_unlock(state, m);
+        })->UseRealTime();
+    }
+    benchmark::RunSpecifiedBenchmarks(&reporter);
+    benchmark::Shutdown();
+    if (locks > 0) {
+        report_watchdog(cc, locks);
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    // Caught here so the cluster fixture's destructor stops every node on every exit path.
+    try {
+        return run(argc, argv);
+    } catch (const std::exception& e) {
+        std::cerr << "cluster_bench: " << e.what() << '\n';
+        return 1;
+    }
+}
