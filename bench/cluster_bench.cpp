@@ -14,11 +14,13 @@
 // Repetitions run in random interleaving (10 by default). After Google Benchmark's table:
 //   ratio <name>: <median real time of raw_hiredis / median real time of the variant>
 // Then the watchdog: --locks locks (default 10,000) spread over the masters, held with
-// lock_options::watchdog and a 3 s lease (renewal period 1 s); over three periods after a
-// warm-up round it prints the watchdog's batches per period and each master's round trips per
-// period (one pipelined batch per master per period when renewals are grouped per node).
+// lock_options::watchdog and a --lease_ms lease (default 3000, a renewal period of 1 s); over
+// three periods after a warm-up it prints the watchdog's batches per period and each master's
+// round trips per period. Every batch is one pipeline per master; leases taken over more than a
+// quarter of a period (10,000 acquisitions take seconds) fall due in more than one batch.
 //
-// Usage: cluster_bench [--locks=N] [--benchmark_* flags]; --locks=0 skips the watchdog part.
+// Usage: cluster_bench [--locks=N] [--lease_ms=MS] [--benchmark_* flags]; --locks=0 skips the
+// watchdog part.
 
 #include <benchmark/benchmark.h>
 
@@ -26,6 +28,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -40,17 +43,20 @@ namespace {
 
 using namespace std::chrono_literals;
 
-void report_watchdog(redislock::cluster_client& cc, std::size_t count) {
-    constexpr std::chrono::milliseconds lease{3000};
-    constexpr auto period = lease / 3;
+void report_watchdog(redislock::cluster_client& cc, std::size_t count,
+                     std::chrono::milliseconds lease) {
+    const auto period = lease / 3;
     constexpr int periods = 3;
     std::vector<redislock::cluster_mutex> locks;
     locks.reserve(count);
+    const auto start = std::chrono::steady_clock::now();
     for (std::size_t i = 0; i < count; ++i) {
         locks.push_back(
             cc.mutex("bench:watchdog:" + std::to_string(i), {.lease = lease, .watchdog = true}));
         locks.back().lock();
     }
+    const auto taking = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - start);
     auto& wd = cc.watchdog();
     // Warm-up: a full round of renewals, so that leases taken over the loop fall due together.
     const auto warm_from = wd.stats().renewals;
@@ -65,9 +71,10 @@ void report_watchdog(redislock::cluster_client& cc, std::size_t count) {
     const auto after = wd.stats();
     const auto trips_after = cc.connection().round_trips_per_node();
     std::printf(
-        "watchdog over %zu masters, %zu locks, lease %lld ms: %.2f batches per period, "
-        "%.0f renewals per period, %llu losses\n",
-        cc.connection().masters().size(), count, static_cast<long long>(lease.count()),
+        "watchdog over %zu masters, %zu locks taken in %lld ms, lease %lld ms: %.2f batches "
+        "per period, %.0f renewals per period, %llu losses\n",
+        cc.connection().masters().size(), count, static_cast<long long>(taking.count()),
+        static_cast<long long>(lease.count()),
         static_cast<double>(after.round_trips - before.round_trips) / periods,
         static_cast<double>(after.renewals - before.renewals) / periods,
         static_cast<unsigned long long>(after.losses));
@@ -85,10 +92,17 @@ void report_watchdog(redislock::cluster_client& cc, std::size_t count) {
 int run(int argc, char** argv) {
     std::vector<char*> args{argv, argv + argc};
     std::size_t locks = 10'000;
+    std::chrono::milliseconds lease{3000};
     for (auto it = args.begin() + 1; it != args.end();) {
         const std::string_view arg{*it};
         if (arg.starts_with("--locks=")) {
             locks = std::stoul(std::string{arg.substr(8)});
+            it = args.erase(it);
+        } else if (arg.starts_with("--lease_ms=")) {
+            lease = std::chrono::milliseconds{std::stol(std::string{arg.substr(11)})};
+            if (lease < 300ms) {
+                throw std::invalid_argument{"--lease_ms must be at least 300"};
+            }
             it = args.erase(it);
         } else {
             ++it;
@@ -137,7 +151,7 @@ int run(int argc, char** argv) {
     benchmark::RunSpecifiedBenchmarks(&reporter);
     benchmark::Shutdown();
     if (locks > 0) {
-        report_watchdog(cc, locks);
+        report_watchdog(cc, locks, lease);
     }
     return 0;
 }
