@@ -24,7 +24,9 @@
 //   deadline (call_context::deadline, else 3 x command_timeout); then the call throws a
 //   connection_error (timeout_error when the caller's deadline passed) naming the node and slot.
 //   A simple SET (the simple lock's acquisition) whose connection broke after it may have been
-//   sent is not sent again: the error goes to the caller, which cleans up as on one node.
+//   sent is not sent again: the error goes to the caller, which cleans up as on one node. A node
+//   that accepted the command but did not answer within the command timeout ends the call with
+//   timeout_error at once (the command may still run there).
 // - NOSCRIPT: scripts are loaded per node and not replicated, so the connection remembers the
 //   source of every script loaded through it (SCRIPT LOAD's reply is the SHA1) and loads it on
 //   the node that answered NOSCRIPT before sending the EVALSHA again.
@@ -199,8 +201,42 @@ public:
     /// As execute(argv), routed by how.key when not empty, bounded by how.deadline and *how.stop.
     /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
     reply execute(command argv, const call_context& how) {
-        std::vector<reply> replies =
-            run(std::span<const command>{&argv, 1}, std::span<const call_context>{&how, 1}, how);
+        // The common case first, without the bookkeeping of run(): the map is right and the
+        // node answers. Anything else starts over on the general path.
+        item start;
+        if (detail::cluster_node* node = route_first(argv, how)) {
+            const std::uint64_t generation = state_->generation.load(std::memory_order_acquire);
+            try {
+                reply r = node->connection().execute(argv, how);
+                node->round_trips.fetch_add(1, std::memory_order_relaxed);
+                if (!r.is_error()) {
+                    remember_script(argv, r);
+                    return r;
+                }
+                if (auto redirect = detail::parse_redirection(r)) {
+                    // Followed from here, so the redirected command costs no extra round trip.
+                    detail::cluster_node& to =
+                        node_at(redirect->host.empty() ? node->config().host : redirect->host,
+                                redirect->port);
+                    start.target = &to;
+                    start.asking = redirect->ask;
+                    start.redirections = 1;
+                    if (!redirect->ask) {
+                        point_slot(redirect->slot, to);
+                        refresh_after_trouble(generation);
+                    }
+                } else if (!detail::is_transient_cluster_error(r) &&
+                           !(r.is_error_code("NOSCRIPT") && known_script(argv))) {
+                    return r;
+                }
+            } catch (const connection_error& e) {
+                if (!may_retry_after(e, argv)) {
+                    throw;
+                }
+            }
+        }
+        std::vector<reply> replies = run(std::span<const command>{&argv, 1},
+                                         std::span<const call_context>{&how, 1}, how, &start);
         return std::move(replies.front());
     }
 
@@ -336,8 +372,10 @@ private:
         return state_->masters.empty() ? nullptr : state_->masters.front();
     }
 
+    // Sends every command until each has a final reply or the deadline passes. `start`, for a
+    // single command, carries where a first attempt was redirected.
     std::vector<reply> run(std::span<const command> commands, std::span<const call_context> hows,
-                           const call_context& bound) {
+                           const call_context& bound, const item* start = nullptr) {
         std::vector<reply> results(commands.size());
         if (commands.empty()) {
             return results;
@@ -358,6 +396,11 @@ private:
             if (key) {
                 items[i].slot = detail::key_slot(*key);
             }
+        }
+        if (start != nullptr) {
+            items.front().target = start->target;
+            items.front().asking = start->asking;
+            items.front().redirections = start->redirections;
         }
 
         auto backoff = std::chrono::duration_cast<steady::duration>(first_backoff);
@@ -404,8 +447,7 @@ private:
             }
             const auto now = steady::now();
             if (now + backoff >= deadline) {
-                return give_up(commands, items, results, served, caller_deadline,
-                               now - started);
+                return give_up(commands, items, results, served, caller_deadline, now - started);
             }
             if (!detail::sleep_unless_stopped(
                     backoff, bound.stop != nullptr ? *bound.stop : std::stop_token{})) {
@@ -444,20 +486,14 @@ private:
         std::vector<reply> replies;
         try {
             replies = send(node, batch, batch_hows, !hows.empty());
-        } catch (const cancelled_error&) {
-            throw;
-        } catch (const timeout_error&) {
-            throw;
         } catch (const connection_error& e) {
-            const bool never_sent =
-                std::string_view{e.what()}.find("cannot connect") != std::string_view::npos;
             for (std::size_t i : which) {
+                if (!may_retry_after(e, commands[i])) {
+                    throw;
+                }
                 items[i].problem = "node " + node.address() + ": " + e.what();
                 items[i].target = nullptr;
                 items[i].asking = false;
-                if (!never_sent && !may_send_again(commands[i])) {
-                    throw;
-                }
             }
             o.wait = o.stale_map = true;
             return o;
@@ -544,8 +580,6 @@ private:
                         }
                     }
                 }
-            } catch (const cancelled_error&) {
-                throw;
             } catch (const connection_error&) {
                 o.wait = o.stale_map = true;
             }
@@ -575,10 +609,36 @@ private:
         return r;
     }
 
-    // A command that may run twice without harm when its first reply was lost. The simple lock's
-    // SET NX is not: a second SET would find the first one's key and report the lock taken.
-    static bool may_send_again(command argv) {
+    // Whether `argv` may be sent again after it failed with `e`. A node that refuses or does not
+    // accept connections (down, or being replaced) never saw the command. One that took it and
+    // then went silent may still run it: the caller's timeout stands. One whose connection broke
+    // may have run it: every command may run twice without harm but the simple lock's SET NX,
+    // whose second run would find the first one's key and report the lock taken.
+    static bool may_retry_after(const connection_error& e, command argv) {
+        const std::string_view what{e.what()};
+        if (what.find("cannot connect") != std::string_view::npos ||
+            what.find("connecting to") != std::string_view::npos) {
+            return true;
+        }
+        if (dynamic_cast<const timeout_error*>(&e) != nullptr) {
+            return false;
+        }
         return argv.empty() || !detail::same_word(argv[0], "SET");
+    }
+
+    // The master the current map names for a single command, or none (no map entry).
+    detail::cluster_node* route_first(command argv, const call_context& how) const {
+        std::optional<std::string_view> key;
+        if (!how.key.empty()) {
+            key = how.key;
+        } else {
+            key = detail::routing_key(argv);
+        }
+        std::shared_lock lock{state_->map_mutex};
+        if (key) {
+            return state_->slots[detail::key_slot(*key)];
+        }
+        return state_->masters.empty() ? nullptr : state_->masters.front();
     }
 
     bool known_script(command argv) const {
