@@ -7,9 +7,18 @@
 //                               with redis-cli): SET key token NX PX 30000, then EVALSHA of a plain
 //                               compare-and-delete script, a fresh random token per iteration;
 //                               the floor of any simple lock that already knows the slot map
+//   cluster_connection_set_evalsha  raw_hiredis's two commands through
+//                               hiredis_cluster_connection::execute(): the routing layer alone
+//   hiredis_connection_set_evalsha  the same through the single-node hiredis_connection to that
+//                               master: the adapter's share of the difference
+//   raw_hiredis_publish         raw_hiredis whose compare-and-delete also PUBLISHes on a channel,
+//                               as the locks' release scripts do; a cluster broadcasts every
+//                               PUBLISH to every node
+//   raw_hiredis_spublish        the same with SPUBLISH, which stays on the slot's shard
 //   cluster_mutex_lock_unlock   redislock::cluster_mutex lock() + unlock() through
-//                               redislock::cluster_client (slot hashing and routing included;
-//                               its release script also PUBLISHes for waiters)
+//                               redislock::cluster_client, on a name in the same slot (its
+//                               release script also PUBLISHes for waiters, which a cluster
+//                               broadcasts to every node)
 //   cluster_mutex_fenced_lock_unlock  the same with lock_options::fencing
 // Repetitions run in random interleaving (10 by default). After Google Benchmark's table:
 //   ratio <name>: <median real time of raw_hiredis / median real time of the variant>
@@ -24,6 +33,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -89,6 +99,56 @@ void report_watchdog(redislock::cluster_client& cc, std::size_t count,
     }
 }
 
+// raw_hiredis's two commands sent through a connection of the library instead of a bare
+// context: what the adapter (and, for the cluster, routing) costs without the lock classes.
+template <class Connection>
+void bench_connection_pair(benchmark::State& state, Connection& conn, const std::string& sha) {
+    constexpr std::string_view key = "bench:raw";
+    redislock::bench::raw_token tokens;
+    for (auto _ : state) {
+        const std::string_view token = tokens.next();
+        const std::array<std::string_view, 6> set{"SET", key, token, "NX", "PX", "30000"};
+        const std::array<std::string_view, 5> del{"EVALSHA", sha, "1", key, token};
+        if (!conn.execute(set).is_status() || conn.execute(del) != redislock::reply::integer(1)) {
+            state.SkipWithError("SET NX / compare-and-delete through the cluster failed");
+            break;
+        }
+    }
+}
+
+// raw_hiredis with the release notification the locks send: the compare-and-delete script also
+// publishes on a channel of the name's slot, with PUBLISH (a cluster broadcasts it to every node)
+// or SPUBLISH (it stays on the slot's shard).
+void bench_raw_notifying(benchmark::State& state, redislock::bench::raw_baseline& raw,
+                         std::string_view publish) {
+    constexpr std::string_view key = "bench:raw";
+    const std::string source =
+        "if redis.call('GET',KEYS[1])==ARGV[1] then redis.call('DEL',KEYS[1]) "
+        "redis.call('" +
+        std::string{publish} + "',ARGV[2],KEYS[1]) return 1 end return 0";
+    const redislock::bench::reply_ptr loaded = redislock::bench::command(
+        raw.ctx.get(), std::array<std::string_view, 3>{"SCRIPT", "LOAD", source});
+    if (!loaded || loaded->type != REDIS_REPLY_STRING) {
+        state.SkipWithError("SCRIPT LOAD of the notifying script failed");
+        return;
+    }
+    const std::string sha{loaded->str, loaded->len};
+    redislock::bench::raw_token tokens;
+    for (auto _ : state) {
+        const std::string_view token = tokens.next();
+        const redislock::bench::reply_ptr set = redislock::bench::command(
+            raw.ctx.get(), std::array<std::string_view, 6>{"SET", key, token, "NX", "PX", "30000"});
+        const redislock::bench::reply_ptr del = redislock::bench::command(
+            raw.ctx.get(), std::array<std::string_view, 6>{"EVALSHA", sha, "1", key, token,
+                                                           "{bench:raw}:released"});
+        if (!set || set->type != REDIS_REPLY_STATUS || !del || del->type != REDIS_REPLY_INTEGER ||
+            del->integer != 1) {
+            state.SkipWithError("raw SET NX / notifying compare-and-delete did not succeed");
+            break;
+        }
+    }
+}
+
 int run(int argc, char** argv) {
     std::vector<char*> args{argv, argv + argc};
     std::size_t locks = 10'000;
@@ -137,13 +197,33 @@ int run(int argc, char** argv) {
     benchmark::RegisterBenchmark(raw_name.c_str(), [&raw](benchmark::State& state) {
         redislock::bench::bench_raw(state, raw);
     })->UseRealTime();
+    const std::string pair_name{"cluster_connection_set_evalsha"};
+    reporter.expect(pair_name);
+    benchmark::RegisterBenchmark(pair_name.c_str(), [&](benchmark::State& state) {
+        bench_connection_pair(state, cc.connection(), raw.sha);
+    })->UseRealTime();
+    redislock::hiredis_connection single{cluster.uri_of(cluster.master_for_key("bench:raw"))};
+    const std::string single_name{"hiredis_connection_set_evalsha"};
+    reporter.expect(single_name);
+    benchmark::RegisterBenchmark(single_name.c_str(), [&](benchmark::State& state) {
+        bench_connection_pair(state, single, raw.sha);
+    })->UseRealTime();
+    for (const std::string_view publish : {"PUBLISH", "SPUBLISH"}) {
+        const std::string name =
+            "raw_hiredis_" + std::string{publish == "PUBLISH" ? "publish" : "spublish"};
+        reporter.expect(name);
+        benchmark::RegisterBenchmark(name.c_str(), [&raw, publish](benchmark::State& state) {
+            bench_raw_notifying(state, raw, publish);
+        })->UseRealTime();
+    }
+    // Lock names in the slot of "bench:raw", so every variant talks to the same master.
     for (const bool fenced : {false, true}) {
         const std::string name =
             fenced ? "cluster_mutex_fenced_lock_unlock" : "cluster_mutex_lock_unlock";
         reporter.expect(name);
-        benchmark::RegisterBenchmark(name.c_str(), [m = cc.mutex(
-                                                        fenced ? "bench:fenced" : "bench:lock",
-                                                        {.fencing = fenced})](
+        benchmark::RegisterBenchmark(name.c_str(), [m = cc.mutex(fenced ? "{bench:raw}:fenced"
+                                                                        : "{bench:raw}:lock",
+                                                                 {.fencing = fenced})](
                                                        benchmark::State& state) mutable {
             redislock::bench::lock_unlock(state, m);
         })->UseRealTime();
