@@ -11,6 +11,7 @@
 #include <mutex>
 #include <set>
 #include <shared_mutex>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -319,6 +320,57 @@ TEST(ClusterRedirect, PipelineIsOneBatchPerNodeInCommandOrderWithRedirectsResent
     EXPECT_EQ(after.at(a.address()) - before.at(a.address()), 1u);
     EXPECT_EQ(after.at(b.address()) - before.at(b.address()), 2u)
         << "its own batch, then the redirected command";
+}
+
+TEST(ClusterRedirect, PipelineWithContextsRoutesKeylessCommandsByTheirKey) {
+    fake_redis_node a;
+    fake_redis_node b;
+    const int pa = a.port();
+    const int pb = b.port();
+    const auto ranges = [pa, pb] {
+        return std::vector<std::tuple<int, int, int>>{{0, 8191, pa}, {8192, 16383, pb}};
+    };
+    a.on_command(cluster_handler(ranges, [](const fake_command&) { return resp::bulk("a"); }));
+    b.on_command(cluster_handler(ranges, [](const fake_command&) { return resp::bulk("b"); }));
+    hiredis_cluster_connection conn{a.uri()};
+    std::string on_b = "k";
+    while (redislock::detail::key_slot(on_b) < 8192) {
+        on_b += "x";
+    }
+    // SCRIPT LOAD carries no key of its own: the context says which node needs the script.
+    const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", "return 1"};
+    const std::array<std::string_view, 2> get{"GET", on_b};
+    const std::array<command, 2> commands{command{load}, command{get}};
+    const std::array<call_context, 2> hows{call_context{.key = on_b}, call_context{}};
+    const auto replies = conn.execute_pipeline(commands, hows);
+    ASSERT_EQ(replies.size(), 2u);
+    EXPECT_EQ(replies[0].text(), "b");
+    EXPECT_EQ(replies[1].text(), "b");
+    EXPECT_EQ(b.received("SCRIPT").size(), 1u);
+    EXPECT_TRUE(a.received("SCRIPT").empty());
+}
+
+TEST(ClusterRedirect, StopRequestEndsRetriesAtOnce) {
+    fake_redis_node a;
+    const int pa = a.port();
+    a.on_command(cluster_handler(
+        [pa] {
+            return std::vector<std::tuple<int, int, int>>{{0, 16383, pa}};
+        },
+        [](const fake_command&) { return resp::error("TRYAGAIN slot being moved"); }));
+    hiredis_cluster_connection conn{a.uri() + "?command_timeout=2000"};
+    std::stop_source stop;
+    const std::stop_token token = stop.get_token();
+    std::thread stopper{[&] {
+        std::this_thread::sleep_for(100ms);
+        stop.request_stop();
+    }};
+    redislock::test::stopwatch watch;
+    const std::array<std::string_view, 2> argv{"GET", "k"};
+    EXPECT_THROW((void)conn.execute(argv, call_context{.stop = &token}),
+                 redislock::cancelled_error);
+    stopper.join();
+    EXPECT_LT(watch.elapsed(), 1000ms);
 }
 
 TEST(ClusterRedirect, RefusedNodeIsRetriedUntilTheMapNamesAnother) {

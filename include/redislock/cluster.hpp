@@ -623,7 +623,7 @@ private:
         if (dynamic_cast<const timeout_error*>(&e) != nullptr) {
             return false;
         }
-        return argv.empty() || !detail::same_word(argv[0], "SET");
+        return argv.empty() || !detail::same_command_word(argv[0], "SET");
     }
 
     // The master the current map names for a single command, or none (no map entry).
@@ -642,7 +642,7 @@ private:
     }
 
     bool known_script(command argv) const {
-        if (argv.size() < 2 || !detail::same_word(argv[0], "EVALSHA")) {
+        if (argv.size() < 2 || !detail::same_command_word(argv[0], "EVALSHA")) {
             return false;
         }
         std::lock_guard lock{state_->scripts_mutex};
@@ -650,8 +650,8 @@ private:
     }
 
     void remember_script(command argv, const reply& r) {
-        if (argv.size() == 3 && r.is_string() && detail::same_word(argv[0], "SCRIPT") &&
-            detail::same_word(argv[1], "LOAD")) {
+        if (argv.size() == 3 && r.is_string() && detail::same_command_word(argv[0], "SCRIPT") &&
+            detail::same_command_word(argv[1], "LOAD")) {
             std::lock_guard lock{state_->scripts_mutex};
             state_->scripts.try_emplace(r.text(), argv[2]);
         }

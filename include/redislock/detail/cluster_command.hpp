@@ -17,7 +17,7 @@
 namespace redislock::detail {
 
 /// Case-insensitive ASCII comparison; command names may come in any case.
-inline bool same_word(std::string_view a, std::string_view b) noexcept {
+inline bool same_command_word(std::string_view a, std::string_view b) noexcept {
     return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
                return std::toupper(static_cast<unsigned char>(x)) ==
                       std::toupper(static_cast<unsigned char>(y));
@@ -35,7 +35,7 @@ inline std::optional<std::string_view> routing_key(command argv) noexcept {
     static constexpr std::array<std::string_view, 6> scripted{"EVALSHA", "EVAL",  "EVALSHA_RO",
                                                               "EVAL_RO", "FCALL", "FCALL_RO"};
     for (std::string_view s : scripted) {
-        if (same_word(name, s)) {
+        if (same_command_word(name, s)) {
             if (argv.size() < 4) {
                 return std::nullopt;
             }
@@ -54,11 +54,12 @@ inline std::optional<std::string_view> routing_key(command argv) noexcept {
         "WAIT",    "READONLY", "READWRITE", "ASKING",  "AUTH",    "SELECT",    "HELLO",
         "COMMAND", "ROLE",     "FUNCTION",  "ACL",     "SCAN",    "KEYS"};
     for (std::string_view k : keyless) {
-        if (same_word(name, k)) {
+        if (same_command_word(name, k)) {
             return std::nullopt;
         }
     }
-    if (same_word(name, "OBJECT") || same_word(name, "MEMORY") || same_word(name, "XINFO")) {
+    if (same_command_word(name, "OBJECT") || same_command_word(name, "MEMORY") ||
+        same_command_word(name, "XINFO")) {
         return argv.size() > 2 ? std::optional{argv[2]} : std::nullopt;
     }
     return argv[1];

@@ -19,7 +19,7 @@ struct shard_master {
     std::vector<std::pair<std::uint16_t, std::uint16_t>> ranges;
 };
 
-inline std::optional<std::int64_t> reply_number(const reply& r) {
+inline std::optional<std::int64_t> slot_map_number(const reply& r) {
     if (r.is_integer()) {
         return r.as_integer();
     }
@@ -36,7 +36,7 @@ inline std::optional<std::int64_t> reply_number(const reply& r) {
     return std::nullopt;
 }
 
-inline bool valid_range(std::int64_t first, std::int64_t last) {
+inline bool valid_slot_range(std::int64_t first, std::int64_t last) {
     return first >= 0 && last >= first && last < 16384;
 }
 
@@ -72,7 +72,7 @@ inline std::vector<shard_master> parse_cluster_shards(const reply& r, std::strin
                 const std::string& name = attrs[i].text();
                 const reply& value = attrs[i + 1];
                 if (name == "port") {
-                    m.port = static_cast<int>(reply_number(value).value_or(0));
+                    m.port = static_cast<int>(slot_map_number(value).value_or(0));
                 } else if (name == "ip") {
                     ip = value.text();
                 } else if (name == "endpoint") {
@@ -101,9 +101,9 @@ inline std::vector<shard_master> parse_cluster_shards(const reply& r, std::strin
         }
         const auto& bounds = slots->elements();
         for (std::size_t i = 0; i + 1 < bounds.size(); i += 2) {
-            const auto first = reply_number(bounds[i]);
-            const auto last = reply_number(bounds[i + 1]);
-            if (first && last && valid_range(*first, *last)) {
+            const auto first = slot_map_number(bounds[i]);
+            const auto last = slot_map_number(bounds[i + 1]);
+            if (first && last && valid_slot_range(*first, *last)) {
                 chosen->ranges.emplace_back(static_cast<std::uint16_t>(*first),
                                             static_cast<std::uint16_t>(*last));
             }
@@ -121,10 +121,10 @@ inline std::vector<shard_master> parse_cluster_slots(const reply& r, std::string
         if (parts.size() < 3 || parts[2].elements().size() < 2) {
             continue;
         }
-        const auto first = reply_number(parts[0]);
-        const auto last = reply_number(parts[1]);
-        const auto port = reply_number(parts[2].elements()[1]);
-        if (!first || !last || !port || !valid_range(*first, *last) || *port <= 0) {
+        const auto first = slot_map_number(parts[0]);
+        const auto last = slot_map_number(parts[1]);
+        const auto port = slot_map_number(parts[2].elements()[1]);
+        if (!first || !last || !port || !valid_slot_range(*first, *last) || *port <= 0) {
             continue;
         }
         std::string host = parts[2].elements()[0].text();
