@@ -288,6 +288,82 @@ TEST_F(ClusterUnderChange, GracefulFailoverUnderLoadKeepsExclusion) {
     check(result, names);
 }
 
+TEST_F(ClusterUnderChange, LocksFollowASlotThroughEachStepOfItsMigration) {
+    const std::string name = "stepwise:1";
+    const std::string neighbour = "{stepwise:1}:neighbour";
+    const int slot = cluster_->key_slot(name);
+    const int from = cluster_->master_for_slot(slot);
+    const auto masters = cluster_->masters();
+    const int to = masters.front() == from ? masters.back() : masters.front();
+    redislock::cluster_client cc{cluster_->uri()};
+    auto& conn = cc.connection();
+    redislock::hiredis_connection target{cluster_->uri_of(to)};
+    const auto on_target = [&](const std::string& key) {
+        const std::array<std::string_view, 1> asking{"ASKING"};
+        const std::array<std::string_view, 2> exists{"EXISTS", key};
+        const std::array<redislock::command, 2> both{redislock::command{asking},
+                                                     redislock::command{exists}};
+        return target.execute_pipeline(both)[1] == reply::integer(1);
+    };
+
+    auto held = cc.recursive_mutex(name, {.lease = 20s, .fencing = true});
+    held.lock();
+    const auto fence = held.fencing_token();
+    cluster_->begin_migration(slot, from, to);
+
+    // The name's keys are still on the source, which serves them.
+    held.lock();
+    EXPECT_EQ(conn.ask_redirections(), 0u);
+    // A name of the same slot that does not exist yet is created on the target, through ASK.
+    auto fresh = cc.mutex(neighbour, {.lease = 20s});
+    fresh.lock();
+    EXPECT_GT(conn.ask_redirections(), 0u);
+    EXPECT_TRUE(on_target(neighbour));
+
+    // Once the keys moved, the holder reaches them through ASK as well.
+    cluster_->move_keys(slot, from, to);
+    EXPECT_TRUE(on_target(name));
+    EXPECT_TRUE(held.verify());
+    held.unlock();
+    EXPECT_TRUE(held.owned()) << "entered twice";
+    held.unlock();
+    EXPECT_FALSE(on_target(name));
+
+    // After SETSLOT NODE the source answers MOVED and the map follows.
+    cluster_->finish_migration(slot, from, to);
+    const auto moved_before = conn.moved_redirections();
+    held.lock();
+    EXPECT_GT(held.fencing_token(), fence) << "the fence counter moved with the slot";
+    EXPECT_GT(conn.moved_redirections(), moved_before);
+    EXPECT_EQ(conn.node_for_key(name), "127.0.0.1:" + std::to_string(to));
+    held.unlock();
+    fresh.unlock();
+    const std::array<std::string_view, 3> exists{"EXISTS", name, neighbour};
+    EXPECT_EQ(conn.execute(exists), reply::integer(0)) << "nothing left behind";
+}
+
+TEST_F(ClusterUnderChange, WatchdogKeepsLocksAfterScriptFlushOnEveryMaster) {
+    redislock::cluster_client cc{cluster_->uri()};
+    redislock::test::lost_counter lost;
+    std::vector<redislock::cluster_mutex> locks;
+    for (int i = 0; i < 30; ++i) {
+        locks.push_back(cc.mutex("flushed:" + std::to_string(i),
+                                 {.lease = 900ms, .watchdog = true, .on_lost = lost.handler()}));
+        locks.back().lock();
+    }
+    for (int port : cluster_->masters()) {
+        cluster_->cli(port, {"SCRIPT", "FLUSH"});
+    }
+    const auto renewals = cc.watchdog().stats().renewals;
+    std::this_thread::sleep_for(2s);
+    EXPECT_GE(cc.watchdog().stats().renewals - renewals, 30u * 5);
+    EXPECT_EQ(lost.calls.load(), 0);
+    for (auto& m : locks) {
+        EXPECT_TRUE(m.verify());
+        m.unlock();
+    }
+}
+
 // A separate cluster: a killed master leaves the cluster with one master fewer in reserve.
 class ClusterMasterKilled : public ::testing::Test {
 protected:

@@ -39,7 +39,8 @@
 // served the call throws.
 //
 // Counters: round_trips() counts batches sent on behalf of callers (one per command, pipeline
-// group or ASKING pair), in total and per node; map_refreshes() counts slot-map reads.
+// group or ASKING pair), in total and per node; map_refreshes() counts slot-map reads, and
+// moved_redirections() and ask_redirections() the redirections followed.
 //
 // Failover caveat: Redis replicates asynchronously. A lock acquired on a master that dies before
 // the write reached its replica is lost when the replica is promoted, and another client may
@@ -220,6 +221,7 @@ public:
                                 redirect->port);
                     start.target = &to;
                     start.asking = redirect->ask;
+                    count_redirection(redirect->ask);
                     start.redirections = 1;
                     if (!redirect->ask) {
                         point_slot(redirect->slot, to);
@@ -284,6 +286,16 @@ public:
         return state_->refreshes.load(std::memory_order_relaxed);
     }
 
+    /// MOVED replies followed so far.
+    std::uint64_t moved_redirections() const noexcept {
+        return state_->moved.load(std::memory_order_relaxed);
+    }
+
+    /// ASK replies followed so far.
+    std::uint64_t ask_redirections() const noexcept {
+        return state_->asked.load(std::memory_order_relaxed);
+    }
+
     /// Reads the slot map again now, whatever the refresh interval. Returns false when no node
     /// answered (the old map is kept).
     bool refresh_map() { return refresh_now(); }
@@ -333,6 +345,8 @@ private:
         steady::time_point last_refresh{};
         std::string last_refresh_problem;
         std::atomic<std::uint64_t> refreshes{0};
+        std::atomic<std::uint64_t> moved{0};
+        std::atomic<std::uint64_t> asked{0};
 
         std::mutex scripts_mutex;
         std::unordered_map<std::string, std::string> scripts;  // SHA1 -> source
@@ -519,6 +533,7 @@ private:
                 detail::cluster_node& to = node_at(
                     redirect->host.empty() ? node.config().host : redirect->host, redirect->port);
                 it.target = &to;
+                count_redirection(redirect->ask);
                 if (redirect->ask) {
                     it.asking = true;
                 } else {
@@ -754,6 +769,10 @@ private:
         }
         state_->generation.fetch_add(1, std::memory_order_acq_rel);
         state_->refreshes.fetch_add(1, std::memory_order_relaxed);
+    }
+
+    void count_redirection(bool ask) noexcept {
+        (ask ? state_->asked : state_->moved).fetch_add(1, std::memory_order_relaxed);
     }
 
     static void check_stop(const call_context& how) {

@@ -241,12 +241,22 @@ public:
         if (from == to) {
             return;
         }
-        const std::string s = std::to_string(slot);
-        const std::string from_id = node_id(from);
-        const std::string to_id = node_id(to);
-        cli(to, {"CLUSTER", "SETSLOT", s, "IMPORTING", from_id});
-        cli(from, {"CLUSTER", "SETSLOT", s, "MIGRATING", to_id});
+        begin_migration(slot, from, to);
         std::this_thread::sleep_for(pause);
+        move_keys(slot, from, to, pause);
+        finish_migration(slot, from, to);
+    }
+
+    /// Step 1 of a migration: IMPORTING on the target, then MIGRATING on the source.
+    void begin_migration(int slot, int from, int to) const {
+        const std::string s = std::to_string(slot);
+        cli(to, {"CLUSTER", "SETSLOT", s, "IMPORTING", node_id(from)});
+        cli(from, {"CLUSTER", "SETSLOT", s, "MIGRATING", node_id(to)});
+    }
+
+    /// Step 2: MIGRATE every key of the slot, 10 at a time, sleeping `pause` after each batch.
+    void move_keys(int slot, int from, int to, std::chrono::milliseconds pause = {}) const {
+        const std::string s = std::to_string(slot);
         for (int round = 0; round < 1000; ++round) {
             const auto keys = detail::split_lines(cli(from, {"CLUSTER", "GETKEYSINSLOT", s, "10"}));
             if (keys.empty()) {
@@ -261,6 +271,12 @@ public:
             }
             std::this_thread::sleep_for(pause);
         }
+    }
+
+    /// Step 3: SETSLOT NODE on the target, the source, then every other master.
+    void finish_migration(int slot, int from, int to) const {
+        const std::string s = std::to_string(slot);
+        const std::string to_id = node_id(to);
         cli(to, {"CLUSTER", "SETSLOT", s, "NODE", to_id});
         cli(from, {"CLUSTER", "SETSLOT", s, "NODE", to_id});
         for (int port : masters(to)) {
