@@ -41,6 +41,8 @@ struct section {
 struct load_result {
     std::vector<section> sections;
     std::vector<std::string> errors;
+    std::uint64_t moved = 0;  ///< redirections followed by this process's client
+    std::uint64_t asked = 0;
 };
 
 std::string counter_key(const std::string& name) {
@@ -116,6 +118,8 @@ load_result run_load(const std::string& uri, const std::vector<std::string>& nam
         for (auto& w : workers) {
             w.join();
         }
+        result.moved = cc.connection().moved_redirections();
+        result.asked = cc.connection().ask_redirections();
     } catch (const std::exception& e) {
         result.errors.push_back(std::string{"process: "} + e.what());
     }
@@ -259,7 +263,13 @@ TEST_F(ClusterUnderChange, ReshardingUnderLoadKeepsExclusionAndCounters) {
     });
     EXPECT_TRUE(problems.empty()) << problems.front();
     EXPECT_GE(migrations.load(), 10);
-    std::printf("[ reshard  ] %d slot migrations under load\n", migrations.load());
+    std::printf(
+        "[ reshard  ] %d slot migrations under load; this process followed %llu MOVED "
+        "and %llu ASK\n",
+        migrations.load(), static_cast<unsigned long long>(result.moved),
+        static_cast<unsigned long long>(result.asked));
+    EXPECT_GT(result.moved, 0u);
+    EXPECT_GT(result.asked, 0u);
     check(result, names);
 }
 
