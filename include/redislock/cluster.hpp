@@ -184,7 +184,7 @@ public:
         }
         state_->options = seeds.front();
         for (const endpoint& seed : seeds) {
-            state_->seeds.push_back(&node_at(seed.host, seed.port));
+            (void)node_at(seed.host, seed.port);
         }
         if (!refresh_now()) {
             throw connection_error{"redislock: no seed of the cluster answered with a slot map: " +
@@ -322,15 +322,20 @@ public:
 
 private:
     using steady = std::chrono::steady_clock;
+    // Without a deadline from the caller, a call keeps retrying for this many command timeouts:
+    // with the default 2 s, long enough for a replica to take over a failed master (node
+    // timeout plus election, about 4 s with a 2 s node timeout).
     static constexpr int deadline_factor = 3;
+    // More redirections than this for one command means the nodes disagree; stop following.
     static constexpr int max_redirections = 16;
+    // During a resharding every client meets many MOVED replies; one map read per interval is
+    // enough, the MOVED reply itself repoints its slot at once.
     static constexpr std::chrono::milliseconds refresh_interval{100};
     static constexpr std::chrono::milliseconds first_backoff{2};
     static constexpr std::chrono::milliseconds max_backoff{100};
 
     struct state {
         endpoint options;
-        std::vector<detail::cluster_node*> seeds;
 
         mutable std::mutex nodes_mutex;
         // Never erased while the connection lives: the slot table points into it.
@@ -696,8 +701,8 @@ private:
         return refresh_locked();
     }
 
-    // Asks the known masters, then every other known node, then the seeds, for the slot map;
-    // installs the first complete answer.
+    // Asks the known masters, then every other known node (the seeds among them), for the slot
+    // map; installs the first complete answer.
     bool refresh_locked() {
         std::vector<detail::cluster_node*> candidates;
         {
