@@ -58,6 +58,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -424,6 +425,7 @@ private:
 
         auto backoff = std::chrono::duration_cast<steady::duration>(first_backoff);
         std::size_t served = 0;
+        std::exception_ptr failure;
         for (;;) {
             check_stop(bound);
             const std::uint64_t generation = state_->generation.load(std::memory_order_acquire);
@@ -454,8 +456,14 @@ private:
                 served += o.served;
                 wait = wait || o.wait;
                 stale_map = stale_map || o.stale_map;
+                if (o.failure && !failure) {
+                    failure = o.failure;
+                }
             }
             if (std::all_of(items.begin(), items.end(), [](const item& it) { return it.done; })) {
+                if (served == 0 && failure) {
+                    std::rethrow_exception(failure);
+                }
                 return results;
             }
             if (stale_map) {
@@ -479,8 +487,9 @@ private:
 
     struct outcome {
         std::size_t served = 0;
-        bool wait = false;       // something to retry after a pause
-        bool stale_map = false;  // the map needs reading again
+        bool wait = false;           // something to retry after a pause
+        bool stale_map = false;      // the map needs reading again
+        std::exception_ptr failure;  // a failure that ended some commands for good
     };
 
     // Sends one node's share as one pipeline (ASKING before each asked command) and settles
@@ -507,14 +516,22 @@ private:
             replies = send(node, batch, batch_hows, !hows.empty());
         } catch (const connection_error& e) {
             for (std::size_t i : which) {
-                if (!may_retry_after(e, commands[i])) {
-                    throw;
-                }
                 items[i].problem = "node " + node.address() + ": " + e.what();
                 items[i].target = nullptr;
                 items[i].asking = false;
+                if (!may_retry_after(e, commands[i])) {
+                    if (commands.size() == 1) {
+                        throw;
+                    }
+                    // In a pipeline the other nodes' commands still go out and count (a hung
+                    // node must not keep the watchdog's renewals from the healthy ones).
+                    results[i] = reply::error("ERR " + items[i].problem);
+                    items[i].done = true;
+                    o.failure = std::current_exception();
+                } else {
+                    o.wait = o.stale_map = true;
+                }
             }
-            o.wait = o.stale_map = true;
             return o;
         }
         std::size_t at = 0;
