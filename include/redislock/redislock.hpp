@@ -1,8 +1,10 @@
 // redislock: distributed locks on Redis. Include this header for everything, with the hiredis
-// adapter as the default connection (redislock::client).
+// adapter as the default connection (redislock::client) and its Redis Cluster counterpart
+// (redislock::cluster_client).
 #pragma once
 
 #include <redislock/client.hpp>
+#include <redislock/cluster.hpp>
 #include <redislock/connection.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
@@ -29,5 +31,10 @@ using shared_mutex = basic_shared_mutex<hiredis_connection>;
 using watchdog = basic_watchdog<hiredis_connection>;
 using redlock_client = basic_redlock_client<hiredis_connection>;
 using redlock_mutex = basic_redlock_mutex<hiredis_connection>;
+
+using cluster_client = basic_client<hiredis_cluster_connection>;
+using cluster_mutex = basic_mutex<hiredis_cluster_connection>;
+using cluster_recursive_mutex = basic_recursive_mutex<hiredis_cluster_connection>;
+using cluster_shared_mutex = basic_shared_mutex<hiredis_cluster_connection>;
 
 }  // namespace redislock

@@ -1,0 +1,696 @@
+// redislock::hiredis_cluster_connection (cluster.hpp): each redirection and error rule against
+// scripted fake nodes, then routing, every lock kind and the watchdog on a real 3 + 3 cluster.
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <redislock/redislock.hpp>
+
+#include "support/fake_redis_node.hpp"
+#include "support/redis_cluster.hpp"
+#include "support/test_util.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using redislock::call_context;
+using redislock::command;
+using redislock::hiredis_cluster_connection;
+using redislock::reply;
+using redislock::test::fake_command;
+using redislock::test::fake_redis_node;
+namespace resp = redislock::test::resp;
+
+// A handler that serves CLUSTER SLOTS from `ranges()` (read at each call) and refuses CLUSTER
+// SHARDS as a Redis older than 7.0 would; other commands go to `rest`.
+template <class Ranges, class Rest>
+fake_redis_node::handler cluster_handler(Ranges ranges, Rest rest) {
+    return [ranges, rest](const fake_command& c) -> std::string {
+        if (c.argv.size() == 2 && c.argv[0] == "CLUSTER" && c.argv[1] == "SHARDS") {
+            return resp::error("ERR unknown subcommand 'SHARDS'");
+        }
+        if (c.argv.size() == 2 && c.argv[0] == "CLUSTER" && c.argv[1] == "SLOTS") {
+            return resp::cluster_slots(ranges());
+        }
+        return rest(c);
+    };
+}
+
+std::string slot_text(std::string_view key) {
+    return std::to_string(redislock::detail::key_slot(key));
+}
+
+reply get(hiredis_cluster_connection& conn, std::string_view key) {
+    const std::array<std::string_view, 2> argv{"GET", key};
+    return conn.execute(argv);
+}
+
+TEST(ClusterSeeds, UriGivesOneEndpointPerSeedWithSharedOptions) {
+    const auto seeds = redislock::detail::cluster_seeds_from_uri(
+        "redis://app:s3cret@127.0.0.1:7000,127.0.0.2:7001,[::1]:7002?command_timeout=300&pool_"
+        "size=2");
+    ASSERT_EQ(seeds.size(), 3u);
+    EXPECT_EQ(seeds[0].port, 7000);
+    EXPECT_EQ(seeds[1].host, "127.0.0.2");
+    EXPECT_EQ(seeds[2].host, "::1");
+    for (const auto& s : seeds) {
+        EXPECT_EQ(s.user, "app");
+        EXPECT_EQ(s.password, "s3cret");
+        EXPECT_EQ(s.command_timeout, 300ms);
+        EXPECT_EQ(s.pool_size, 2u);
+    }
+    EXPECT_THROW(redislock::detail::cluster_seeds_from_uri("redis://127.0.0.1:7000/2"),
+                 redislock::invalid_argument);
+    EXPECT_THROW(redislock::detail::cluster_seeds_from_uri("redis://127.0.0.1:7000,,a:1"),
+                 redislock::invalid_argument);
+    EXPECT_THROW(redislock::detail::cluster_seeds_from_uri("unix:///tmp/x.sock"),
+                 redislock::invalid_argument);
+}
+
+TEST(ClusterSeeds, AnySeedThatAnswersSuffices) {
+    fake_redis_node node;
+    const int port = node.port();
+    node.on_command(cluster_handler(
+        [port] {
+            return std::vector<std::tuple<int, int, int>>{{0, 16383, port}};
+        },
+        [](const fake_command&) { return resp::bulk("v"); }));
+    redislock::test::refused_port refused;
+    hiredis_cluster_connection conn{"redis://127.0.0.1:" + std::to_string(refused.port()) + "," +
+                                    node.address() + "?connect_timeout=500"};
+    EXPECT_EQ(get(conn, "k").text(), "v");
+    EXPECT_EQ(conn.masters(), std::vector<std::string>{node.address()});
+}
+
+TEST(ClusterSeeds, NoSeedAnsweringIsAConnectionError) {
+    redislock::test::refused_port a;
+    redislock::test::refused_port b;
+    try {
+        hiredis_cluster_connection conn{a.uri() + ",127.0.0.1:" + std::to_string(b.port())};
+        FAIL() << "connected to nothing";
+    } catch (const redislock::connection_error& e) {
+        EXPECT_NE(std::string{e.what()}.find(std::to_string(b.port())), std::string::npos)
+            << e.what();
+    }
+}
+
+TEST(ClusterRedirect, MovedRetriesOnTheNamedNodeAndRefreshesTheMap) {
+    fake_redis_node a;
+    fake_redis_node b;
+    std::atomic<bool> moved{false};
+    const int pa = a.port();
+    const int pb = b.port();
+    const auto ranges = [&, pa, pb] {
+        return std::vector<std::tuple<int, int, int>>{{0, 16383, moved ? pb : pa}};
+    };
+    a.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        moved = true;
+        return resp::error("MOVED " + slot_text(c.argv[1]) + " " + b.address());
+    }));
+    b.on_command(cluster_handler(ranges, [](const fake_command&) { return resp::bulk("v"); }));
+    hiredis_cluster_connection conn{a.uri()};
+    std::this_thread::sleep_for(150ms);  // past the refresh interval of the constructor's read
+    EXPECT_EQ(get(conn, "orders:42").text(), "v");
+    EXPECT_EQ(a.received("GET").size(), 1u);
+    EXPECT_EQ(b.received("GET").size(), 1u);
+    EXPECT_EQ(conn.node_for_key("orders:42"), b.address());
+    EXPECT_EQ(conn.node_for_key("anything else"), b.address()) << "the whole map was read again";
+    EXPECT_GE(conn.map_refreshes(), 2u);
+    EXPECT_EQ(get(conn, "orders:42").text(), "v");
+    EXPECT_EQ(a.received("GET").size(), 1u) << "later calls go straight to the new owner";
+}
+
+TEST(ClusterRedirect, MapRefreshesAreRateLimitedAcrossThreads) {
+    fake_redis_node a;
+    fake_redis_node b;
+    const int pa = a.port();
+    a.on_command(cluster_handler(
+        [pa] {
+            return std::vector<std::tuple<int, int, int>>{{0, 16383, pa}};
+        },
+        [&](const fake_command& c) {
+            return resp::error("MOVED " + slot_text(c.argv[1]) + " " + b.address());
+        }));
+    b.on_command(cluster_handler(
+        [pa] {
+            return std::vector<std::tuple<int, int, int>>{{0, 16383, pa}};
+        },
+        [](const fake_command&) { return resp::bulk("v"); }));
+    hiredis_cluster_connection conn{a.uri()};
+    std::vector<std::thread> threads;
+    redislock::test::stopwatch watch;
+    for (int t = 0; t < 4; ++t) {
+        threads.emplace_back([&, t] {
+            for (int i = 0; i < 50; ++i) {
+                // The stale map keeps sending each new key to a first.
+                EXPECT_EQ(get(conn, "k" + std::to_string(t) + ":" + std::to_string(i)).text(), "v");
+            }
+        });
+    }
+    for (auto& th : threads) {
+        th.join();
+    }
+    const auto periods = watch.elapsed() / 100ms + 2;
+    EXPECT_LE(conn.map_refreshes(), static_cast<std::uint64_t>(periods))
+        << "200 MOVED replies in " << watch.elapsed().count() << " ms";
+}
+
+TEST(ClusterRedirect, AskSendsAskingThenTheCommandOnOneConnectionAndKeepsTheMap) {
+    fake_redis_node a;
+    fake_redis_node b;
+    const int pa = a.port();
+    const auto ranges = [pa] { return std::vector<std::tuple<int, int, int>>{{0, 16383, pa}}; };
+    a.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        return resp::error("ASK " + slot_text(c.argv[1]) + " " + b.address());
+    }));
+    b.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        return c.asked ? resp::bulk("imported")
+                       : resp::error("MOVED " + slot_text(c.argv[1]) + " " + a.address());
+    }));
+    hiredis_cluster_connection conn{a.uri()};
+    const auto refreshes = conn.map_refreshes();
+    EXPECT_EQ(get(conn, "lock:{m}").text(), "imported");
+    const auto gets = b.received("GET");
+    ASSERT_EQ(gets.size(), 1u);
+    EXPECT_TRUE(gets[0].asked) << "ASKING must come just before, on the same connection";
+    EXPECT_EQ(conn.node_for_key("lock:{m}"), a.address());
+    EXPECT_EQ(conn.map_refreshes(), refreshes);
+    EXPECT_EQ(get(conn, "lock:{m}").text(), "imported");
+    EXPECT_EQ(a.received("GET").size(), 2u) << "ASK does not move the slot";
+}
+
+TEST(ClusterRedirect, TryagainIsRetriedUntilItSucceeds) {
+    fake_redis_node a;
+    const int pa = a.port();
+    std::atomic<int> calls{0};
+    a.on_command(cluster_handler(
+        [pa] {
+            return std::vector<std::tuple<int, int, int>>{{0, 16383, pa}};
+        },
+        [&](const fake_command&) {
+            return ++calls <= 3 ? resp::error("TRYAGAIN Multiple keys request during rehashing")
+                                : resp::integer(1);
+        }));
+    hiredis_cluster_connection conn{a.uri()};
+    const std::array<std::string_view, 5> argv{"EVALSHA", "0123", "2", "a{m}", "b{m}"};
+    const reply r = conn.execute(argv);
+    EXPECT_EQ(r, reply::integer(1));
+    EXPECT_EQ(calls.load(), 4);
+}
+
+TEST(ClusterRedirect, ClusterdownUntilTheDeadlineIsAnErrorNamingNodeAndSlot) {
+    fake_redis_node a;
+    const int pa = a.port();
+    a.on_command(cluster_handler(
+        [pa] {
+            return std::vector<std::tuple<int, int, int>>{{0, 16383, pa}};
+        },
+        [](const fake_command&) { return resp::error("CLUSTERDOWN The cluster is down"); }));
+    hiredis_cluster_connection conn{a.uri() + "?command_timeout=200"};
+    const std::array<std::string_view, 2> argv{"GET", "orders:42"};
+    redislock::test::stopwatch watch;
+    try {
+        (void)conn.execute(argv,
+                           call_context{.deadline = std::chrono::steady_clock::now() + 300ms});
+        FAIL() << "CLUSTERDOWN was not reported";
+    } catch (const redislock::timeout_error& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(a.address()), std::string::npos) << what;
+        EXPECT_NE(what.find("slot " + slot_text("orders:42")), std::string::npos) << what;
+        EXPECT_NE(what.find("CLUSTERDOWN"), std::string::npos) << what;
+    }
+    EXPECT_GE(watch.elapsed(), 200ms);
+    EXPECT_LT(watch.elapsed(), 1000ms);
+    EXPECT_GE(a.received("GET").size(), 3u) << "retried with backoff before giving up";
+
+    redislock::test::stopwatch plain;
+    EXPECT_THROW((void)conn.execute(argv), redislock::connection_error);
+    EXPECT_GE(plain.elapsed(), 300ms) << "no deadline: a few command timeouts";
+    EXPECT_LT(plain.elapsed(), 1500ms);
+}
+
+TEST(ClusterRedirect, NoscriptIsHealedOnTheNodeThatAnsweredIt) {
+    fake_redis_node a;
+    fake_redis_node b;
+    const int pa = a.port();
+    const int pb = b.port();
+    const auto ranges = [pa, pb] {
+        return std::vector<std::tuple<int, int, int>>{{0, 8191, pa}, {8192, 16383, pb}};
+    };
+    const std::string sha = "a42059b356c875f0717db19a51f6aaca9ae659ea";
+    const std::string source = "return 1";
+    a.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        if (c.argv[0] == "SCRIPT") {
+            return resp::bulk(sha);
+        }
+        return resp::error("MOVED " + slot_text(c.argv[3]) + " " + b.address());
+    }));
+    std::atomic<bool> loaded{false};
+    b.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        if (c.argv[0] == "SCRIPT" && c.argv.size() == 3 && c.argv[2] == source) {
+            loaded = true;
+            return resp::bulk(sha);
+        }
+        return loaded ? resp::integer(7) : resp::error("NOSCRIPT No matching script.");
+    }));
+    hiredis_cluster_connection conn{a.uri()};
+    // A keyless SCRIPT LOAD, as the watchdog sends it, lands on any master...
+    const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", source};
+    EXPECT_EQ(conn.execute(load).text(), sha);
+    // ...and the EVALSHA that another node runs is healed there, without the caller seeing it.
+    std::string key = "k";
+    while (redislock::detail::key_slot(key) < 8192) {
+        key += "x";
+    }
+    const std::array<std::string_view, 4> eval{"EVALSHA", sha, "1", key};
+    EXPECT_EQ(conn.execute(eval), reply::integer(7));
+    ASSERT_EQ(b.received("SCRIPT").size(), 1u);
+    EXPECT_EQ(b.received("SCRIPT")[0].argv[2], source);
+}
+
+TEST(ClusterRedirect, PipelineIsOneBatchPerNodeInCommandOrderWithRedirectsResent) {
+    fake_redis_node a;
+    fake_redis_node b;
+    const int pa = a.port();
+    const int pb = b.port();
+    const auto ranges = [pa, pb] {
+        return std::vector<std::tuple<int, int, int>>{{0, 8191, pa}, {8192, 16383, pb}};
+    };
+    a.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        if (c.argv[1] == "moved-away") {
+            return resp::error("MOVED " + slot_text(c.argv[1]) + " " + b.address());
+        }
+        return resp::bulk("a:" + c.argv[1]);
+    }));
+    b.on_command(cluster_handler(
+        ranges, [](const fake_command& c) { return resp::bulk("b:" + c.argv[1]); }));
+    hiredis_cluster_connection conn{a.uri()};
+    std::vector<std::string> keys;
+    for (int i = 0; i < 40; ++i) {
+        keys.push_back("key" + std::to_string(i));
+    }
+    keys.push_back("moved-away");
+    ASSERT_LT(redislock::detail::key_slot("moved-away"), 8192);
+    std::vector<std::array<std::string_view, 2>> argvs;
+    for (const auto& k : keys) {
+        argvs.push_back({"GET", k});
+    }
+    std::vector<command> commands(argvs.begin(), argvs.end());
+    const auto before = conn.round_trips_per_node();
+    const std::vector<reply> replies = conn.execute_pipeline(commands);
+    const auto after = conn.round_trips_per_node();
+    ASSERT_EQ(replies.size(), keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        const bool on_a = redislock::detail::key_slot(keys[i]) < 8192 && keys[i] != "moved-away";
+        EXPECT_EQ(replies[i].text(), (on_a ? "a:" : "b:") + keys[i]);
+    }
+    EXPECT_EQ(after.at(a.address()) - before.at(a.address()), 1u);
+    EXPECT_EQ(after.at(b.address()) - before.at(b.address()), 2u)
+        << "its own batch, then the redirected command";
+}
+
+TEST(ClusterRedirect, PipelineWithContextsRoutesKeylessCommandsByTheirKey) {
+    fake_redis_node a;
+    fake_redis_node b;
+    const int pa = a.port();
+    const int pb = b.port();
+    const auto ranges = [pa, pb] {
+        return std::vector<std::tuple<int, int, int>>{{0, 8191, pa}, {8192, 16383, pb}};
+    };
+    a.on_command(cluster_handler(ranges, [](const fake_command&) { return resp::bulk("a"); }));
+    b.on_command(cluster_handler(ranges, [](const fake_command&) { return resp::bulk("b"); }));
+    hiredis_cluster_connection conn{a.uri()};
+    std::string on_b = "k";
+    while (redislock::detail::key_slot(on_b) < 8192) {
+        on_b += "x";
+    }
+    // SCRIPT LOAD carries no key of its own: the context says which node needs the script.
+    const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", "return 1"};
+    const std::array<std::string_view, 2> get{"GET", on_b};
+    const std::array<command, 2> commands{command{load}, command{get}};
+    const std::array<call_context, 2> hows{call_context{.key = on_b}, call_context{}};
+    const auto replies = conn.execute_pipeline(commands, hows);
+    ASSERT_EQ(replies.size(), 2u);
+    EXPECT_EQ(replies[0].text(), "b");
+    EXPECT_EQ(replies[1].text(), "b");
+    EXPECT_EQ(b.received("SCRIPT").size(), 1u);
+    EXPECT_TRUE(a.received("SCRIPT").empty());
+}
+
+TEST(ClusterRedirect, HungNodeFailsOnlyItsShareOfAPipeline) {
+    fake_redis_node a;
+    fake_redis_node b;
+    const int pa = a.port();
+    const int pb = b.port();
+    const auto ranges = [pa, pb] {
+        return std::vector<std::tuple<int, int, int>>{{0, 8191, pa}, {8192, 16383, pb}};
+    };
+    a.on_command(cluster_handler(ranges, [](const fake_command&) {
+        std::this_thread::sleep_for(400ms);  // longer than the command timeout
+        return resp::bulk("late");
+    }));
+    b.on_command(cluster_handler(ranges, [](const fake_command&) { return resp::bulk("b"); }));
+    hiredis_cluster_connection conn{a.uri() + "?command_timeout=150"};
+    std::string on_a = "k";
+    while (redislock::detail::key_slot(on_a) >= 8192) {
+        on_a += "x";
+    }
+    std::string on_b = "k";
+    while (redislock::detail::key_slot(on_b) < 8192) {
+        on_b += "x";
+    }
+    // The hung node's command comes first: the other node's must still be sent and answered.
+    const std::array<std::string_view, 4> renew_a{"EVALSHA", "0123", "1", on_a};
+    const std::array<std::string_view, 4> renew_b{"EVALSHA", "0123", "1", on_b};
+    const std::array<command, 2> commands{command{renew_a}, command{renew_b}};
+    redislock::test::stopwatch watch;
+    const auto replies = conn.execute_pipeline(commands);
+    ASSERT_EQ(replies.size(), 2u);
+    EXPECT_TRUE(replies[0].is_error());
+    EXPECT_NE(replies[0].text().find(a.address()), std::string::npos) << replies[0].text();
+    EXPECT_EQ(replies[1].text(), "b");
+    EXPECT_LT(watch.elapsed(), 1000ms);
+    // Alone, the same command is a timeout the caller sees.
+    EXPECT_THROW((void)conn.execute(renew_a), redislock::timeout_error);
+}
+
+TEST(ClusterRedirect, StopRequestEndsRetriesAtOnce) {
+    fake_redis_node a;
+    const int pa = a.port();
+    a.on_command(cluster_handler(
+        [pa] {
+            return std::vector<std::tuple<int, int, int>>{{0, 16383, pa}};
+        },
+        [](const fake_command&) { return resp::error("TRYAGAIN slot being moved"); }));
+    hiredis_cluster_connection conn{a.uri() + "?command_timeout=2000"};
+    std::stop_source stop;
+    const std::stop_token token = stop.get_token();
+    std::thread stopper{[&] {
+        std::this_thread::sleep_for(100ms);
+        stop.request_stop();
+    }};
+    redislock::test::stopwatch watch;
+    const std::array<std::string_view, 2> argv{"GET", "k"};
+    EXPECT_THROW((void)conn.execute(argv, call_context{.stop = &token}),
+                 redislock::cancelled_error);
+    stopper.join();
+    EXPECT_LT(watch.elapsed(), 1000ms);
+}
+
+TEST(ClusterRedirect, RefusedNodeIsRetriedUntilTheMapNamesAnother) {
+    fake_redis_node b;
+    const int pb = b.port();
+    auto a = std::make_unique<fake_redis_node>();
+    const int pa = a->port();
+    std::atomic<bool> promoted{false};
+    const auto ranges = [&, pa, pb] {
+        return std::vector<std::tuple<int, int, int>>{{0, 16383, promoted ? pb : pa}};
+    };
+    a->on_command(cluster_handler(ranges, [](const fake_command&) { return resp::bulk("a"); }));
+    b.on_command(cluster_handler(ranges, [](const fake_command&) { return resp::bulk("b"); }));
+    hiredis_cluster_connection conn{a->uri() + "," + b.address()};
+    EXPECT_EQ(get(conn, "k").text(), "a");
+    a.reset();  // the master is gone: connections refused
+    std::thread promote{[&] {
+        std::this_thread::sleep_for(300ms);
+        promoted = true;
+    }};
+    redislock::test::stopwatch watch;
+    EXPECT_EQ(get(conn, "k").text(), "b");
+    promote.join();
+    EXPECT_GE(watch.elapsed(), 250ms);
+    EXPECT_EQ(conn.node_for_key("k"), b.address());
+}
+
+// A real cluster of 3 masters with one replica each, shared by the tests of this suite.
+class ClusterConnection : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        cluster_ = new redislock::test::redis_cluster{3, 1};
+        std::printf("[ cluster  ] 3 masters + 3 replicas ready in %lld ms\n",
+                    static_cast<long long>(cluster_->bring_up_time().count()));
+        masters_ = cluster_->masters();
+        for (int port : masters_) {
+            for (const auto& n : cluster_->nodes(port)) {
+                if (n.port == port) {
+                    ranges_[port] = n.slot_ranges;
+                }
+            }
+        }
+    }
+    static void TearDownTestSuite() {
+        delete cluster_;
+        cluster_ = nullptr;
+    }
+
+    // The master serving `key`, from CLUSTER KEYSLOT on a node and the ranges read at start.
+    static int owner_of(std::string_view key) {
+        redislock::hiredis_connection& conn = direct(masters_.front());
+        const std::array<std::string_view, 3> argv{"CLUSTER", "KEYSLOT", key};
+        const auto slot = conn.execute(argv).as_integer();
+        for (const auto& [port, ranges] : ranges_) {
+            for (const auto& [first, last] : ranges) {
+                if (slot >= first && slot <= last) {
+                    return port;
+                }
+            }
+        }
+        return 0;
+    }
+
+    // A plain single-node connection to one master, apart from the code under test.
+    static redislock::hiredis_connection& direct(int port) {
+        static std::mutex mutex;
+        static std::map<int, std::unique_ptr<redislock::hiredis_connection>> conns;
+        std::lock_guard lock{mutex};
+        auto& c = conns[port];
+        if (!c) {
+            c = std::make_unique<redislock::hiredis_connection>(cluster_->uri_of(port));
+        }
+        return *c;
+    }
+
+    static bool exists_on_owner(std::string_view key) {
+        const std::array<std::string_view, 2> argv{"EXISTS", key};
+        return direct(owner_of(key)).execute(argv) == reply::integer(1);
+    }
+
+    static std::string address(int port) { return "127.0.0.1:" + std::to_string(port); }
+
+    static inline redislock::test::redis_cluster* cluster_ = nullptr;
+    static inline std::vector<int> masters_;
+    static inline std::map<int, std::vector<std::pair<int, int>>> ranges_;
+};
+
+TEST_F(ClusterConnection, SlotMapComesFromClusterShards) {
+    hiredis_cluster_connection conn{cluster_->uri()};
+    std::vector<std::string> expected;
+    for (int port : masters_) {
+        expected.push_back(address(port));
+    }
+    auto masters = conn.masters();
+    std::sort(masters.begin(), masters.end());
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(masters, expected);
+    EXPECT_EQ(conn.map_refreshes(), 1u);
+}
+
+TEST_F(ClusterConnection, EveryKeyGoesToTheMasterOfItsSlot) {
+    hiredis_cluster_connection conn{cluster_->uri()};
+    std::map<int, int> per_master;
+    for (int i = 0; i < 300; ++i) {
+        const std::string key = "route:" + std::to_string(i);
+        const std::string value = "v" + std::to_string(i);
+        const std::array<std::string_view, 3> set{"SET", key, value};
+        ASSERT_TRUE(conn.execute(set).is_status());
+        const int owner = owner_of(key);
+        ++per_master[owner];
+        EXPECT_EQ(conn.node_for_key(key), address(owner));
+        const std::array<std::string_view, 2> get{"GET", key};
+        EXPECT_EQ(direct(owner).execute(get).text(), value) << key;
+        const std::array<std::string_view, 2> del{"DEL", key};
+        EXPECT_EQ(conn.execute(del), reply::integer(1));
+    }
+    EXPECT_EQ(per_master.size(), 3u);
+    for (const auto& [port, count] : per_master) {
+        EXPECT_GT(count, 50) << port;
+    }
+    EXPECT_EQ(conn.map_refreshes(), 1u) << "no MOVED on a stable cluster";
+}
+
+// Names spread over the three masters: `orders:<i>` for i < count.
+std::vector<std::string> spread_names(int count) {
+    std::vector<std::string> names;
+    for (int i = 0; i < count; ++i) {
+        names.push_back("orders:" + std::to_string(i));
+    }
+    return names;
+}
+
+TEST_F(ClusterConnection, SimpleLockWithFencingOnEveryMaster) {
+    redislock::cluster_client cc{cluster_->uri()};
+    redislock::cluster_client rival{cluster_->uri()};
+    std::set<int> owners;
+    for (const std::string& name : spread_names(24)) {
+        auto m = cc.mutex(name, {.lease = 10s, .fencing = true});
+        auto other = rival.mutex(name, {.lease = 10s});
+        m.lock();
+        owners.insert(owner_of(name));
+        EXPECT_TRUE(exists_on_owner(name)) << name;
+        const auto first = m.fencing_token();
+        EXPECT_GT(first, 0);
+        EXPECT_FALSE(other.try_lock()) << name;
+        m.unlock();
+        EXPECT_FALSE(exists_on_owner(name)) << name;
+        m.lock();
+        EXPECT_GT(m.fencing_token(), first);
+        EXPECT_TRUE(m.verify());
+        m.unlock();
+        EXPECT_TRUE(other.try_lock());
+        other.unlock();
+    }
+    EXPECT_EQ(owners.size(), 3u);
+}
+
+TEST_F(ClusterConnection, ReentrantLockOnEveryMaster) {
+    redislock::cluster_client cc{cluster_->uri()};
+    redislock::cluster_client rival{cluster_->uri()};
+    for (const std::string& name : spread_names(24)) {
+        auto m = cc.recursive_mutex(name, {.lease = 10s, .fencing = true});
+        auto other = rival.recursive_mutex(name);
+        m.lock();
+        const auto fence = m.fencing_token();
+        m.lock();
+        EXPECT_EQ(m.fencing_token(), fence);
+        EXPECT_TRUE(exists_on_owner(name)) << name;
+        EXPECT_FALSE(other.try_lock());
+        m.unlock();
+        EXPECT_FALSE(other.try_lock());
+        m.unlock();
+        EXPECT_FALSE(exists_on_owner(name)) << name;
+        EXPECT_TRUE(other.try_lock());
+        other.unlock();
+    }
+}
+
+TEST_F(ClusterConnection, ReadWriteLockOnEveryMaster) {
+    redislock::cluster_client cc{cluster_->uri()};
+    redislock::cluster_client rival{cluster_->uri()};
+    for (const std::string& name : spread_names(24)) {
+        auto rw = cc.shared_mutex(name, {.lease = 10s, .fencing = true});
+        auto other = rival.shared_mutex(name, {.lease = 10s});
+        rw.lock_shared();
+        EXPECT_TRUE(other.try_lock_shared()) << "readers share";
+        EXPECT_TRUE(exists_on_owner(name)) << name;
+        other.unlock_shared();
+        EXPECT_FALSE(other.try_lock()) << "a reader holds it";
+        rw.unlock_shared();
+        rw.lock();
+        EXPECT_GT(rw.fencing_token(), 0);
+        EXPECT_FALSE(other.try_lock_shared());
+        rw.unlock();
+        EXPECT_FALSE(exists_on_owner(name)) << name;
+    }
+}
+
+// Names with a '}' and no valid hash tag: every key of a lock must stay in one slot.
+TEST_F(ClusterConnection, OddNamesWorkForEveryLockKind) {
+    redislock::cluster_client cc{cluster_->uri()};
+    for (const std::string name : {"job}1", "a{}b", "{x}", "}{", "a}b{c}", "{{x}}"}) {
+        SCOPED_TRACE(name);
+        try {
+            auto m = cc.mutex(name, {.lease = 10s, .fencing = true});
+            m.lock();
+            EXPECT_GT(m.fencing_token(), 0);
+            m.unlock();
+        } catch (const redislock::error& e) {
+            ADD_FAILURE() << "fenced mutex: " << e.what();
+        }
+        try {
+            auto m = cc.recursive_mutex(name, {.lease = 10s, .fencing = true});
+            m.lock();
+            m.unlock();
+        } catch (const redislock::error& e) {
+            ADD_FAILURE() << "recursive_mutex: " << e.what();
+        }
+        try {
+            auto rw = cc.shared_mutex(name, {.lease = 10s, .fencing = true});
+            rw.lock();
+            rw.unlock();
+            rw.lock_shared();
+            rw.unlock_shared();
+        } catch (const redislock::error& e) {
+            ADD_FAILURE() << "shared_mutex: " << e.what();
+        }
+    }
+}
+
+TEST_F(ClusterConnection, WatchdogRenewsAThousandLocksWithOneBatchPerMasterPerPeriod) {
+    redislock::cluster_client cc{cluster_->uri()};
+    constexpr int count = 1000;
+    // A 6 s lease: renewals every 2 s, and leases due within 0.5 s of each other share a batch,
+    // so the acquisition loop below may take that long on a loaded machine.
+    std::vector<redislock::cluster_mutex> locks;
+    locks.reserve(count);
+    for (int i = 0; i < count; ++i) {
+        locks.push_back(cc.mutex("wd:" + std::to_string(i), {.lease = 6s, .watchdog = true}));
+    }
+    redislock::test::stopwatch taking;
+    for (auto& m : locks) {
+        m.lock();
+    }
+    const auto taken_in = taking.elapsed();
+    auto& wd = cc.watchdog();
+    // The first round loads the renewal script; measure the next full round.
+    ASSERT_TRUE(redislock::test::eventually([&] { return wd.stats().renewals >= count; }, 10s));
+    ASSERT_TRUE(redislock::test::eventually(
+        [&] { return wd.stats().renewals % count == 0 && wd.size() == count; }, 10s));
+    std::this_thread::sleep_for(100ms);
+    const auto stats_before = wd.stats();
+    std::map<std::string, std::uint64_t> before = cc.connection().round_trips_per_node();
+    ASSERT_TRUE(redislock::test::eventually(
+        [&] { return wd.stats().renewals - stats_before.renewals >= count; }, 10s));
+    std::this_thread::sleep_for(100ms);  // the last batch's callbacks
+    const auto stats_after = wd.stats();
+    const auto after = cc.connection().round_trips_per_node();
+    const auto batches = stats_after.round_trips - stats_before.round_trips;
+    std::printf("[ watchdog ] %d locks taken in %lld ms, renewed in %llu batch(es) per period\n",
+                count, static_cast<long long>(taken_in.count()),
+                static_cast<unsigned long long>(batches));
+    EXPECT_EQ(stats_after.renewals - stats_before.renewals, std::uint64_t{count});
+    EXPECT_GE(batches, 1u);
+    EXPECT_LE(batches, 2u);
+    int nodes_renewed = 0;
+    for (const auto& [node, trips] : after) {
+        const auto delta = trips - before[node];
+        if (delta > 0) {
+            ++nodes_renewed;
+            EXPECT_EQ(delta, batches) << node << ": one pipelined round trip per node per batch";
+        }
+    }
+    EXPECT_EQ(nodes_renewed, 3) << "renewals reached every master";
+    EXPECT_EQ(stats_after.losses, 0u);
+    for (auto& m : locks) {
+        EXPECT_TRUE(m.owned());
+        m.unlock();
+    }
+    for (int port : masters_) {
+        const std::array<std::string_view, 3> scan{"KEYS", "wd:*"};
+        EXPECT_TRUE(direct(port).execute(scan).elements().empty()) << "left behind on " << port;
+    }
+}
+
+}  // namespace
