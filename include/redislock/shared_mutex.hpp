@@ -190,7 +190,7 @@ private:
     // One owner's entries in one mode, made through this object.
     struct hold {
         std::string owner;
-        mode kind;
+        mode kind = mode::read;
         std::size_t depth = 0;
         std::int64_t fence = 0;
         detail::tracked_lease<C> lease;
@@ -365,7 +365,9 @@ private:
             std::lock_guard guard{state_->mutex};
             hold* h = find(owner, kind);
             if (!h) {
-                h = &state_->holds.emplace_back(hold{owner, kind});
+                h = &state_->holds.emplace_back();
+                h->owner = owner;
+                h->kind = kind;
             }
             // A new acquisition, or a re-entry into another acquisition of this owner, while
             // entries are still counted here means Redis lost them: their lease ran out, or they

@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-#include <redislock/detail/crc16.hpp>
+#include <redislock/detail/cluster_slot.hpp>
 #include <redislock/error.hpp>
 #include <redislock/lock_options.hpp>
 
@@ -59,7 +59,7 @@ inline void check_options(std::string_view name, const lock_options& options) {
 }
 
 /// True when Redis Cluster would hash `key` by a {tag} inside it.
-inline bool has_hash_tag(std::string_view key) { return hash_tag_part(key).size() != key.size(); }
+inline bool has_hash_tag(std::string_view key) { return hashed_part(key).size() != key.size(); }
 
 /// A brace-free tag that hashes to `slot`: "rl" and three characters from a 64-letter alphabet,
 /// the first match in a fixed order (262,144 candidates cover all 16,384 slots).
