@@ -50,6 +50,13 @@ public:
     using server_error::server_error;
 };
 
+/// An acquisition was acknowledged by fewer replicas than lock_options::min_replicas within
+/// replica_timeout; it was undone.
+class replication_error : public error {
+public:
+    using error::error;
+};
+
 /// A caller passed a value the library cannot use: an empty name, a lease out of range, a
 /// malformed URI.
 class invalid_argument : public error {

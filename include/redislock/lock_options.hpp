@@ -38,6 +38,22 @@ struct lock_options {
     /// acquisition; past it renewals stop, the lease runs out and the loss is reported through
     /// on_lost. Zero (the default) means no cap.
     std::chrono::milliseconds max_hold{0};
+
+    /// Replicas that must acknowledge an acquisition, and each watchdog renewal, before it
+    /// counts: the library sends WAIT min_replicas replica_timeout on the same connection, in the
+    /// same round trip. An acquisition with fewer acknowledgements is undone and the call throws
+    /// redislock::replication_error (not contention); a renewal with fewer is retried, and the
+    /// lock reported lost if none is acknowledged before its lease runs out. WAIT is not
+    /// consensus: an acknowledged write can still be lost if the replicas that hold it all fail,
+    /// and a failover may promote a replica that had not acknowledged it yet; it narrows the
+    /// window in which a hard master failure loses a just-acquired lock, it does not close it.
+    /// Needs a pipelining connection. 0 (the default) sends no WAIT. See
+    /// https://redis.io/commands/wait/
+    int min_replicas = 0;
+
+    /// How long WAIT waits for the replicas; must be positive and below the lease when
+    /// min_replicas > 0 (WAIT with 0 would block for ever).
+    std::chrono::milliseconds replica_timeout{100};
 };
 
 /// The longest lease accepted: 2^40 ms, about 34 years (the steady clock and PX both hold it).

@@ -260,13 +260,17 @@ private:
         const detail::token token = detail::token::random();
         const auto sent = detail::steady::now();
         how.key = state_->name;
+        const lock_options& opts = state_->options;
         std::int64_t fence = 0;
+        std::int64_t replicas = -1;
         try {
-            if (state_->options.fencing) {
-                const reply r = detail::run_script(
+            if (opts.fencing) {
+                auto [r, acks] = detail::run_script_acknowledged(
                     *state_->conn, detail::scripts::mutex_acquire_fenced,
                     std::array<std::string_view, 2>{state_->name, state_->fence_key},
-                    std::array{token.view(), state_->lease_text.view()}, how);
+                    std::array{token.view(), state_->lease_text.view()}, how, opts.min_replicas,
+                    opts.replica_timeout);
+                replicas = acks;
                 if (r.is_error()) {
                     detail::throw_reply_error(r, "lock", state_->name);
                 }
@@ -280,7 +284,10 @@ private:
             } else {
                 const std::array<std::string_view, 6> set{
                     "SET", state_->name, token.view(), "NX", "PX", state_->lease_text.view()};
-                const reply r = detail::execute(*state_->conn, set, how);
+                auto [r, acks] = detail::execute_acknowledged(*state_->conn, set, how,
+                                                              opts.min_replicas,
+                                                              opts.replica_timeout);
+                replicas = acks;
                 if (r.is_error()) {
                     detail::throw_reply_error(r, "lock", state_->name);
                 }
@@ -295,7 +302,11 @@ private:
             abandon(token, sent);
             throw;
         }
-        if (detail::steady::now() >= detail::valid_until(sent, state_->options.lease)) {
+        if (detail::unacknowledged(replicas, opts)) {
+            abandon(token, sent);
+            detail::throw_unacknowledged(state_->name, replicas, opts);
+        }
+        if (detail::steady::now() >= detail::valid_until(sent, opts.lease)) {
             abandon(token, sent);  // granted, but its lease ran out before the reply came
             return detail::holder_ttl{0};
         }

@@ -316,14 +316,17 @@ private:
         }
         const auto sent = detail::steady::now();
         reply r;
+        std::int64_t replicas = -1;
         try {
-            r = detail::run_script(*state_->conn, detail::scripts::recursive_acquire,
-                                   std::array<std::string_view, 2>{state_->name, state_->fence_key},
-                                   std::array<std::string_view, 6>{
-                                       owner, state_->lease_text.view(),
-                                       state_->options.fencing ? "1" : "0", candidate.view(),
-                                       outermost ? "1" : "0", given_up},
-                                   how);
+            auto acknowledged = detail::run_script_acknowledged(
+                *state_->conn, detail::scripts::recursive_acquire,
+                std::array<std::string_view, 2>{state_->name, state_->fence_key},
+                std::array<std::string_view, 6>{owner, state_->lease_text.view(),
+                                                state_->options.fencing ? "1" : "0",
+                                                candidate.view(), outermost ? "1" : "0", given_up},
+                how, state_->options.min_replicas, state_->options.replica_timeout);
+            r = std::move(acknowledged.value);
+            replicas = acknowledged.replicas;
         } catch (const error& e) {
             if (!dynamic_cast<const connection_error*>(&e) &&
                 !dynamic_cast<const cancelled_error*>(&e)) {
@@ -351,6 +354,10 @@ private:
         const std::string& acquisition = r.elements()[2].text();
         if (status == 0) {
             return detail::holder_ttl{value};
+        }
+        if (status == 1 && detail::unacknowledged(replicas, state_->options)) {
+            abandon(owner, acquisition, sent + state_->options.lease);
+            detail::throw_unacknowledged(state_->name, replicas, state_->options);
         }
         if (status == 1 &&
             detail::steady::now() >= detail::valid_until(sent, state_->options.lease)) {

@@ -7,8 +7,13 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include <redislock/connection.hpp>
 #include <redislock/error.hpp>
@@ -25,19 +30,14 @@ struct script {
 
 namespace detail {
 
-/// Runs `s` with EVALSHA over `keys` then `args`; loads it and retries once on NOSCRIPT.
-/// `how` carries the deadline and stop token; its key is set to keys[0] (the node that runs the
-/// script is the node that must load it). Returns the script's reply, which may be an error
-/// reply raised by the script itself.
-/// @throws redislock::connection_error; redislock::server_error if SCRIPT LOAD is refused;
-///         redislock::cancelled_error on a stop request.
-template <connection C, std::size_t KeyCount, std::size_t ArgCount>
-reply run_script(C& conn, const script& s, const std::array<std::string_view, KeyCount>& keys,
-                 const std::array<std::string_view, ArgCount>& args, call_context how = {}) {
+/// EVALSHA sha numkeys keys... args..., on the stack.
+template <std::size_t KeyCount, std::size_t ArgCount>
+std::array<std::string_view, 3 + KeyCount + ArgCount> evalsha_argv(
+    const script& s, const std::array<std::string_view, KeyCount>& keys,
+    const std::array<std::string_view, ArgCount>& args) {
     // Enough for any key count the scripts use; keeps the argument count off the heap.
-    static_assert(KeyCount < 10, "run_script writes the key count as one digit");
+    static_assert(KeyCount < 10, "the key count is written as one digit");
     static constexpr char key_count[2] = {static_cast<char>('0' + KeyCount), '\0'};
-
     std::array<std::string_view, 3 + KeyCount + ArgCount> argv{};
     argv[0] = "EVALSHA";
     argv[1] = s.sha1;
@@ -49,7 +49,19 @@ reply run_script(C& conn, const script& s, const std::array<std::string_view, Ke
     for (auto arg : args) {
         argv[i++] = arg;
     }
+    return argv;
+}
 
+/// Runs `s` with EVALSHA over `keys` then `args`; loads it and retries once on NOSCRIPT.
+/// `how` carries the deadline and stop token; its key is set to keys[0] (the node that runs the
+/// script is the node that must load it). Returns the script's reply, which may be an error
+/// reply raised by the script itself.
+/// @throws redislock::connection_error; redislock::server_error if SCRIPT LOAD is refused;
+///         redislock::cancelled_error on a stop request.
+template <connection C, std::size_t KeyCount, std::size_t ArgCount>
+reply run_script(C& conn, const script& s, const std::array<std::string_view, KeyCount>& keys,
+                 const std::array<std::string_view, ArgCount>& args, call_context how = {}) {
+    const auto argv = evalsha_argv(s, keys, args);
     if constexpr (KeyCount > 0) {
         how.key = keys[0];
     }
@@ -64,6 +76,71 @@ reply run_script(C& conn, const script& s, const std::array<std::string_view, Ke
                            " was refused: " + loaded.text()};
     }
     return detail::execute(conn, argv, how);
+}
+
+/// What a write acknowledged by replicas returned: its own reply, and how many replicas WAIT
+/// counted (-1 when no WAIT was sent).
+struct acknowledged_reply {
+    reply value;
+    std::int64_t replicas = -1;
+};
+
+/// Sends `argv` and, when `min_replicas` > 0, WAIT min_replicas timeout right behind it in one
+/// pipeline, so the WAIT covers the write on the same connection.
+/// @throws as the connection's execute / execute_pipeline.
+template <connection C>
+acknowledged_reply execute_acknowledged(C& conn, command argv, const call_context& how,
+                                        int min_replicas, std::chrono::milliseconds timeout) {
+    if (min_replicas <= 0) {
+        return {detail::execute(conn, argv, how), -1};
+    }
+    if constexpr (pipelining_connection<C>) {
+        const std::string replicas = std::to_string(min_replicas);
+        const std::string wait_ms = std::to_string(timeout.count());
+        const std::array<std::string_view, 3> wait{"WAIT", replicas, wait_ms};
+        const std::array<command, 2> commands{argv, command{wait}};
+        std::vector<reply> replies;
+        if constexpr (contextual_pipelining_connection<C>) {
+            const std::array<call_context, 2> hows{how, how};
+            replies = conn.execute_pipeline(commands, hows);
+        } else {
+            replies = conn.execute_pipeline(commands);
+        }
+        if (replies.size() != 2) {
+            throw connection_error{"redislock: a pipeline of 2 commands got " +
+                                   std::to_string(replies.size()) + " replies"};
+        }
+        const std::int64_t acknowledged = replies[1].is_integer() ? replies[1].as_integer() : 0;
+        return {std::move(replies[0]), acknowledged};
+    } else {
+        throw invalid_argument{"redislock: min_replicas needs a pipelining connection"};
+    }
+}
+
+/// As run_script, followed by WAIT as in execute_acknowledged.
+template <connection C, std::size_t KeyCount, std::size_t ArgCount>
+acknowledged_reply run_script_acknowledged(C& conn, const script& s,
+                                           const std::array<std::string_view, KeyCount>& keys,
+                                           const std::array<std::string_view, ArgCount>& args,
+                                           call_context how, int min_replicas,
+                                           std::chrono::milliseconds timeout) {
+    if (min_replicas <= 0) {
+        return {run_script(conn, s, keys, args, how), -1};
+    }
+    static_assert(KeyCount > 0, "a write to acknowledge touches a key");
+    const auto argv = evalsha_argv(s, keys, args);
+    how.key = keys[0];
+    acknowledged_reply r = execute_acknowledged(conn, argv, how, min_replicas, timeout);
+    if (!r.value.is_error_code("NOSCRIPT")) {
+        return r;
+    }
+    const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", s.source};
+    reply loaded = detail::execute(conn, load, how);
+    if (loaded.is_error()) {
+        throw server_error{"redislock: SCRIPT LOAD of " + std::string{s.name} +
+                           " was refused: " + loaded.text()};
+    }
+    return execute_acknowledged(conn, argv, how, min_replicas, timeout);
 }
 
 }  // namespace detail

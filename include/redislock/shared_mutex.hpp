@@ -316,8 +316,9 @@ private:
         }
         const auto sent = detail::steady::now();
         reply r;
+        std::int64_t replicas = -1;
         try {
-            r = detail::run_script(
+            auto acknowledged = detail::run_script_acknowledged(
                 *state_->conn, detail::scripts::shared_acquire,
                 std::array<std::string_view, 2>{state_->name, state_->fence_key},
                 std::array<std::string_view, 8>{
@@ -325,14 +326,16 @@ private:
                     kind == mode::write && state_->options.fencing ? "1" : "0",
                     queue ? state_->queue_text.view() : std::string_view{"0"}, candidate.view(),
                     outermost ? "1" : "0", given_up},
-                how);
+                how, state_->options.min_replicas, state_->options.replica_timeout);
+            r = std::move(acknowledged.value);
+            replicas = acknowledged.replicas;
         } catch (const error& e) {
             if (dynamic_cast<const connection_error*>(&e) || dynamic_cast<const cancelled_error*>(&e)) {
                 // The entry may have landed. A new acquisition is given up (the next attempt of
                 // this call takes it over by its id; the reaper drops it otherwise); a re-entry
                 // whose count is now unknown is dropped with the hold's last release.
                 if (outermost) {
-                    abandon(hold_ref{owner, kind, 0, candidate.str()}, sent + state_->options.lease);
+                    abandon(hold_ref{owner, kind, 0, candidate.str(), false}, sent + state_->options.lease);
                 }
             }
             throw;
@@ -352,9 +355,13 @@ private:
         if (status == 0) {
             return detail::holder_ttl{value};
         }
+        if (status == 1 && detail::unacknowledged(replicas, state_->options)) {
+            abandon(hold_ref{owner, kind, 0, acquisition, false}, sent + state_->options.lease);
+            detail::throw_unacknowledged(state_->name, replicas, state_->options);
+        }
         if (status == 1 &&
             detail::steady::now() >= detail::valid_until(sent, state_->options.lease)) {
-            abandon(hold_ref{owner, kind, 0, acquisition}, sent + state_->options.lease);
+            abandon(hold_ref{owner, kind, 0, acquisition, false}, sent + state_->options.lease);
             return detail::holder_ttl{0};  // granted, but its lease ran out before the reply came
         }
         std::optional<hold_ref> first_entry;
@@ -384,11 +391,11 @@ private:
                 h->generation = detail::current_fork_generation();
                 h->epoch = ++state_->last_epoch;
                 h->acquisition = acquisition;
-                first_entry = hold_ref{owner, kind, h->epoch, acquisition};
+                first_entry = hold_ref{owner, kind, h->epoch, acquisition, false};
             }
             ++h->depth;
             if (!first_entry) {
-                reentered = hold_ref{owner, kind, h->epoch, acquisition};
+                reentered = hold_ref{owner, kind, h->epoch, acquisition, false};
             }
         }
         if (reentered) {

@@ -69,6 +69,9 @@ struct lease_renewal {
     std::function<void(detail::steady::time_point sent)> renewed{};
     /// Called once when the lease is found lost or has run out (max_hold, failures).
     std::function<void()> lost{};
+    /// Replicas that must acknowledge each renewal (WAIT after it); 0: none.
+    int min_replicas = 0;
+    std::chrono::milliseconds replica_timeout{};
 };
 
 /// Counters for tests and benchmarks.
@@ -216,6 +219,8 @@ private:
         const script* renew_script;
         std::vector<std::string_view> argv;  // EVALSHA sha nkeys keys... args...; empty: expiry
         call_context how;                    // the first key, and when the lease surely ends
+        int min_replicas = 0;                // > 0: a WAIT follows the renewal
+        std::array<std::string, 2> wait_text{};  // WAIT's arguments
     };
 
     enum class outcome { renewed, lost, failed };
@@ -284,7 +289,11 @@ private:
     static job make_job(lease_id id, const entry& e) {
         static constexpr std::array<std::string_view, 10> digits{"0", "1", "2", "3", "4",
                                                                  "5", "6", "7", "8", "9"};
-        job j{id, e.renewal.renew_script, {}, {}};
+        job j{id, e.renewal.renew_script, {}, {}, e.renewal.min_replicas, {}};
+        if (j.min_replicas > 0) {
+            j.wait_text = {std::to_string(j.min_replicas),
+                           std::to_string(e.renewal.replica_timeout.count())};
+        }
         const auto& r = e.renewal;
         if (e.expiring) {
             return j;  // no command: only the expiry check
@@ -346,40 +355,58 @@ private:
         if (which.empty()) {
             return {};
         }
+        // Each renewal, followed by its WAIT when its lock asks for replica acknowledgements
+        // (on a cluster the WAIT must reach the renewal's node, so it carries the same key).
+        std::vector<command> commands;
+        std::vector<call_context> hows;
+        std::vector<std::array<std::string_view, 3>> waits;
+        waits.reserve(which.size());
+        for (std::size_t i : which) {
+            commands.emplace_back(batch[i].argv);
+            hows.push_back(batch[i].how);
+            if (batch[i].min_replicas > 0) {
+                waits.push_back({"WAIT", batch[i].wait_text[0], batch[i].wait_text[1]});
+                commands.emplace_back(waits.back());
+                hows.push_back(batch[i].how);
+            }
+        }
+        std::vector<reply> replies;
         try {
             if constexpr (contextual_pipelining_connection<C>) {
-                std::vector<command> commands;
-                std::vector<call_context> hows;
-                commands.reserve(which.size());
-                hows.reserve(which.size());
-                for (std::size_t i : which) {
-                    commands.emplace_back(batch[i].argv);
-                    hows.push_back(batch[i].how);
-                }
-                auto replies = conn_->execute_pipeline(commands, hows);
+                replies = conn_->execute_pipeline(commands, hows);
                 count(which.size(), 1);
-                return replies;
             } else if constexpr (pipelining_connection<C>) {
-                std::vector<command> commands;
-                commands.reserve(which.size());
-                for (std::size_t i : which) {
-                    commands.emplace_back(batch[i].argv);
-                }
-                auto replies = conn_->execute_pipeline(commands);
+                replies = conn_->execute_pipeline(commands);
                 count(which.size(), 1);
-                return replies;
             } else {
-                std::vector<reply> replies;
-                replies.reserve(which.size());
-                for (std::size_t i : which) {
-                    replies.push_back(detail::execute(*conn_, batch[i].argv, batch[i].how));
+                for (std::size_t k = 0; k < commands.size(); ++k) {
+                    replies.push_back(detail::execute(*conn_, commands[k], hows[k]));
                 }
                 count(which.size(), which.size());
-                return replies;
             }
         } catch (...) {
             return {};
         }
+        if (replies.size() != commands.size()) {
+            return {};
+        }
+        // One reply per renewal; a renewal too few replicas acknowledged counts as failed.
+        std::vector<reply> results;
+        results.reserve(which.size());
+        std::size_t k = 0;
+        for (std::size_t i : which) {
+            reply r = std::move(replies[k++]);
+            if (batch[i].min_replicas > 0) {
+                const reply& acknowledged = replies[k++];
+                if (r.is_integer() && r.as_integer() == 1 &&
+                    (!acknowledged.is_integer() ||
+                     acknowledged.as_integer() < batch[i].min_replicas)) {
+                    r = reply::error("NOREPLICAS too few replicas acknowledged the renewal");
+                }
+            }
+            results.push_back(std::move(r));
+        }
+        return results;
     }
 
     void load_scripts(const std::vector<job>& batch, const std::vector<std::size_t>& which) {

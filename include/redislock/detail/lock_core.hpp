@@ -64,6 +64,22 @@ inline std::error_code server_failure(const reply& r) noexcept {
     return errc::server_failed;
 }
 
+/// True when an acquisition that WAIT counted `replicas` for lacks the acknowledgements
+/// lock_options::min_replicas asks for.
+inline bool unacknowledged(std::int64_t replicas, const lock_options& options) {
+    return options.min_replicas > 0 && replicas < options.min_replicas;
+}
+
+[[noreturn]] inline void throw_unacknowledged(std::string_view name, std::int64_t replicas,
+                                              const lock_options& options) {
+    throw replication_error{"redislock: '" + std::string{name} + "' was acquired but only " +
+                            std::to_string(replicas) + " of the " +
+                            std::to_string(options.min_replicas) +
+                            " replicas asked for acknowledged it within " +
+                            std::to_string(options.replica_timeout.count()) +
+                            " ms; the acquisition was undone"};
+}
+
 /// True for failures a wait with time left rides out.
 inline bool is_transient(const error& e) {
     return dynamic_cast<const connection_error*>(&e) != nullptr ||
@@ -176,7 +192,9 @@ public:
                               [st = st_, find = find_, key](steady::time_point renewed_at) {
                                   lease_tracker{*st, find}.renewed(key, renewed_at);
                               },
-                              [st = st_, find = find_, key] { lease_tracker{*st, find}.lose(key); }};
+                              [st = st_, find = find_, key] { lease_tracker{*st, find}.lose(key); },
+                              st_->options.min_replicas,
+                              st_->options.replica_timeout};
         const auto id = core().watchdog.add(std::move(renewal), sent);
         if (!attach(key, [&](tracked_lease<C>& t) { t.renewal = id; })) {
             core().watchdog.remove(id);

@@ -27,6 +27,13 @@ struct lock_identity {
           options{std::move(opts)},
           lease_text{options.lease.count()} {
         check_options(name, options);
+        if constexpr (!pipelining_connection<C>) {
+            if (options.min_replicas > 0) {
+                throw invalid_argument{
+                    "redislock: min_replicas needs a connection that pipelines (WAIT must follow "
+                    "the write on the same connection)"};
+            }
+        }
         fence_key = derived_key(name, "fence");
         channel = derived_key(name, "released");
     }

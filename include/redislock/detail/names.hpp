@@ -50,6 +50,14 @@ inline void check_options(std::string_view name, const lock_options& options) {
             "redislock: backoff bounds must satisfy 0 ms < backoff_min <= "
             "backoff_max <= max_lease"};
     }
+    if (options.min_replicas < 0 ||
+        (options.min_replicas > 0 &&
+         (options.replica_timeout <= std::chrono::milliseconds::zero() ||
+          options.replica_timeout >= options.lease))) {
+        throw invalid_argument{
+            "redislock: min_replicas must be 0 or more, and with replicas the replica_timeout "
+            "must be positive and below the lease"};
+    }
     if (options.max_hold < std::chrono::milliseconds::zero() ||
         (options.max_hold > std::chrono::milliseconds::zero() && options.max_hold < options.lease)) {
         throw invalid_argument{"redislock: max_hold of " + std::to_string(options.max_hold.count()) +
