@@ -10,5 +10,6 @@ file(READ ${OUTPUT} regenerated)
 file(READ ${COMMITTED} committed)
 if(NOT regenerated STREQUAL committed)
     message(FATAL_ERROR "include/redislock/version.hpp is out of date with project(VERSION "
-                        "${VERSION}): run 'cmake --build <build> --target redislock_generate_version'")
+                        "${VERSION}): run "
+                        "'cmake --build <build> --target redislock_generate_version'")
 endif()
