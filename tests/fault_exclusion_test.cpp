@@ -43,9 +43,12 @@ TEST(FaultChecker, OverlappingWritersAreAViolation) {
     EXPECT_NE(violation->find("[29.0 ms, 40.0 ms]"), std::string::npos) << *violation;
 }
 
-TEST(FaultChecker, OneLongWriterSpanningLaterOnesIsCaught) {
+TEST(FaultChecker, OneLongWriterSpanningLaterOnesIsCaughtAndEveryOverlapCounted) {
     const std::vector holds{hold(0, 100, true), hold(10, 20, true), hold(50, 60, true)};
-    EXPECT_TRUE(find_exclusion_violation(holds, 0, 0));
+    const auto violation = find_exclusion_violation(holds, 0, 0);
+    ASSERT_TRUE(violation);
+    EXPECT_NE(violation->find("(2 hold(s) of this name began inside another)"), std::string::npos)
+        << *violation;
 }
 
 TEST(FaultChecker, ReadersMayOverlapEachOtherButNotAWriter) {

@@ -704,11 +704,23 @@ inline std::optional<std::string> find_exclusion_violation(const std::vector<fau
     };
     const std::int64_t overlap_ns =
         std::min(pair->first.exit_ns, pair->second.exit_ns) - pair->second.enter_ns;
+    // How many intervals start inside an earlier one: the first overlap is described, the
+    // count tells whether it was a one-off.
+    std::sort(
+        intervals.begin(), intervals.end(),
+        [](const hold_interval& a, const hold_interval& b) { return a.enter_ns < b.enter_ns; });
+    std::size_t overlaps = 0;
+    std::int64_t latest_exit = 0;
+    for (const auto& iv : intervals) {
+        overlaps += iv.enter_ns < latest_exit ? 1 : 0;
+        latest_exit = std::max(latest_exit, iv.exit_ns);
+    }
     return "two holders inside \"fault:" + std::to_string(name) + "\" at once for " +
            std::to_string(overlap_ns / 1'000'000) + "." +
            std::to_string(overlap_ns / 100'000 % 10) +
            " ms: " + explain(pair->first, pair->second) + " / " +
-           explain(pair->second, pair->first);
+           explain(pair->second, pair->first) + " (" + std::to_string(overlaps) +
+           " hold(s) of this name began inside another)";
 }
 
 }  // namespace detail

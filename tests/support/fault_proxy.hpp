@@ -217,18 +217,18 @@ private:
         std::uint64_t cuts_done = 0;
         std::list<link> links;
         std::vector<pollfd> fds;
-        std::vector<std::pair<link*, bool>>
-            owners;  // per pollfd past the first two: link, is_client
+        // For each pollfd past the first two: its link, and whether it is the client's end.
+        std::vector<std::pair<link*, bool>> owners;
         for (;;) {
+            std::uint64_t epoch = 0;
             {
                 std::lock_guard guard{mutex_};
                 if (stopping_) {
                     break;
                 }
                 current = wanted_;
-                applied_epoch_ = wanted_epoch_;
+                epoch = wanted_epoch_;
             }
-            applied_cv_.notify_all();
 
             if (current.cut_generation != cuts_done) {
                 cuts_done = current.cut_generation;
@@ -236,6 +236,14 @@ private:
                 live_.fetch_sub(links.size());
                 links.clear();
             }
+
+            // Published only once the change has taken effect (a cut's connections are closed),
+            // and before any byte moves under the new settings.
+            {
+                std::lock_guard guard{mutex_};
+                applied_epoch_ = epoch;
+            }
+            applied_cv_.notify_all();
 
             const auto now = clock::now();
             fds.clear();
