@@ -389,7 +389,7 @@ private:
                     ++open_count;
                     lock.unlock();
                     try {
-                        return open();
+                        return open(deadline);
                     } catch (...) {
                         lock.lock();
                         --open_count;
@@ -450,8 +450,17 @@ private:
             return ::poll(&pfd, 1, 0) == 0;
         }
 
-        detail::context_ptr open() {
-            const timeval connect_tv = detail::to_timeval(config.connect_timeout);
+        // Connects within the connect timeout, or less when the call's deadline is nearer.
+        detail::context_ptr open(std::chrono::steady_clock::time_point deadline =
+                                     std::chrono::steady_clock::time_point::max()) {
+            auto connect_timeout = config.connect_timeout;
+            if (deadline != std::chrono::steady_clock::time_point::max()) {
+                const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+                    deadline - std::chrono::steady_clock::now());
+                connect_timeout =
+                    std::clamp(left, std::chrono::milliseconds{1}, config.connect_timeout);
+            }
+            const timeval connect_tv = detail::to_timeval(connect_timeout);
             detail::context_ptr ctx{
                 config.unix_socket.empty()
                     ? redisConnectWithTimeout(config.host.c_str(), config.port, connect_tv)

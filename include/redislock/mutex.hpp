@@ -66,7 +66,7 @@ public:
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, inconsistent backoff bounds or a max_hold below the lease.
     basic_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : state_{std::make_unique<state>(client.core_, name, std::move(options))} {}
+        : state_{std::make_shared<state>(client.core_, name, std::move(options))} {}
 
     basic_mutex(basic_mutex&&) noexcept = default;
     basic_mutex& operator=(basic_mutex&& other) noexcept {
@@ -222,7 +222,7 @@ private:
     }
 
     detail::lease_tracker<C, state, detail::token> tracker() const {
-        return {*state_, &find_lease};
+        return {state_, &find_lease};
     }
 
     const state& checked() const {
@@ -407,10 +407,10 @@ private:
                 }
                 return errc::lock_lost;
             case release_outcome::unreachable:
-                hand_to_reaper(g.token, g.lease.valid_until);
+                hand_to_reaper(g.token, g.lease.valid_until + state_->options.lease);
                 return errc::connection_failed;
             case release_outcome::refused:
-                hand_to_reaper(g.token, g.lease.valid_until);
+                hand_to_reaper(g.token, g.lease.valid_until + state_->options.lease);
                 return {static_cast<int>(errc::server_failed), error_category()};
         }
         return errc::connection_failed;
@@ -470,7 +470,7 @@ private:
         }
     }
 
-    std::unique_ptr<state> state_;
+    std::shared_ptr<state> state_;  // shared with timer and watchdog callbacks, weakly
 };
 
 }  // namespace redislock

@@ -73,7 +73,7 @@ public:
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, inconsistent backoff bounds or a max_hold below the lease.
     basic_recursive_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : state_{std::make_unique<state>(client.core_, name, std::move(options))} {}
+        : state_{std::make_shared<state>(client.core_, name, std::move(options))} {}
 
     basic_recursive_mutex(basic_recursive_mutex&&) noexcept = default;
     basic_recursive_mutex& operator=(basic_recursive_mutex&& other) noexcept {
@@ -122,9 +122,10 @@ public:
             if (--state_->depth == 0) {
                 last = true;
                 ended = std::exchange(state_->lease, {});
-                state_->given_up = entry.acquisition;
                 if (std::exchange(state_->uncertain, false)) {
-                    entries = drop_all;  // the count may hold a re-entry whose reply was lost
+                    // The count may hold a re-entry whose reply was lost: its entry may outlive
+                    // this release, and the object's next lock() takes it over.
+                    state_->given_up = entry.acquisition;
                 }
             }
         }
@@ -266,7 +267,7 @@ private:
     }
 
     detail::lease_tracker<C, state, std::uint64_t> tracker() const {
-        return {*state_, &find_lease};
+        return {state_, &find_lease};
     }
 
     const state& checked() const {
@@ -297,10 +298,9 @@ private:
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
         checked();
         const std::string owner = state_->caller_owner();
-        const detail::token candidate = detail::token::random();
         return detail::acquire_until(
-            [&](const call_context& how) { return attempt(owner, candidate, how); }, deadline,
-            stop, state_->options);
+            [&](const call_context& how) { return attempt(owner, detail::token::random(), how); },
+            deadline, stop, state_->options);
     }
 
     // One attempt: std::nullopt when acquired or re-entered, else the holder's TTL.
@@ -311,7 +311,7 @@ private:
         std::string given_up;
         {
             std::lock_guard guard{state_->mutex};
-            outermost = state_->depth == 0 || state_->holder_owner != owner;
+            outermost = state_->depth == 0 || state_->holder_owner != owner || state_->lease.lost;
             given_up = state_->given_up;
         }
         const auto sent = detail::steady::now();
@@ -384,7 +384,13 @@ private:
                 previous_lost = !state_->lease.lost;
                 state_->depth = 0;
             }
-            if (state_->depth == 0) {
+            // A re-entry into an acquisition already reported lost starts afresh here: it gets
+            // its own deadline and renewals (the lost one has neither).
+            if (state_->depth == 0 || state_->lease.lost) {
+                state_->depth = 0;
+                if (status == 1) {
+                    state_->given_up.clear();  // taken over or created anew: nothing left behind
+                }
                 first_entry = ++state_->epoch;
                 previous = std::exchange(state_->lease, {});
                 state_->holder = std::this_thread::get_id();
@@ -426,7 +432,7 @@ private:
             std::lock_guard guard{state_->mutex};
             state_->given_up = acquisition;
         }
-        hand_to_reaper(held{owner, 0, acquisition}, lease_end);
+        hand_to_reaper(held{owner, 0, acquisition}, drop_all, lease_end);
     }
 
     // Sends one release of `entries` entries of `entry`, ending by `deadline`.
@@ -442,16 +448,19 @@ private:
                                   call_context{{}, deadline});
     }
 
-    void hand_to_reaper(const held& entry, detail::steady::time_point lease_end) noexcept {
+    // Retries leaving `entries` entries of `entry` (drop_all: the whole acquisition, for one this
+    // object created and abandoned) until the server answers or the lease surely ended.
+    void hand_to_reaper(const held& entry, std::size_t entries,
+                        detail::steady::time_point lease_end) noexcept {
         try {
             const auto give_up_at =
                 lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
             detail::background_reaper().add(
                 [core = state_->core, name = state_->name, channel = state_->channel,
                  lease = std::string{state_->lease_text.view()},
-                 entry](detail::steady::time_point deadline) {
+                 entry, entries](detail::steady::time_point deadline) {
                     try {
-                        return leave_once(core->connection, name, channel, lease, entry, drop_all,
+                        return leave_once(core->connection, name, channel, lease, entry, entries,
                                           deadline)
                             .is_integer();
                     } catch (...) {
@@ -473,11 +482,11 @@ private:
                            state_->lease_text.view(), entry, entries,
                            state_->core->untimed_deadline());
         } catch (...) {
-            not_finished(entry, last, valid_until);
+            not_finished(entry, entries, last, valid_until);
             return errc::connection_failed;
         }
         if (!r.is_integer()) {
-            not_finished(entry, last, valid_until);
+            not_finished(entry, entries, last, valid_until);
             return detail::server_failure(r);
         }
         if (r.as_integer() >= 0) {
@@ -497,10 +506,15 @@ private:
     }
 
     // A release whose outcome is unknown: an inner entry makes the count uncertain; the last one
-    // is dropped in the background.
-    void not_finished(const held& entry, bool last, detail::steady::time_point valid_until) {
+    // is retried in the background, and the object's next lock() takes its entry over.
+    void not_finished(const held& entry, std::size_t entries, bool last,
+                      detail::steady::time_point valid_until) {
         if (last) {
-            hand_to_reaper(entry, valid_until + state_->options.lease);
+            {
+                std::lock_guard guard{state_->mutex};
+                state_->given_up = entry.acquisition;
+            }
+            hand_to_reaper(entry, entries, valid_until + state_->options.lease);
             return;
         }
         std::lock_guard guard{state_->mutex};
@@ -530,9 +544,7 @@ private:
                 return;  // the parent's entries: never left from a child
             }
             entries = std::exchange(state_->depth, 0);
-            if (std::exchange(state_->uncertain, false)) {
-                entries = drop_all;
-            }
+            state_->uncertain = false;
             entry = current_locked();
             ended = std::exchange(state_->lease, {});
         }
@@ -542,7 +554,7 @@ private:
         }
     }
 
-    std::unique_ptr<state> state_;
+    std::shared_ptr<state> state_;  // shared with timer and watchdog callbacks, weakly
 };
 
 }  // namespace redislock

@@ -57,6 +57,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -87,7 +88,7 @@ public:
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, or inconsistent backoff bounds.
     basic_shared_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : state_{std::make_unique<state>(client.core_, name, std::move(options))} {}
+        : state_{std::make_shared<state>(client.core_, name, std::move(options))} {}
 
     basic_shared_mutex(basic_shared_mutex&&) noexcept = default;
     basic_shared_mutex& operator=(basic_shared_mutex&& other) noexcept {
@@ -272,11 +273,10 @@ private:
         const bool queue = kind == mode::write && deadline > detail::steady::now();
         bool queued = false;
         bool acquired = false;
-        const detail::token candidate = detail::token::random();
         try {
             acquired = detail::acquire_until(
                 [&](const call_context& how) {
-                    auto ttl = attempt(owner, kind, queue, candidate, how);
+                    auto ttl = attempt(owner, kind, queue, detail::token::random(), how);
                     queued = queued || ttl.has_value();
                     return ttl;
                 },
@@ -335,7 +335,8 @@ private:
                 // this call takes it over by its id; the reaper drops it otherwise); a re-entry
                 // whose count is now unknown is dropped with the hold's last release.
                 if (outermost) {
-                    abandon(hold_ref{owner, kind, 0, candidate.str(), false}, sent + state_->options.lease);
+                    abandon(hold_ref{owner, kind, 0, candidate.str(), false}, drop_all,
+                            sent + state_->options.lease);
                 }
             }
             throw;
@@ -356,12 +357,12 @@ private:
             return detail::holder_ttl{value};
         }
         if (status == 1 && detail::unacknowledged(replicas, state_->options)) {
-            abandon(hold_ref{owner, kind, 0, acquisition, false}, sent + state_->options.lease);
+            abandon(hold_ref{owner, kind, 0, acquisition, false}, drop_all, sent + state_->options.lease);
             detail::throw_unacknowledged(state_->name, replicas, state_->options);
         }
         if (status == 1 &&
             detail::steady::now() >= detail::valid_until(sent, state_->options.lease)) {
-            abandon(hold_ref{owner, kind, 0, acquisition, false}, sent + state_->options.lease);
+            abandon(hold_ref{owner, kind, 0, acquisition, false}, drop_all, sent + state_->options.lease);
             return detail::holder_ttl{0};  // granted, but its lease ran out before the reply came
         }
         std::optional<hold_ref> first_entry;
@@ -425,11 +426,13 @@ private:
         return h ? &h->lease : nullptr;
     }
 
-    detail::lease_tracker<C, state, hold_ref> tracker() const { return {*state_, &find_lease}; }
+    detail::lease_tracker<C, state, hold_ref> tracker() const { return {state_, &find_lease}; }
 
-    // Remembers an acquisition whose entry may be in Redis though this object does not hold it,
-    // and has the reaper drop it.
-    void abandon(const hold_ref& ref, detail::steady::time_point lease_end) noexcept {
+    // Remembers an acquisition whose entry may be in Redis though this object does not hold it
+    // (the owner's next acquisition through this object drops it), and has the reaper leave
+    // `entries` of its entries (drop_all for one this object created and abandoned).
+    void abandon(const hold_ref& ref, std::size_t entries,
+                 detail::steady::time_point lease_end) noexcept {
         try {
             {
                 std::lock_guard guard{state_->mutex};
@@ -443,9 +446,9 @@ private:
                 lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
             detail::background_reaper().add(
                 [core = state_->core, name = state_->name, channel = state_->channel,
-                 ref](detail::steady::time_point deadline) {
+                 ref, entries](detail::steady::time_point deadline) {
                     try {
-                        return leave_once(core->connection, name, channel, ref, drop_all, deadline)
+                        return leave_once(core->connection, name, channel, ref, entries, deadline)
                             .is_integer();
                     } catch (...) {
                         return false;
@@ -475,7 +478,8 @@ private:
         try {
             const std::string field = "q:" + owner;
             const std::array<std::string_view, 3> hdel{"HDEL", state_->name, field};
-            (void)state_->conn->execute(hdel);
+            (void)detail::execute(*state_->conn, hdel,
+                                  call_context{state_->name, state_->core->untimed_deadline()});
         } catch (...) {
             // The claim expires on its own within queue_text ms.
         }
@@ -513,7 +517,7 @@ private:
             }
         }
         tracker().end(ended);
-        return leave(ref, last ? drop_all : 1, ended.valid_until);
+        return leave(ref, 1, last, ended.valid_until);
     }
 
     // Drops holds with no entries left. Needs state_->mutex.
@@ -530,23 +534,23 @@ private:
     // hold's last release drops every entry of its acquisition, so a re-entry whose reply was
     // lost cannot keep it alive. A release whose outcome is unknown is given up: the reaper
     // finishes it (an inner entry stays counted until the hold's last release).
-    std::error_code leave(const hold_ref& ref, std::size_t entries,
+    std::error_code leave(const hold_ref& ref, std::size_t entries, bool last,
                           detail::steady::time_point valid_until) noexcept {
         reply r;
         try {
             r = leave_once(*state_->conn, state_->name, state_->channel, ref, entries,
                            state_->core->untimed_deadline());
         } catch (...) {
-            if (entries == drop_all) {
-                abandon(ref, valid_until + state_->options.lease);
+            if (last) {
+                abandon(ref, entries, valid_until + state_->options.lease);
             }
             return errc::connection_failed;
         }
         // An error reply says nothing about ownership, except WRONGTYPE: the name now holds
         // another type, so our entries are gone.
         if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
-            if (entries == drop_all) {
-                abandon(ref, valid_until + state_->options.lease);
+            if (last) {
+                abandon(ref, entries, valid_until + state_->options.lease);
             }
             return detail::server_failure(r);
         }
@@ -617,7 +621,7 @@ private:
         if (!state_) {
             return;
         }
-        std::vector<std::pair<hold_ref, detail::tracked_lease<C>>> releases;
+        std::vector<std::tuple<hold_ref, std::size_t, detail::tracked_lease<C>>> releases;
         {
             std::lock_guard guard{state_->mutex};
             for (hold& h : state_->holds) {
@@ -625,19 +629,19 @@ private:
                     continue;  // nothing held, or the parent's entries: never left from a child
                 }
                 releases.emplace_back(
-                    hold_ref{h.owner, h.kind, h.epoch, h.acquisition, h.lease.lost},
+                    hold_ref{h.owner, h.kind, h.epoch, h.acquisition, h.lease.lost}, h.depth,
                     std::exchange(h.lease, {}));
                 h.depth = 0;
             }
             erase_released();
         }
-        for (auto& [ref, ended] : releases) {
+        for (auto& [ref, entries, ended] : releases) {
             tracker().end(ended);
-            (void)leave(ref, drop_all, ended.valid_until);
+            (void)leave(ref, entries, true, ended.valid_until);
         }
     }
 
-    std::unique_ptr<state> state_;
+    std::shared_ptr<state> state_;  // shared with timer and watchdog callbacks, weakly
 };
 
 }  // namespace redislock

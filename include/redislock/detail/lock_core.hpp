@@ -160,23 +160,34 @@ struct tracked_lease {
 
 /// Starts, renews, loses and ends tracked leases for one lock object whose state has a
 /// `std::mutex mutex`. `Find` maps an acquisition key to its tracked_lease (or nullptr when that
-/// acquisition is no longer held), called with the mutex held.
+/// acquisition is no longer held), called with the mutex held. Timer and watchdog callbacks hold
+/// the state weakly: a lock destroyed while one of them runs is never touched after it is gone.
 template <connection C, class State, class Key>
 class lease_tracker {
 public:
     using find_function = tracked_lease<C>* (*)(State&, const Key&);
 
-    lease_tracker(State& st, find_function find) : st_{&st}, find_{find} {}
+    lease_tracker(const std::shared_ptr<State>& st, find_function find)
+        : st_{st.get()}, self_{st}, find_{find} {}
 
     /// Registers a fresh acquisition whose grant was sent at `sent`: the loss timer and, with
-    /// lock_options::watchdog, renewals by `renew_script` over `keys` and `args`. If the watchdog
-    /// cannot take it the acquisition is reported lost at once (the caller releases it).
+    /// lock_options::watchdog, renewals by `renew_script` over `keys` and `args`.
     void start(const Key& key, steady::time_point sent, const script* renew_script,
                std::vector<std::string> keys, std::vector<std::string> args) {
         const auto deadline = valid_until(sent, st_->options.lease);
-        const auto timer = core().timer->add(deadline, [st = st_, find = find_, key] {
-            lease_tracker{*st, find}.lose(key);
-        });
+        const auto timer = core().timer->add(
+            deadline, [self = self_, find = find_, key]() -> std::function<void()> {
+                // On the timer thread: mark the loss at once; on_lost runs after every due
+                // lease was marked, outside the timer's bookkeeping.
+                if (auto st = self.lock(); st && lease_tracker{st, find}.mark_lost(key)) {
+                    return [handler = st->options.on_lost] {
+                        if (handler) {
+                            handler();
+                        }
+                    };
+                }
+                return {};
+            });
         if (!attach(key, [&](tracked_lease<C>& t) { t.timer = timer; })) {
             core().timer->remove(timer);
             return;
@@ -189,15 +200,21 @@ public:
                               std::move(args),
                               st_->options.lease,
                               st_->options.max_hold,
-                              [st = st_, find = find_, key](steady::time_point renewed_at) {
-                                  lease_tracker{*st, find}.renewed(key, renewed_at);
+                              [self = self_, find = find_, key](steady::time_point renewed_at) {
+                                  if (auto st = self.lock()) {
+                                      lease_tracker{st, find}.renewed(key, renewed_at);
+                                  }
                               },
-                              [st = st_, find = find_, key] { lease_tracker{*st, find}.lose(key); },
+                              [self = self_, find = find_, key] {
+                                  if (auto st = self.lock()) {
+                                      lease_tracker{st, find}.lose(key);
+                                  }
+                              },
                               st_->options.min_replicas,
                               st_->options.replica_timeout};
         const auto id = core().watchdog.add(std::move(renewal), sent);
         if (!attach(key, [&](tracked_lease<C>& t) { t.renewal = id; })) {
-            core().watchdog.remove(id);
+            core().watchdog.cancel(id);
         }
     }
 
@@ -212,6 +229,49 @@ public:
 
     /// An extend() of `lease` sent at `sent` succeeded.
     void extended(const Key& key, steady::time_point sent, std::chrono::milliseconds lease) {
+        renewed_for(key, sent, lease);
+    }
+
+    /// Marks the acquisition lost and tells it (stop source, then on_lost), once.
+    void lose(const Key& key) {
+        if (mark_lost(key)) {
+            call_on_lost(st_->options);
+        }
+    }
+
+    /// Marks the acquisition lost and requests its stop, once; true if this call did it. Its
+    /// renewals stop: renewing a lost lease could only revive it behind a rival's back.
+    bool mark_lost(const Key& key) {
+        typename basic_watchdog<C>::lease_id renewal = 0;
+        std::stop_source source;
+        {
+            std::lock_guard guard{st_->mutex};
+            tracked_lease<C>* t = find_(*st_, key);
+            if (t == nullptr || t->lost) {
+                return false;
+            }
+            t->lost = true;
+            source = t->lost_source;
+            renewal = std::exchange(t->renewal, 0);
+        }
+        // Outside the mutex: stop callbacks run inside request_stop() and may call the lock.
+        source.request_stop();
+        if (renewal != 0) {
+            core().watchdog.cancel(renewal);  // never waits: the timer thread must not block
+        }
+        return true;
+    }
+
+    /// Stops the timer and renewals of an acquisition that ended; `t` was taken out of the
+    /// state with the mutex held (its ids are this acquisition's alone). Never waits for a
+    /// renewal in flight: its callbacks find the acquisition gone.
+    void end(tracked_lease<C>& t) {
+        core().watchdog.cancel(std::exchange(t.renewal, 0));
+        core().timer->remove(std::exchange(t.timer, 0));
+    }
+
+private:
+    void renewed_for(const Key& key, steady::time_point sent, std::chrono::milliseconds lease) {
         std::lock_guard guard{st_->mutex};
         if (tracked_lease<C>* t = find_(*st_, key); t && !t->lost) {
             t->valid_until = valid_until(sent, lease);
@@ -219,40 +279,12 @@ public:
         }
     }
 
-    /// Marks the acquisition lost and tells it (stop source, then on_lost), once.
-    void lose(const Key& key) {
-        typename basic_watchdog<C>::lease_id renewal = 0;
-        {
-            std::lock_guard guard{st_->mutex};
-            tracked_lease<C>* t = find_(*st_, key);
-            if (t == nullptr || t->lost) {
-                return;
-            }
-            t->lost = true;
-            t->lost_source.request_stop();
-            renewal = std::exchange(t->renewal, 0);
-        }
-        // Renewing a lost lease could only revive it behind a rival's back; cancel() does not
-        // wait for a renewal in flight, so the loss timer never blocks on a stalled server.
-        if (renewal != 0) {
-            core().watchdog.cancel(renewal);
-        }
-        call_on_lost(st_->options);
-    }
-
-    /// Stops the timer and renewals of an acquisition that ended; `t` was taken out of the
-    /// state with the mutex held (its ids are this acquisition's alone).
-    void end(tracked_lease<C>& t) {
-        core().watchdog.remove(std::exchange(t.renewal, 0));
-        core().timer->remove(std::exchange(t.timer, 0));
-    }
-
-private:
+    // Stores an id in a live, not yet lost acquisition; false when it is gone or lost.
     template <class Set>
     bool attach(const Key& key, Set set) {
         std::lock_guard guard{st_->mutex};
         tracked_lease<C>* t = find_(*st_, key);
-        if (t == nullptr) {
+        if (t == nullptr || t->lost) {
             return false;
         }
         set(*t);
@@ -262,6 +294,7 @@ private:
     client_core<C>& core() { return *st_->core; }
 
     State* st_;
+    std::weak_ptr<State> self_;
     find_function find_;
 };
 

@@ -4,11 +4,14 @@
 // (valid_until in lockable.hpp). If no renewal has moved that deadline by the time it comes, the
 // lock must be reported lost then, before a rival can be inside, whatever a round trip blocked on
 // a stalled connection is doing. So this thread does no I/O: it sleeps until the earliest
-// deadline and runs that lock's callback.
+// deadline and runs that lock's callback in two steps: the callback itself only marks the loss
+// (owned() false, lost_token() stopped) and returns what to tell the user; that runs once every
+// due lease has been marked, so a slow on_lost handler never delays another lock's mark.
 //
 // Thread safety: every member may be called from any thread, callbacks included. remove() waits
-// for a callback of that entry that is running on another thread, so once it returns the
-// callback never runs again. Callbacks run with no internal lock held.
+// for the marking step of that entry if it is running on another thread, so once it returns the
+// callback never runs again; the returned notification does not touch the lock. Callbacks run
+// with no internal lock held.
 // fork(): the owner keeps the timer in a detail::per_process, so a child builds its own.
 #pragma once
 
@@ -21,6 +24,7 @@
 #include <set>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace redislock::detail {
 
@@ -49,8 +53,11 @@ public:
         }
     }
 
+    /// What runs at a deadline: marks the loss and returns the notification to run after.
+    using deadline_callback = std::function<std::function<void()>()>;
+
     /// Calls `on_deadline` at `deadline` unless moved or removed first. Returns the entry's id.
-    entry_id add(clock::time_point deadline, std::function<void()> on_deadline) {
+    entry_id add(clock::time_point deadline, deadline_callback on_deadline) {
         std::lock_guard lock{mutex_};
         const entry_id id = next_id_++;
         entries_.emplace(id, entry{deadline, std::move(on_deadline)});
@@ -101,7 +108,7 @@ public:
 private:
     struct entry {
         clock::time_point deadline;
-        std::function<void()> on_deadline;
+        deadline_callback on_deadline;
         bool fired = false;
     };
 
@@ -112,9 +119,19 @@ private:
     void run() {
         std::unique_lock lock{mutex_};
         thread_id_ = std::this_thread::get_id();
+        std::vector<std::function<void()>> notifications;
         while (!stopped_) {
             const auto now = clock::now();
             if (queue_.empty() || queue_.begin()->first > now) {
+                if (!notifications.empty()) {
+                    lock.unlock();
+                    for (auto& notify : notifications) {
+                        notify();
+                    }
+                    notifications.clear();
+                    lock.lock();
+                    continue;
+                }
                 planned_wake_ = queue_.empty() ? now + idle_wake : queue_.begin()->first;
                 wake_.wait_until(lock, planned_wake_);
                 continue;
@@ -123,16 +140,20 @@ private:
             queue_.erase(queue_.begin());
             entry& e = entries_.at(id);
             e.fired = true;
-            auto call = std::move(e.on_deadline);
+            auto mark = std::move(e.on_deadline);
             running_ = id;
             lock.unlock();
-            if (call) {
-                call();
+            std::function<void()> notify;
+            if (mark) {
+                notify = mark();
             }
             lock.lock();
             running_ = 0;
             entries_.erase(id);
             done_.notify_all();
+            if (notify) {
+                notifications.push_back(std::move(notify));
+            }
         }
     }
 
