@@ -211,6 +211,56 @@ TEST(ClusterRedirect, TryagainIsRetriedUntilItSucceeds) {
     EXPECT_EQ(calls.load(), 4);
 }
 
+TEST(ClusterRedirect, EveryTransientErrorIsRetried) {
+    for (const std::string error :
+         {"TRYAGAIN Multiple keys request during rehashing of slot",
+          "CLUSTERDOWN The cluster is down", "LOADING Redis is loading the dataset in memory",
+          "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."}) {
+        SCOPED_TRACE(error);
+        fake_redis_node a;
+        const int pa = a.port();
+        std::atomic<int> calls{0};
+        a.on_command(cluster_handler(
+            [pa] {
+                return std::vector<std::tuple<int, int, int>>{{0, 16383, pa}};
+            },
+            [&](const fake_command&) {
+                return ++calls <= 2 ? resp::error(error) : resp::status("OK");
+            }));
+        hiredis_cluster_connection conn{a.uri()};
+        const std::array<std::string_view, 3> argv{"SET", "k", "v"};
+        EXPECT_EQ(conn.execute(argv), reply::status("OK"));
+        EXPECT_EQ(calls.load(), 3);
+    }
+}
+
+TEST(ClusterSeeds, CredentialsAndOptionsReachEveryNodeFoundLater) {
+    fake_redis_node a;
+    fake_redis_node b;
+    const int pa = a.port();
+    const int pb = b.port();
+    const auto ranges = [pa, pb] {
+        return std::vector<std::tuple<int, int, int>>{{0, 8191, pa}, {8192, 16383, pb}};
+    };
+    const auto answer = [](const fake_command& c) {
+        return c.argv[0] == "AUTH" ? resp::status("OK") : resp::bulk("v");
+    };
+    a.on_command(cluster_handler(ranges, answer));
+    b.on_command(cluster_handler(ranges, answer));
+    hiredis_cluster_connection conn{"redis://app:s3cret@" + a.address() + "?pool_size=3"};
+    std::string on_b = "k";
+    while (redislock::detail::key_slot(on_b) < 8192) {
+        on_b += "x";
+    }
+    EXPECT_EQ(get(conn, on_b).text(), "v");
+    for (const fake_redis_node* node : {&a, &b}) {
+        const auto auths = node->received("AUTH");
+        ASSERT_FALSE(auths.empty()) << node->address();
+        EXPECT_EQ(auths.front().argv, (std::vector<std::string>{"AUTH", "app", "s3cret"}));
+    }
+    EXPECT_EQ(conn.config().pool_size, 3u);
+}
+
 TEST(ClusterRedirect, ClusterdownUntilTheDeadlineIsAnErrorNamingNodeAndSlot) {
     fake_redis_node a;
     const int pa = a.port();
