@@ -372,6 +372,42 @@ TEST(ClusterRedirect, PipelineIsOneBatchPerNodeInCommandOrderWithRedirectsResent
         << "its own batch, then the redirected command";
 }
 
+TEST(ClusterRedirect, PipelineFollowsAskForItsCommandsWithAskingBeforeEach) {
+    fake_redis_node a;
+    fake_redis_node b;
+    const int pa = a.port();
+    const auto ranges = [pa] { return std::vector<std::tuple<int, int, int>>{{0, 16383, pa}}; };
+    a.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        if (c.argv[1].starts_with("moving")) {
+            return resp::error("ASK " + slot_text(c.argv[1]) + " " + b.address());
+        }
+        return resp::bulk("a:" + c.argv[1]);
+    }));
+    b.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        return c.asked ? resp::bulk("b:" + c.argv[1])
+                       : resp::error("MOVED " + slot_text(c.argv[1]) + " " + a.address());
+    }));
+    hiredis_cluster_connection conn{a.uri()};
+    const std::vector<std::string> keys{"stay1", "moving1", "stay2", "moving2"};
+    std::vector<std::array<std::string_view, 2>> argvs;
+    for (const auto& k : keys) {
+        argvs.push_back({"GET", k});
+    }
+    const std::vector<command> commands(argvs.begin(), argvs.end());
+    const auto replies = conn.execute_pipeline(commands);
+    ASSERT_EQ(replies.size(), 4u);
+    EXPECT_EQ(replies[0].text(), "a:stay1");
+    EXPECT_EQ(replies[1].text(), "b:moving1");
+    EXPECT_EQ(replies[2].text(), "a:stay2");
+    EXPECT_EQ(replies[3].text(), "b:moving2");
+    const auto gets = b.received("GET");
+    ASSERT_EQ(gets.size(), 2u);
+    EXPECT_TRUE(gets[0].asked && gets[1].asked);
+    EXPECT_EQ(gets[0].connection, gets[1].connection) << "one pipeline to the target";
+    EXPECT_EQ(conn.ask_redirections(), 2u);
+    EXPECT_EQ(conn.node_for_key("moving1"), a.address());
+}
+
 TEST(ClusterRedirect, PipelineWithContextsRoutesKeylessCommandsByTheirKey) {
     fake_redis_node a;
     fake_redis_node b;
