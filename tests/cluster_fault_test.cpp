@@ -245,16 +245,25 @@ TEST_F(ClusterUnderChange, ReshardingUnderLoadKeepsExclusionAndCounters) {
         std::mt19937 rng{7};
         const auto end = std::chrono::steady_clock::now() + 7s;
         try {
+            // Where each slot is, kept here: asking the cluster each time would slow the moves.
+            std::map<int, int> owner;
+            for (int slot : slots) {
+                owner[slot] = cluster_->master_for_slot(slot);
+            }
             while (std::chrono::steady_clock::now() < end) {
                 const int slot = slots[rng() % slots.size()];
-                const int from = cluster_->master_for_slot(slot);
+                const int from = owner[slot];
                 int to = masters[rng() % masters.size()];
                 if (to == from) {
                     to = masters[(std::find(masters.begin(), masters.end(), to) - masters.begin() +
                                   1) %
                                  masters.size()];
                 }
-                cluster_->migrate_slot(slot, to, 5ms);
+                cluster_->begin_migration(slot, from, to);
+                std::this_thread::sleep_for(5ms);
+                cluster_->move_keys(slot, from, to, 5ms);
+                cluster_->finish_migration(slot, from, to);
+                owner[slot] = to;
                 ++migrations;
             }
         } catch (const std::exception& e) {
@@ -262,7 +271,7 @@ TEST_F(ClusterUnderChange, ReshardingUnderLoadKeepsExclusionAndCounters) {
         }
     });
     EXPECT_TRUE(problems.empty()) << problems.front();
-    EXPECT_GE(migrations.load(), 10);
+    EXPECT_GE(migrations.load(), 5);
     std::printf(
         "[ reshard  ] %d slot migrations under load; this process followed %llu MOVED "
         "and %llu ASK\n",

@@ -32,11 +32,11 @@
 //   the node that answered NOSCRIPT before sending the EVALSHA again.
 //
 // Pipelines (execute_pipeline): the commands are grouped by node, one pipeline per node, and the
-// replies come back in the order of the commands; a command redirected or refused on its own is
-// sent again on its own. When some nodes answer and another cannot be reached before the
-// deadline, that node's commands get an error reply ("ERR redislock: ...") instead of an
-// exception, so a watchdog's renewals on healthy nodes still count; when no command could be
-// served the call throws.
+// replies come back in the order of the commands; the commands a reply redirected or refused
+// are sent again, grouped by node the same way. When some nodes answer and another cannot be
+// reached before the deadline (or does not answer within the command timeout), that node's
+// commands get an error reply ("ERR redislock: ...") instead of an exception, so a watchdog's
+// renewals on healthy nodes still count; when no command could be served the call throws.
 //
 // Counters: round_trips() counts batches sent on behalf of callers (one per command, pipeline
 // group or ASKING pair), in total and per node; map_refreshes() counts slot-map reads, and

@@ -150,7 +150,13 @@ public:
         return result.out;
     }
 
-    std::string node_id(int port) const { return cli(port, {"CLUSTER", "MYID"}); }
+    /// The node's id; a node keeps it for its life, so it is asked once.
+    std::string node_id(int port) const {
+        if (auto it = ids_.find(port); it != ids_.end()) {
+            return it->second;
+        }
+        return ids_[port] = cli(port, {"CLUSTER", "MYID"});
+    }
 
     int key_slot(const std::string& key) const {
         return std::stoi(cli(any_running(), {"CLUSTER", "KEYSLOT", key}));
@@ -512,6 +518,7 @@ private:
     std::string dir_;
     std::vector<int> ports_;
     std::map<int, pid_t> pids_;
+    mutable std::map<int, std::string> ids_;
     std::chrono::milliseconds bring_up_{};
 };
 
