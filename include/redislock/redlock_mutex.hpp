@@ -13,6 +13,10 @@
 //
 // TimedLockable, so std::unique_lock, std::scoped_lock and std::lock work with it.
 //
+// Timed calls: an attempt under way when the deadline passes is seen through, so try_lock_for
+// and try_lock_until may return up to one node_timeout (and a quarter of it) late; try_lock()
+// makes exactly one attempt, which takes at most that long.
+//
 // Outcomes: contention (the name held by others on enough masters) makes try_lock* return
 // false. Too few masters reachable to ever form a quorum (down, hung past node_timeout, error
 // replies) throws redislock::quorum_error naming each master and its answer, within the
