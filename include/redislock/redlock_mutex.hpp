@@ -20,7 +20,9 @@
 // Outcomes: contention (the name held by others on enough masters) makes try_lock* return
 // false. Too few masters reachable to ever form a quorum (down, hung past node_timeout, error
 // replies) throws redislock::quorum_error naming each master and its answer, within the
-// per-master timeout (the masters are asked in parallel, never one after another).
+// per-master timeout (the masters are asked in parallel, never one after another). lock() and
+// try_lock_for() throw it too instead of waiting for masters to come back: an outage is not
+// contention, and a caller that wants to ride one out catches it and retries.
 //
 // Loss: the lock is known lost when a quorum round finds the key gone or taken on more than
 // N - quorum masters, or locally when its validity runs out without a renewal confirmed by a
