@@ -20,7 +20,7 @@ async function main() {
         lock = await redlock.acquire([resource], 10000);
     } catch (e) {
         console.log("busy");
-        clients.forEach((c) => c.disconnect());
+        await quit(clients);
         return;
     }
     console.log("acquired " + lock.value);
@@ -28,8 +28,14 @@ async function main() {
         await new Promise((resolve) => setTimeout(resolve, Number(holdMs)));
     }
     await lock.release();
+    await quit(clients);
     console.log("released");
-    clients.forEach((c) => c.disconnect());
+}
+
+// release() settles once a quorum answered; QUIT goes after every command already queued, so
+// waiting for it lets the releases still in flight reach the other masters before the exit.
+async function quit(clients) {
+    await Promise.allSettled(clients.map((c) => c.quit()));
 }
 
 main().then(() => process.exit(0), (e) => {
