@@ -229,8 +229,9 @@ TEST_F(Redlock, SetLandingLateOnAHungMasterIsReleasedInTheBackground) {
     ASSERT_TRUE(m.try_lock());
     m.unlock();
     // The hung master holds our SET and the releases sent so far in its socket buffers; they run
-    // in any order when it wakes up. Resume between two background retries (at about 150 ms
-    // and 400 ms after unlock), so a retry sent after the wake-up takes the key back.
+    // in any order when it wakes up. The releases that timed out are sent again in the
+    // background with doubling delays (200, 400, 800 ms... after each failure), so one sent
+    // after the wake-up takes the key back.
     std::this_thread::sleep_for(300ms);
     resume(0);
     EXPECT_TRUE(eventually([&] { return gone_everywhere("ghost"); }, 5s))
@@ -359,6 +360,38 @@ TEST_F(Redlock, LockWithoutWatchdogIsReportedLostWhenItsValidityRunsOut) {
     EXPECT_GE(since_acquired.elapsed(), 200ms);
     EXPECT_EQ(lost.calls.load(), 1);
     EXPECT_FALSE(m.owned());
+}
+
+TEST_F(Redlock, OnLostIsCalledOncePerAcquisition) {
+    redlock_client rl{uris(), fast()};
+    lost_counter lost;
+    auto m = rl.mutex("twice", {.lease = 250ms, .on_lost = lost.handler()});
+    for (int round = 1; round <= 2; ++round) {
+        ASSERT_TRUE(m.try_lock_for(2s));
+        const std::stop_token token = m.lost_token();
+        ASSERT_TRUE(eventually([&] { return token.stop_requested(); }, 2s));
+        // The local deadline comes first (drift allowance); then the masters expire the keys.
+        ASSERT_TRUE(eventually([&] { return gone_everywhere("twice"); }, 2s));
+        EXPECT_FALSE(m.verify());  // found lost again: not reported twice
+        std::error_code ec;
+        m.unlock(ec);
+        EXPECT_EQ(ec, errc::lock_lost);
+        EXPECT_EQ(lost.calls.load(), round);
+    }
+}
+
+TEST_F(Redlock, MaxHoldStopsRenewalsAndTheLossIsReported) {
+    redlock_client rl{uris(), fast()};
+    lost_counter lost;
+    auto m = rl.mutex(
+        "capped", {.lease = 300ms, .watchdog = true, .on_lost = lost.handler(), .max_hold = 600ms});
+    ASSERT_TRUE(m.try_lock());
+    stopwatch held;
+    const std::stop_token token = m.lost_token();
+    ASSERT_TRUE(eventually([&] { return token.stop_requested(); }, 3s));
+    EXPECT_GE(held.elapsed(), 600ms);   // renewed up to max_hold
+    EXPECT_LE(held.elapsed(), 1000ms);  // then the lease ran out
+    EXPECT_EQ(lost.calls.load(), 1);
 }
 
 TEST_F(Redlock, ExtendAndVerifyNeedAQuorum) {
