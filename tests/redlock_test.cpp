@@ -250,6 +250,22 @@ TEST_F(Redlock, SetLandingLateOnAHungMasterIsReleasedInTheBackground) {
         << "master 0 still holds " << value_on(0, "ghost").value_or("(nothing)");
 }
 
+TEST_F(Redlock, TimedLockReturnsByItsDeadlineWhileAMasterIsHung) {
+    // Two masters held by another, one hung, two free: no round settles before the hung master's
+    // timeout, so every attempt lasts a full node timeout unless cut short.
+    for (std::size_t i = 1; i < 3; ++i) {
+        ASSERT_TRUE(raw(i, {"SET", "timed", "foreign", "NX", "PX", "10000"}).is_status());
+    }
+    redlock_client rl{uris(), fast()};
+    hang(0);
+    auto m = rl.mutex("timed", {.lease = 10s});
+    stopwatch took;
+    EXPECT_FALSE(m.try_lock_for(250ms));
+    // A last attempt started just before the deadline would otherwise run its full 100 ms.
+    EXPECT_GE(took.elapsed(), 250ms);
+    EXPECT_LT(took.elapsed(), 320ms);
+}
+
 TEST_F(Redlock, ThreeMastersDownThrowsAQuorumErrorNamingThemWithinTheNodeTimeout) {
     const redlock_options options{.node_timeout = 150ms};
     redlock_client rl{uris(), options};

@@ -167,8 +167,15 @@ public:
     std::vector<node_outcome> finish_round(quorum_round& round, clock::time_point deadline,
                                            const std::stop_token& stop = {},
                                            bool every_node = false) {
-        std::vector<node_outcome> outcomes = round.wait(deadline + grace(), stop, every_node);
-        const bool timed_out = clock::now() >= deadline + grace();
+        return finish_round_by(round, deadline + grace(), stop, every_node);
+    }
+
+    /// As finish_round(), giving up at `until` itself.
+    std::vector<node_outcome> finish_round_by(quorum_round& round, clock::time_point until,
+                                              const std::stop_token& stop = {},
+                                              bool every_node = false) {
+        std::vector<node_outcome> outcomes = round.wait(until, stop, every_node);
+        const bool timed_out = clock::now() >= until;
         for (node_outcome& o : outcomes) {
             if (o.answer == node_answer::pending) {
                 o.answer = node_answer::failed;
