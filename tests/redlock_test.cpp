@@ -266,6 +266,28 @@ TEST_F(Redlock, TimedLockReturnsByItsDeadlineWhileAMasterIsHung) {
     EXPECT_LT(took.elapsed(), 320ms);
 }
 
+TEST_F(Redlock, StopRequestEndsAWaitAtOnceEvenWhileAMasterIsHung) {
+    const redlock_options slow{.node_timeout = 1s};
+    for (std::size_t i = 1; i < 3; ++i) {
+        ASSERT_TRUE(raw(i, {"SET", "stopped", "foreign", "NX", "PX", "10000"}).is_status());
+    }
+    redlock_client rl{uris(), slow};
+    hang(0);  // the first round's own call goes to master 0, and hangs there
+    auto m = rl.mutex("stopped", {.lease = 10s});
+    std::stop_source source;
+    std::thread stopper{[&] {
+        std::this_thread::sleep_for(100ms);
+        source.request_stop();
+    }};
+    stopwatch took;
+    EXPECT_FALSE(m.lock(source.get_token()));
+    stopper.join();
+    EXPECT_LT(took.elapsed(), 400ms);  // not the hung master's 1 s
+    EXPECT_FALSE(m.owned());
+    // Our SET landed on the free masters 3 and 4; the abandoned attempt takes it back.
+    EXPECT_TRUE(eventually([&] { return !value_on(3, "stopped") && !value_on(4, "stopped"); }));
+}
+
 TEST_F(Redlock, ThreeMastersDownThrowsAQuorumErrorNamingThemWithinTheNodeTimeout) {
     const redlock_options options{.node_timeout = 150ms};
     redlock_client rl{uris(), options};

@@ -298,7 +298,8 @@ private:
         const auto node_deadline =
             std::min(full, std::max(give_up_by, acq->sent + std::chrono::milliseconds{1}));
         const bool cut_short = node_deadline < full;
-        auto round = core_->start_round(detail::node_op::acquire, acq, node_deadline);
+        auto round = core_->start_round(detail::node_op::acquire, acq, node_deadline, {}, true,
+                                        stop.stop_possible() ? &stop : nullptr);
         const auto outcomes =
             cut_short
                 ? core_->finish_round_by(*round, node_deadline + std::chrono::milliseconds{1}, stop)
