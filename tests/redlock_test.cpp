@@ -110,6 +110,18 @@ protected:
 
     static bool gone_everywhere(const std::string& key) { return masters_holding(key) == 0; }
 
+    // "master i: value (PTTL ms)" for each master that holds `key`, for failure messages.
+    static std::string where(const std::string& key) {
+        std::string out;
+        for (std::size_t i = 0; i < masters; ++i) {
+            if (const auto value = value_on(i, key)) {
+                out += "\n  master " + std::to_string(i) + ": " + *value + " (PTTL " +
+                       std::to_string(raw(i, {"PTTL", key}).as_integer()) + " ms)";
+            }
+        }
+        return out.empty() ? "nowhere" : out;
+    }
+
 private:
     void bring_back(std::size_t i) {
         if (paused_[i]) {
@@ -229,12 +241,51 @@ TEST_F(Redlock, SetLandingLateOnAHungMasterIsReleasedInTheBackground) {
     ASSERT_TRUE(m.try_lock());
     m.unlock();
     // The hung master holds our SET and the releases sent so far in its socket buffers; they run
-    // in any order when it wakes up. Resume between two background retries (at about 150 ms
-    // and 400 ms after unlock), so a retry sent after the wake-up takes the key back.
+    // in any order when it wakes up. The releases that timed out are sent again in the
+    // background with doubling delays (200, 400, 800 ms... after each failure), so one sent
+    // after the wake-up takes the key back.
     std::this_thread::sleep_for(300ms);
     resume(0);
     EXPECT_TRUE(eventually([&] { return gone_everywhere("ghost"); }, 5s))
         << "master 0 still holds " << value_on(0, "ghost").value_or("(nothing)");
+}
+
+TEST_F(Redlock, TimedLockReturnsByItsDeadlineWhileAMasterIsHung) {
+    // Two masters held by another, one hung, two free: no round settles before the hung master's
+    // timeout, so every attempt lasts a full node timeout unless cut short.
+    for (std::size_t i = 1; i < 3; ++i) {
+        ASSERT_TRUE(raw(i, {"SET", "timed", "foreign", "NX", "PX", "10000"}).is_status());
+    }
+    redlock_client rl{uris(), fast()};
+    hang(0);
+    auto m = rl.mutex("timed", {.lease = 10s});
+    stopwatch took;
+    EXPECT_FALSE(m.try_lock_for(250ms));
+    // A last attempt started just before the deadline would otherwise run its full 100 ms.
+    EXPECT_GE(took.elapsed(), 250ms);
+    EXPECT_LT(took.elapsed(), 320ms);
+}
+
+TEST_F(Redlock, StopRequestEndsAWaitAtOnceEvenWhileAMasterIsHung) {
+    const redlock_options slow{.node_timeout = 1s};
+    for (std::size_t i = 1; i < 3; ++i) {
+        ASSERT_TRUE(raw(i, {"SET", "stopped", "foreign", "NX", "PX", "10000"}).is_status());
+    }
+    redlock_client rl{uris(), slow};
+    hang(0);  // the first round's own call goes to master 0, and hangs there
+    auto m = rl.mutex("stopped", {.lease = 10s});
+    std::stop_source source;
+    std::thread stopper{[&] {
+        std::this_thread::sleep_for(100ms);
+        source.request_stop();
+    }};
+    stopwatch took;
+    EXPECT_FALSE(m.lock(source.get_token()));
+    stopper.join();
+    EXPECT_LT(took.elapsed(), 400ms);  // not the hung master's 1 s
+    EXPECT_FALSE(m.owned());
+    // Our SET landed on the free masters 3 and 4; the abandoned attempt takes it back.
+    EXPECT_TRUE(eventually([&] { return !value_on(3, "stopped") && !value_on(4, "stopped"); }));
 }
 
 TEST_F(Redlock, ThreeMastersDownThrowsAQuorumErrorNamingThemWithinTheNodeTimeout) {
@@ -359,6 +410,38 @@ TEST_F(Redlock, LockWithoutWatchdogIsReportedLostWhenItsValidityRunsOut) {
     EXPECT_GE(since_acquired.elapsed(), 200ms);
     EXPECT_EQ(lost.calls.load(), 1);
     EXPECT_FALSE(m.owned());
+}
+
+TEST_F(Redlock, OnLostIsCalledOncePerAcquisition) {
+    redlock_client rl{uris(), fast()};
+    lost_counter lost;
+    auto m = rl.mutex("twice", {.lease = 250ms, .on_lost = lost.handler()});
+    for (int round = 1; round <= 2; ++round) {
+        ASSERT_TRUE(m.try_lock_for(2s));
+        const std::stop_token token = m.lost_token();
+        ASSERT_TRUE(eventually([&] { return token.stop_requested(); }, 2s));
+        // The local deadline comes first (drift allowance); then the masters expire the keys.
+        ASSERT_TRUE(eventually([&] { return gone_everywhere("twice"); }, 2s));
+        EXPECT_FALSE(m.verify());  // found lost again: not reported twice
+        std::error_code ec;
+        m.unlock(ec);
+        EXPECT_EQ(ec, errc::lock_lost);
+        EXPECT_EQ(lost.calls.load(), round);
+    }
+}
+
+TEST_F(Redlock, MaxHoldStopsRenewalsAndTheLossIsReported) {
+    redlock_client rl{uris(), fast()};
+    lost_counter lost;
+    auto m = rl.mutex(
+        "capped", {.lease = 300ms, .watchdog = true, .on_lost = lost.handler(), .max_hold = 600ms});
+    ASSERT_TRUE(m.try_lock());
+    stopwatch held;
+    const std::stop_token token = m.lost_token();
+    ASSERT_TRUE(eventually([&] { return token.stop_requested(); }, 3s));
+    EXPECT_GE(held.elapsed(), 600ms);   // renewed up to max_hold
+    EXPECT_LE(held.elapsed(), 1000ms);  // then the lease ran out
+    EXPECT_EQ(lost.calls.load(), 1);
 }
 
 TEST_F(Redlock, ExtendAndVerifyNeedAQuorum) {
@@ -542,7 +625,7 @@ TEST_F(Redlock, ExcludesAndIsExcludedByNodeRedlockOnTheSameMasters) {
     holder.join();
     EXPECT_NE(held_output.find("acquired"), std::string::npos) << held_output;
     EXPECT_NE(held_output.find("released"), std::string::npos) << held_output;
-    EXPECT_TRUE(gone_everywhere("interop"));
+    EXPECT_TRUE(gone_everywhere("interop")) << where("interop") << "\n" << held_output;
     EXPECT_TRUE(m.try_lock());
     m.unlock();
 }

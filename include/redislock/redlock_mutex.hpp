@@ -13,10 +13,17 @@
 //
 // TimedLockable, so std::unique_lock, std::scoped_lock and std::lock work with it.
 //
+// Timed calls: the first attempt always gets the full node_timeout (try_lock() makes exactly
+// one, which takes at most node_timeout and a quarter); later attempts of try_lock_for and
+// try_lock_until end by the caller's deadline, their calls cut short if need be (a call cut
+// short counts as contention, never as an outage).
+//
 // Outcomes: contention (the name held by others on enough masters) makes try_lock* return
 // false. Too few masters reachable to ever form a quorum (down, hung past node_timeout, error
 // replies) throws redislock::quorum_error naming each master and its answer, within the
-// per-master timeout (the masters are asked in parallel, never one after another).
+// per-master timeout (the masters are asked in parallel, never one after another). lock() and
+// try_lock_for() throw it too instead of waiting for masters to come back: an outage is not
+// contention, and a caller that wants to ride one out catches it and retries.
 //
 // Loss: the lock is known lost when a quorum round finds the key gone or taken on more than
 // N - quorum masters, or locally when its validity runs out without a renewal confirmed by a
@@ -267,19 +274,36 @@ private:
                     "redislock: lock() of '" + state_->name + "' by its holder"};
             }
         }
-        return detail::acquire_with_backoff([this, &stop] { return attempt(stop); }, deadline, stop,
-                                            state_->options);
+        // The first attempt gets the full node timeout (try_lock() makes exactly one); later
+        // ones end by the caller's deadline.
+        bool first = true;
+        return detail::acquire_with_backoff(
+            [this, &stop, &first, deadline] {
+                return attempt(stop, std::exchange(first, false) ? detail::steady::time_point::max()
+                                                                 : deadline);
+            },
+            deadline, stop, state_->options);
     }
 
-    // One round on every master: std::nullopt when acquired; else an unknown holder TTL.
-    std::optional<detail::holder_ttl> attempt(const std::stop_token& stop) {
+    // One round on every master: std::nullopt when acquired; else an unknown holder TTL. Its
+    // calls end by `give_up_by` if that comes before the node timeout; masters cut short that
+    // way say nothing about an outage, so such a round counts as contention.
+    std::optional<detail::holder_ttl> attempt(const std::stop_token& stop,
+                                              detail::steady::time_point give_up_by) {
         auto acq = std::make_shared<detail::redlock_acquisition>(
             state_->name, state_->channel, state_->options.lease, core_->size());
         acq->sent = detail::steady::now();
         acq->may_live_until(acq->sent + state_->options.lease);
-        const auto node_deadline = acq->sent + core_->options().node_timeout;
-        auto round = core_->start_round(detail::node_op::acquire, acq, node_deadline);
-        const auto outcomes = core_->finish_round(*round, node_deadline, stop);
+        const auto full = acq->sent + core_->options().node_timeout;
+        const auto node_deadline =
+            std::min(full, std::max(give_up_by, acq->sent + std::chrono::milliseconds{1}));
+        const bool cut_short = node_deadline < full;
+        auto round = core_->start_round(detail::node_op::acquire, acq, node_deadline, {}, true,
+                                        stop.stop_possible() ? &stop : nullptr);
+        const auto outcomes =
+            cut_short
+                ? core_->finish_round_by(*round, node_deadline + std::chrono::milliseconds{1}, stop)
+                : core_->finish_round(*round, node_deadline, stop);
         const detail::quorum_tally t = detail::tally(outcomes);
         const auto valid_until = detail::valid_until(acq->sent, state_->options.lease);
         if (t.yes >= core_->quorum() && detail::steady::now() < valid_until) {
@@ -287,7 +311,7 @@ private:
             return std::nullopt;
         }
         core_->release_in_background(acq);
-        if (!stop.stop_requested() && t.failed > core_->size() - core_->quorum()) {
+        if (!stop.stop_requested() && !cut_short && t.failed > core_->size() - core_->quorum()) {
             throw core_->no_quorum("lock", state_->name, outcomes);
         }
         return detail::holder_ttl{-1};

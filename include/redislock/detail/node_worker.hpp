@@ -6,10 +6,10 @@
 // out: a release posted after an acquisition always reaches that node after it, even when the
 // acquisition's caller stopped waiting.
 //
-// The connection is made by the first task and made again at the next
-// task after making it failed, so a node that is down when the client starts does not stop the
-// client from working with the others. Tasks must bound their own calls (call_context
-// deadlines). Destruction runs the tasks already posted, then joins the thread.
+// The connection is made by the first task, and again by the next task after making it failed,
+// so a node that is down when the client starts does not stop the client from working with the
+// others. Tasks must bound their own calls (call_context deadlines). Destruction runs the tasks
+// already posted, then joins the thread.
 #pragma once
 
 #include <atomic>

@@ -56,6 +56,7 @@ public:
     /// Records node `node`'s answer; later answers for the same node are ignored.
     void report(std::size_t node, node_answer answer, std::string error = {},
                 bool server_error = false) {
+        bool wake = false;
         {
             std::lock_guard guard{mutex_};
             node_outcome& o = outcomes_[node];
@@ -65,8 +66,15 @@ public:
             o = {answer, std::move(error), server_error};
             ++answered_;
             ++counts_[static_cast<std::size_t>(answer)];
+            // A waiter's condition changes only when the outcome settles and when the last
+            // answer comes: waking it for every answer would cost a context switch each.
+            const bool now_settled = settled();
+            wake = (now_settled && !woken_settled_) || answered_ == outcomes_.size();
+            woken_settled_ = woken_settled_ || now_settled;
         }
-        settled_.notify_all();
+        if (wake) {
+            settled_.notify_all();
+        }
     }
 
     /// Waits until the outcome cannot change any more (a quorum said yes, or more than N -
@@ -102,6 +110,7 @@ private:
     std::vector<node_outcome> outcomes_;
     std::size_t quorum_;
     std::size_t answered_ = 0;
+    bool woken_settled_ = false;
     std::size_t counts_[4]{};
 };
 

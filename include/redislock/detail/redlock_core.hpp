@@ -123,11 +123,13 @@ public:
     /// Sends `op` for `acq` to every master at once and returns the round their answers go to.
     /// Every call ends by `deadline`. `extend_lease` is the new lease text for node_op::extend.
     /// With `here`, the calling thread makes one of the calls itself (on a master that answered
-    /// its last call and has nothing queued), which blocks it for that call.
+    /// its last call and has nothing queued), which blocks it for that call, or until *stop is
+    /// requested when `stop` is not null.
     std::shared_ptr<quorum_round> start_round(node_op op,
                                               const std::shared_ptr<redlock_acquisition>& acq,
                                               clock::time_point deadline,
-                                              std::string extend_lease = {}, bool here = true) {
+                                              std::string extend_lease = {}, bool here = true,
+                                              const std::stop_token* stop = nullptr) {
         auto round = std::make_shared<quorum_round>(size(), quorum());
         engine& e = engine_.get();
         std::size_t own = size();
@@ -148,7 +150,9 @@ public:
         if (own < size()) {
             node_call call{this,     op,    acq,          own,
                            deadline, round, extend_lease, options_.release_retries};
+            call.stop = stop;  // only while it runs here: the caller's token outlives the call
             if (!e.workers[own]->try_run_here(call)) {
+                call.stop = nullptr;
                 e.workers[own]->post(std::move(call));
             }
         }
@@ -167,8 +171,15 @@ public:
     std::vector<node_outcome> finish_round(quorum_round& round, clock::time_point deadline,
                                            const std::stop_token& stop = {},
                                            bool every_node = false) {
-        std::vector<node_outcome> outcomes = round.wait(deadline + grace(), stop, every_node);
-        const bool timed_out = clock::now() >= deadline + grace();
+        return finish_round_by(round, deadline + grace(), stop, every_node);
+    }
+
+    /// As finish_round(), giving up at `until` itself.
+    std::vector<node_outcome> finish_round_by(quorum_round& round, clock::time_point until,
+                                              const std::stop_token& stop = {},
+                                              bool every_node = false) {
+        std::vector<node_outcome> outcomes = round.wait(until, stop, every_node);
+        const bool timed_out = clock::now() >= until;
         for (node_outcome& o : outcomes) {
             if (o.answer == node_answer::pending) {
                 o.answer = node_answer::failed;
@@ -231,6 +242,7 @@ private:
         std::shared_ptr<quorum_round> round;  // null for a background retry
         std::string extend_lease;
         int retries_left;
+        const std::stop_token* stop = nullptr;  // the caller's, for a call made on its thread
 
         void operator()(node_worker<C>& worker) const {
             if (op != node_op::acquire && !acq->sent_to[node].load(std::memory_order_acquire)) {
@@ -243,7 +255,7 @@ private:
                 retry_release();
                 return;
             }
-            const call_context how{acq->name, deadline, nullptr};
+            const call_context how{acq->name, deadline, stop};
             try {
                 C& conn = worker.connection();
                 if (clock::now() >= deadline) {
@@ -268,6 +280,9 @@ private:
                 }
             } catch (const server_error& e) {
                 answer(node_answer::failed, e.what(), true);
+                return;
+            } catch (const cancelled_error& e) {
+                answer(node_answer::failed, e.what());  // says nothing about the master
                 return;
             } catch (const std::exception& e) {
                 worker.record_answer(false);
