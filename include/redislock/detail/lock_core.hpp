@@ -24,6 +24,7 @@
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
 #include <redislock/detail/lockable.hpp>
+#include <redislock/detail/reaper.hpp>
 #include <redislock/detail/wait.hpp>
 #include <redislock/error.hpp>
 #include <redislock/lock_options.hpp>
@@ -179,14 +180,17 @@ public:
             deadline, [self = self_, find = find_, key]() -> std::function<void()> {
                 // On the timer thread: mark the loss at once; on_lost runs after every due
                 // lease was marked, outside the timer's bookkeeping.
-                if (auto st = self.lock(); st && lease_tracker{st, find}.mark_lost(key)) {
-                    return [handler = st->options.on_lost] {
+                auto st = self.lock();
+                std::function<void()> notify;
+                if (st && lease_tracker{st, find}.mark_lost(key)) {
+                    notify = [handler = st->options.on_lost] {
                         if (handler) {
                             handler();
                         }
                     };
                 }
-                return {};
+                let_go(std::move(st));
+                return notify;
             });
         if (!attach(key, [&](tracked_lease<C>& t) { t.timer = timer; })) {
             core().timer->remove(timer);
@@ -203,11 +207,13 @@ public:
                               [self = self_, find = find_, key](steady::time_point renewed_at) {
                                   if (auto st = self.lock()) {
                                       lease_tracker{st, find}.renewed(key, renewed_at);
+                                      let_go(std::move(st));
                                   }
                               },
                               [self = self_, find = find_, key] {
                                   if (auto st = self.lock()) {
                                       lease_tracker{st, find}.lose(key);
+                                      let_go(std::move(st));
                                   }
                               },
                               st_->options.min_replicas,
@@ -271,6 +277,20 @@ public:
     }
 
 private:
+    // A callback may hold the last reference to a lock whose owner just destroyed it; the state
+    // then ends on the reaper's thread, since its end may end the client's core, which owns the
+    // thread the callback runs on.
+    static void let_go(std::shared_ptr<State>&& st) {
+        if (st && st.use_count() == 1) {
+            try {
+                background_reaper().add([last = std::move(st)](steady::time_point) { return true; },
+                                        steady::now() + std::chrono::seconds{1});
+            } catch (...) {
+                // Out of memory: st ends here, as it would have without this step.
+            }
+        }
+    }
+
     void renewed_for(const Key& key, steady::time_point sent, std::chrono::milliseconds lease) {
         std::lock_guard guard{st_->mutex};
         if (tracked_lease<C>* t = find_(*st_, key); t && !t->lost) {
