@@ -162,7 +162,8 @@ public:
         return state_->held ? state_->lease.lost_source.get_token() : detail::stopped_token();
     }
 
-    /// Asks Redis whether the key still holds our token. A lock found lost calls on_lost.
+    /// Asks Redis whether the key still holds our token, on a node that is still a master (ROLE:
+    /// a demoted master may keep the key until it resyncs). A lock found lost calls on_lost.
     /// @throws redislock::connection_error; redislock::server_error when the server answers with
     ///         an error (the lock is not taken for lost). See https://redis.io/commands/get/
     bool verify() {
@@ -170,10 +171,11 @@ public:
         if (!token) {
             return false;
         }
+        const auto deadline = state_->core->untimed_deadline();
         const std::array<std::string_view, 2> get{"GET", state_->name};
-        const reply r = detail::execute(
-            *state_->conn, get, call_context{state_->name, state_->core->untimed_deadline()});
-        if (r.is_string() && r.text() == token->view()) {
+        const reply r = detail::execute(*state_->conn, get, call_context{state_->name, deadline});
+        if (r.is_string() && r.text() == token->view() &&
+            detail::serves_as_master(*state_->conn, state_->name, deadline)) {
             return true;
         }
         throw_unless_not_ours(r, "verify");

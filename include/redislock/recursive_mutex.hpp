@@ -193,8 +193,8 @@ public:
         return state_->depth;
     }
 
-    /// Asks Redis whether the holder's acquisition is still there. A lock found lost calls
-    /// on_lost.
+    /// Asks Redis whether the holder's acquisition is still there, on a node that is still a
+    /// master (see basic_mutex::verify). A lock found lost calls on_lost.
     /// @throws redislock::connection_error; redislock::server_error when the server answers with
     ///         an error (the lock is not taken for lost). See https://redis.io/commands/hget/
     bool verify() {
@@ -203,10 +203,11 @@ public:
             return false;
         }
         const std::string id_field = "id:" + entry->owner;
+        const auto deadline = state_->core->untimed_deadline();
         const std::array<std::string_view, 3> hget{"HGET", state_->name, id_field};
-        const reply r = detail::execute(
-            *state_->conn, hget, call_context{state_->name, state_->core->untimed_deadline()});
-        if (r.is_string() && r.text() == entry->acquisition) {
+        const reply r = detail::execute(*state_->conn, hget, call_context{state_->name, deadline});
+        if (r.is_string() && r.text() == entry->acquisition &&
+            detail::serves_as_master(*state_->conn, state_->name, deadline)) {
             return true;
         }
         throw_unless_not_ours(r, "verify");

@@ -592,6 +592,14 @@ private:
             return false;
         }
         bool all_held = true;
+        if (lease == std::chrono::milliseconds::zero() &&
+            !detail::serves_as_master(*state_->conn, state_->name,
+                                      state_->core->untimed_deadline())) {
+            for (const hold_ref& ref : refs) {
+                tracker().lose(ref);  // a demoted master cannot vouch for any of them
+            }
+            return false;
+        }
         const detail::decimal lease_text{lease.count()};
         for (const hold_ref& ref : refs) {
             const auto sent = detail::steady::now();

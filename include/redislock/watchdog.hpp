@@ -345,8 +345,10 @@ private:
         if (r.is_integer()) {
             return r.as_integer() == 1 ? outcome::renewed : outcome::lost;
         }
-        // WRONGTYPE: the name now holds something else, so ours is gone. Other errors: retry.
-        return r.is_error_code("WRONGTYPE") ? outcome::lost : outcome::failed;
+        // WRONGTYPE: the name now holds something else, so ours is gone. READONLY: the node was
+        // demoted to a replica, which cannot keep a lock for anyone. Other errors: retry.
+        return r.is_error_code("WRONGTYPE") || r.is_error_code("READONLY") ? outcome::lost
+                                                                            : outcome::failed;
     }
 
     // Empty result when the connection failed.

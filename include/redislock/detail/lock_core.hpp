@@ -9,6 +9,7 @@
 //     caller's deadline and ends at once on a stop request.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -63,6 +64,19 @@ inline std::error_code server_failure(const reply& r) noexcept {
     } catch (...) {
     }
     return errc::server_failed;
+}
+
+/// False when the node that serves `key` says it is no longer a master (ROLE): after a failover
+/// a client pinned to a demoted master may still read its lock there, but the node cannot vouch
+/// for it. A node that refuses ROLE (an ACL, a proxy) is taken at its word.
+template <connection C>
+bool serves_as_master(C& conn, std::string_view key, steady::time_point deadline) {
+    const std::array<std::string_view, 1> role{"ROLE"};
+    const reply r = execute(conn, role, call_context{key, deadline, nullptr});
+    if (!r.is_array() || r.elements().empty()) {
+        return true;
+    }
+    return r.elements().front().text() == "master";
 }
 
 /// True when an acquisition that WAIT counted `replicas` for lacks the acknowledgements
