@@ -105,14 +105,49 @@ std::string id_for(std::string_view owner) {
     return "acq-" + std::string{owner};
 }
 
+// Without `id`, offers the owner's id_for(). `holds_none` ('1': the calling object holds no
+// entry) and `given_up` (the object's last given-up acquisition) default to an object that holds
+// an entry and gave up nothing, so an owner's entry is re-entered.
 redislock::reply run_acquire(redislock::client& client, std::string_view key,
                              std::string_view owner, std::string_view lease_ms,
-                             std::string_view fencing) {
+                             std::string_view fencing,
+                             std::optional<std::string> id = std::nullopt,
+                             std::string_view holds_none = "0", std::string_view given_up = "") {
     const std::string fence_key = "{" + std::string{key} + "}:fence";
+    const std::string offered = id.value_or(id_for(owner));
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_acquire,
         std::array<std::string_view, 2>{key, fence_key},
-        std::array<std::string_view, 4>{owner, lease_ms, fencing, id_for(owner)});
+        std::array<std::string_view, 6>{owner, lease_ms, fencing, offered, holds_none, given_up});
+}
+
+// The server's clock in microseconds, the clock fencing tokens never fall below.
+std::int64_t server_us(const redis_server& srv) {
+    std::istringstream in{srv.cli({"TIME"})};
+    std::int64_t seconds = 0;
+    std::int64_t micros = 0;
+    in >> seconds >> micros;
+    return seconds * 1'000'000 + micros;
+}
+
+// The fence of a reply with status `status` ({status, fence, id}); fails the test and gives -1
+// for any other reply.
+std::int64_t fence_of(const redislock::reply& r, std::int64_t status = 1) {
+    const auto values = integers(r);
+    if (!r.is_array() || r.elements().size() != 3 || values.size() != 2 ||
+        values[0] != status) {
+        ADD_FAILURE() << "not {" << status << ", fence, id}: "
+                      << testing::PrintToString(values) << " " << r.text();
+        return -1;
+    }
+    return values[1];
+}
+
+// The fencing counter's PTTL: it expires a day after its last use.
+void expect_counter_lives_a_day(const redis_server& srv, const std::string& counter) {
+    const std::int64_t ttl = pttl(srv, counter);
+    EXPECT_GT(ttl, 86'000'000) << counter;
+    EXPECT_LE(ttl, 86'400'000) << counter;
 }
 
 redislock::reply run_release(redislock::client& client, std::string_view key,
@@ -167,18 +202,37 @@ bool wait_for_flag(const std::atomic<bool>& flag, std::chrono::milliseconds time
 TEST(RecursiveAcquireScript, NewAcquisitionReturnsOneAndNextFenceAndSetsCountAndLease) {
     redis_server srv;
     redislock::client client{srv.uri()};
-    // The fencing counter only grows: it continues from whatever it holds.
+    // The fencing counter only grows: it continues from whatever it holds, and never below the
+    // server's clock in microseconds.
     ASSERT_EQ(srv.cli({"SET", "{s}:fence", "41"}), "OK");
 
-    EXPECT_EQ(integers(run_acquire(client, "s", "o1", "5000", "1")),
-              (std::vector<std::int64_t>{1, 42}));
+    const std::int64_t before = server_us(srv);
+    const std::int64_t fence = fence_of(run_acquire(client, "s", "o1", "5000", "1"));
+    EXPECT_GT(fence, 41);
+    EXPECT_GE(fence, before);
+    EXPECT_LE(fence, server_us(srv));
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
-    EXPECT_EQ(srv.cli({"HGET", "s", "fence"}), "42");
-    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), "42");
-    EXPECT_EQ(pttl(srv, "{s}:fence"), -1);  // the counter must outlive every lease
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o1"}), id_for("o1"));
+    EXPECT_EQ(srv.cli({"HGET", "s", "fence"}), std::to_string(fence));
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(fence));
+    expect_counter_lives_a_day(srv, "{s}:fence");  // far longer than any lease
     const auto ttl = pttl(srv, "s");
     EXPECT_GT(ttl, 3000);
     EXPECT_LE(ttl, 5000);
+
+    // The next acquisition draws a greater token.
+    ASSERT_EQ(srv.cli({"DEL", "s"}), "1");
+    const std::int64_t next = fence_of(run_acquire(client, "s", "o2", "5000", "1"));
+    EXPECT_GT(next, fence);
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(next));
+
+    // A counter ahead of the clock goes on by one.
+    ASSERT_EQ(srv.cli({"DEL", "s"}), "1");
+    ASSERT_EQ(srv.cli({"SET", "{s}:fence", "5000000000000000"}), "OK");
+    EXPECT_EQ(integers(run_acquire(client, "s", "o1", "5000", "1")),
+              (std::vector<std::int64_t>{1, 5'000'000'000'000'001}));
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), "5000000000000001");
+    expect_counter_lives_a_day(srv, "{s}:fence");
 }
 
 TEST(RecursiveAcquireScript, NewAcquisitionWithoutFencingReturnsZeroFenceAndDrawsNone) {
@@ -196,21 +250,22 @@ TEST(RecursiveAcquireScript, NewAcquisitionWithoutFencingReturnsZeroFenceAndDraw
 TEST(RecursiveAcquireScript, ReentryReturnsTwoWithFirstFenceAndRefreshesLease) {
     redis_server srv;
     redislock::client client{srv.uri()};
-    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "1000", "1")),
-              (std::vector<std::int64_t>{1, 1}));
+    const std::int64_t fence = fence_of(run_acquire(client, "s", "o1", "1000", "1"));
+    ASSERT_GT(fence, 0);
 
     EXPECT_EQ(integers(run_acquire(client, "s", "o1", "60000", "1")),
-              (std::vector<std::int64_t>{2, 1}));
+              (std::vector<std::int64_t>{2, fence}));
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
-    EXPECT_GT(pttl(srv, "s"), 50'000);              // the re-entry's lease replaced the first
-    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), "1");  // no new token for a re-entry
+    EXPECT_GT(pttl(srv, "s"), 50'000);  // the re-entry's lease replaced the first
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(fence));  // no new token drawn
+    EXPECT_EQ(srv.cli({"HGET", "s", "fence"}), std::to_string(fence));
 }
 
 TEST(RecursiveAcquireScript, AnotherOwnerGetsZeroAndHoldersTtlAndChangesNothing) {
     redis_server srv;
     redislock::client client{srv.uri()};
-    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "1")),
-              (std::vector<std::int64_t>{1, 1}));
+    const std::int64_t fence = fence_of(run_acquire(client, "s", "o1", "60000", "1"));
+    ASSERT_GT(fence, 0);
 
     const auto r = integers(run_acquire(client, "s", "o2", "1000", "1"));
     ASSERT_EQ(r.size(), 2U);
@@ -220,7 +275,8 @@ TEST(RecursiveAcquireScript, AnotherOwnerGetsZeroAndHoldersTtlAndChangesNothing)
     EXPECT_EQ(owners_of(srv, "s"), std::vector<std::string>{"o1"});
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
     EXPECT_GT(pttl(srv, "s"), 50'000);  // the refused owner's shorter lease was not applied
-    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), "1");
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(fence));
+    EXPECT_EQ(srv.cli({"HGET", "s", "fence"}), std::to_string(fence));
 }
 
 TEST(RecursiveAcquireScript, StringKeyIsWrongTypeAndStaysUntouched) {
@@ -265,14 +321,15 @@ TEST(RecursiveAcquireScript, HashWithModeFieldOrOtherTypeIsWrongType) {
 TEST(RecursiveReleaseScript, LastEntryDeletesKeyAndPublishesOnReleaseChannel) {
     redis_server srv;
     redislock::client client{srv.uri()};
-    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "1")),
-              (std::vector<std::int64_t>{1, 1}));
+    const std::int64_t fence = fence_of(run_acquire(client, "s", "o1", "60000", "1"));
+    ASSERT_GT(fence, 0);
     subscriber released{srv, "{s}:released"};
 
     EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")),
               std::vector<std::int64_t>{1});
-    EXPECT_EQ(exists(srv, "s"), "0");               // the fence field went with it
-    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), "1");  // the counter stays for the next holder
+    EXPECT_EQ(exists(srv, "s"), "0");  // the fence field went with it
+    // The counter stays for the next holder.
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(fence));
     EXPECT_EQ(released.next(), "s");
 }
 
@@ -373,6 +430,109 @@ TEST(RecursiveAcquireScript, ReentryReturnsTheFirstEntrysAcquisitionId) {
     EXPECT_EQ(integers(reentry), (std::vector<std::int64_t>{2, 0}));
     EXPECT_EQ(acquisition_id(reentry), id_for("o1"));
     EXPECT_EQ(acquisition_id(run_acquire(client, "s", "o2", "60000", "0")), "");
+}
+
+// ---- takeovers: an entry of the owner that the calling object does not hold ----
+
+// A lock() whose first reply was lost retries with the same id: its own entry, which did land,
+// is taken over (count 1, a fresh fence and lease), not re-entered. An object that holds an
+// entry re-enters as before.
+TEST(RecursiveAcquireScript, RetryOfANewAcquisitionWhoseReplyWasLostTakesItsEntryOver) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::int64_t first =
+        fence_of(run_acquire(client, "s", "o1", "1000", "1", std::string{"cand"}, "1"));
+    ASSERT_GT(first, 0);
+
+    const auto retry = run_acquire(client, "s", "o1", "60000", "1", std::string{"cand"}, "1");
+    const std::int64_t again = fence_of(retry);
+    EXPECT_GT(again, first);  // a fresh acquisition draws a fresh token
+    EXPECT_EQ(acquisition_id(retry), "cand");
+    EXPECT_EQ(owners_of(srv, "s"), std::vector<std::string>{"o1"});
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");  // not 2: the lost entry is this one
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o1"}), "cand");
+    EXPECT_EQ(srv.cli({"HGET", "s", "fence"}), std::to_string(again));
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(again));
+    EXPECT_GT(pttl(srv, "s"), 50'000);
+
+    // The same id from an object that holds an entry is a re-entry, as is another id from an
+    // object that holds none (a second object of the same owner).
+    const auto reentry = run_acquire(client, "s", "o1", "60000", "1", std::string{"cand"}, "0");
+    EXPECT_EQ(integers(reentry), (std::vector<std::int64_t>{2, again}));
+    EXPECT_EQ(acquisition_id(reentry), "cand");
+    const auto joined = run_acquire(client, "s", "o1", "60000", "1", std::string{"fresh"}, "1");
+    EXPECT_EQ(integers(joined), (std::vector<std::int64_t>{2, again}));
+    EXPECT_EQ(acquisition_id(joined), "cand");
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "3");
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o1"}), "cand");
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(again));
+}
+
+// An acquisition the object gave up (its release may not have landed) is taken over by the
+// object's next lock(), whatever its count, with the new id; with fencing off, the old
+// acquisition's fence goes.
+TEST(RecursiveAcquireScript, AcquisitionTheObjectGaveUpIsTakenOverWithTheNewId) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::int64_t old_fence =
+        fence_of(run_acquire(client, "s", "o1", "1000", "1", std::string{"old"}, "1"));
+    ASSERT_GT(old_fence, 0);
+    ASSERT_EQ(fence_of(run_acquire(client, "s", "o1", "1000", "1", std::string{"x"}), 2),
+              old_fence);
+    ASSERT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
+
+    // Naming another given-up acquisition joins "old" instead.
+    const auto joined =
+        run_acquire(client, "s", "o1", "1000", "0", std::string{"new"}, "1", "unrelated");
+    EXPECT_EQ(integers(joined), (std::vector<std::int64_t>{2, old_fence}));
+    EXPECT_EQ(acquisition_id(joined), "old");
+    ASSERT_EQ(srv.cli({"HGET", "s", "o1"}), "3");
+
+    const auto taken = run_acquire(client, "s", "o1", "60000", "0", std::string{"new"}, "1", "old");
+    EXPECT_EQ(integers(taken), (std::vector<std::int64_t>{1, 0}));
+    EXPECT_EQ(acquisition_id(taken), "new");
+    EXPECT_EQ(owners_of(srv, "s"), std::vector<std::string>{"o1"});
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o1"}), "new");
+    EXPECT_EQ(srv.cli({"HEXISTS", "s", "fence"}), "0");  // not the old acquisition's token
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(old_fence));  // none drawn
+    EXPECT_GT(pttl(srv, "s"), 50'000);
+
+    // The given-up acquisition's release, if it lands now, leaves the new one alone.
+    EXPECT_EQ(integers(run_release(client, "s", "o1", "1099511627776", "1000", "{s}:released",
+                                   std::string{"old"})),
+              std::vector<std::int64_t>{-1});
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o1"}), "new");
+}
+
+// Neither rule ever takes over another owner's entry, even one named by the ids offered.
+TEST(RecursiveAcquireScript, AnotherOwnersEntryIsNeverTakenOver) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::int64_t fence =
+        fence_of(run_acquire(client, "s", "o1", "60000", "1", std::string{"shared-id"}, "1"));
+    ASSERT_GT(fence, 0);
+    ASSERT_FALSE(run_acquire(client, "s", "o1", "60000", "1", std::string{"shared-id"}).is_error());
+    ASSERT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
+    const std::string before = srv.cli({"HGETALL", "s"});
+
+    // As a retry of a lost reply, and as a given-up acquisition.
+    for (const auto& [offered, given_up] :
+         {std::pair<std::string, std::string>{"shared-id", ""}, {"other", "shared-id"}}) {
+        SCOPED_TRACE(offered + " / " + given_up);
+        const auto r = run_acquire(client, "s", "o2", "1000", "1", offered, "1", given_up);
+        const auto values = integers(r);
+        ASSERT_EQ(values.size(), 2U);
+        EXPECT_EQ(values[0], 0);
+        EXPECT_GT(values[1], 50'000);
+        EXPECT_LE(values[1], 60'000);
+        EXPECT_EQ(acquisition_id(r), "");
+        EXPECT_EQ(srv.cli({"HGETALL", "s"}), before);
+        EXPECT_EQ(owners_of(srv, "s"), std::vector<std::string>{"o1"});
+        EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(fence));
+        EXPECT_GT(pttl(srv, "s"), 50'000);
+    }
 }
 
 // A release or renewal made for an acquisition that was lost must not act on a later

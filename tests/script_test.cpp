@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +47,27 @@ reply run(hiredis_connection& conn, std::initializer_list<std::string_view> word
 reply acquire_fenced(hiredis_connection& conn, std::string_view token, std::string_view lease) {
     return run_script(conn, scripts::mutex_acquire_fenced, keys2{"lock", "{lock}:fence"},
                       args2{token, lease});
+}
+
+// The server's clock in microseconds, the clock fencing tokens never fall below.
+std::int64_t server_us(const redis_server& srv) {
+    std::istringstream in{srv.cli({"TIME"})};
+    std::int64_t seconds = 0;
+    std::int64_t micros = 0;
+    in >> seconds >> micros;
+    return seconds * 1'000'000 + micros;
+}
+
+// The fencing token of a reply that says the lock was taken; fails the test and gives -1 for
+// any other reply.
+std::int64_t taken_fence(const reply& r) {
+    if (!r.is_array() || r.elements().size() != 2 || r.elements()[0] != reply::integer(1) ||
+        !r.elements()[1].is_integer()) {
+        ADD_FAILURE() << "not {1, fence}: kind " << static_cast<int>(r.kind()) << ", "
+                      << r.elements().size() << " elements, text '" << r.text() << "'";
+        return -1;
+    }
+    return r.elements()[1].as_integer();
 }
 
 // One script found in the generated header by reading its text.
@@ -193,17 +216,53 @@ TEST(Script, OtherErrorRepliesAreReturnedAsReplies) {
 TEST(MutexAcquireFencedScript, FreeNameIsTakenWithTheNextFencingToken) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
-    EXPECT_EQ(acquire_fenced(conn, "t1", "5000"),
-              reply::array({reply::integer(1), reply::integer(1)}));
+    // With no counter yet, the token is the server's clock in microseconds.
+    const std::int64_t before = server_us(srv);
+    const std::int64_t first = taken_fence(acquire_fenced(conn, "t1", "5000"));
+    EXPECT_GE(first, before);
+    EXPECT_LE(first, server_us(srv));
     EXPECT_EQ(srv.cli({"GET", "lock"}), "t1");
     const int pttl = std::stoi(srv.cli({"PTTL", "lock"}));
     EXPECT_GT(pttl, 0);
     EXPECT_LE(pttl, 5000);
-    EXPECT_EQ(srv.cli({"PTTL", "{lock}:fence"}), "-1");  // the counter never expires
+    EXPECT_EQ(srv.cli({"GET", "{lock}:fence"}), std::to_string(first));
+    // The counter expires a day after its last use, long after every lease.
+    const std::int64_t counter_ttl = std::stoll(srv.cli({"PTTL", "{lock}:fence"}));
+    EXPECT_GT(counter_ttl, 86'000'000);
+    EXPECT_LE(counter_ttl, 86'400'000);
 
     ASSERT_EQ(srv.cli({"DEL", "lock"}), "1");
-    EXPECT_EQ(acquire_fenced(conn, "t2", "5000"),
-              reply::array({reply::integer(1), reply::integer(2)}));
+    const std::int64_t second = taken_fence(acquire_fenced(conn, "t2", "5000"));
+    EXPECT_GT(second, first);
+    EXPECT_EQ(srv.cli({"GET", "{lock}:fence"}), std::to_string(second));
+
+    // A counter ahead of the clock continues from whatever it holds.
+    ASSERT_EQ(srv.cli({"DEL", "lock"}), "1");
+    ASSERT_EQ(srv.cli({"SET", "{lock}:fence", "5000000000000000"}), "OK");
+    EXPECT_EQ(acquire_fenced(conn, "t3", "5000"),
+              reply::array({reply::integer(1), reply::integer(5'000'000'000'000'001)}));
+    EXPECT_EQ(srv.cli({"GET", "{lock}:fence"}), "5000000000000001");
+    EXPECT_GT(std::stoll(srv.cli({"PTTL", "{lock}:fence"})), 86'000'000);
+}
+
+// Everything that can fail is checked before the first write: no partial write.
+TEST(MutexAcquireFencedScript, CounterThatIsNotAnIntegerIsWrongtypeAndTheLockStaysUnset) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(srv.cli({"SET", "{lock}:fence", "not-a-number"}), "OK");
+    const reply r = acquire_fenced(conn, "mine", "5000");
+    EXPECT_TRUE(r.is_error_code("WRONGTYPE")) << r.text();
+    EXPECT_EQ(srv.cli({"EXISTS", "lock"}), "0");
+    EXPECT_EQ(srv.cli({"GET", "{lock}:fence"}), "not-a-number");
+    EXPECT_EQ(srv.cli({"PTTL", "{lock}:fence"}), "-1");
+
+    // A counter of another type fails the same way, before anything is written.
+    ASSERT_EQ(srv.cli({"DEL", "{lock}:fence"}), "1");
+    ASSERT_EQ(srv.cli({"HSET", "{lock}:fence", "f", "v"}), "1");
+    const reply on_hash = acquire_fenced(conn, "mine", "5000");
+    EXPECT_TRUE(on_hash.is_error_code("WRONGTYPE")) << on_hash.text();
+    EXPECT_EQ(srv.cli({"EXISTS", "lock"}), "0");
+    EXPECT_EQ(srv.cli({"TYPE", "{lock}:fence"}), "hash");
 }
 
 TEST(MutexAcquireFencedScript, HeldNameReturnsTheHoldersPttlAndDrawsNoToken) {

@@ -141,16 +141,20 @@ std::string id_for(std::string_view owner) {
 }
 
 // The scripts called directly, to check their replies rather than what the class makes of them.
-// Without `id`, each names the owner's id_for().
+// Without `id`, each names the owner's id_for(). An acquisition's `holds_none` ('1': the calling
+// object holds no entry in this mode) and `given_up` (ids the object gave up, space-separated)
+// default to an object that holds an entry and gave up nothing, so an owner's entry is re-entered.
 reply run_acquire(redislock::client& client, std::string_view name, std::string_view owner,
                   std::string_view kind, std::string_view lease, std::string_view fencing = "0",
-                  std::string_view queue_ms = "0", std::optional<std::string> id = std::nullopt) {
+                  std::string_view queue_ms = "0", std::optional<std::string> id = std::nullopt,
+                  std::string_view holds_none = "0", std::string_view given_up = "") {
     const std::string fence_key = redislock::detail::derived_key(name, "fence");
     const std::string offered = id.value_or(id_for(owner));
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::shared_acquire,
         std::array<std::string_view, 2>{name, fence_key},
-        std::array<std::string_view, 6>{owner, kind, lease, fencing, queue_ms, offered});
+        std::array<std::string_view, 8>{owner, kind, lease, fencing, queue_ms, offered, holds_none,
+                                        given_up});
 }
 
 std::int64_t run_release(redislock::client& client, std::string_view name, std::string_view owner,
@@ -191,6 +195,33 @@ verdict verdict_of(const reply& r) {
 
 std::string acquisition_id(const reply& r) {
     return r.is_array() && r.elements().size() == 3 ? r.elements()[2].text() : "(none)";
+}
+
+// The server's clock in microseconds, the clock fencing tokens never fall below.
+long long server_us(const redis_server& srv) {
+    std::istringstream in{srv.cli({"TIME"})};
+    long long seconds = 0;
+    long long micros = 0;
+    in >> seconds >> micros;
+    return seconds * 1'000'000 + micros;
+}
+
+// The fence of an acquisition reply with status `status`; fails the test and gives -1 for any
+// other status.
+std::int64_t fence_of(const reply& r, std::int64_t status = 1) {
+    const auto [got, fence] = verdict_of(r);
+    if (got != status) {
+        ADD_FAILURE() << "status " << got << ", not " << status;
+        return -1;
+    }
+    return fence;
+}
+
+// The fencing counter's PTTL: it expires a day after its last use.
+void expect_counter_lives_a_day(const redis_server& srv, const std::string& counter) {
+    const long long ttl = pttl(srv, counter);
+    EXPECT_GT(ttl, 86'000'000) << counter;
+    EXPECT_LE(ttl, 86'400'000) << counter;
 }
 
 std::int64_t counter_step(redislock::client& client, std::string_view key, std::string_view by) {
@@ -237,26 +268,43 @@ TEST(SharedAcquireScript, ReaderEntersWithItsOwnLeaseThenReentersCounted) {
 TEST(SharedAcquireScript, WriterEntersWithANewFenceAndReentersWithTheSameOne) {
     redis_server srv;
     redislock::client client{srv.uri()};
-    // The fencing counter only grows: it continues from whatever it holds.
+    // The fencing counter only grows: it continues from whatever it holds, and never below the
+    // server's clock in microseconds.
     ASSERT_EQ(srv.cli({"SET", "{doc}:fence", "41"}), "OK");
 
-    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000", "1")), verdict(1, 42));
+    const long long before = server_us(srv);
+    const std::int64_t fence = fence_of(run_acquire(client, "doc", "W", "w", "30000", "1"));
+    EXPECT_GT(fence, 41);
+    EXPECT_GE(fence, before);
+    EXPECT_LE(fence, server_us(srv));
     hash fields = hash_of(srv, "doc");
     EXPECT_EQ(fields["mode"], "write");
-    EXPECT_EQ(fields["fence"], "42");
+    EXPECT_EQ(fields["fence"], std::to_string(fence));
     EXPECT_EQ(parse_entry(fields["w:W"]).count, 1);
+    EXPECT_EQ(srv.cli({"GET", "{doc}:fence"}), std::to_string(fence));
 
-    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000", "1")), verdict(2, 42));
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000", "1")), verdict(2, fence));
     EXPECT_EQ(parse_entry(hash_of(srv, "doc")["w:W"]).count, 2);
-    EXPECT_EQ(srv.cli({"GET", "{doc}:fence"}), "42");  // a re-entry draws no token
-    EXPECT_EQ(pttl(srv, "{doc}:fence"), -1);           // the counter outlives every lease
+    // A re-entry draws no token.
+    EXPECT_EQ(srv.cli({"GET", "{doc}:fence"}), std::to_string(fence));
+    expect_counter_lives_a_day(srv, "{doc}:fence");  // far longer than any lease
 
     ASSERT_EQ(run_release(client, "doc", "W", "w", "2"), 1);
-    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "V", "w", "30000", "1")), verdict(1, 43));
+    const std::int64_t next = fence_of(run_acquire(client, "doc", "V", "w", "30000", "1"));
+    EXPECT_GT(next, fence);
+    EXPECT_EQ(srv.cli({"GET", "{doc}:fence"}), std::to_string(next));
     ASSERT_EQ(run_release(client, "doc", "V", "w"), 1);
     // Without fencing a writer draws nothing.
     EXPECT_EQ(verdict_of(run_acquire(client, "doc", "U", "w", "30000", "0")), verdict(1, 0));
-    EXPECT_EQ(srv.cli({"GET", "{doc}:fence"}), "43");
+    EXPECT_EQ(srv.cli({"GET", "{doc}:fence"}), std::to_string(next));
+    ASSERT_EQ(run_release(client, "doc", "U", "w"), 1);
+
+    // A counter ahead of the clock goes on by one.
+    ASSERT_EQ(srv.cli({"SET", "{doc}:fence", "5000000000000000"}), "OK");
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000", "1")),
+              verdict(1, 5'000'000'000'000'001));
+    EXPECT_EQ(srv.cli({"GET", "{doc}:fence"}), "5000000000000001");
+    expect_counter_lives_a_day(srv, "{doc}:fence");
 }
 
 TEST(SharedAcquireScript, EveryoneWaitsBehindAWriterForItsRemainingLease) {
@@ -394,10 +442,11 @@ TEST(SharedAcquireScript, ReentryReturnsTheFirstEntrysIdEvenWhenOfferedAnother) 
 
     // The same for a writer, whose re-entry keeps its fence too.
     const reply writing = run_acquire(client, "doc", "W", "w", "30000", "1");
-    EXPECT_EQ(verdict_of(writing), verdict(1, 1));
+    const std::int64_t fence = fence_of(writing);
+    EXPECT_GT(fence, 0);
     EXPECT_EQ(acquisition_id(writing), id_for("W"));
     const reply rewriting = run_acquire(client, "doc", "W", "w", "30000", "1", "0", "other-id");
-    EXPECT_EQ(verdict_of(rewriting), verdict(2, 1));
+    EXPECT_EQ(verdict_of(rewriting), verdict(2, fence));
     EXPECT_EQ(acquisition_id(rewriting), id_for("W"));
     EXPECT_EQ(parse_entry(hash_of(srv, "doc")["w:W"]).id, id_for("W"));
 
@@ -429,6 +478,116 @@ TEST(SharedAcquireScript, WaiterGetsNoAcquisitionId) {
     EXPECT_EQ(fields.count("w:X"), 0U);
 }
 
+// A lock() whose first reply was lost retries with the same id: its own entry in that mode,
+// which did land, is taken over (count 1, a fresh lease, a writer a fresh fence), not re-entered.
+TEST(SharedAcquireScript, RetryWhoseReplyWasLostTakesItsOwnEntryOverInThatMode) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "R", "r", "1000", "0", "0", "rc", "1")),
+              verdict(1, 0));
+    const long long before = server_ms(srv);
+    const reply read_retry = run_acquire(client, "doc", "R", "r", "30000", "0", "0", "rc", "1");
+    EXPECT_EQ(verdict_of(read_retry), verdict(1, 0));
+    EXPECT_EQ(acquisition_id(read_retry), "rc");
+    const entry read = parse_entry(hash_of(srv, "doc")["r:R"]);
+    EXPECT_EQ(read.count, 1);  // not 2: the lost entry is this one
+    EXPECT_EQ(read.id, "rc");
+    EXPECT_GE(read.expiry, before + 30'000);  // the retry's lease
+    ASSERT_EQ(run_release(client, "doc", "R", "r", "1", std::string{"rc"}), 1);
+    ASSERT_FALSE(exists(srv, "doc"));
+
+    const std::int64_t first = fence_of(run_acquire(client, "doc", "W", "w", "1000", "1", "0",
+                                                    std::string{"wc"}, "1"));
+    ASSERT_GT(first, 0);
+    const reply write_retry = run_acquire(client, "doc", "W", "w", "30000", "1", "0", "wc", "1");
+    const std::int64_t again = fence_of(write_retry);
+    EXPECT_GT(again, first);
+    EXPECT_EQ(acquisition_id(write_retry), "wc");
+    hash fields = hash_of(srv, "doc");
+    EXPECT_EQ(parse_entry(fields["w:W"]).count, 1);
+    EXPECT_EQ(parse_entry(fields["w:W"]).id, "wc");
+    EXPECT_EQ(fields["fence"], std::to_string(again));
+    EXPECT_EQ(fields["mode"], "write");
+    EXPECT_EQ(srv.cli({"GET", "{doc}:fence"}), std::to_string(again));
+
+    // The same id from an object that holds an entry in that mode is a re-entry, as is another
+    // id from an object that holds none (a second object of the same owner).
+    const reply reentry = run_acquire(client, "doc", "W", "w", "30000", "1", "0", "wc", "0");
+    EXPECT_EQ(verdict_of(reentry), verdict(2, again));
+    EXPECT_EQ(acquisition_id(reentry), "wc");
+    const reply joined = run_acquire(client, "doc", "W", "w", "30000", "1", "0", "fresh", "1");
+    EXPECT_EQ(verdict_of(joined), verdict(2, again));
+    EXPECT_EQ(acquisition_id(joined), "wc");
+    fields = hash_of(srv, "doc");
+    EXPECT_EQ(parse_entry(fields["w:W"]).count, 3);
+    EXPECT_EQ(parse_entry(fields["w:W"]).id, "wc");
+    EXPECT_EQ(srv.cli({"GET", "{doc}:fence"}), std::to_string(again));
+
+    // Another owner offering that id takes nothing over: it waits.
+    const hash held = hash_of(srv, "doc");
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "X", "w", "30000", "1", "0", "wc", "1")).first,
+              0);
+    EXPECT_EQ(hash_of(srv, "doc"), held);
+}
+
+// Entries of the owner named in the given-up list (acquisitions the object gave up whose release
+// may not have landed) are dropped before the owner enters; other owners' entries stay.
+TEST(SharedAcquireScript, GivenUpIdsDropTheOwnersEntriesWithThoseIdsOnly) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::int64_t old_fence =
+        fence_of(run_acquire(client, "doc", "A", "w", "30000", "1", "0", "gw", "1"));
+    ASSERT_GT(old_fence, 0);
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000", "0", "0", "gr", "1")),
+              verdict(1, 0));  // a writer may read
+
+    // Without the list, a new id from an object that holds nothing joins the old acquisition.
+    const reply joined = run_acquire(client, "doc", "A", "w", "30000", "1", "0", "other", "1",
+                                     "unrelated ids");
+    EXPECT_EQ(verdict_of(joined), verdict(2, old_fence));
+    EXPECT_EQ(acquisition_id(joined), "gw");
+    ASSERT_EQ(parse_entry(hash_of(srv, "doc")["w:A"]).count, 2);
+
+    // Naming both drops both, whatever their counts; the write is entered anew.
+    const reply fresh = run_acquire(client, "doc", "A", "w", "30000", "1", "0", "new", "1", "gr gw");
+    const std::int64_t fence = fence_of(fresh);
+    EXPECT_GT(fence, old_fence);
+    EXPECT_EQ(acquisition_id(fresh), "new");
+    hash fields = hash_of(srv, "doc");
+    EXPECT_EQ(fields.count("r:A"), 0U);
+    EXPECT_EQ(parse_entry(fields["w:A"]).count, 1);
+    EXPECT_EQ(parse_entry(fields["w:A"]).id, "new");
+    EXPECT_EQ(fields["mode"], "write");
+    EXPECT_EQ(fields["fence"], std::to_string(fence));
+    // The given-up acquisitions' releases, if they land now, leave the new one alone.
+    EXPECT_EQ(run_release(client, "doc", "A", "w", "1", std::string{"gw"}), -1);
+    EXPECT_EQ(run_release(client, "doc", "A", "r", "1", std::string{"gr"}), -1);
+    EXPECT_EQ(hash_of(srv, "doc"), fields);
+    ASSERT_EQ(run_release(client, "doc", "A", "w", "1", std::string{"new"}), 1);
+    ASSERT_FALSE(exists(srv, "doc"));
+
+    // Another owner's entry with a listed id stays, and still counts.
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "B", "r", "30000", "0", "0", "shared-id", "1")),
+              verdict(1, 0));
+    const entry b_before = parse_entry(hash_of(srv, "doc")["r:B"]);
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000", "0", "0", "a1", "1",
+                                     "shared-id")),
+              verdict(1, 0));
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "A", "w", "30000", "1", "0", "a2", "1",
+                                     "shared-id")),
+              verdict(-1, 0));  // A reads: its upgrade is refused, B's entry is not dropped
+    fields = hash_of(srv, "doc");
+    const entry b_after = parse_entry(fields["r:B"]);
+    EXPECT_EQ(b_after.count, b_before.count);
+    EXPECT_EQ(b_after.id, "shared-id");
+    EXPECT_EQ(b_after.expiry, b_before.expiry);
+    EXPECT_EQ(parse_entry(fields["r:A"]).id, "a1");
+    const auto [status, wait] =
+        verdict_of(run_acquire(client, "doc", "C", "w", "30000", "1", "0", "c1", "1", "shared-id"));
+    EXPECT_EQ(status, 0);  // B (and A) still hold the read lock
+    EXPECT_GT(wait, 25'000);
+}
+
 // ---------------------------------------------------------------------------------------------
 // shared_release.lua
 
@@ -447,7 +606,8 @@ TEST(SharedReleaseScript, ReleaseWithOthersLeftKeepsTheKeyAndRecomputesModeAndLe
     redis_server srv;
     redislock::client client{srv.uri()};
     // W writes with a long lease and reads with a short one; the key lives as long as the write.
-    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "60000", "1")), verdict(1, 1));
+    ASSERT_GT(fence_of(run_acquire(client, "doc", "W", "w", "60000", "1")), 0);
+    ASSERT_EQ(hash_of(srv, "doc").count("fence"), 1U);
     ASSERT_EQ(verdict_of(run_acquire(client, "doc", "W", "r", "10000")), verdict(1, 0));
     ASSERT_GT(pttl(srv, "doc"), 50'000);
 
@@ -525,12 +685,13 @@ TEST(SharedReleaseScript, ReleaseNamingAnotherAcquisitionIsMinusOneAndChangesNot
 TEST(SharedReleaseScript, WriteReleaseNamingAnotherAcquisitionKeepsTheEntryAndItsFence) {
     redis_server srv;
     redislock::client client{srv.uri()};
-    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000", "1")), verdict(1, 1));
+    const std::int64_t fence = fence_of(run_acquire(client, "doc", "W", "w", "30000", "1"));
+    ASSERT_GT(fence, 0);
     const hash before = hash_of(srv, "doc");
 
     EXPECT_EQ(run_release(client, "doc", "W", "w", "1", "stale"), -1);
     EXPECT_EQ(hash_of(srv, "doc"), before);
-    EXPECT_EQ(before.at("fence"), "1");
+    EXPECT_EQ(before.at("fence"), std::to_string(fence));
     EXPECT_EQ(run_release(client, "doc", "W", "w"), 1);
     EXPECT_FALSE(exists(srv, "doc"));
 }
