@@ -4,7 +4,8 @@
 // same command redis-py's Lock, node-redlock and redsync send, so they exclude each other on the
 // same name. Release and extend are compare-and-act scripts: they act only while the key still
 // holds our token. With lock_options::fencing, acquisition runs a script that also draws the
-// fencing token from a counter beside the name ({name}:fence), which never expires.
+// fencing token from a counter beside the name ({name}:fence): never below the server clock
+// in microseconds, and expiring a day after its last use.
 //
 // TimedLockable, so std::unique_lock, std::scoped_lock and std::lock work with it.
 //

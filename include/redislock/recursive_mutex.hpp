@@ -122,11 +122,10 @@ public:
             if (--state_->depth == 0) {
                 last = true;
                 ended = std::exchange(state_->lease, {});
-                if (std::exchange(state_->uncertain, false)) {
-                    // The count may hold a re-entry whose reply was lost: its entry may outlive
-                    // this release, and the object's next lock() takes it over.
-                    state_->given_up = entry.acquisition;
-                }
+                // Entries whose re-entry or release had an unknown outcome are left too: without
+                // a fault the count is then exact; after one, the key goes rather than outlive
+                // its holder (only a re-entry through another object could lose an entry).
+                entries += std::exchange(state_->uncertain, 0);
             }
         }
         if (last) {
@@ -250,7 +249,9 @@ private:
         std::string holder_owner;
         std::string acquisition;  // id of the acquisition the entries belong to, in Redis
         std::string given_up;     // the last acquisition this object gave up (see the script)
-        bool uncertain = false;   // a re-entry's reply was lost: its count is unknown
+        // Re-entries and releases through this object whose outcome is unknown (a lost reply):
+        // the server's count may hold this many entries more than depth says.
+        std::size_t uncertain = 0;
         std::int64_t fence = 0;
         detail::tracked_lease<C> lease;
     };
@@ -340,7 +341,7 @@ private:
                 abandon(owner, candidate.str(), sent + state_->options.lease);
             } else {
                 std::lock_guard guard{state_->mutex};
-                state_->uncertain = true;
+                ++state_->uncertain;
             }
             throw;
         }
@@ -398,7 +399,7 @@ private:
                 state_->generation = detail::current_fork_generation();
                 state_->holder_owner = owner;
                 state_->acquisition = acquisition;
-                state_->uncertain = false;
+                state_->uncertain = 0;
                 state_->fence = fence;
                 state_->lease.valid_until = detail::valid_until(sent, state_->options.lease);
             }
@@ -458,10 +459,10 @@ private:
                 lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
             detail::background_reaper().add(
                 [core = state_->core, name = state_->name, channel = state_->channel,
-                 lease = std::string{state_->lease_text.view()},
                  entry, entries](detail::steady::time_point deadline) {
                     try {
-                        return leave_once(core->connection, name, channel, lease, entry, entries,
+                        // Lease "0": a background release never extends what remains.
+                        return leave_once(core->connection, name, channel, "0", entry, entries,
                                           deadline)
                             .is_integer();
                     } catch (...) {
@@ -520,7 +521,7 @@ private:
         }
         std::lock_guard guard{state_->mutex};
         if (state_->epoch == entry.epoch) {
-            state_->uncertain = true;
+            ++state_->uncertain;
         }
     }
 
@@ -545,7 +546,9 @@ private:
                 return;  // the parent's entries: never left from a child
             }
             entries = std::exchange(state_->depth, 0);
-            state_->uncertain = false;
+            if (entries > 0) {
+                entries += std::exchange(state_->uncertain, 0);
+            }
             entry = current_locked();
             ended = std::exchange(state_->lease, {});
         }

@@ -193,6 +193,9 @@ private:
         std::string owner;
         mode kind = mode::read;
         std::size_t depth = 0;
+        // Re-entries and releases whose outcome is unknown (a lost reply): the server's count
+        // may hold this many entries more than depth says; the last release leaves them too.
+        std::size_t uncertain = 0;
         std::int64_t fence = 0;
         detail::tracked_lease<C> lease;
         std::uint64_t generation = 0;                      // fork generation of the first entry
@@ -337,6 +340,11 @@ private:
                 if (outermost) {
                     abandon(hold_ref{owner, kind, 0, candidate.str(), false}, drop_all,
                             sent + state_->options.lease);
+                } else {
+                    std::lock_guard guard{state_->mutex};
+                    if (hold* h = find(owner, kind)) {
+                        ++h->uncertain;
+                    }
                 }
             }
             throw;
@@ -388,6 +396,7 @@ private:
                 previous = std::exchange(h->lease, {});
                 h->lease.valid_until = detail::valid_until(sent, state_->options.lease);
                 h->depth = 0;
+                h->uncertain = 0;
                 h->fence = value;
                 h->generation = detail::current_fork_generation();
                 h->epoch = ++state_->last_epoch;
@@ -498,6 +507,7 @@ private:
         hold_ref ref;
         detail::tracked_lease<C> ended;
         bool last = false;
+        std::size_t count = 1;
         {
             std::lock_guard guard{state_->mutex};
             hold* h = find(owner, kind);
@@ -510,14 +520,17 @@ private:
             ref = {owner, kind, h->epoch, h->acquisition, h->lease.lost};
             // Counted out before the round trip, so an acquisition that lands right after the
             // release never mistakes the entry for a live one.
+            std::size_t entries = 1;
             if (--h->depth == 0) {
                 last = true;
+                entries += std::exchange(h->uncertain, 0);
                 ended = std::exchange(h->lease, {});
                 erase_released();
             }
+            count = entries;
         }
         tracker().end(ended);
-        return leave(ref, 1, last, ended.valid_until);
+        return leave(ref, count, last, ended.valid_until);
     }
 
     // Drops holds with no entries left. Needs state_->mutex.
@@ -541,17 +554,13 @@ private:
             r = leave_once(*state_->conn, state_->name, state_->channel, ref, entries,
                            state_->core->untimed_deadline());
         } catch (...) {
-            if (last) {
-                abandon(ref, entries, valid_until + state_->options.lease);
-            }
+            not_finished(ref, entries, last, valid_until);
             return errc::connection_failed;
         }
         // An error reply says nothing about ownership, except WRONGTYPE: the name now holds
         // another type, so our entries are gone.
         if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
-            if (last) {
-                abandon(ref, entries, valid_until + state_->options.lease);
-            }
+            not_finished(ref, entries, last, valid_until);
             return detail::server_failure(r);
         }
         if (r.is_integer() && r.as_integer() >= 0) {
@@ -574,6 +583,20 @@ private:
             notify_lost(*state_);
         }
         return errc::lock_lost;
+    }
+
+    // A release whose outcome is unknown: an inner entry makes the hold's count uncertain; the
+    // last one is given up (retried in the background, dropped by the owner's next acquisition).
+    void not_finished(const hold_ref& ref, std::size_t entries, bool last,
+                      detail::steady::time_point valid_until) noexcept {
+        if (last) {
+            abandon(ref, entries, valid_until + state_->options.lease);
+            return;
+        }
+        std::lock_guard guard{state_->mutex};
+        if (hold* h = find_in(*state_, ref)) {
+            ++h->uncertain;
+        }
     }
 
     // Extends (lease > 0) or checks (lease == 0) every mode the caller holds.
@@ -637,8 +660,8 @@ private:
                     continue;  // nothing held, or the parent's entries: never left from a child
                 }
                 releases.emplace_back(
-                    hold_ref{h.owner, h.kind, h.epoch, h.acquisition, h.lease.lost}, h.depth,
-                    std::exchange(h.lease, {}));
+                    hold_ref{h.owner, h.kind, h.epoch, h.acquisition, h.lease.lost},
+                    h.depth + std::exchange(h.uncertain, 0), std::exchange(h.lease, {}));
                 h.depth = 0;
             }
             erase_released();

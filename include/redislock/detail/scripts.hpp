@@ -87,7 +87,7 @@ inline constexpr script recursive_acquire{
     R"lua(-- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries, and whose
 -- field id:<owner> names the acquisition those entries belong to.
 -- KEYS[1]  the lock's hash
--- KEYS[2]  the fencing counter (same hash slot)
+-- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
 -- ARGV[1]  the owner id
 -- ARGV[2]  the lease, ms (set again on every entry)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
@@ -98,7 +98,8 @@ inline constexpr script recursive_acquire{
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, holder's PTTL, ''} held by another owner. fence is 0 when none was drawn.
--- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock; nothing is written then.
+-- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[2] not a fencing counter;
+--          nothing is written then.
 local function fresh()
     local fence = 0
     if ARGV[3] == '1' then
@@ -115,6 +116,12 @@ local function fresh()
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, fence, ARGV[4]}
+end
+if ARGV[3] == '1' then
+    local last = redis.call('GET', KEYS[2])
+    if last and not tonumber(last) then
+        return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+    end
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind == 'none' then
@@ -134,7 +141,7 @@ if id then
 end
 return {0, redis.call('PTTL', KEYS[1]), ''}
 )lua",
-    "58887b7ea014c7949bae0e46f1cfebee89deaff2"};
+    "9f7d82fe6f6b873dde35401039f237dbe9f25851"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -160,7 +167,8 @@ inline constexpr script recursive_release{
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
 -- ARGV[2]  how many entries to leave (1 for unlock; a huge count drops the acquisition)
--- ARGV[3]  the lease, ms, set again while entries remain
+-- ARGV[3]  the lease, ms, set again while entries remain; '0' keeps the key's TTL (a release
+--          finished in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- Returns  1 released (key deleted); 0 still held (lease refreshed);
@@ -171,7 +179,11 @@ if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or
 end
 local left = (tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0) - tonumber(ARGV[2])
 if left > 0 then
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    local lease = tonumber(ARGV[3])
+    if lease <= 0 then
+        lease = math.max(redis.call('PTTL', KEYS[1]), 1)
+    end
+    redis.call('PEXPIRE', KEYS[1], lease)
     redis.call('HSET', KEYS[1], ARGV[1], left)
     return 0
 end
@@ -179,7 +191,7 @@ redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[4], KEYS[1])
 return 1
 )lua",
-    "808d8db1a51b8728e70572d0bf4c743b246f76fc"};
+    "38db043dacaddc275bbf2e0eeed8769fa632b5a0"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -189,7 +201,7 @@ inline constexpr script shared_acquire{
 --   lease in server time;
 --   q:<owner> = '0 <expiry ms>', a writer waiting (new readers then wait too); fence.
 -- KEYS[1]  the lock's hash
--- KEYS[2]  the fencing counter (same hash slot; never expires)
+-- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
 -- ARGV[1]  the owner id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  the lease, ms
@@ -205,6 +217,12 @@ inline constexpr script shared_acquire{
 --          {0, ms, ''} must wait (longest lease in the way);
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
+if ARGV[2] == 'w' and ARGV[4] == '1' then
+    local last = redis.call('GET', KEYS[2])
+    if last and not tonumber(last) then
+        return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+    end
+end
 local kind = redis.call('TYPE', KEYS[1]).ok
 local given_up = {}
 for id in string.gmatch(ARGV[8] or '', '%S+') do
@@ -276,7 +294,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "0138a9faaa43e60f0fa7d3c562721051d18f933f"};
+    "1164b7a8e6b21cd24a8a4aa1b910c53a03d156eb"};
 
 inline constexpr script shared_extend{
     "shared_extend",

@@ -1,7 +1,7 @@
 -- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries, and whose
 -- field id:<owner> names the acquisition those entries belong to.
 -- KEYS[1]  the lock's hash
--- KEYS[2]  the fencing counter (same hash slot)
+-- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
 -- ARGV[1]  the owner id
 -- ARGV[2]  the lease, ms (set again on every entry)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
@@ -12,7 +12,8 @@
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, holder's PTTL, ''} held by another owner. fence is 0 when none was drawn.
--- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock; nothing is written then.
+-- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[2] not a fencing counter;
+--          nothing is written then.
 local function fresh()
     local fence = 0
     if ARGV[3] == '1' then
@@ -29,6 +30,12 @@ local function fresh()
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, fence, ARGV[4]}
+end
+if ARGV[3] == '1' then
+    local last = redis.call('GET', KEYS[2])
+    if last and not tonumber(last) then
+        return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+    end
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind == 'none' then

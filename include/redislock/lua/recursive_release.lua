@@ -4,7 +4,8 @@
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
 -- ARGV[2]  how many entries to leave (1 for unlock; a huge count drops the acquisition)
--- ARGV[3]  the lease, ms, set again while entries remain
+-- ARGV[3]  the lease, ms, set again while entries remain; '0' keeps the key's TTL (a release
+--          finished in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- Returns  1 released (key deleted); 0 still held (lease refreshed);
@@ -15,7 +16,11 @@ if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or
 end
 local left = (tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0) - tonumber(ARGV[2])
 if left > 0 then
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    local lease = tonumber(ARGV[3])
+    if lease <= 0 then
+        lease = math.max(redis.call('PTTL', KEYS[1]), 1)
+    end
+    redis.call('PEXPIRE', KEYS[1], lease)
     redis.call('HSET', KEYS[1], ARGV[1], left)
     return 0
 end

@@ -4,7 +4,7 @@
 --   lease in server time;
 --   q:<owner> = '0 <expiry ms>', a writer waiting (new readers then wait too); fence.
 -- KEYS[1]  the lock's hash
--- KEYS[2]  the fencing counter (same hash slot; never expires)
+-- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
 -- ARGV[1]  the owner id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  the lease, ms
@@ -20,6 +20,12 @@
 --          {0, ms, ''} must wait (longest lease in the way);
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
+if ARGV[2] == 'w' and ARGV[4] == '1' then
+    local last = redis.call('GET', KEYS[2])
+    if last and not tonumber(last) then
+        return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+    end
+end
 local kind = redis.call('TYPE', KEYS[1]).ok
 local given_up = {}
 for id in string.gmatch(ARGV[8] or '', '%S+') do
