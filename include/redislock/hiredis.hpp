@@ -75,6 +75,17 @@ inline constexpr bool hiredis_has_tls =
     false;
 #endif
 
+/// Whether OpenSSL holds decrypted bytes of `ctx` that poll(2) on its socket cannot see. Always
+/// false for a plain context. The adapter keeps a TLS context's SSL object in its user slot.
+inline bool hiredis_tls_pending([[maybe_unused]] const redisContext& ctx) noexcept {
+#if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
+    return ctx.privdata != nullptr &&
+           tls_context::pending(static_cast<const SSL*>(ctx.privdata));
+#else
+    return false;
+#endif
+}
+
 inline timeval to_timeval(std::chrono::milliseconds ms) {
     timeval tv{};
     tv.tv_sec = static_cast<decltype(tv.tv_sec)>(ms.count() / 1000);
@@ -263,6 +274,12 @@ public:
     }
 
     const endpoint& config() const noexcept { return pool_->config; }
+
+    /// Opens a context of its own, outside the pool and not counted in pool_size, with the same
+    /// connect, TLS, AUTH and SELECT steps: for a subscriber, which keeps its connection. The
+    /// caller owns it; it must not outlive this connection (it may share its TLS context).
+    /// @throws as the constructor
+    detail::context_ptr open_dedicated() { return pool_->open(); }
 
 private:
     static bool bounded(const call_context& how) noexcept {
@@ -577,13 +594,8 @@ private:
         }
     };
 
-    static bool tls_pending([[maybe_unused]] const redisContext& ctx) noexcept {
-#if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
-        return ctx.privdata != nullptr &&
-               detail::tls_context::pending(static_cast<const SSL*>(ctx.privdata));
-#else
-        return false;
-#endif
+    static bool tls_pending(const redisContext& ctx) noexcept {
+        return detail::hiredis_tls_pending(ctx);
     }
 
     static bool is_timeout(const redisContext& ctx) noexcept {

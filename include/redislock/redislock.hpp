@@ -12,6 +12,7 @@
 #include <redislock/recursive_mutex.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
+#include <redislock/sentinel.hpp>
 #include <redislock/shared_mutex.hpp>
 #include <redislock/watchdog.hpp>
 
@@ -22,5 +23,8 @@ using mutex = basic_mutex<hiredis_connection>;
 using recursive_mutex = basic_recursive_mutex<hiredis_connection>;
 using shared_mutex = basic_shared_mutex<hiredis_connection>;
 using watchdog = basic_watchdog<hiredis_connection>;
+
+/// A client of the master that Redis Sentinel names (see sentinel.hpp).
+using sentinel_client = basic_client<sentinel_connection>;
 
 }  // namespace redislock
