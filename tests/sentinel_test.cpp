@@ -211,6 +211,7 @@ struct load_result {
     std::int64_t longest_gap_ms = 0;
     std::int64_t disrupted_ns = 0;
     int failed_attempts = 0;
+    std::uint64_t switches = 0;
 };
 
 template <class Scenario>
@@ -222,13 +223,14 @@ load_result run_under_load(redis_sentinel& topo, std::chrono::milliseconds run_f
         std::chrono::duration_cast<std::chrono::nanoseconds>(run_for).count();
     std::atomic<std::int64_t> disrupted_ns{0};
     std::atomic<int> failed_attempts{0};
+    std::atomic<std::uint64_t> switches{0};  // as this process's client counts them
     std::jthread driver;
     const std::string uri = topo.uri("command_timeout=500&connect_timeout=500");
 
     redislock::test::exclusion_options options{.uri = counter_server.uri(),
                                                .processes = 2,
                                                .threads = 3,
-                                               .iterations = 1'000'000,
+                                               .iterations = 200'000,
                                                .time_limit = run_for + 30s};
     load_result result;
     result.report = redislock::test::run_exclusion(options, [&](int process) {
@@ -236,13 +238,15 @@ load_result run_under_load(redis_sentinel& topo, std::chrono::milliseconds run_f
         if (process == 0) {
             driver = std::jthread{[&] { scenario(disrupted_ns); }};
         }
-        return [client, end_ns, &failed_attempts](int) {
-            return [client, end_ns, &failed_attempts](std::mt19937_64&,
-                                                      const std::function<void()>& critical) {
-                auto lock = client->mutex("s:load", {.lease = 2s});
+        return [client, end_ns, &failed_attempts, &switches](int) {
+            auto lock = std::make_shared<redislock::basic_mutex<redislock::sentinel_connection>>(
+                client->mutex("s:load", {.lease = 2s}));
+            return [client, lock, end_ns, &failed_attempts, &switches](
+                       std::mt19937_64&, const std::function<void()>& critical) {
+                switches = client->connection().switches();
                 while (redislock::test::monotonic_ns() < end_ns) {
                     try {
-                        if (!lock.try_lock_for(500ms)) {
+                        if (!lock->try_lock_for(500ms)) {
                             continue;
                         }
                     } catch (const redislock::error&) {
@@ -251,7 +255,7 @@ load_result run_under_load(redis_sentinel& topo, std::chrono::milliseconds run_f
                         continue;
                     }
                     critical();
-                    lock.unlock();
+                    lock->unlock();
                     return;
                 }
             };
@@ -260,6 +264,7 @@ load_result run_under_load(redis_sentinel& topo, std::chrono::milliseconds run_f
     driver = {};
     result.disrupted_ns = disrupted_ns.load();
     result.failed_attempts = failed_attempts.load();
+    result.switches = switches.load();
 
     auto intervals = result.report.intervals;
     std::sort(intervals.begin(), intervals.end(),
@@ -282,7 +287,9 @@ load_result run_under_load(redis_sentinel& topo, std::chrono::milliseconds run_f
 void expect_exclusion_and_recovery(const load_result& r, const char* what) {
     std::cout << "[ measured ] " << what << ": " << r.report.completed
               << " critical sections, longest pause after the disruption " << r.longest_gap_ms
-              << " ms, " << r.failed_attempts << " failed attempts\n";
+              << " ms, " << r.failed_attempts << " failed attempts, " << r.switches
+              << " master switch(es) followed\n";
+    EXPECT_GE(r.switches, 1U) << "the client never moved to the new master";
     EXPECT_TRUE(r.report.errors.empty()) << r.report.describe();
     EXPECT_FALSE(r.report.overlap().has_value()) << r.report.describe();
     EXPECT_EQ(r.report.counter, r.report.completed) << r.report.describe();

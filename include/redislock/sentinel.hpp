@@ -285,7 +285,8 @@ public:
     /// @throws redislock::connection_error when no master can be found
     endpoint master() { return state_->current().first->config(); }
 
-    /// How many times this connection moved to another master.
+    /// How many times this connection moved to another master (a master confirmed at another
+    /// address than the one before it).
     std::uint64_t switches() const noexcept {
         return state_->switches.load(std::memory_order_relaxed);
     }
@@ -351,6 +352,7 @@ private:
         pool_ptr master;
         std::uint64_t generation = 0;  // bumped whenever `master` is replaced or dropped
         std::atomic<std::uint64_t> switches{0};
+        std::string last_master;  // "host:port" of the last confirmed master
         std::jthread watcher;
         std::uint64_t fork_seen = detail::current_fork_generation();
 
@@ -419,9 +421,11 @@ private:
                         continue;
                     }
                     std::lock_guard lock{mutex};
-                    if (master && master != pool) {
+                    const std::string address = view.host + ":" + std::to_string(view.port);
+                    if (!last_master.empty() && last_master != address) {
                         switches.fetch_add(1, std::memory_order_relaxed);
                     }
+                    last_master = address;
                     if (master != pool) {
                         master = std::move(pool);
                         ++generation;
