@@ -275,7 +275,8 @@ load_result run_under_load(redis_sentinel& topo, std::chrono::milliseconds run_f
             left = std::max(left, interval.exit_ns);
             continue;
         }
-        result.longest_gap_ms = std::max(result.longest_gap_ms, (interval.enter_ns - left) / 1'000'000);
+        result.longest_gap_ms =
+            std::max(result.longest_gap_ms, (interval.enter_ns - left) / 1'000'000);
         left = std::max(left, interval.exit_ns);
     }
     if (intervals.empty() || intervals.back().enter_ns < result.disrupted_ns) {
@@ -365,8 +366,8 @@ TEST(Sentinel, PinnedClientLearnsItsReplicatedLockIsLostAfterTheFailover) {
     const int old_master = topo.master_port();
     redislock::client pinned{"redis://127.0.0.1:" + std::to_string(old_master)};
     redislock::test::lost_counter lost;
-    auto m = pinned.mutex("s:replicated", {.lease = 1s, .watchdog = true,
-                                           .on_lost = lost.handler()});
+    auto m =
+        pinned.mutex("s:replicated", {.lease = 1s, .watchdog = true, .on_lost = lost.handler()});
     ASSERT_TRUE(m.try_lock());
 
     topo.failover();
@@ -377,6 +378,52 @@ TEST(Sentinel, PinnedClientLearnsItsReplicatedLockIsLostAfterTheFailover) {
         << "on_lost was not called";
     std::cout << "[ measured ] pinned client (lock taken before the failover): on_lost after "
               << since_repoint.elapsed().count() << " ms, verify() " << m.verify() << "\n";
+    EXPECT_FALSE(m.verify());
+    m.unlock();
+}
+
+// A lock whose lease outlives the failover: the new master still holds it (with this owner's
+// token) when the old node becomes a replica, so renewals sent to the old node are refused with
+// READONLY while GET there still shows the token. The owner must not go on believing it holds
+// a lock it can no longer renew: on_lost no later than its lease.
+TEST(Sentinel, PinnedClientWhoseRenewalsAreRefusedAsReadonlyLearnsTheLockIsLost) {
+    redis_sentinel topo;
+    const int old_master = topo.master_port();
+    redislock::client pinned{"redis://127.0.0.1:" + std::to_string(old_master)};
+    redislock::test::lost_counter lost;
+    redislock::test::stopwatch since_lock;
+    auto m = pinned.mutex("s:readonly", {.lease = 6s, .watchdog = true, .on_lost = lost.handler()});
+    ASSERT_TRUE(m.try_lock());
+
+    topo.failover();
+    const int new_master = topo.wait_agreed_master([&](int p) { return p != old_master; });
+    redislock::test::stopwatch since_repoint;
+    topo.repoint(old_master, new_master);
+    ASSERT_EQ(topo.node(old_master).cli({"EXISTS", "s:readonly"}), "1")
+        << "the scenario needs the lock still present on the new master";
+    EXPECT_TRUE(redislock::test::eventually([&] { return lost.calls.load() > 0; }, 8s))
+        << "on_lost was not called";
+    std::cout << "[ measured ] pinned client, renewals refused with READONLY: on_lost after "
+              << since_repoint.elapsed().count() << " ms from the re-point, "
+              << since_lock.elapsed().count() << " ms from the acquisition (lease 6000 ms)\n";
+    EXPECT_LE(since_lock.elapsed(), 7000ms) << "loss must be told by the end of the lease (6 s)";
+    EXPECT_FALSE(m.verify());
+    m.unlock();
+}
+
+// verify() asks with GET, which a replica answers from its copy: on the demoted master, right
+// after it became a replica, the token is still there although no renewal can succeed. Disabled
+// until verify() is answered only by a master (the lock core's part; see the report of issue 10).
+TEST(Sentinel, DISABLED_VerifyOnADemotedMasterThatBecameAReplicaIsFalse) {
+    redis_sentinel topo;
+    const int old_master = topo.master_port();
+    redislock::client pinned{"redis://127.0.0.1:" + std::to_string(old_master)};
+    auto m = pinned.mutex("s:verify", {.lease = 30s});
+    ASSERT_TRUE(m.try_lock());
+    topo.failover();
+    const int new_master = topo.wait_agreed_master([&](int p) { return p != old_master; });
+    topo.repoint(old_master, new_master);
+    ASSERT_EQ(topo.node(old_master).cli({"EXISTS", "s:verify"}), "1");
     EXPECT_FALSE(m.verify());
     m.unlock();
 }

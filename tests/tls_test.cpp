@@ -44,7 +44,9 @@ std::string trusted(const std::string& extra = {}) {
     return "tls_ca_file=" + certs().ca_file() + (extra.empty() ? "" : "&" + extra);
 }
 
-TEST(Tls, BuildReportsTlsSupport) { EXPECT_TRUE(redislock::detail::hiredis_has_tls); }
+TEST(Tls, BuildReportsTlsSupport) {
+    EXPECT_TRUE(redislock::detail::hiredis_has_tls);
+}
 
 TEST(Tls, AllThreeLockKindsWorkOverTls) {
     tls_server srv{certs()};
@@ -119,8 +121,8 @@ TEST(Tls, VerificationOptOutConnectsWithoutTrustedCa) {
 
 TEST(Tls, UnreadableCaFileIsAnInvalidArgument) {
     tls_server srv{certs()};
-    const std::string message = construction_error<redislock::invalid_argument>(
-        srv.uri("tls_ca_file=/nonexistent/ca.pem"));
+    const std::string message =
+        construction_error<redislock::invalid_argument>(srv.uri("tls_ca_file=/nonexistent/ca.pem"));
     EXPECT_NE(message.find("/nonexistent/ca.pem"), std::string::npos) << message;
 }
 
@@ -194,7 +196,9 @@ TEST(Tls, ConnectionKilledByTheServerIsReplaced) {
 
 #else
 
-TEST(Tls, BuildReportsNoTlsSupport) { EXPECT_FALSE(redislock::detail::hiredis_has_tls); }
+TEST(Tls, BuildReportsNoTlsSupport) {
+    EXPECT_FALSE(redislock::detail::hiredis_has_tls);
+}
 
 // Without hiredis_ssl, every rediss:// form is refused up front, before any connection is made,
 // with a message naming what to install; nothing falls back to plain text.

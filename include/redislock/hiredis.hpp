@@ -79,8 +79,7 @@ inline constexpr bool hiredis_has_tls =
 /// false for a plain context. The adapter keeps a TLS context's SSL object in its user slot.
 inline bool hiredis_tls_pending([[maybe_unused]] const redisContext& ctx) noexcept {
 #if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
-    return ctx.privdata != nullptr &&
-           tls_context::pending(static_cast<const SSL*>(ctx.privdata));
+    return ctx.privdata != nullptr && tls_context::pending(static_cast<const SSL*>(ctx.privdata));
 #else
     return false;
 #endif
@@ -378,7 +377,6 @@ private:
     }
 
 public:
-
     /// Connections opened so far, the first one included (a reconnect adds one).
     std::uint64_t connections_opened() const noexcept {
         return pool_->opened.load(std::memory_order_relaxed);
@@ -401,8 +399,8 @@ private:
             throw invalid_argument{
                 "redislock: rediss:// (TLS to " + config.describe() +
                 ") needs hiredis >= 1.0 built with TLS (hiredis_ssl, OpenSSL); this program was "
-                "built against hiredis " + std::to_string(HIREDIS_MAJOR) + "." +
-                std::to_string(HIREDIS_MINOR) +
+                "built against hiredis " +
+                std::to_string(HIREDIS_MAJOR) + "." + std::to_string(HIREDIS_MINOR) +
                 " without it. Install hiredis 1.x with hiredis_ssl (cmake -DENABLE_SSL=ON) and "
                 "rebuild: redislock's CMake package enables TLS when it finds it "
                 "(redislock_TLS_FOUND)"};
@@ -457,16 +455,20 @@ private:
                         throw;
                     }
                 }
-                const auto until = std::min(
-                    deadline, std::chrono::steady_clock::now() + config.connect_timeout +
-                                  config.command_timeout);
-                const auto slot_free = [&] { return !idle.empty() || open_count < config.pool_size; };
+                const auto until =
+                    std::min(deadline, std::chrono::steady_clock::now() + config.connect_timeout +
+                                           config.command_timeout);
+                const auto slot_free = [&] {
+                    return !idle.empty() || open_count < config.pool_size;
+                };
                 const bool freed = stop != nullptr
                                        ? slot_freed.wait_until(lock, *stop, until, slot_free)
                                        : slot_freed.wait_until(lock, until, slot_free);
                 if (stop != nullptr && stop->stop_requested()) {
-                    throw cancelled_error{"redislock: a stop was requested while waiting for a "
-                                          "connection to " + config.describe()};
+                    throw cancelled_error{
+                        "redislock: a stop was requested while waiting for a "
+                        "connection to " +
+                        config.describe()};
                 }
                 if (!freed) {
                     throw timeout_error{"redislock: no connection to " + config.describe() +
@@ -580,8 +582,9 @@ private:
             if (!raw) {
                 std::string why = ctx.errstr;
                 if (config.tls.enabled && config.tls.cert_file.empty()) {
-                    why += " (a server that requires client certificates closes the "
-                           "connection here: see tls_cert_file and tls_key_file)";
+                    why +=
+                        " (a server that requires client certificates closes the "
+                        "connection here: see tls_cert_file and tls_key_file)";
                 }
                 throw connection_error{"redislock: " + std::string{what} + " on " +
                                        config.describe() + " failed: " + why};

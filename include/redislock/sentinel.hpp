@@ -142,7 +142,8 @@ inline sentinel_endpoint sentinel_endpoint::from_uri(std::string_view uri) {
     }
     std::string_view hosts = rest;
     // A '/' before the first ']' or after the last one starts the db; IPv6 hosts have none.
-    if (auto slash = rest.find('/', rest.rfind(']') == std::string_view::npos ? 0 : rest.rfind(']'));
+    if (auto slash =
+            rest.find('/', rest.rfind(']') == std::string_view::npos ? 0 : rest.rfind(']'));
         slash != std::string_view::npos) {
         hosts = rest.substr(0, slash);
         if (auto db = rest.substr(slash + 1); !db.empty()) {
@@ -195,7 +196,7 @@ inline bool safe_to_repeat(command argv) noexcept {
         return false;
     }
     constexpr std::array<std::string_view, 14> repeatable{
-        "EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO", "SCRIPT", "GET",  "PTTL",
+        "EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO", "SCRIPT", "GET",     "PTTL",
         "EXISTS",  "PING", "TIME",       "ROLE",    "WAIT",   "PUBLISH", "SPUBLISH"};
     for (std::string_view name : repeatable) {
         if (equals_ignoring_case(argv[0], name)) {
@@ -311,8 +312,8 @@ private:
     // Runs `f` on the current master's pool; on READONLY or a connection error re-resolves, and
     // retries once if that is safe and the deadline allows.
     template <class F>
-    std::invoke_result_t<F&, hiredis_connection&> call(bool repeatable,
-                                                       clock::time_point deadline, F&& f) {
+    std::invoke_result_t<F&, hiredis_connection&> call(bool repeatable, clock::time_point deadline,
+                                                       F&& f) {
         auto [pool, generation] = state_->current();
         try {
             auto result = f(*pool);
@@ -414,10 +415,10 @@ private:
                     }
                     const std::array<std::string_view, 1> role{"ROLE"};
                     const reply r = pool->execute(role);
-                    if (!r.is_array() || r.elements().empty() ||
-                        !r.elements()[0].is_string() || r.elements()[0].text() != "master") {
-                        why += " " + view.host + ":" + std::to_string(view.port) +
-                               " is not a master;";
+                    if (!r.is_array() || r.elements().empty() || !r.elements()[0].is_string() ||
+                        r.elements()[0].text() != "master") {
+                        why +=
+                            " " + view.host + ":" + std::to_string(view.port) + " is not a master;";
                         continue;
                     }
                     std::lock_guard lock{mutex};
@@ -443,8 +444,7 @@ private:
                 }
             }
             throw connection_error{"redislock: no sentinel of " + config.describe() +
-                                   " named a reachable master '" + config.master_name +
-                                   "':" + why};
+                                   " named a reachable master '" + config.master_name + "':" + why};
         }
 
         // Every reachable sentinel's view, the newest config epoch first.
@@ -578,8 +578,8 @@ private:
             using namespace std::chrono;
             constexpr milliseconds slice{50};
             constexpr milliseconds ping_every{1000};
-            const milliseconds silence_limit = std::max(milliseconds{3000},
-                                                        config.node.command_timeout);
+            const milliseconds silence_limit =
+                std::max(milliseconds{3000}, config.node.command_timeout);
             if (redisAppendCommand(&ctx, "SUBSCRIBE +switch-master") != REDIS_OK) {
                 return true;
             }

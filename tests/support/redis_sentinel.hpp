@@ -49,8 +49,8 @@ public:
             for (int i = 0; i < 3; ++i) {
                 start_sentinel(i);
             }
-            wait_for("the sentinels to know each other and both replicas",
-                     std::chrono::seconds{30}, [&] { return sentinels_fully_aware(); });
+            wait_for("the sentinels to know each other and both replicas", std::chrono::seconds{30},
+                     [&] { return sentinels_fully_aware(); });
         } catch (...) {
             shutdown();
             throw;
@@ -171,8 +171,8 @@ public:
 
     /// One redis-cli command against the server (data node or sentinel) on `port`.
     static std::string cli(int port, const std::vector<std::string>& args) {
-        std::vector<std::string> argv{detail::find_executable("redis-cli"), "-h", "127.0.0.1",
-                                      "-p", std::to_string(port)};
+        std::vector<std::string> argv{detail::find_executable("redis-cli"), "-h", "127.0.0.1", "-p",
+                                      std::to_string(port)};
         argv.insert(argv.end(), args.begin(), args.end());
         auto result = detail::run_capture(argv, std::chrono::seconds{10});
         if (!WIFEXITED(result.status) || WEXITSTATUS(result.status) != 0) {
@@ -223,8 +223,7 @@ private:
                               out.get(), out.get());
         sentinels_.push_back(s);
         wait_for(name + " to answer PING", std::chrono::seconds{10}, [&] {
-            const auto r = probe_tcp("127.0.0.1", s.port, {"PING"},
-                                     std::chrono::milliseconds{500});
+            const auto r = probe_tcp("127.0.0.1", s.port, {"PING"}, std::chrono::milliseconds{500});
             return r.line && *r.line == "+PONG";
         });
     }

@@ -56,13 +56,18 @@ private:
 
     // EC keys: much faster to make than RSA, and every TLS stack here takes them.
     std::vector<std::string> new_key(const std::string& name) const {
-        return {"-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+        return {"-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+                "-nodes",
+                "-keyout",
                 dir_ + "/" + name + ".key"};
     }
 
     void make_ca(const std::string& name, const std::string& cn) const {
-        std::vector<std::string> args{"req", "-x509", "-days", "2", "-subj", "/CN=" + cn,
-                                      "-out", dir_ + "/" + name + ".crt"};
+        std::vector<std::string> args{"req",   "-x509",     "-days", "2",
+                                      "-subj", "/CN=" + cn, "-out",  dir_ + "/" + name + ".crt"};
         const auto key = new_key(name);
         args.insert(args.end(), key.begin(), key.end());
         openssl(args);
@@ -70,8 +75,8 @@ private:
 
     void make_leaf(const std::string& name, const std::string& cn,
                    const std::string& extension) const {
-        std::vector<std::string> req{"req", "-new", "-subj", "/CN=" + cn,
-                                     "-out", dir_ + "/" + name + ".csr"};
+        std::vector<std::string> req{"req",       "-new", "-subj",
+                                     "/CN=" + cn, "-out", dir_ + "/" + name + ".csr"};
         const auto key = new_key(name);
         req.insert(req.end(), key.begin(), key.end());
         openssl(req);

@@ -127,8 +127,8 @@ public:
         }
         if (!ok) {
             SSL_free(ssl);
-            throw connection_error{"redislock: cannot set the TLS server name '" + name +
-                                   "' for " + where};
+            throw connection_error{"redislock: cannot set the TLS server name '" + name + "' for " +
+                                   where};
         }
         if (redisInitiateSSL(&c, ssl) != REDIS_OK) {
             const long verify = SSL_get_verify_result(ssl);
@@ -138,8 +138,7 @@ public:
                 why = std::string{"the server's certificate was rejected: "} +
                       X509_verify_cert_error_string(verify);
             }
-            throw connection_error{"redislock: TLS handshake with " + where +
-                                   " failed: " + why};
+            throw connection_error{"redislock: TLS handshake with " + where + " failed: " + why};
         }
         return ssl;
     }
