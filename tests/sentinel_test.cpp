@@ -202,6 +202,30 @@ TEST(Sentinel, SkipsASentinelThatIsDownAndFollowsAFailoverWithoutLoad) {
     EXPECT_EQ(topo.node(new_master).cli({"EXISTS", "s:after"}), "1");
 }
 
+// A child forked while the parent's client is in use takes locks through its copy of the client
+// with connections and a subscription thread of its own; the parent's keep working.
+TEST(Sentinel, ForkedChildUsesItsOwnConnectionsAndThread) {
+    redis_sentinel topo;
+    redislock::sentinel_client client{topo.uri()};
+    auto parent_lock = client.mutex("s:parent", {.lease = 10s});
+    ASSERT_TRUE(parent_lock.try_lock());
+
+    redislock::test::child_process child{[&](redislock::test::line_channel& channel) {
+        auto m = client.mutex("s:child", {.lease = 10s});
+        if (!m.try_lock()) {
+            return 1;
+        }
+        channel.send(topo.node(client.connection().master().port).cli({"EXISTS", "s:child"}));
+        m.unlock();
+        return 0;
+    }};
+    EXPECT_EQ(child.channel().receive(20s), std::optional<std::string>{"1"});
+    EXPECT_EQ(child.wait(20s), std::optional<int>{0});
+    EXPECT_TRUE(parent_lock.verify());
+    parent_lock.unlock();
+    EXPECT_EQ(topo.node(topo.master_port()).cli({"EXISTS", "s:parent"}), "0");
+}
+
 // Drives `scenario` on a thread of this process while processes x threads contend for one
 // mutex through sentinel_client. Critical sections are checked outside Redis (intervals on
 // CLOCK_MONOTONIC, and a counter on an independent server). Returns the report and the longest

@@ -400,7 +400,13 @@ private:
                 kept = master;
             }
             std::string why;
+            std::vector<std::string> tried;
             for (const detail::master_view& view : ask_sentinels(why)) {
+                const std::string address = view.host + ":" + std::to_string(view.port);
+                if (std::find(tried.begin(), tried.end(), address) != tried.end()) {
+                    continue;  // several sentinels name the same node: one check is enough
+                }
+                tried.push_back(address);
                 try {
                     pool_ptr pool;
                     if (kept && kept->config().host == view.host &&
@@ -417,12 +423,10 @@ private:
                     const reply r = pool->execute(role);
                     if (!r.is_array() || r.elements().empty() || !r.elements()[0].is_string() ||
                         r.elements()[0].text() != "master") {
-                        why +=
-                            " " + view.host + ":" + std::to_string(view.port) + " is not a master;";
+                        why += " " + address + " is not a master;";
                         continue;
                     }
                     std::lock_guard lock{mutex};
-                    const std::string address = view.host + ":" + std::to_string(view.port);
                     if (!last_master.empty() && last_master != address) {
                         switches.fetch_add(1, std::memory_order_relaxed);
                     }
