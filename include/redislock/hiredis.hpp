@@ -13,7 +13,10 @@
 // The pool then owns one OpenSSL client context, made from endpoint::tls when the connection is
 // built, and every context it opens runs the TLS handshake (bounded by the connect timeout) and
 // one PING before it is used. Built without TLS, a rediss:// endpoint is refused by the
-// constructor with redislock::invalid_argument saying what to install.
+// constructor with redislock::invalid_argument saying what to install. A bounded call over TLS
+// checks OpenSSL's buffer before it polls the socket; once bytes arrive it reads a whole TLS
+// record, so a record that arrives in parts can hold it past its deadline by up to the command
+// timeout.
 //
 // Thread safety: execute() and execute_pipeline() may be called from any number of threads.
 // Lifetime: movable, not copyable; contexts are closed on destruction.
