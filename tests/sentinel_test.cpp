@@ -23,6 +23,7 @@
 #include "support/redis_sentinel.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_util.hpp"
+#include "support/tls_certs.hpp"
 
 namespace {
 
@@ -201,6 +202,45 @@ TEST(Sentinel, SkipsASentinelThatIsDownAndFollowsAFailoverWithoutLoad) {
     std::unique_lock guard{m};
     EXPECT_EQ(topo.node(new_master).cli({"EXISTS", "s:after"}), "1");
 }
+
+#if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
+
+TEST(Sentinel, TlsToSentinelsAndDataNodesFollowsAFailover) {
+    redislock::test::tls_certs certs;
+    redis_sentinel topo{
+        redis_sentinel::tls_files{certs.server_cert(), certs.server_key(), certs.ca_file()}};
+    ASSERT_TRUE(topo.uri().starts_with("rediss-sentinel://"));
+    redislock::sentinel_client client{topo.uri()};
+    const int old_master = topo.master_port();
+    EXPECT_EQ(client.connection().master().port, old_master);
+    EXPECT_TRUE(client.connection().master().tls.enabled);
+    auto before = client.mutex("s:tls-before", {.lease = 10s});
+    ASSERT_TRUE(before.try_lock());
+    EXPECT_EQ(topo.node(old_master).cli({"EXISTS", "s:tls-before"}), "1");
+
+    topo.failover();
+    const int new_master = topo.wait_agreed_master([&](int p) { return p != old_master; });
+    EXPECT_TRUE(redislock::test::eventually(
+        [&] { return client.connection().master().port == new_master; }, 5s));
+    auto after = client.mutex("s:tls-after", {.lease = 10s});
+    std::unique_lock guard{after};
+    EXPECT_EQ(topo.node(new_master).cli({"EXISTS", "s:tls-after"}), "1");
+    EXPECT_TRUE(before.verify());  // replicated before the failover, still ours on the new master
+    before.unlock();
+}
+
+#else
+
+TEST(Sentinel, RedissSentinelWithoutTlsSupportSaysWhatToInstall) {
+    try {
+        redislock::sentinel_client client{"rediss-sentinel://127.0.0.1:26379#mymaster"};
+        FAIL() << "rediss-sentinel:// must be refused without TLS support";
+    } catch (const redislock::invalid_argument& e) {
+        EXPECT_NE(std::string{e.what()}.find("hiredis_ssl"), std::string::npos) << e.what();
+    }
+}
+
+#endif
 
 // A child forked while the parent's client is in use takes locks through its copy of the client
 // with connections and a subscription thread of its own; the parent's keep working.

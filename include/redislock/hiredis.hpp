@@ -88,6 +88,21 @@ inline bool hiredis_tls_pending([[maybe_unused]] const redisContext& ctx) noexce
 #endif
 }
 
+/// Throws unless this build can open `ep`: rediss:// needs TLS support.
+/// @throws redislock::invalid_argument saying what to install
+inline void require_tls_support(const endpoint& ep) {
+    if (!ep.tls.enabled || hiredis_has_tls) {
+        return;
+    }
+    throw invalid_argument{
+        "redislock: rediss:// (TLS to " + ep.describe() +
+        ") needs hiredis >= 1.0 built with TLS (hiredis_ssl, OpenSSL); this program was built "
+        "against hiredis " +
+        std::to_string(HIREDIS_MAJOR) + "." + std::to_string(HIREDIS_MINOR) +
+        " without it. Install hiredis 1.x with hiredis_ssl (cmake -DENABLE_SSL=ON) and rebuild: "
+        "redislock's CMake package enables TLS when it finds it (redislock_TLS_FOUND)"};
+}
+
 inline timeval to_timeval(std::chrono::milliseconds ms) {
     timeval tv{};
     tv.tv_sec = static_cast<decltype(tv.tv_sec)>(ms.count() / 1000);
@@ -396,17 +411,9 @@ private:
             if (!config.tls.enabled) {
                 return;
             }
+            detail::require_tls_support(config);
 #if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
             tls = std::make_unique<detail::tls_context>(config);
-#else
-            throw invalid_argument{
-                "redislock: rediss:// (TLS to " + config.describe() +
-                ") needs hiredis >= 1.0 built with TLS (hiredis_ssl, OpenSSL); this program was "
-                "built against hiredis " +
-                std::to_string(HIREDIS_MAJOR) + "." + std::to_string(HIREDIS_MINOR) +
-                " without it. Install hiredis 1.x with hiredis_ssl (cmake -DENABLE_SSL=ON) and "
-                "rebuild: redislock's CMake package enables TLS when it finds it "
-                "(redislock_TLS_FOUND)"};
 #endif
         }
 

@@ -228,7 +228,8 @@ public:
     /// Finds the master at once, so unreachable sentinels or an unknown master name fail here,
     /// and starts the subscription thread.
     /// @throws redislock::connection_error when no sentinel names a master that answers ROLE
-    ///         with "master"; redislock::invalid_argument for a bad URI or settings.
+    ///         with "master"; redislock::invalid_argument for a bad URI or settings, or
+    ///         rediss-sentinel:// in a build without TLS.
     explicit sentinel_connection(sentinel_endpoint config)
         : state_{std::make_unique<state>(std::move(config))} {
         if (state_->config.sentinels.empty()) {
@@ -238,6 +239,7 @@ public:
             throw invalid_argument{"redislock: a sentinel_endpoint needs a master name"};
         }
         state_->config.node.check_tls();
+        detail::require_tls_support(state_->config.node);
         (void)state_->current();
         state_->start_watcher();
     }

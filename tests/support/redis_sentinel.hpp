@@ -9,6 +9,10 @@
 // with REPLICAOF as the sentinels would after their 10 s INFO period, and wait until every
 // sentinel names the same master. Everything goes through redis-cli, never the library.
 //
+// With tls_files, every node and sentinel also listens for TLS, replication and the sentinels'
+// own links use it, and the sentinels name the nodes by their TLS ports: uri() is then a
+// rediss-sentinel:// URI. The plain ports stay open for the fixture's probes and redis-cli.
+//
 // Not thread-safe. Create it on a thread that outlives it (see redis_server).
 
 #include <signal.h>
@@ -36,13 +40,19 @@ class redis_sentinel {
 public:
     static constexpr const char* master_name = "mymaster";
 
-    redis_sentinel() : owner_pid_{::getpid()}, dir_{detail::make_temp_dir()} {
+    struct tls_files {
+        std::string cert;
+        std::string key;
+        std::string ca;
+    };
+
+    explicit redis_sentinel(std::optional<tls_files> tls = std::nullopt)
+        : owner_pid_{::getpid()}, dir_{detail::make_temp_dir()}, tls_{std::move(tls)} {
         try {
-            nodes_.push_back(std::make_unique<redis_server>(node_options({})));
-            const std::string master_port = std::to_string(nodes_[0]->port());
+            add_node({});
+            const std::string master_port = std::to_string(public_port(0));
             for (int i = 0; i < 2; ++i) {
-                nodes_.push_back(std::make_unique<redis_server>(
-                    node_options({"--replicaof", "127.0.0.1", master_port})));
+                add_node({"--replicaof", "127.0.0.1", master_port});
             }
             wait_for("both replicas to be linked", std::chrono::seconds{20},
                      [&] { return online_replicas(*nodes_[0]) == 2; });
@@ -61,12 +71,16 @@ public:
     redis_sentinel(const redis_sentinel&) = delete;
     redis_sentinel& operator=(const redis_sentinel&) = delete;
 
-    /// redis-sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3#mymaster (+ ?query).
-    std::string uri(const std::string& query = {}) const {
-        std::string text = "redis-sentinel://";
+    /// redis-sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3#mymaster (+ ?query); with TLS
+    /// rediss-sentinel:// to the TLS ports, trusting the fixture's CA.
+    std::string uri(std::string query = {}) const {
+        std::string text = tls_ ? "rediss-sentinel://" : "redis-sentinel://";
         for (std::size_t i = 0; i < sentinels_.size(); ++i) {
             text += (i == 0 ? "" : ",") + std::string{"127.0.0.1:"} +
-                    std::to_string(sentinels_[i].port);
+                    std::to_string(tls_ ? sentinels_[i].tls_port : sentinels_[i].port);
+        }
+        if (tls_) {
+            query = "tls_ca_file=" + tls_->ca + (query.empty() ? "" : "&" + query);
         }
         return text + (query.empty() ? "" : "?" + query) + "#" + master_name;
     }
@@ -79,11 +93,11 @@ public:
         return ports;
     }
 
-    /// The data node listening on `port`.
+    /// The data node listening on `port` (its plain port, or its TLS port).
     redis_server& node(int port) {
-        for (auto& n : nodes_) {
-            if (n->port() == port) {
-                return *n;
+        for (std::size_t i = 0; i < nodes_.size(); ++i) {
+            if (nodes_[i]->port() == port || public_port(i) == port) {
+                return *nodes_[i];
             }
         }
         throw std::logic_error{"no data node on port " + std::to_string(port)};
@@ -145,6 +159,7 @@ public:
     }
 
     /// REPLICAOF 127.0.0.1 `master` on the node at `port`, and waits until it is linked.
+    /// Ports as the sentinels name them.
     void repoint(int port, int master) {
         node(port).cli({"REPLICAOF", "127.0.0.1", std::to_string(master)});
         wait_for("the re-pointed node to link to its master", std::chrono::seconds{20}, [&] {
@@ -187,13 +202,27 @@ public:
 private:
     struct sentinel_process {
         int port = 0;
+        int tls_port = 0;
         pid_t pid = -1;
     };
 
-    static redis_server::options node_options(std::vector<std::string> extra) {
+    void add_node(std::vector<std::string> extra) {
         extra.insert(extra.end(), {"--repl-diskless-sync-delay", "0"});
-        return redis_server::options{.extra_args = std::move(extra)};
+        int tls_port = 0;
+        if (tls_) {
+            tls_port = detail::pick_free_port();
+            extra.insert(extra.end(),
+                         {"--tls-port", std::to_string(tls_port), "--tls-cert-file", tls_->cert,
+                          "--tls-key-file", tls_->key, "--tls-ca-cert-file", tls_->ca,
+                          "--tls-auth-clients", "no", "--tls-replication", "yes"});
+        }
+        nodes_.push_back(
+            std::make_unique<redis_server>(redis_server::options{.extra_args = std::move(extra)}));
+        tls_ports_.push_back(tls_port);
     }
+
+    // The port the sentinels and the clients use for node `i`.
+    int public_port(std::size_t i) const { return tls_ ? tls_ports_[i] : nodes_[i]->port(); }
 
     static int online_replicas(redis_server& master) {
         const std::string info = master.cli({"INFO", "replication"});
@@ -208,15 +237,22 @@ private:
     void start_sentinel(int index) {
         sentinel_process s;
         s.port = detail::pick_free_port();
+        s.tls_port = tls_ ? detail::pick_free_port() : 0;
         const std::string name = "sentinel-" + std::to_string(index);
         const std::string conf = dir_ + "/" + name + ".conf";
         std::ofstream{conf} << "port " << s.port << "\nbind 127.0.0.1\ndaemonize no\n"
                             << "dir " << dir_ << "\nlogfile " << dir_ << "/" << name << ".log\n"
-                            << "sentinel monitor " << master_name << " 127.0.0.1 "
-                            << nodes_[0]->port() << " 2\n"
+                            << "sentinel monitor " << master_name << " 127.0.0.1 " << public_port(0)
+                            << " 2\n"
                             << "sentinel down-after-milliseconds " << master_name << " 1000\n"
                             << "sentinel failover-timeout " << master_name << " 3000\n"
                             << "sentinel parallel-syncs " << master_name << " 1\n";
+        if (tls_) {
+            std::ofstream{conf, std::ios::app} << "tls-port " << s.tls_port << "\ntls-cert-file "
+                                               << tls_->cert << "\ntls-key-file " << tls_->key
+                                               << "\ntls-ca-cert-file " << tls_->ca
+                                               << "\ntls-auth-clients no\ntls-replication yes\n";
+        }
         detail::unique_fd out{::open((dir_ + "/" + name + ".stdout").c_str(),
                                      O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600)};
         s.pid = detail::spawn({detail::find_executable("redis-server"), conf, "--sentinel"},
@@ -267,7 +303,9 @@ private:
 
     pid_t owner_pid_;
     std::string dir_;
+    std::optional<tls_files> tls_;
     std::vector<std::unique_ptr<redis_server>> nodes_;
+    std::vector<int> tls_ports_;  // per node; 0 without TLS
     std::vector<sentinel_process> sentinels_;
 };
 
