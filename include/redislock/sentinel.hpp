@@ -316,7 +316,7 @@ private:
     template <class F>
     std::invoke_result_t<F&, hiredis_connection&> call(bool repeatable, clock::time_point deadline,
                                                        F&& f) {
-        auto [pool, generation] = state_->current();
+        auto [pool, generation] = state_->current(deadline);
         try {
             auto result = f(*pool);
             if (!readonly_reply(result)) {
@@ -324,19 +324,19 @@ private:
             }
             // The node was demoted. A command refused with READONLY did not run, so a single one
             // may always be sent again; in a pipeline the others may have run.
-            state_->re_resolve(generation);
+            state_->re_resolve(generation, deadline);
             if (!(repeatable || single(result)) || clock::now() >= deadline) {
                 return result;
             }
         } catch (const cancelled_error&) {
             throw;
         } catch (const connection_error&) {
-            state_->re_resolve(generation);
+            state_->re_resolve(generation, deadline);
             if (!repeatable || clock::now() >= deadline) {
                 throw;
             }
         }
-        return f(*state_->current().first);
+        return f(*state_->current(deadline).first);
     }
 
     static bool single(const reply&) noexcept { return true; }
@@ -359,11 +359,12 @@ private:
         std::jthread watcher;
         std::uint64_t fork_seen = detail::current_fork_generation();
 
-        std::mutex resolve_mutex;  // one resolution at a time; guards what follows
+        std::timed_mutex resolve_mutex;  // one resolution at a time; guards what follows
         std::vector<std::unique_ptr<hiredis_connection>> sentinel_links;
 
         // The master's pool and the generation it belongs to; resolves when there is none.
-        std::pair<pool_ptr, std::uint64_t> current() {
+        std::pair<pool_ptr, std::uint64_t> current(
+            clock::time_point deadline = clock::time_point::max()) {
             std::uint64_t seen = 0;
             {
                 std::lock_guard lock{mutex};
@@ -373,7 +374,7 @@ private:
                 }
                 seen = generation;
             }
-            resolve(seen);
+            resolve(seen, deadline);
             std::lock_guard lock{mutex};
             if (!master) {
                 throw connection_error{"redislock: no master for '" + config.master_name +
@@ -384,15 +385,24 @@ private:
 
         // The pool of generation `seen` failed: find the master again, unless another thread did
         // since. A failure here is left to the next current(), which reports it.
-        void re_resolve(std::uint64_t seen) noexcept {
+        void re_resolve(std::uint64_t seen,
+                        clock::time_point deadline = clock::time_point::max()) noexcept {
             try {
-                resolve(seen);
+                resolve(seen, deadline);
             } catch (...) {
             }
         }
 
-        void resolve(std::uint64_t seen) {
-            std::lock_guard serial{resolve_mutex};
+        // Each round trip is bounded by `deadline` too; a caller whose deadline passes while
+        // another thread resolves stops waiting for it.
+        void resolve(std::uint64_t seen, clock::time_point deadline) {
+            std::unique_lock serial{resolve_mutex, std::defer_lock};
+            if (deadline == clock::time_point::max()) {
+                serial.lock();
+            } else if (!serial.try_lock_until(deadline)) {
+                return;
+            }
+            const call_context bound{.deadline = deadline};
             pool_ptr kept;
             {
                 std::lock_guard lock{mutex};
@@ -403,7 +413,7 @@ private:
             }
             std::string why;
             std::vector<std::string> tried;
-            for (const detail::master_view& view : ask_sentinels(why)) {
+            for (const detail::master_view& view : ask_sentinels(why, bound)) {
                 const std::string address = view.host + ":" + std::to_string(view.port);
                 if (std::find(tried.begin(), tried.end(), address) != tried.end()) {
                     continue;  // several sentinels name the same node: one check is enough
@@ -422,7 +432,7 @@ private:
                         pool = std::make_shared<hiredis_connection>(std::move(ep));
                     }
                     const std::array<std::string_view, 1> role{"ROLE"};
-                    const reply r = pool->execute(role);
+                    const reply r = pool->execute(role, bound);
                     if (!r.is_array() || r.elements().empty() || !r.elements()[0].is_string() ||
                         r.elements()[0].text() != "master") {
                         why += " " + address + " is not a master;";
@@ -442,6 +452,11 @@ private:
                     why += std::string{" "} + e.what() + ";";
                 }
             }
+            if (clock::now() >= deadline) {
+                // The caller ran out of time, which says nothing about the master: keep it.
+                throw timeout_error{"redislock: finding the master '" + config.master_name +
+                                    "' through the sentinels did not finish in time:" + why};
+            }
             {
                 std::lock_guard lock{mutex};
                 if (master) {
@@ -454,7 +469,8 @@ private:
         }
 
         // Every reachable sentinel's view, the newest config epoch first.
-        std::vector<detail::master_view> ask_sentinels(std::string& why) {
+        std::vector<detail::master_view> ask_sentinels(std::string& why,
+                                                       const call_context& bound) {
             std::vector<detail::master_view> views;
             for (std::size_t i = 0; i < config.sentinels.size(); ++i) {
                 const auto& where = config.sentinels[i];
@@ -464,7 +480,7 @@ private:
                         sentinel_links[i] =
                             std::make_unique<hiredis_connection>(config.sentinel(where));
                     }
-                    if (auto view = ask(*sentinel_links[i], name, why)) {
+                    if (auto view = ask(*sentinel_links[i], name, why, bound)) {
                         views.push_back(std::move(*view));
                     }
                 } catch (const error& e) {
@@ -478,10 +494,11 @@ private:
         }
 
         std::optional<detail::master_view> ask(hiredis_connection& sentinel,
-                                               const std::string& name, std::string& why) {
+                                               const std::string& name, std::string& why,
+                                               const call_context& bound) {
             const std::array<std::string_view, 3> master_cmd{"SENTINEL", "MASTER",
                                                              config.master_name};
-            const reply r = sentinel.execute(master_cmd);
+            const reply r = sentinel.execute(master_cmd, bound);
             if (r.is_array()) {
                 detail::master_view view;
                 const auto& fields = r.elements();
@@ -509,7 +526,7 @@ private:
                 // An ACL may allow only the command the Sentinel client guidelines name.
                 const std::array<std::string_view, 3> addr_cmd{
                     "SENTINEL", "GET-MASTER-ADDR-BY-NAME", config.master_name};
-                const reply a = sentinel.execute(addr_cmd);
+                const reply a = sentinel.execute(addr_cmd, bound);
                 if (a.is_array() && a.elements().size() == 2 && a.elements()[0].is_string() &&
                     a.elements()[1].is_string()) {
                     return detail::master_view{a.elements()[0].text(),
