@@ -242,6 +242,31 @@ TEST(Sentinel, RedissSentinelWithoutTlsSupportSaysWhatToInstall) {
 
 #endif
 
+// The master is made a replica behind the sentinels' back (they still name it): a write gets
+// READONLY, the client asks again, ROLE no longer says master, and the node is dropped rather
+// than used. Once it is a master again the client comes back to it.
+TEST(Sentinel, DemotedNodeIsNeverUsedEvenWhileTheSentinelsStillNameIt) {
+    redis_sentinel topo;
+    redislock::test::redis_server elsewhere;
+    redislock::sentinel_client client{topo.uri()};
+    const int master = topo.master_port();
+    auto m = client.mutex("s:demoted", {.lease = 10s});
+
+    topo.node(master).cli({"REPLICAOF", "127.0.0.1", std::to_string(elsewhere.port())});
+    try {
+        (void)m.try_lock();
+        ADD_FAILURE() << "a lock was taken through a node that is no longer a master";
+    } catch (const redislock::connection_error& e) {
+        EXPECT_NE(std::string{e.what()}.find("is not a master"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(topo.node(master).cli({"EXISTS", "s:demoted"}), "0");
+
+    topo.node(master).cli({"REPLICAOF", "NO", "ONE"});
+    EXPECT_TRUE(m.try_lock());
+    EXPECT_EQ(topo.node(master).cli({"EXISTS", "s:demoted"}), "1");
+    m.unlock();
+}
+
 // A child forked while the parent's client is in use takes locks through its copy of the client
 // with connections and a subscription thread of its own; the parent's keep working.
 TEST(Sentinel, ForkedChildUsesItsOwnConnectionsAndThread) {
