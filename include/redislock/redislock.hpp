@@ -13,6 +13,7 @@
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
 #include <redislock/sentinel.hpp>
+#include <redislock/sentinel_endpoint.hpp>
 #include <redislock/shared_mutex.hpp>
 #include <redislock/watchdog.hpp>
 
