@@ -496,7 +496,12 @@ TEST(Sentinel, PinnedClientWhoseRenewalsAreRefusedAsReadonlyLearnsTheLockIsLost)
               << since_repoint.elapsed().count() << " ms from the re-point, "
               << since_lock.elapsed().count() << " ms from the acquisition (lease 6000 ms)\n";
     EXPECT_LE(since_lock.elapsed(), 7000ms) << "loss must be told by the end of the lease (6 s)";
-    EXPECT_FALSE(m.verify());
+    // The loss is told locally (owned(), lost_token()); verify() would ask the old node, now a
+    // replica, whose copy of the key can outlast the local deadline by a few milliseconds (see
+    // DISABLED_VerifyOnADemotedMasterThatBecameAReplicaIsFalse below).
+    EXPECT_FALSE(m.owned());
+    EXPECT_TRUE(m.lost_token().stop_requested());
+    EXPECT_EQ(lost.calls.load(), 1);
     m.unlock();
 }
 
