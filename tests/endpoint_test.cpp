@@ -140,8 +140,8 @@ TEST(Endpoint, DescribeNamesHostPortOrSocket) {
 }
 
 TEST(Endpoint, UnknownSchemeIsRejected) {
-    for (std::string_view uri : {"", "http://h:6379", "rediss://h:6379", "redis:/h", "h:6379"}) {
-        expect_rejected(uri, "the scheme must be redis:// or unix://");
+    for (std::string_view uri : {"", "http://h:6379", "redis:/h", "h:6379"}) {
+        expect_rejected(uri, "the scheme must be redis://, rediss:// or unix://");
     }
 }
 
@@ -207,6 +207,79 @@ TEST(Endpoint, MissingHostIsRejected) {
     expect_rejected("redis://:6379", "no host");
     expect_rejected("redis://[]:6379", "no host");
     expect_rejected("redis://:pw@/2", "no host");
+}
+
+TEST(Endpoint, RedissEnablesTlsWithFullVerificationByDefault) {
+    const auto ep = endpoint::from_uri("rediss://alice:pw@cache.internal:6380/3");
+    EXPECT_TRUE(ep.tls.enabled);
+    EXPECT_EQ(ep.tls.verify, redislock::tls_verify::full);
+    EXPECT_EQ(ep.host, "cache.internal");
+    EXPECT_EQ(ep.port, 6380);
+    EXPECT_EQ(ep.db, 3);
+    EXPECT_EQ(ep.user, "alice");
+    EXPECT_EQ(ep.password, "pw");
+    EXPECT_TRUE(ep.tls.ca_file.empty());
+    EXPECT_TRUE(ep.tls.server_name.empty());
+}
+
+TEST(Endpoint, PlainRedisLeavesTlsOff) {
+    EXPECT_FALSE(endpoint::from_uri("redis://h:1").tls.enabled);
+    EXPECT_FALSE(endpoint::from_uri("unix:///tmp/s.sock").tls.enabled);
+    EXPECT_FALSE(endpoint{}.tls.enabled);
+}
+
+TEST(Endpoint, TlsQueryOptionsAreApplied) {
+    const auto ep = endpoint::from_uri(
+        "rediss://[::1]:7000?tls_ca_file=/etc/ca%20dir/ca.pem&tls_ca_dir=/etc/certs"
+        "&tls_cert_file=/k/client.crt&tls_key_file=/k/client.key&tls_server_name=redis.internal"
+        "&tls_verify=ca&command_timeout=300");
+    EXPECT_EQ(ep.host, "::1");
+    EXPECT_EQ(ep.port, 7000);
+    EXPECT_EQ(ep.tls.ca_file, "/etc/ca dir/ca.pem");
+    EXPECT_EQ(ep.tls.ca_dir, "/etc/certs");
+    EXPECT_EQ(ep.tls.cert_file, "/k/client.crt");
+    EXPECT_EQ(ep.tls.key_file, "/k/client.key");
+    EXPECT_EQ(ep.tls.server_name, "redis.internal");
+    EXPECT_EQ(ep.tls.verify, redislock::tls_verify::ca_only);
+    EXPECT_EQ(ep.command_timeout, 300ms);
+}
+
+TEST(Endpoint, TlsVerifyAcceptsItsSpellings) {
+    using redislock::tls_verify;
+    EXPECT_EQ(endpoint::from_uri("rediss://h?tls_verify=full").tls.verify, tls_verify::full);
+    EXPECT_EQ(endpoint::from_uri("rediss://h?tls_verify=true").tls.verify, tls_verify::full);
+    EXPECT_EQ(endpoint::from_uri("rediss://h?tls_verify=none").tls.verify, tls_verify::none);
+    EXPECT_EQ(endpoint::from_uri("rediss://h?tls_verify=false").tls.verify, tls_verify::none);
+    expect_rejected("rediss://h?tls_verify=maybe", "tls_verify must be full, ca or none");
+}
+
+TEST(Endpoint, TlsOptionsWithoutTlsAreRejected) {
+    expect_rejected("redis://h:1?tls_ca_file=/ca.pem", "needs TLS: use rediss://");
+    expect_rejected("redis://h:1?tls_verify=none", "needs TLS: use rediss://");
+    expect_rejected("unix:///tmp/s.sock?tls_ca_file=/ca.pem", "needs TLS: use rediss://");
+}
+
+TEST(Endpoint, ContradictoryTlsOptionsAreRejected) {
+    expect_rejected("rediss://h?tls_cert_file=/c.pem", "needs both tls_cert_file and tls_key_file");
+    expect_rejected("rediss://h?tls_key_file=/k.pem", "needs both tls_cert_file and tls_key_file");
+    expect_rejected("rediss://h?tls_verify=none&tls_ca_file=/ca.pem",
+                    "tls_verify=none contradicts tls_ca_file");
+    expect_rejected("rediss://h?tls_ca_file=", "'tls_ca_file' is empty");
+    expect_rejected("rediss://h?tls_ca=/ca.pem", "unknown TLS option 'tls_ca'");
+}
+
+TEST(Endpoint, CheckTlsRejectsContradictionsInAStruct) {
+    endpoint ep;
+    ep.tls.ca_file = "/ca.pem";
+    EXPECT_THROW(ep.check_tls(), redislock::invalid_argument);  // TLS options, TLS off
+    ep.tls.enabled = true;
+    EXPECT_NO_THROW(ep.check_tls());
+    ep.tls.cert_file = "/c.pem";
+    EXPECT_THROW(ep.check_tls(), redislock::invalid_argument);  // certificate without key
+}
+
+TEST(Endpoint, UnknownSchemeMessageNamesRediss) {
+    expect_rejected("redisss://h", "redis://, rediss:// or unix://");
 }
 
 TEST(Endpoint, ClientRejectsABadUriWithInvalidArgument) {

@@ -92,7 +92,7 @@ jobs=$(nproc 2>/dev/null || echo 1)
 
 packages=(
     g++ cmake make pkg-config
-    libhiredis-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
+    libhiredis-dev libssl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
     redis-server redis-tools redis-sentinel
 )
 
@@ -218,11 +218,11 @@ run_suite tsan "$warnings -fsanitize=thread -fno-omit-frame-pointer" \
 # hiredis 1.x: Debian 12 ships 0.14 only. The npm registry's redis-fast-driver package carries
 # hiredis 1.2.0's sources (deps/hiredis); build them once into build/hiredis1-dist and run the
 # suite against that install, found through hiredis's own CMake package, so the adapter keeps
-# building and working with 1.x.
+# building and working with 1.x. hiredis_ssl is built too (OpenSSL), so rediss:// is tested.
 hiredis1_dist=$PWD/build/hiredis1-dist
 fetch_hiredis1() {
     banner "hiredis 1.x: fetch and build"
-    if [[ -f $hiredis1_dist/prefix/lib/cmake/hiredis/hiredis-config.cmake ]]; then
+    if [[ -f $hiredis1_dist/prefix/lib/cmake/hiredis_ssl/hiredis_ssl-config.cmake ]]; then
         echo "already built"
         return 0
     fi
@@ -235,7 +235,7 @@ fetch_hiredis1() {
     fi
     tar xzf "$hiredis1_dist/redis-fast-driver-2.2.6.tgz" -C "$hiredis1_dist"
     cmake -S "$hiredis1_dist/package/deps/hiredis" -B "$hiredis1_dist/build" \
-        -DCMAKE_BUILD_TYPE=Release -DDISABLE_TESTS=ON -DENABLE_SSL=OFF \
+        -DCMAKE_BUILD_TYPE=Release -DDISABLE_TESTS=ON -DENABLE_SSL=ON \
         "-DCMAKE_INSTALL_PREFIX=$hiredis1_dist/prefix"
     cmake --build "$hiredis1_dist/build" -j "$jobs"
     cmake --install "$hiredis1_dist/build"

@@ -1,11 +1,26 @@
 // redislock::endpoint: where a Redis server is and how to talk to it, parsed from a URI.
 //
 //   redis://[[user]:password@]host[:port][/db][?option=value&...]
+//   rediss://[[user]:password@]host[:port][/db][?option=value&...]      (TLS)
 //   unix:///path/to/redis.sock[?option=value&...]
 //
 // Options in the query: db, user, password, connect_timeout (ms), command_timeout (ms),
-// pool_size. user and password may be percent-encoded. An IPv6 host is written in brackets:
-// redis://[::1]:6379.
+// pool_size. user, password and file names may be percent-encoded. An IPv6 host is written in
+// brackets: redis://[::1]:6379.
+//
+// TLS options, for rediss:// only (anywhere else they are an error, not silently ignored):
+//   tls_ca_file=PATH      trust the CAs in this PEM file instead of the system's
+//   tls_ca_dir=PATH       trust the CAs in this OpenSSL hashed directory
+//   tls_cert_file=PATH    client certificate (mutual TLS); needs tls_key_file
+//   tls_key_file=PATH     the client certificate's private key; needs tls_cert_file
+//   tls_server_name=NAME  SNI, and the name the certificate must carry (default: the host)
+//   tls_verify=full       (default) the chain must lead to a trusted CA and the certificate
+//                         must name the host (or tls_server_name)
+//   tls_verify=ca         the chain is checked, the name is not
+//   tls_verify=none       no check at all (tests only; a man in the middle goes unnoticed).
+//                         Cannot be combined with tls_ca_file or tls_ca_dir.
+// Whether rediss:// can be used depends on the hiredis the program was built with (see
+// hiredis.hpp); the parser accepts it either way.
 #pragma once
 
 #include <charconv>
@@ -18,6 +33,24 @@
 
 namespace redislock {
 
+/// How a TLS connection checks the server's certificate.
+enum class tls_verify {
+    full,     ///< chain to a trusted CA, and the certificate names the host
+    ca_only,  ///< chain to a trusted CA, any name
+    none,     ///< no check (tests only)
+};
+
+/// TLS settings of an endpoint; used only when `enabled` (rediss://).
+struct tls_options {
+    bool enabled = false;
+    std::string ca_file;      ///< PEM bundle of trusted CAs; empty: the system's
+    std::string ca_dir;       ///< OpenSSL hashed CA directory
+    std::string cert_file;    ///< client certificate (PEM) for mutual TLS
+    std::string key_file;     ///< its private key (PEM)
+    std::string server_name;  ///< SNI and expected name; empty: the endpoint's host
+    tls_verify verify = tls_verify::full;
+};
+
 struct endpoint {
     std::string host = "127.0.0.1";
     int port = 6379;
@@ -28,6 +61,7 @@ struct endpoint {
     std::chrono::milliseconds connect_timeout{2000};
     std::chrono::milliseconds command_timeout{2000};
     std::size_t pool_size = 8;  ///< most connections open at once
+    tls_options tls;            ///< rediss://: how to set up TLS
 
     /// Parses a URI as described at the top of this header.
     /// @throws redislock::invalid_argument naming what is wrong with the URI.
@@ -37,6 +71,10 @@ struct endpoint {
     std::string describe() const {
         return unix_socket.empty() ? host + ":" + std::to_string(port) : unix_socket;
     }
+
+    /// Checks the TLS settings for contradictions (from_uri does this for URIs).
+    /// @throws redislock::invalid_argument naming what is wrong.
+    void check_tls() const;
 };
 
 namespace detail {
@@ -79,7 +117,60 @@ inline std::string percent_decode(std::string_view uri, std::string_view text) {
     return out;
 }
 
-inline void apply_uri_query(endpoint& ep, std::string_view uri, std::string_view query) {
+inline void apply_tls_option(tls_options& tls, std::string_view uri, std::string_view key,
+                             std::string_view value) {
+    if (key == "tls_verify") {
+        if (value == "full" || value == "true") {
+            tls.verify = tls_verify::full;
+        } else if (value == "ca") {
+            tls.verify = tls_verify::ca_only;
+        } else if (value == "none" || value == "false") {
+            tls.verify = tls_verify::none;
+        } else {
+            bad_uri(uri, "tls_verify must be full, ca or none (true/false), not '" +
+                             std::string{value} + "'");
+        }
+        return;
+    }
+    std::string* target = key == "tls_ca_file"       ? &tls.ca_file
+                          : key == "tls_ca_dir"      ? &tls.ca_dir
+                          : key == "tls_cert_file"   ? &tls.cert_file
+                          : key == "tls_key_file"    ? &tls.key_file
+                          : key == "tls_server_name" ? &tls.server_name
+                                                     : nullptr;
+    if (target == nullptr) {
+        bad_uri(uri, "unknown TLS option '" + std::string{key} +
+                         "' (known: tls_ca_file, tls_ca_dir, tls_cert_file, tls_key_file, "
+                         "tls_server_name, tls_verify)");
+    }
+    *target = percent_decode(uri, value);
+    if (target->empty()) {
+        bad_uri(uri, "option '" + std::string{key} + "' is empty");
+    }
+}
+
+// The TLS settings that contradict each other; `fail` throws with the reason.
+template <class Fail>
+void check_tls_options(const tls_options& tls, Fail&& fail) {
+    if (!tls.enabled) {
+        if (!tls.ca_file.empty() || !tls.ca_dir.empty() || !tls.cert_file.empty() ||
+            !tls.key_file.empty() || !tls.server_name.empty()) {
+            fail("TLS options are set but TLS is not enabled");
+        }
+        return;
+    }
+    if (tls.cert_file.empty() != tls.key_file.empty()) {
+        fail("a client certificate needs both tls_cert_file and tls_key_file");
+    }
+    if (tls.verify == tls_verify::none && (!tls.ca_file.empty() || !tls.ca_dir.empty())) {
+        fail("tls_verify=none contradicts tls_ca_file/tls_ca_dir (nothing would be checked)");
+    }
+}
+
+// A query option that is neither a connection nor a TLS option goes to `extra`, which returns
+// false when it does not know it either (so another URI form can add options of its own).
+template <class Extra>
+void apply_uri_query(endpoint& ep, std::string_view uri, std::string_view query, Extra&& extra) {
     while (!query.empty()) {
         auto amp = query.find('&');
         auto pair = query.substr(0, amp);
@@ -104,13 +195,75 @@ inline void apply_uri_query(endpoint& ep, std::string_view uri, std::string_view
                 std::chrono::milliseconds{parse_uri_number<long long>(uri, key, value, 1)};
         } else if (key == "pool_size") {
             ep.pool_size = parse_uri_number<std::size_t>(uri, key, value, 1);
-        } else {
+        } else if (key.starts_with("tls_")) {
+            if (!ep.tls.enabled) {
+                bad_uri(uri, "option '" + std::string{key} +
+                                 "' needs TLS: use rediss:// (or rediss-sentinel://)");
+            }
+            apply_tls_option(ep.tls, uri, key, value);
+        } else if (!extra(key, value)) {
             bad_uri(uri, "unknown query option '" + std::string{key} + "'");
         }
     }
 }
 
+inline void apply_uri_query(endpoint& ep, std::string_view uri, std::string_view query) {
+    apply_uri_query(ep, uri, query, [](std::string_view, std::string_view) { return false; });
+}
+
+// Splits "host[:port]" or "[v6]:port"; keeps `port` as it is when the text has none.
+inline void parse_host_port(std::string_view uri, std::string_view hostport, std::string& host,
+                            int& port) {
+    std::string_view port_text;
+    if (hostport.starts_with('[')) {
+        auto close = hostport.find(']');
+        if (close == std::string_view::npos) {
+            bad_uri(uri, "unclosed '[' in the host");
+        }
+        host = std::string{hostport.substr(1, close - 1)};
+        auto after = hostport.substr(close + 1);
+        if (!after.empty()) {
+            if (!after.starts_with(':')) {
+                bad_uri(uri, "expected ':' after the IPv6 host");
+            }
+            port_text = after.substr(1);
+        }
+    } else if (auto colon = hostport.rfind(':'); colon != std::string_view::npos) {
+        host = std::string{hostport.substr(0, colon)};
+        port_text = hostport.substr(colon + 1);
+    } else {
+        host = std::string{hostport};
+    }
+    if (host.empty()) {
+        bad_uri(uri, "no host");
+    }
+    if (!port_text.empty()) {
+        port = parse_uri_number<int>(uri, "port", port_text, 1);
+        if (port > 65535) {
+            bad_uri(uri, "port " + std::string{port_text} + " is out of range");
+        }
+    }
+}
+
+// "[user:]password" before the '@'.
+inline void parse_userinfo(std::string_view uri, std::string_view userinfo, std::string& user,
+                           std::string& password) {
+    auto colon = userinfo.find(':');
+    if (colon == std::string_view::npos) {
+        password = percent_decode(uri, userinfo);
+    } else {
+        user = percent_decode(uri, userinfo.substr(0, colon));
+        password = percent_decode(uri, userinfo.substr(colon + 1));
+    }
+}
+
 }  // namespace detail
+
+inline void endpoint::check_tls() const {
+    detail::check_tls_options(tls, [](const char* why) {
+        throw invalid_argument{std::string{"redislock: bad TLS settings: "} + why};
+    });
+}
 
 inline endpoint endpoint::from_uri(std::string_view uri) {
     endpoint ep;
@@ -123,6 +276,7 @@ inline endpoint endpoint::from_uri(std::string_view uri) {
 
     constexpr std::string_view unix_scheme = "unix://";
     constexpr std::string_view redis_scheme = "redis://";
+    constexpr std::string_view rediss_scheme = "rediss://";
     if (rest.starts_with(unix_scheme)) {
         rest.remove_prefix(unix_scheme.size());
         if (!rest.starts_with('/')) {
@@ -132,21 +286,18 @@ inline endpoint endpoint::from_uri(std::string_view uri) {
         detail::apply_uri_query(ep, uri, query);
         return ep;
     }
-    if (!rest.starts_with(redis_scheme)) {
-        detail::bad_uri(uri, "the scheme must be redis:// or unix://");
+    if (rest.starts_with(rediss_scheme)) {
+        ep.tls.enabled = true;
+        rest.remove_prefix(rediss_scheme.size());
+    } else if (rest.starts_with(redis_scheme)) {
+        rest.remove_prefix(redis_scheme.size());
+    } else {
+        detail::bad_uri(uri, "the scheme must be redis://, rediss:// or unix://");
     }
-    rest.remove_prefix(redis_scheme.size());
 
     if (auto at = rest.rfind('@'); at != std::string_view::npos) {
-        auto userinfo = rest.substr(0, at);
+        detail::parse_userinfo(uri, rest.substr(0, at), ep.user, ep.password);
         rest = rest.substr(at + 1);
-        auto colon = userinfo.find(':');
-        if (colon == std::string_view::npos) {
-            ep.password = detail::percent_decode(uri, userinfo);
-        } else {
-            ep.user = detail::percent_decode(uri, userinfo.substr(0, colon));
-            ep.password = detail::percent_decode(uri, userinfo.substr(colon + 1));
-        }
     }
 
     std::string_view hostport = rest;
@@ -157,37 +308,9 @@ inline endpoint endpoint::from_uri(std::string_view uri) {
             ep.db = detail::parse_uri_number<int>(uri, "db", db, 0);
         }
     }
-
-    std::string_view port;
-    if (hostport.starts_with('[')) {
-        auto close = hostport.find(']');
-        if (close == std::string_view::npos) {
-            detail::bad_uri(uri, "unclosed '[' in the host");
-        }
-        ep.host = std::string{hostport.substr(1, close - 1)};
-        auto after = hostport.substr(close + 1);
-        if (!after.empty()) {
-            if (!after.starts_with(':')) {
-                detail::bad_uri(uri, "expected ':' after the IPv6 host");
-            }
-            port = after.substr(1);
-        }
-    } else if (auto colon = hostport.rfind(':'); colon != std::string_view::npos) {
-        ep.host = std::string{hostport.substr(0, colon)};
-        port = hostport.substr(colon + 1);
-    } else {
-        ep.host = std::string{hostport};
-    }
-    if (ep.host.empty()) {
-        detail::bad_uri(uri, "no host");
-    }
-    if (!port.empty()) {
-        ep.port = detail::parse_uri_number<int>(uri, "port", port, 1);
-        if (ep.port > 65535) {
-            detail::bad_uri(uri, "port " + std::string{port} + " is out of range");
-        }
-    }
+    detail::parse_host_port(uri, hostport, ep.host, ep.port);
     detail::apply_uri_query(ep, uri, query);
+    detail::check_tls_options(ep.tls, [&](const char* why) { detail::bad_uri(uri, why); });
     return ep;
 }
 

@@ -8,6 +8,16 @@
 // while it sat idle does not fail the next call. Contexts reused sooner skip the check: a busy
 // loop pays no extra system call, and a kill that lands within that millisecond fails one call.
 //
+// TLS (rediss://): available when the program is built with REDISLOCK_HAVE_TLS, which the CMake
+// package defines when it finds hiredis >= 1.0 with hiredis_ssl and OpenSSL (redislock_TLS_FOUND).
+// The pool then owns one OpenSSL client context, made from endpoint::tls when the connection is
+// built, and every context it opens runs the TLS handshake (bounded by the connect timeout) and
+// one PING before it is used. Built without TLS, a rediss:// endpoint is refused by the
+// constructor with redislock::invalid_argument saying what to install. A bounded call over TLS
+// checks OpenSSL's buffer before it polls the socket; once bytes arrive it reads a whole TLS
+// record, so a record that arrives in parts can hold it past its deadline by up to the command
+// timeout.
+//
 // Thread safety: execute() and execute_pipeline() may be called from any number of threads.
 // Lifetime: movable, not copyable; contexts are closed on destruction.
 // fork(): a child never uses its parent's sockets; it drops them and opens its own.
@@ -38,6 +48,9 @@
 #include <hiredis/hiredis.h>
 
 #include <redislock/connection.hpp>
+#if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
+#include <redislock/detail/tls_context.hpp>
+#endif
 #include <redislock/detail/token.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
@@ -56,6 +69,39 @@ struct reply_deleter {
     void operator()(void* r) const noexcept { freeReplyObject(r); }
 };
 using hiredis_reply_ptr = std::unique_ptr<void, reply_deleter>;
+
+/// Whether this build can open rediss:// connections.
+inline constexpr bool hiredis_has_tls =
+#if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
+    true;
+#else
+    false;
+#endif
+
+/// Whether OpenSSL holds decrypted bytes of `ctx` that poll(2) on its socket cannot see. Always
+/// false for a plain context. The adapter keeps a TLS context's SSL object in its user slot.
+inline bool hiredis_tls_pending([[maybe_unused]] const redisContext& ctx) noexcept {
+#if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
+    return ctx.privdata != nullptr && tls_context::pending(static_cast<const SSL*>(ctx.privdata));
+#else
+    return false;
+#endif
+}
+
+/// Throws unless this build can open `ep`: rediss:// needs TLS support.
+/// @throws redislock::invalid_argument saying what to install
+inline void require_tls_support(const endpoint& ep) {
+    if (!ep.tls.enabled || hiredis_has_tls) {
+        return;
+    }
+    throw invalid_argument{
+        "redislock: rediss:// (TLS to " + ep.describe() +
+        ") needs hiredis >= 1.0 built with TLS (hiredis_ssl, OpenSSL); this program was built "
+        "against hiredis " +
+        std::to_string(HIREDIS_MAJOR) + "." + std::to_string(HIREDIS_MINOR) +
+        " without it. Install hiredis 1.x with hiredis_ssl (cmake -DENABLE_SSL=ON) and rebuild: "
+        "redislock's CMake package enables TLS when it finds it (redislock_TLS_FOUND)"};
+}
 
 inline timeval to_timeval(std::chrono::milliseconds ms) {
     timeval tv{};
@@ -147,10 +193,13 @@ private:
 
 class hiredis_connection {
 public:
-    /// Opens one connection at once, so a wrong address or password fails here.
+    /// Opens one connection at once, so a wrong address, password or certificate fails here.
     /// @throws redislock::connection_error (timeout_error) when the server cannot be reached
-    ///         within endpoint::connect_timeout; redislock::server_error when AUTH or SELECT is
-    ///         refused; redislock::invalid_argument for a pool size of 0.
+    ///         within endpoint::connect_timeout or the TLS handshake fails (an untrusted server
+    ///         certificate, a client certificate the server wants and did not get);
+    ///         redislock::server_error when AUTH or SELECT is refused;
+    ///         redislock::invalid_argument for a pool size of 0, contradictory or unreadable TLS
+    ///         settings, or rediss:// in a build without TLS.
     explicit hiredis_connection(endpoint ep) : pool_{std::make_unique<pool>(std::move(ep))} {
         if (pool_->config.pool_size == 0) {
             throw invalid_argument{"redislock: endpoint::pool_size must be at least 1"};
@@ -243,6 +292,12 @@ public:
 
     const endpoint& config() const noexcept { return pool_->config; }
 
+    /// Opens a context of its own, outside the pool and not counted in pool_size, with the same
+    /// connect, TLS, AUTH and SELECT steps: for a subscriber, which keeps its connection. The
+    /// caller owns it; it must not outlive this connection (it may share its TLS context).
+    /// @throws as the constructor
+    detail::context_ptr open_dedicated() { return pool_->open(); }
+
 private:
     static bool bounded(const call_context& how) noexcept {
         return how.deadline != std::chrono::steady_clock::time_point::max() ||
@@ -306,6 +361,9 @@ private:
         using namespace std::chrono;
         constexpr milliseconds stop_poll_slice{5};
         for (;;) {
+            if (tls_pending(*ctx)) {
+                return;  // already decrypted inside OpenSSL: the socket may stay silent
+            }
             const auto left = deadline - steady_clock::now();
             if (left <= steady_clock::duration::zero()) {
                 drop(std::move(ctx));
@@ -337,7 +395,6 @@ private:
     }
 
 public:
-
     /// Connections opened so far, the first one included (a reconnect adds one).
     std::uint64_t connections_opened() const noexcept {
         return pool_->opened.load(std::memory_order_relaxed);
@@ -350,9 +407,20 @@ public:
 
 private:
     struct pool {
-        explicit pool(endpoint ep) : config{std::move(ep)} {}
+        explicit pool(endpoint ep) : config{std::move(ep)} {
+            if (!config.tls.enabled) {
+                return;
+            }
+            detail::require_tls_support(config);
+#if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
+            tls = std::make_unique<detail::tls_context>(config);
+#endif
+        }
 
         endpoint config;
+#if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
+        std::unique_ptr<detail::tls_context> tls;  // after config, before any context
+#endif
         std::mutex mutex;
         std::condition_variable_any slot_freed;
         struct idle_context {
@@ -397,16 +465,20 @@ private:
                         throw;
                     }
                 }
-                const auto until = std::min(
-                    deadline, std::chrono::steady_clock::now() + config.connect_timeout +
-                                  config.command_timeout);
-                const auto slot_free = [&] { return !idle.empty() || open_count < config.pool_size; };
+                const auto until =
+                    std::min(deadline, std::chrono::steady_clock::now() + config.connect_timeout +
+                                           config.command_timeout);
+                const auto slot_free = [&] {
+                    return !idle.empty() || open_count < config.pool_size;
+                };
                 const bool freed = stop != nullptr
                                        ? slot_freed.wait_until(lock, *stop, until, slot_free)
                                        : slot_freed.wait_until(lock, until, slot_free);
                 if (stop != nullptr && stop->stop_requested()) {
-                    throw cancelled_error{"redislock: a stop was requested while waiting for a "
-                                          "connection to " + config.describe()};
+                    throw cancelled_error{
+                        "redislock: a stop was requested while waiting for a "
+                        "connection to " +
+                        config.describe()};
                 }
                 if (!freed) {
                     throw timeout_error{"redislock: no connection to " + config.describe() +
@@ -479,6 +551,7 @@ private:
                 throw connection_error{"redislock: cannot connect to " + config.describe() + ": " +
                                        why};
             }
+            start_tls(*ctx);
             if (redisSetTimeout(ctx.get(), detail::to_timeval(config.command_timeout)) !=
                 REDIS_OK) {
                 throw connection_error{"redislock: cannot set the command timeout on " +
@@ -494,8 +567,30 @@ private:
             if (config.db != 0) {
                 handshake(*ctx, {"SELECT", std::to_string(config.db)}, "SELECT");
             }
+            if (config.tls.enabled) {
+                // Reads what the server sent after the handshake (TLS 1.3 session tickets, or
+                // the alert of a server that wanted a client certificate), so an idle context
+                // has nothing to read, as the reuse check expects, and a refusal shows here.
+                handshake(*ctx, {"PING"}, "the first command over TLS (PING)");
+            }
             opened.fetch_add(1, std::memory_order_relaxed);
             return ctx;
+        }
+
+        // The TLS handshake, bounded by the connect timeout; the SSL object is kept in the
+        // context's user slot for tls_pending().
+        void start_tls([[maybe_unused]] redisContext& ctx) {
+#if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
+            if (!tls) {
+                return;
+            }
+            if (redisSetTimeout(&ctx, detail::to_timeval(config.connect_timeout)) != REDIS_OK) {
+                throw connection_error{"redislock: cannot set the handshake timeout on " +
+                                       config.describe()};
+            }
+            ctx.privdata = tls->attach(ctx, config.host, config.describe());
+            ctx.free_privdata = nullptr;  // hiredis frees the SSL object itself
+#endif
         }
 
         void handshake(redisContext& ctx, std::vector<std::string> words, std::string_view what) {
@@ -504,8 +599,14 @@ private:
             detail::hiredis_reply_ptr raw{
                 redisCommandArgv(&ctx, args.size(), args.pointers(), args.lengths())};
             if (!raw) {
+                std::string why = ctx.errstr;
+                if (config.tls.enabled && config.tls.cert_file.empty()) {
+                    why +=
+                        " (a server that requires client certificates closes the "
+                        "connection here: see tls_cert_file and tls_key_file)";
+                }
                 throw connection_error{"redislock: " + std::string{what} + " on " +
-                                       config.describe() + " failed: " + ctx.errstr};
+                                       config.describe() + " failed: " + why};
             }
             const auto& r = *static_cast<redisReply*>(raw.get());
             if (r.type == REDIS_REPLY_ERROR) {
@@ -514,6 +615,10 @@ private:
             }
         }
     };
+
+    static bool tls_pending(const redisContext& ctx) noexcept {
+        return detail::hiredis_tls_pending(ctx);
+    }
 
     static bool is_timeout(const redisContext& ctx) noexcept {
 #ifdef REDIS_ERR_TIMEOUT

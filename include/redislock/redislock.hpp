@@ -18,6 +18,8 @@
 #include <redislock/redlock_options.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
+#include <redislock/sentinel.hpp>
+#include <redislock/sentinel_endpoint.hpp>
 #include <redislock/shared_mutex.hpp>
 #include <redislock/version.hpp>
 #include <redislock/watchdog.hpp>
@@ -36,5 +38,8 @@ using cluster_client = basic_client<hiredis_cluster_connection>;
 using cluster_mutex = basic_mutex<hiredis_cluster_connection>;
 using cluster_recursive_mutex = basic_recursive_mutex<hiredis_cluster_connection>;
 using cluster_shared_mutex = basic_shared_mutex<hiredis_cluster_connection>;
+
+/// A client of the master that Redis Sentinel names (see sentinel.hpp).
+using sentinel_client = basic_client<sentinel_connection>;
 
 }  // namespace redislock

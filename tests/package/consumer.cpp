@@ -4,8 +4,14 @@
 #include <cstdio>
 #include <mutex>
 
+#ifdef REDISLOCK_EXPECT_TLS
+static_assert(redislock::detail::hiredis_has_tls == (REDISLOCK_EXPECT_TLS != 0),
+              "redislock_TLS_FOUND and the compiled headers disagree");
+#endif
+
 int main() {
     static_assert(redislock::connection<redislock::hiredis_connection>);
+    static_assert(redislock::connection<redislock::sentinel_connection>);
     static_assert(
         std::is_same_v<redislock::client::connection_type, redislock::hiredis_connection>);
     auto ep = redislock::endpoint::from_uri("redis://user:pw@127.0.0.1:6390/2");

@@ -8,6 +8,22 @@
 #   MODE=subdirectory  add_subdirectory of the source tree
 #   MODE=fetchcontent  FetchContent of the source tree
 # VERSION is the project's version, which the installed package must report.
+# PREFIX_PATH: the CMAKE_PREFIX_PATH of the build under test, with '|' between entries, so that
+# the redislock configure and the consumers find the same hiredis (and TLS or not) as that build.
+# It reaches them through the environment: a list in a -D argument would be split into separate
+# arguments on its way through run().
+if(PREFIX_PATH)
+    if(WIN32)
+        set(path_separator ";")
+    else()
+        set(path_separator ":")
+    endif()
+    string(REPLACE "|" "${path_separator}" prefix_path "${PREFIX_PATH}")
+    if(DEFINED ENV{CMAKE_PREFIX_PATH} AND NOT "$ENV{CMAKE_PREFIX_PATH}" STREQUAL "")
+        string(APPEND prefix_path "${path_separator}$ENV{CMAKE_PREFIX_PATH}")
+    endif()
+    set(ENV{CMAKE_PREFIX_PATH} "${prefix_path}")
+endif()
 file(REMOVE_RECURSE ${WORK_DIR})
 file(MAKE_DIRECTORY ${WORK_DIR})
 
