@@ -500,19 +500,18 @@ TEST(Sentinel, PinnedClientWhoseRenewalsAreRefusedAsReadonlyLearnsTheLockIsLost)
               << since_repoint.elapsed().count() << " ms from the re-point, "
               << since_lock.elapsed().count() << " ms from the acquisition (lease 6000 ms)\n";
     EXPECT_LE(since_lock.elapsed(), 7000ms) << "loss must be told by the end of the lease (6 s)";
-    // The loss is told locally (owned(), lost_token()); verify() would ask the old node, now a
-    // replica, whose copy of the key can outlast the local deadline by a few milliseconds (see
-    // DISABLED_VerifyOnADemotedMasterThatBecameAReplicaIsFalse below).
+    // The loss is told locally (owned(), lost_token()); verify() on the old node, now a replica,
+    // is covered by VerifyOnADemotedMasterThatBecameAReplicaIsFalse below.
     EXPECT_FALSE(m.owned());
     EXPECT_TRUE(m.lost_token().stop_requested());
     EXPECT_EQ(lost.calls.load(), 1);
     m.unlock();
 }
 
-// verify() asks with GET, which a replica answers from its copy: on the demoted master, right
-// after it became a replica, the token is still there although no renewal can succeed. Disabled
-// until verify() is answered only by a master (the lock core's part; see the report of issue 10).
-TEST(Sentinel, DISABLED_VerifyOnADemotedMasterThatBecameAReplicaIsFalse) {
+// A replica answers GET from its copy: on the demoted master, right after it became a replica,
+// the token is still there although no renewal can succeed. verify() also asks ROLE, so it is
+// false there.
+TEST(Sentinel, VerifyOnADemotedMasterThatBecameAReplicaIsFalse) {
     redis_sentinel topo;
     const int old_master = topo.master_port();
     redislock::client pinned{"redis://127.0.0.1:" + std::to_string(old_master)};

@@ -215,6 +215,7 @@ inline void apply_uri_query(endpoint& ep, std::string_view uri, std::string_view
 inline void parse_host_port(std::string_view uri, std::string_view hostport, std::string& host,
                             int& port) {
     std::string_view port_text;
+    bool has_colon = false;  // "host:" with nothing after it is a mistake, not the default port
     if (hostport.starts_with('[')) {
         auto close = hostport.find(']');
         if (close == std::string_view::npos) {
@@ -226,16 +227,21 @@ inline void parse_host_port(std::string_view uri, std::string_view hostport, std
             if (!after.starts_with(':')) {
                 bad_uri(uri, "expected ':' after the IPv6 host");
             }
+            has_colon = true;
             port_text = after.substr(1);
         }
     } else if (auto colon = hostport.rfind(':'); colon != std::string_view::npos) {
         host = std::string{hostport.substr(0, colon)};
+        has_colon = true;
         port_text = hostport.substr(colon + 1);
     } else {
         host = std::string{hostport};
     }
     if (host.empty()) {
         bad_uri(uri, "no host");
+    }
+    if (has_colon && port_text.empty()) {
+        bad_uri(uri, "empty port after ':'");
     }
     if (!port_text.empty()) {
         port = parse_uri_number<int>(uri, "port", port_text, 1);
