@@ -297,7 +297,10 @@ TEST(Sentinel, ForkedChildUsesItsOwnConnectionsAndThread) {
 
 // Drives `scenario` on a thread of this process while processes x threads contend for one
 // mutex through sentinel_client. Critical sections are checked outside Redis (intervals on
-// CLOCK_MONOTONIC, and a counter on an independent server). Returns the report and the longest
+// CLOCK_MONOTONIC, and a counter on an independent server). Every acquisition waits for one
+// replica's acknowledgement (min_replicas = 1), so a failover cannot lose a lock that was
+// granted; an acquisition that no replica acknowledges is undone and counted as a failed
+// attempt. Returns the report and the longest
 // time without any critical section after `scenario` started its disruption.
 struct load_result {
     redislock::test::exclusion_report report;
@@ -333,7 +336,8 @@ load_result run_under_load(redis_sentinel& topo, std::chrono::milliseconds run_f
         }
         return [client, end_ns, &failed_attempts, &switches](int) {
             auto lock = std::make_shared<redislock::basic_mutex<redislock::sentinel_connection>>(
-                client->mutex("s:load", {.lease = 2s}));
+                client->mutex("s:load",
+                              {.lease = 2s, .min_replicas = 1, .replica_timeout = 200ms}));
             return [client, lock, end_ns, &failed_attempts, &switches](
                        std::mt19937_64&, const std::function<void()>& critical) {
                 switches = client->connection().switches();
