@@ -20,7 +20,8 @@
 //
 // Thread safety: execute() and execute_pipeline() may be called from any number of threads.
 // Lifetime: movable, not copyable; contexts are closed on destruction.
-// fork(): a child never uses its parent's sockets; it drops them and opens its own.
+// fork(): a child never uses its parent's pool: its first call builds its own (new mutex,
+// condition variable and sockets) and leaves the parent's copy untouched.
 // SIGPIPE: hiredis writes with write(2), so a write to a connection the server closed raises
 // SIGPIPE. If the process still has the default action (terminate), the constructor sets it to
 // SIG_IGN; an application that installed its own handler keeps it.
@@ -51,6 +52,7 @@
 #if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
 #include <redislock/detail/tls_context.hpp>
 #endif
+#include <redislock/detail/per_process.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
@@ -200,13 +202,15 @@ public:
     ///         redislock::server_error when AUTH or SELECT is refused;
     ///         redislock::invalid_argument for a pool size of 0, contradictory or unreadable TLS
     ///         settings, or rediss:// in a build without TLS.
-    explicit hiredis_connection(endpoint ep) : pool_{std::make_unique<pool>(std::move(ep))} {
-        if (pool_->config.pool_size == 0) {
+    explicit hiredis_connection(endpoint ep)
+        : pool_{std::make_unique<detail::per_process<pool>>(
+              [config = ep] { return std::make_unique<pool>(config); })} {
+        if (this_pool().config.pool_size == 0) {
             throw invalid_argument{"redislock: endpoint::pool_size must be at least 1"};
         }
         ignore_default_sigpipe();
         // Through acquire(), so the first connection counts against pool_size like the others.
-        pool_->release(pool_->acquire());
+        this_pool().release(this_pool().acquire());
     }
 
     /// @throws redislock::invalid_argument for a malformed URI; else as the endpoint overload.
@@ -219,7 +223,8 @@ public:
     /// Sends one command and returns its reply (error replies included).
     /// @throws redislock::connection_error, redislock::timeout_error
     reply execute(command argv) {
-        auto ctx = pool_->acquire();
+        pool& p = this_pool();
+        auto ctx = p.acquire();
         detail::argv_buffer args{argv};
         detail::hiredis_reply_ptr raw{
             redisCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths())};
@@ -227,8 +232,8 @@ public:
             fail(std::move(ctx));
         }
         reply result = detail::convert_reply(*static_cast<redisReply*>(raw.get()));
-        pool_->release(std::move(ctx));
-        pool_->round_trips.fetch_add(1, std::memory_order_relaxed);
+        p.release(std::move(ctx));
+        p.round_trips.fetch_add(1, std::memory_order_relaxed);
         return result;
     }
 
@@ -269,7 +274,7 @@ public:
             return results;
         }
         results.reserve(commands.size());
-        auto ctx = pool_->acquire();
+        auto ctx = this_pool().acquire();
         for (command argv : commands) {
             detail::argv_buffer args{argv};
             if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
@@ -285,18 +290,18 @@ public:
             detail::hiredis_reply_ptr raw{raw_reply};
             results.push_back(detail::convert_reply(*static_cast<redisReply*>(raw.get())));
         }
-        pool_->release(std::move(ctx));
-        pool_->round_trips.fetch_add(1, std::memory_order_relaxed);
+        this_pool().release(std::move(ctx));
+        this_pool().round_trips.fetch_add(1, std::memory_order_relaxed);
         return results;
     }
 
-    const endpoint& config() const noexcept { return pool_->config; }
+    const endpoint& config() const { return this_pool().config; }
 
     /// Opens a context of its own, outside the pool and not counted in pool_size, with the same
     /// connect, TLS, AUTH and SELECT steps: for a subscriber, which keeps its connection. The
     /// caller owns it; it must not outlive this connection (it may share its TLS context).
     /// @throws as the constructor
-    detail::context_ptr open_dedicated() { return pool_->open(); }
+    detail::context_ptr open_dedicated() { return this_pool().open(); }
 
 private:
     static bool bounded(const call_context& how) noexcept {
@@ -310,9 +315,9 @@ private:
     std::vector<reply> execute_pipeline(std::span<const command> commands,
                                         const call_context& how) {
         using clock = std::chrono::steady_clock;
-        const auto deadline = std::min(how.deadline, clock::now() + pool_->config.command_timeout);
+        const auto deadline = std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
         check_stop(how);
-        auto ctx = pool_->acquire(deadline, how.stop);
+        auto ctx = this_pool().acquire(deadline, how.stop);
         for (command argv : commands) {
             detail::argv_buffer args{argv};
             if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
@@ -342,15 +347,15 @@ private:
                 fail(std::move(ctx));
             }
         }
-        pool_->release(std::move(ctx));
-        pool_->round_trips.fetch_add(1, std::memory_order_relaxed);
+        this_pool().release(std::move(ctx));
+        this_pool().round_trips.fetch_add(1, std::memory_order_relaxed);
         return results;
     }
 
     void check_stop(const call_context& how) const {
         if (how.stop != nullptr && how.stop->stop_requested()) {
             throw cancelled_error{"redislock: a stop was requested during a call to " +
-                                  pool_->config.describe()};
+                                  this_pool().config.describe()};
         }
     }
 
@@ -367,7 +372,7 @@ private:
             const auto left = deadline - steady_clock::now();
             if (left <= steady_clock::duration::zero()) {
                 drop(std::move(ctx));
-                throw timeout_error{"redislock: " + pool_->config.describe() +
+                throw timeout_error{"redislock: " + this_pool().config.describe() +
                                     " did not answer in time"};
             }
             auto slice = ceil<milliseconds>(left);
@@ -391,18 +396,18 @@ private:
 
     void drop(detail::context_ptr ctx) noexcept {
         ctx.reset();
-        pool_->discard();
+        this_pool().discard();
     }
 
 public:
     /// Connections opened so far, the first one included (a reconnect adds one).
-    std::uint64_t connections_opened() const noexcept {
-        return pool_->opened.load(std::memory_order_relaxed);
+    std::uint64_t connections_opened() const {
+        return this_pool().opened.load(std::memory_order_relaxed);
     }
 
     /// Round trips completed: one per execute(), one per execute_pipeline() batch.
-    std::uint64_t round_trips() const noexcept {
-        return pool_->round_trips.load(std::memory_order_relaxed);
+    std::uint64_t round_trips() const {
+        return this_pool().round_trips.load(std::memory_order_relaxed);
     }
 
 private:
@@ -431,7 +436,6 @@ private:
         std::size_t open_count = 0;      // idle + in use
         std::atomic<std::uint64_t> opened{0};
         std::atomic<std::uint64_t> round_trips{0};
-        std::uint64_t fork_generation = detail::fork_generation().load(std::memory_order_relaxed);
 
         detail::context_ptr acquire() {
             return acquire(std::chrono::steady_clock::time_point::max(), nullptr);
@@ -442,7 +446,6 @@ private:
         detail::context_ptr acquire(std::chrono::steady_clock::time_point deadline,
                                     const std::stop_token* stop) {
             std::unique_lock lock{mutex};
-            forget_parent_connections();
             for (;;) {
                 while (!idle.empty()) {
                     idle_context entry = std::move(idle.back());
@@ -485,16 +488,6 @@ private:
                                         " became free in time (pool_size " +
                                         std::to_string(config.pool_size) + ")"};
                 }
-            }
-        }
-
-        // After fork() the idle contexts are the parent's sockets: close our copies, keep theirs.
-        void forget_parent_connections() {
-            const auto generation = detail::fork_generation().load(std::memory_order_relaxed);
-            if (generation != fork_generation) {
-                fork_generation = generation;
-                idle.clear();
-                open_count = 0;
             }
         }
 
@@ -634,13 +627,13 @@ private:
         const bool timed_out = is_timeout(*ctx);
         std::string why = ctx->errstr;
         ctx.reset();
-        pool_->discard();
+        this_pool().discard();
         if (timed_out) {
-            throw timeout_error{"redislock: " + pool_->config.describe() +
+            throw timeout_error{"redislock: " + this_pool().config.describe() +
                                 " did not answer within " +
-                                std::to_string(pool_->config.command_timeout.count()) + " ms"};
+                                std::to_string(this_pool().config.command_timeout.count()) + " ms"};
         }
-        throw connection_error{"redislock: connection to " + pool_->config.describe() +
+        throw connection_error{"redislock: connection to " + this_pool().config.describe() +
                                " failed: " + (why.empty() ? "connection closed" : why)};
     }
 
@@ -652,7 +645,12 @@ private:
         }
     }
 
-    std::unique_ptr<pool> pool_;
+    // One pool per process: a forked child builds its own (fresh mutex, condition variable and
+    // sockets) and never touches its parent's, whose mutex a parent thread may have held at the
+    // fork, and whose sockets (and TLS sessions) belong to the parent.
+    pool& this_pool() const { return pool_->get(); }
+
+    std::unique_ptr<detail::per_process<pool>> pool_;
 };
 
 static_assert(pipelining_connection<hiredis_connection>);
