@@ -233,7 +233,7 @@ public:
                     return r;
                 }
             } catch (const connection_error& e) {
-                if (!may_retry_after(e, argv)) {
+                if (!may_retry_after(e, argv, how)) {
                     throw;
                 }
             }
@@ -519,7 +519,8 @@ private:
                 items[i].problem = "node " + node.address() + ": " + e.what();
                 items[i].target = nullptr;
                 items[i].asking = false;
-                if (!may_retry_after(e, commands[i])) {
+                if (!may_retry_after(e, commands[i],
+                                     i < hows.size() ? hows[i] : call_context{})) {
                     if (commands.size() == 1) {
                         throw;
                     }
@@ -651,13 +652,14 @@ private:
     // then went silent may still run it: the caller's timeout stands. One whose connection broke
     // may have run it: every command may run twice without harm but the simple lock's SET NX,
     // whose second run would find the first one's key and report the lock taken.
-    static bool may_retry_after(const connection_error& e, command argv) {
+    static bool may_retry_after(const connection_error& e, command argv,
+                                const call_context& how = {}) {
         const std::string_view what{e.what()};
         if (what.find("cannot connect") != std::string_view::npos ||
             what.find("connecting to") != std::string_view::npos) {
             return true;
         }
-        if (dynamic_cast<const timeout_error*>(&e) != nullptr) {
+        if (dynamic_cast<const timeout_error*>(&e) != nullptr || !how.repeatable) {
             return false;
         }
         return argv.empty() || !detail::same_command_word(argv[0], "SET");

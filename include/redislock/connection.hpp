@@ -67,6 +67,9 @@ struct call_context {
     std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
     /// When not null, a stop request ends the call early (redislock::cancelled_error).
     const std::stop_token* stop = nullptr;
+    /// False when running the command twice would apply it twice (a reentrant count's change):
+    /// a connection must then not send it again after a failure that may have let it run.
+    bool repeatable = true;
 };
 
 /// A connection that takes a call_context: routing by key, per-call deadline, stop requests.

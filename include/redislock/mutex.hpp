@@ -406,6 +406,8 @@ private:
                 return {};
             case release_outcome::not_ours:
                 if (!g.lease.lost) {
+                    std::stop_source source = g.lease.lost_source;
+                    source.request_stop();
                     detail::call_on_lost(state_->options);
                 }
                 return errc::lock_lost;

@@ -16,9 +16,9 @@
 // process waits as another process does. unlock() from a thread that does not hold the lock
 // through this object sends nothing and reports errc::not_holder through
 // unlock(std::error_code&); it never touches the holder's count.
-// Faults: every operation is safe to retry. An acquisition keeps one id across the retries of a
-// lock() call, so a retry whose first reply was lost takes its own entry over instead of
-// re-entering it; a release that could not be finished, or an acquisition abandoned mid-flight,
+// Faults: every operation is safe to retry. Each attempt of a lock() call draws a fresh id and
+// names the earlier ones as given up, so a retry whose first reply was lost takes its own entry
+// over instead of re-entering it; a release that could not be finished, or an acquisition abandoned mid-flight,
 // makes the object remember that acquisition as given up (its next outermost lock() takes the
 // entry over) and has the client's reaper drop it in the background; a re-entry whose reply was
 // lost makes the outermost unlock() drop the whole acquisition rather than trust the count.
@@ -315,7 +315,12 @@ private:
             std::lock_guard guard{state_->mutex};
             outermost = state_->depth == 0 || state_->holder_owner != owner || state_->lease.lost;
             given_up = state_->given_up;
+            if (state_->depth > 0 && state_->lease.lost && state_->holder_owner == owner) {
+                given_up = state_->acquisition;  // lost here: its entries are taken over, not kept
+            }
         }
+        call_context attempt_how = how;
+        attempt_how.repeatable = outermost;  // a re-entry's count change must not run twice
         const auto sent = detail::steady::now();
         reply r;
         std::int64_t replicas = -1;
@@ -326,7 +331,7 @@ private:
                 std::array<std::string_view, 6>{owner, state_->lease_text.view(),
                                                 state_->options.fencing ? "1" : "0",
                                                 candidate.view(), outermost ? "1" : "0", given_up},
-                how, state_->options.min_replicas, state_->options.replica_timeout);
+                attempt_how, state_->options.min_replicas, state_->options.replica_timeout);
             r = std::move(acknowledged.value);
             replicas = acknowledged.replicas;
         } catch (const error& e) {
@@ -442,12 +447,14 @@ private:
                             std::string_view lease_text, const held& entry, std::size_t entries,
                             detail::steady::time_point deadline) {
         const detail::decimal count{static_cast<long long>(entries)};
+        call_context how{{}, deadline};
+        how.repeatable = entries == drop_all;  // a count change must not run twice
         return detail::run_script(conn, detail::scripts::recursive_release,
                                   std::array{std::string_view{name}},
                                   std::array<std::string_view, 5>{entry.owner, count.view(),
                                                                   lease_text, channel,
                                                                   entry.acquisition},
-                                  call_context{{}, deadline});
+                                  how);
     }
 
     // Retries leaving `entries` entries of `entry` (drop_all: the whole acquisition, for one this

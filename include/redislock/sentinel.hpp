@@ -153,7 +153,7 @@ public:
     /// only while the deadline has not passed.
     /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
     reply execute(command argv, const call_context& how) {
-        return call(detail::safe_to_repeat(argv), how.deadline,
+        return call(how.repeatable && detail::safe_to_repeat(argv), how.deadline,
                     [&](hiredis_connection& c) { return c.execute(argv, how); });
     }
 
@@ -170,7 +170,9 @@ public:
         for (const call_context& how : hows) {
             deadline = std::min(deadline, how.deadline);
         }
-        return call(all_safe(commands), deadline,
+        const bool repeatable = std::all_of(hows.begin(), hows.end(),
+                                            [](const call_context& how) { return how.repeatable; });
+        return call(repeatable && all_safe(commands), deadline,
                     [&](hiredis_connection& c) { return c.execute_pipeline(commands, hows); });
     }
 

@@ -29,8 +29,8 @@
 // Thread safety: one object may be shared by several threads; each thread is its own owner
 // (unless lock_options::owner is set), so several threads may read through one object at once.
 // owned(), remaining(), extend(), verify() and fencing_token() concern the calling owner.
-// Faults: every operation is safe to retry, as for basic_recursive_mutex: an acquisition keeps
-// one id across the retries of a lock() call; a release that could not be finished, or an
+// Faults: every operation is safe to retry, as for basic_recursive_mutex: each attempt of a
+// lock() call draws a fresh id and names the earlier ones as given up; a release that could not be finished, or an
 // acquisition abandoned mid-flight, is remembered as given up (the owner's next acquisition
 // through this object drops its entry, so a lost release never makes lock() refuse as an
 // upgrade) and dropped in the background by the client's reaper. Loss is told at the local
@@ -312,11 +312,17 @@ private:
         {
             std::lock_guard guard{state_->mutex};
             const hold* h = find(owner, kind);
-            outermost = h == nullptr || h->depth == 0;
+            outermost = h == nullptr || h->depth == 0 || h->lease.lost;
             for (const std::string& id : state_->given_up) {
                 given_up.append(given_up.empty() ? "" : " ").append(id);
             }
+            if (h != nullptr && h->depth > 0 && h->lease.lost) {
+                // Lost here: its entries are dropped and the acquisition made anew.
+                given_up.append(given_up.empty() ? "" : " ").append(h->acquisition);
+            }
         }
+        call_context attempt_how = how;
+        attempt_how.repeatable = outermost;  // a re-entry's count change must not run twice
         const auto sent = detail::steady::now();
         reply r;
         std::int64_t replicas = -1;
@@ -329,7 +335,7 @@ private:
                     kind == mode::write && state_->options.fencing ? "1" : "0",
                     queue ? state_->queue_text.view() : std::string_view{"0"}, candidate.view(),
                     outermost ? "1" : "0", given_up},
-                how, state_->options.min_replicas, state_->options.replica_timeout);
+                attempt_how, state_->options.min_replicas, state_->options.replica_timeout);
             r = std::move(acknowledged.value);
             replicas = acknowledged.replicas;
         } catch (const error& e) {
@@ -476,11 +482,13 @@ private:
                             const hold_ref& ref, std::size_t entries,
                             detail::steady::time_point deadline) {
         const detail::decimal count{static_cast<long long>(entries)};
+        call_context how{{}, deadline};
+        how.repeatable = entries == drop_all;  // a count change must not run twice
         return detail::run_script(
             conn, detail::scripts::shared_release, std::array{std::string_view{name}},
             std::array<std::string_view, 5>{ref.owner, mode_text(ref.kind), count.view(),
                                             channel, ref.acquisition},
-            call_context{{}, deadline});
+            how);
     }
 
     void leave_queue(const std::string& owner) noexcept {

@@ -150,6 +150,12 @@ public:
         }
     }
 
+    /// True on the watchdog's own thread.
+    bool runs_on_this_thread() const {
+        std::lock_guard lock{mutex_};
+        return thread_id_ == std::this_thread::get_id();
+    }
+
     /// Stops renewing a lease without waiting for a renewal in flight (whose callbacks are then
     /// skipped): for a lease already reported lost, from a thread that must not block.
     void cancel(lease_id id) {

@@ -166,6 +166,7 @@ struct tracked_lease {
     typename basic_watchdog<C>::lease_id renewal = 0;
     loss_timer::entry_id timer = 0;
     std::stop_source lost_source{};
+    std::uint64_t generation = current_fork_generation();  // whose engines the ids above name
 
     /// Local, conservative time left; zero once lost.
     std::chrono::milliseconds remaining() const {
@@ -191,20 +192,19 @@ public:
                std::vector<std::string> keys, std::vector<std::string> args) {
         const auto deadline = valid_until(sent, st_->options.lease);
         const auto timer = core().timer->add(
-            deadline, [self = self_, find = find_, key]() -> std::function<void()> {
-                // On the timer thread: mark the loss at once; on_lost runs after every due
-                // lease was marked, outside the timer's bookkeeping.
+            deadline, [self = self_, find = find_, key]() -> loss_timer::loss_notice {
+                // On the timer thread: mark the loss at once; the stop and on_lost are run by
+                // the timer after every due lease was marked.
                 auto st = self.lock();
-                std::function<void()> notify;
-                if (st && lease_tracker{st, find}.mark_lost(key)) {
-                    notify = [handler = st->options.on_lost] {
-                        if (handler) {
-                            handler();
-                        }
-                    };
+                loss_timer::loss_notice notice;
+                if (st) {
+                    if (auto source = lease_tracker{st, find}.mark_only(key)) {
+                        notice.source = std::move(*source);
+                        notice.handler = st->options.on_lost;
+                    }
                 }
                 let_go(std::move(st));
-                return notify;
+                return notice;
             });
         if (!attach(key, [&](tracked_lease<C>& t) { t.timer = timer; })) {
             core().timer->remove(timer);
@@ -262,32 +262,47 @@ public:
     /// Marks the acquisition lost and requests its stop, once; true if this call did it. Its
     /// renewals stop: renewing a lost lease could only revive it behind a rival's back.
     bool mark_lost(const Key& key) {
+        auto source = mark_only(key);
+        if (!source) {
+            return false;
+        }
+        // Outside the mutex: stop callbacks run inside request_stop() and may call the lock.
+        source->request_stop();
+        return true;
+    }
+
+    /// As mark_lost, but leaves the stop to the caller: returns the source to stop, or nothing
+    /// when the acquisition was already lost or gone. Runs no user code.
+    std::optional<std::stop_source> mark_only(const Key& key) {
         typename basic_watchdog<C>::lease_id renewal = 0;
         std::stop_source source;
         {
             std::lock_guard guard{st_->mutex};
             tracked_lease<C>* t = find_(*st_, key);
             if (t == nullptr || t->lost) {
-                return false;
+                return std::nullopt;
             }
             t->lost = true;
             source = t->lost_source;
             renewal = std::exchange(t->renewal, 0);
         }
-        // Outside the mutex: stop callbacks run inside request_stop() and may call the lock.
-        source.request_stop();
         if (renewal != 0) {
             core().watchdog.cancel(renewal);  // never waits: the timer thread must not block
         }
-        return true;
+        return source;
     }
 
     /// Stops the timer and renewals of an acquisition that ended; `t` was taken out of the
     /// state with the mutex held (its ids are this acquisition's alone). Never waits for a
     /// renewal in flight: its callbacks find the acquisition gone.
     void end(tracked_lease<C>& t) {
-        core().watchdog.cancel(std::exchange(t.renewal, 0));
-        core().timer->remove(std::exchange(t.timer, 0));
+        const auto renewal = std::exchange(t.renewal, 0);
+        const auto timer = std::exchange(t.timer, 0);
+        if (t.generation != current_fork_generation()) {
+            return;  // the parent's ids: they mean other leases in this process's engines
+        }
+        core().watchdog.cancel(renewal);
+        core().timer->remove(timer);
     }
 
 private:

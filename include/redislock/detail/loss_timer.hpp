@@ -23,6 +23,8 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <deque>
+#include <stop_token>
 #include <utility>
 #include <vector>
 
@@ -36,7 +38,11 @@ public:
     loss_timer() = default;
     loss_timer(const loss_timer&) = delete;
     loss_timer& operator=(const loss_timer&) = delete;
-    ~loss_timer() {
+    ~loss_timer() { stop(); }
+
+    /// Stops the thread: joins it, or from the thread itself (a callback destroying the client)
+    /// lets it end when the callback returns. Idempotent.
+    void stop() {
         std::thread thread;
         {
             std::lock_guard lock{mutex_};
@@ -53,8 +59,21 @@ public:
         }
     }
 
-    /// What runs at a deadline: marks the loss and returns the notification to run after.
-    using deadline_callback = std::function<std::function<void()>()>;
+    /// What a loss marked at its deadline still has to tell: the stop source of lost_token() and
+    /// the on_lost handler. Both run after every due loss is marked, stops before handlers.
+    struct loss_notice {
+        std::stop_source source{std::nostopstate};
+        std::function<void()> handler{};
+    };
+
+    /// What runs at a deadline: marks the loss (no user code) and returns what to tell.
+    using deadline_callback = std::function<loss_notice()>;
+
+    /// True on the timer's own thread.
+    bool runs_on_this_thread() const {
+        std::lock_guard lock{mutex_};
+        return thread_id_ == std::this_thread::get_id();
+    }
 
     /// Calls `on_deadline` at `deadline` unless moved or removed first. Returns the entry's id.
     entry_id add(clock::time_point deadline, deadline_callback on_deadline) {
@@ -116,45 +135,58 @@ private:
     // a deadline later than the planned wake-up is picked up then.
     static constexpr std::chrono::seconds idle_wake{1};
 
+    // Marks every due loss first, then requests their stops, then runs their handlers one at a
+    // time, marking again whatever fell due meanwhile: a slow handler delays other handlers, never
+    // another lock's owned() or lost_token().
     void run() {
         std::unique_lock lock{mutex_};
         thread_id_ = std::this_thread::get_id();
-        std::vector<std::function<void()>> notifications;
+        std::vector<std::stop_source> stops;
+        std::deque<std::function<void()>> handlers;
         while (!stopped_) {
             const auto now = clock::now();
-            if (queue_.empty() || queue_.begin()->first > now) {
-                if (!notifications.empty()) {
-                    lock.unlock();
-                    for (auto& notify : notifications) {
-                        notify();
-                    }
-                    notifications.clear();
-                    lock.lock();
-                    continue;
+            if (!queue_.empty() && queue_.begin()->first <= now) {
+                const entry_id id = queue_.begin()->second;
+                queue_.erase(queue_.begin());
+                entry& e = entries_.at(id);
+                e.fired = true;
+                auto mark = std::move(e.on_deadline);
+                running_ = id;
+                lock.unlock();
+                loss_notice notice;
+                if (mark) {
+                    notice = mark();
                 }
-                planned_wake_ = queue_.empty() ? now + idle_wake : queue_.begin()->first;
-                wake_.wait_until(lock, planned_wake_);
+                lock.lock();
+                running_ = 0;
+                entries_.erase(id);
+                done_.notify_all();
+                if (notice.source.stop_possible()) {
+                    stops.push_back(std::move(notice.source));
+                }
+                if (notice.handler) {
+                    handlers.push_back(std::move(notice.handler));
+                }
                 continue;
             }
-            const entry_id id = queue_.begin()->second;
-            queue_.erase(queue_.begin());
-            entry& e = entries_.at(id);
-            e.fired = true;
-            auto mark = std::move(e.on_deadline);
-            running_ = id;
-            lock.unlock();
-            std::function<void()> notify;
-            if (mark) {
-                notify = mark();
+            if (!stops.empty() || !handlers.empty()) {
+                lock.unlock();
+                for (auto& source : stops) {
+                    source.request_stop();
+                }
+                stops.clear();
+                if (!handlers.empty()) {
+                    auto handler = std::move(handlers.front());
+                    handlers.pop_front();
+                    handler();
+                }
+                lock.lock();
+                continue;
             }
-            lock.lock();
-            running_ = 0;
-            entries_.erase(id);
-            done_.notify_all();
-            if (notify) {
-                notifications.push_back(std::move(notify));
-            }
+            planned_wake_ = queue_.empty() ? now + idle_wake : queue_.begin()->first;
+            wake_.wait_until(lock, planned_wake_);
         }
+        thread_id_ = {};
     }
 
     mutable std::mutex mutex_;

@@ -23,9 +23,22 @@ public:
     per_process& operator=(const per_process&) = delete;
     ~per_process() {
         slot* s = current_.load(std::memory_order_acquire);
-        if (s->generation == current_fork_generation()) {
-            delete s;  // else: the parent's, never touched here
+        if (s->generation != current_fork_generation()) {
+            return;  // the parent's, never touched here
         }
+        // A T that owns a thread may be destroyed from that very thread (a callback that drops
+        // the last reference to its client): it is stopped and left allocated, since the thread
+        // still runs its loop when the callback returns.
+        if constexpr (requires(T& t) {
+                          t.runs_on_this_thread();
+                          t.stop();
+                      }) {
+            if (s->value->runs_on_this_thread()) {
+                s->value->stop();
+                return;
+            }
+        }
+        delete s;
     }
 
     /// The calling process's T, built on first use after a fork.

@@ -11,8 +11,8 @@
 // and so its connection, alive until it is done, and the last of those may then be destroyed on
 // this thread, which must not own it.
 // Thread safety: add() may be called from any thread. Lifetime: the thread starts with the first
-// cleanup and is joined at exit; cleanups still queued then are dropped (their entries expire
-// with their leases). fork(): a child gets its own (detail::per_process).
+// cleanup and ends with the process; cleanups still queued then are dropped (their entries
+// expire with their leases). fork(): a child gets its own (detail::per_process).
 #pragma once
 
 #include <algorithm>
@@ -134,9 +134,12 @@ private:
 };
 
 /// The process's reaper.
+/// The process's reaper. Never destroyed: a lock or client that outlives static destruction
+/// (a global, a thread still running at exit) may still hand it a cleanup.
 inline reaper& background_reaper() {
-    static per_process<reaper> instance{[] { return std::make_unique<reaper>(); }};
-    return instance.get();
+    static auto* const instance =
+        new per_process<reaper>{[] { return std::make_unique<reaper>(); }};
+    return instance->get();
 }
 
 }  // namespace redislock::detail

@@ -25,7 +25,7 @@ if kind == 'string' then
     return {0, redis.call('PTTL', KEYS[1])}
 end
 local last = redis.call('GET', KEYS[2])
-if last and not tonumber(last) then
+if last and (#last > 16 or not string.match(last, '^%d+$')) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
 end
 -- Never below the server's clock in microseconds, so tokens keep growing after a FLUSHALL or a
@@ -36,7 +36,7 @@ redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
 return {1, fence}
 )lua",
-    "962adf656fca9c2b92ac7a0a5d7701bdf9062de0"};
+    "5cc29b5e6dab596fd5bfb19ddbd54d1f5a14991a"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -119,7 +119,7 @@ local function fresh()
 end
 if ARGV[3] == '1' then
     local last = redis.call('GET', KEYS[2])
-    if last and not tonumber(last) then
+    if last and (#last > 16 or not string.match(last, '^%d+$')) then
         return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
     end
 end
@@ -141,7 +141,7 @@ if id then
 end
 return {0, redis.call('PTTL', KEYS[1]), ''}
 )lua",
-    "9f7d82fe6f6b873dde35401039f237dbe9f25851"};
+    "291d1c9fb39ea20f0757a527aa8f5b507c6ffbc3"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -219,7 +219,7 @@ inline constexpr script shared_acquire{
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
 if ARGV[2] == 'w' and ARGV[4] == '1' then
     local last = redis.call('GET', KEYS[2])
-    if last and not tonumber(last) then
+    if last and (#last > 16 or not string.match(last, '^%d+$')) then
         return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
     end
 end
@@ -294,7 +294,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "1164b7a8e6b21cd24a8a4aa1b910c53a03d156eb"};
+    "2c265c0095f7c0abcf015a28c64f8ed113c181c1"};
 
 inline constexpr script shared_extend{
     "shared_extend",

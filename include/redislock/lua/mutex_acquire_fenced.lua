@@ -15,7 +15,7 @@ if kind == 'string' then
     return {0, redis.call('PTTL', KEYS[1])}
 end
 local last = redis.call('GET', KEYS[2])
-if last and not tonumber(last) then
+if last and (#last > 16 or not string.match(last, '^%d+$')) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
 end
 -- Never below the server's clock in microseconds, so tokens keep growing after a FLUSHALL or a

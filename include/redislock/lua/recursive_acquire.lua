@@ -33,7 +33,7 @@ local function fresh()
 end
 if ARGV[3] == '1' then
     local last = redis.call('GET', KEYS[2])
-    if last and not tonumber(last) then
+    if last and (#last > 16 or not string.match(last, '^%d+$')) then
         return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
     end
 end

@@ -22,7 +22,7 @@
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
 if ARGV[2] == 'w' and ARGV[4] == '1' then
     local last = redis.call('GET', KEYS[2])
-    if last and not tonumber(last) then
+    if last and (#last > 16 or not string.match(last, '^%d+$')) then
         return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
     end
 end
