@@ -651,6 +651,29 @@ TEST_F(ClusterConnection, SimpleLockWithFencingOnEveryMaster) {
     EXPECT_EQ(owners.size(), 3u);
 }
 
+// lock_options::min_replicas on a cluster: the WAIT goes with the write to the slot's master,
+// whose replica acknowledges it; more replicas than a master has is a clear error, nothing held.
+TEST_F(ClusterConnection, ReplicaAcknowledgedLocksOnEveryMaster) {
+    redislock::cluster_client cc{cluster_->uri()};
+    std::set<int> owners;
+    for (const std::string& name : spread_names(12)) {
+        auto m = cc.mutex(name, {.lease = 10s, .min_replicas = 1, .replica_timeout = 2s});
+        auto rm = cc.recursive_mutex(name + ":r",
+                                     {.lease = 10s, .min_replicas = 1, .replica_timeout = 2s});
+        ASSERT_TRUE(m.try_lock()) << name;
+        ASSERT_TRUE(rm.try_lock()) << name;
+        owners.insert(owner_of(name));
+        m.unlock();
+        rm.unlock();
+        auto too_many = cc.mutex(name, {.lease = 10s, .min_replicas = 2, .replica_timeout = 50ms});
+        EXPECT_THROW((void)too_many.try_lock(), redislock::replication_error) << name;
+        EXPECT_FALSE(too_many.owned());
+        EXPECT_TRUE(redislock::test::eventually([&] { return !exists_on_owner(name); }, 3s))
+            << name;
+    }
+    EXPECT_EQ(owners.size(), 3u);
+}
+
 TEST_F(ClusterConnection, ReentrantLockOnEveryMaster) {
     redislock::cluster_client cc{cluster_->uri()};
     redislock::cluster_client rival{cluster_->uri()};

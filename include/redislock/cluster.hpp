@@ -365,8 +365,26 @@ private:
         bool asking = false;
         bool done = false;
         int redirections = 0;
+        int sends = 0;        // how many times the command went out
         std::string problem;  // why the last attempt did not give a final reply
     };
+
+    // A WAIT counts the replicas of the writes sent before it on its connection. When the write
+    // right before it had to be sent again (redirected, NOSCRIPT, TRYAGAIN), the WAIT ran before
+    // that write on another connection or node and vouches for nothing: it is answered as if no
+    // replica acknowledged, so lock_options::min_replicas never accepts an unreplicated write.
+    static void distrust_waits_after_resent_writes(std::span<const command> commands,
+                                                   const std::vector<item>& items,
+                                                   std::vector<reply>& results) {
+        for (std::size_t i = 1; i < commands.size(); ++i) {
+            if (!commands[i].empty() && detail::same_command_word(commands[i][0], "WAIT") &&
+                items[i - 1].sends > 1) {
+                results[i] = reply::error(
+                    "NOREPLICAS the write before this WAIT was sent again; its acknowledgement is "
+                    "unknown");
+            }
+        }
+    }
 
     detail::cluster_node& node_at(const std::string& host, int port) {
         endpoint config = state_->options;
@@ -464,6 +482,7 @@ private:
                 if (served == 0 && failure) {
                     std::rethrow_exception(failure);
                 }
+                distrust_waits_after_resent_writes(commands, items, results);
                 return results;
             }
             if (stale_map) {
@@ -510,6 +529,7 @@ private:
             }
             batch.push_back(commands[i]);
             batch_hows.push_back(how);
+            ++items[i].sends;
         }
         std::vector<reply> replies;
         try {

@@ -41,8 +41,9 @@ struct lock_options {
 
     /// Replicas that must acknowledge an acquisition, and each watchdog renewal, before it
     /// counts: the library sends WAIT min_replicas replica_timeout on the same connection, in the
-    /// same round trip. An acquisition with fewer acknowledgements is undone and the call throws
-    /// redislock::replication_error (not contention); a renewal with fewer is retried, and the
+    /// same round trip. An acquisition with fewer acknowledgements is undone; a wait with time
+    /// left tries again, and the call throws redislock::replication_error (not contention) when
+    /// none is left; a renewal with fewer is retried, and the
     /// lock reported lost if none is acknowledged before its lease runs out. WAIT is not
     /// consensus: an acknowledged write can still be lost if the replicas that hold it all fail,
     /// and a failover may promote a replica that had not acknowledged it yet; it narrows the

@@ -95,10 +95,11 @@ inline bool unacknowledged(std::int64_t replicas, const lock_options& options) {
                             " ms; the acquisition was undone"};
 }
 
-/// True for failures a wait with time left rides out.
+/// True for failures a wait with time left rides out (then throws the last of them).
 inline bool is_transient(const error& e) {
     return dynamic_cast<const connection_error*>(&e) != nullptr ||
-           dynamic_cast<const unavailable_error*>(&e) != nullptr;
+           dynamic_cast<const unavailable_error*>(&e) != nullptr ||
+           dynamic_cast<const replication_error*>(&e) != nullptr;  // a replica may catch up
 }
 
 /// The round-trip bound of one attempt of a wait that ends at `deadline`: the deadline itself,
