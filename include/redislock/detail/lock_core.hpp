@@ -11,6 +11,7 @@
 
 #include <array>
 #include <chrono>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -125,6 +126,9 @@ template <class Attempt>
 bool acquire_until(Attempt&& attempt, steady::time_point deadline, const std::stop_token& stop,
                    const lock_options& options) {
     backoff policy{options};
+    // A replica that did not acknowledge says more than the timeout of a last attempt cut short
+    // by the deadline: that is what the caller is told.
+    std::exception_ptr unacknowledged;
     for (;;) {
         std::optional<holder_ttl> ttl;
         try {
@@ -135,8 +139,14 @@ bool acquire_until(Attempt&& attempt, steady::time_point deadline, const std::st
         } catch (const cancelled_error&) {
             return false;
         } catch (const error& e) {
+            if (dynamic_cast<const replication_error*>(&e) != nullptr) {
+                unacknowledged = std::current_exception();
+            }
             const bool endless = deadline == steady::time_point::max() && !stop.stop_possible();
             if (endless || !is_transient(e) || steady::now() >= deadline || stop.stop_requested()) {
+                if (unacknowledged && dynamic_cast<const connection_error*>(&e) != nullptr) {
+                    std::rethrow_exception(unacknowledged);
+                }
                 throw;
             }
             ttl = holder_ttl{-1};  // back off as if held with no known lease
