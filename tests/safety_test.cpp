@@ -594,7 +594,9 @@ TEST(Safety, StopRequestEndsAWaitOnAHungServerAtOnce) {
     };
     srv.pause();
     resume_on_exit resume{srv};
-    for (const auto& [label, wait] : waits) {
+    for (const auto& entry : waits) {
+        const auto& label = entry.first;
+        const auto& wait = entry.second;  // a plain reference: lambdas may capture it
         SCOPED_TRACE(label);
         std::stop_source source;
         std::atomic<std::int64_t> returned_ns{0};
