@@ -213,7 +213,7 @@ run_suite tsan "$warnings -fsanitize=thread -fno-omit-frame-pointer" \
     -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
     -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
     -- \
-    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:die_after_fork=0
 
 # hiredis 1.x: Debian 12 ships 0.14 only. The npm registry's redis-fast-driver package carries
 # hiredis 1.2.0's sources (deps/hiredis); build them once into build/hiredis1-dist and run the

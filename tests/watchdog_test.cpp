@@ -737,8 +737,8 @@ TEST(Watchdog, ClientDestroyedDuringARenewalNeitherWaitsNorStopsTheRenewals) {
     const auto renewals = conn->renewals_sent();
     EXPECT_TRUE(eventually([&] { return conn->renewals_sent() > renewals; }, 2s));
     EXPECT_TRUE(m->owned());
-    m.reset();  // waits for a renewal in flight, then releases
     EXPECT_FALSE(conn->arguments_changed()) << "a renewal's arguments were freed in flight";
+    m.reset();  // the last lock: releases, then ends the client's machinery (and `conn`)
     EXPECT_FALSE(exists(probe, "inflight"));
 }
 
