@@ -1083,7 +1083,8 @@ TEST(RecursiveMutex, WatchdogRenewsTheLeaseUntilTheLastEntryIsLeft) {
     EXPECT_EQ(client.watchdog().size(), 1U);
 
     rm.unlock();
-    EXPECT_EQ(client.watchdog().size(), 0U);
+    // A lease cancelled while its renewal is in flight goes when that renewal settles.
+    EXPECT_TRUE(redislock::test::eventually([&] { return client.watchdog().size() == 0; }, 2s));
     EXPECT_EQ(exists(srv, "x"), "0");
     EXPECT_EQ(lost.load(), 0);
 }
