@@ -20,9 +20,9 @@ namespace {
 // A master with one replica linked to it.
 struct replicated_pair {
     redis_server master{redis_server::options{.extra_args = {"--repl-diskless-sync-delay", "0"}}};
-    redis_server replica{redis_server::options{
-        .extra_args = {"--replicaof", "127.0.0.1", std::to_string(master.port()),
-                       "--repl-diskless-sync-delay", "0"}}};
+    redis_server replica{redis_server::options{.extra_args = {"--replicaof", "127.0.0.1",
+                                                              std::to_string(master.port()),
+                                                              "--repl-diskless-sync-delay", "0"}}};
 
     replicated_pair() {
         // Linked on both sides, and acknowledging: the master counts a replica for WAIT only once
@@ -47,14 +47,13 @@ struct replicated_pair {
 TEST(Replication, AcquisitionsAcknowledgedByAReplicaSucceedForEveryKind) {
     replicated_pair servers;
     redislock::client client{servers.master.uri()};
-    const redislock::lock_options acked{
-        .lease = 5s, .min_replicas = 1, .replica_timeout = 1000ms};
+    const redislock::lock_options acked{.lease = 5s, .min_replicas = 1, .replica_timeout = 1000ms};
     auto m = client.mutex("acked:mutex", acked);
     auto rm = client.recursive_mutex("acked:recursive", acked);
     auto rw = client.shared_mutex("acked:shared", acked);
-    auto fenced = client.mutex(
-        "acked:fenced",
-        {.lease = 5s, .fencing = true, .min_replicas = 1, .replica_timeout = 1000ms});
+    auto fenced =
+        client.mutex("acked:fenced",
+                     {.lease = 5s, .fencing = true, .min_replicas = 1, .replica_timeout = 1000ms});
 
     ASSERT_TRUE(m.try_lock());
     ASSERT_TRUE(rm.try_lock());
@@ -104,7 +103,7 @@ TEST(Replication, ARenewalNoReplicaAcknowledgesEndsInALossAtTheLocalDeadline) {
                                       .on_lost = lost.handler(),
                                       .min_replicas = 1,
                                       .replica_timeout = 150ms});
-    ASSERT_TRUE(m.try_lock_for(5s));  // a wait rides out a first WAIT the replica answers late
+    ASSERT_TRUE(m.try_lock_for(5s));      // a wait rides out a first WAIT the replica answers late
     std::this_thread::sleep_for(2000ms);  // renewed past its lease while the replica answers
     EXPECT_TRUE(m.owned());
     EXPECT_EQ(lost.calls.load(), 0);
@@ -124,7 +123,7 @@ TEST(Replication, OptionsAreChecked) {
     EXPECT_THROW((void)client.mutex("x", {.min_replicas = -1}), redislock::invalid_argument);
     EXPECT_THROW((void)client.mutex("x", {.min_replicas = 1, .replica_timeout = 0ms}),
                  redislock::invalid_argument);
-    EXPECT_THROW((void)client.mutex("x", {.lease = 100ms, .min_replicas = 1,
-                                          .replica_timeout = 100ms}),
-                 redislock::invalid_argument);
+    EXPECT_THROW(
+        (void)client.mutex("x", {.lease = 100ms, .min_replicas = 1, .replica_timeout = 100ms}),
+        redislock::invalid_argument);
 }

@@ -539,8 +539,7 @@ private:
                 items[i].problem = "node " + node.address() + ": " + e.what();
                 items[i].target = nullptr;
                 items[i].asking = false;
-                if (!may_retry_after(e, commands[i],
-                                     i < hows.size() ? hows[i] : call_context{})) {
+                if (!may_retry_after(e, commands[i], i < hows.size() ? hows[i] : call_context{})) {
                     if (commands.size() == 1) {
                         throw;
                     }

@@ -74,8 +74,8 @@ struct call_context {
 
 /// A connection that takes a call_context: routing by key, per-call deadline, stop requests.
 template <class C>
-concept contextual_connection =
-    connection<C> && requires(C& c, command argv, const call_context& how) {
+concept contextual_connection = connection<C> &&
+    requires(C& c, command argv, const call_context& how) {
     { c.execute(argv, how) } -> std::same_as<reply>;
 };
 
@@ -87,8 +87,7 @@ concept pipelining_connection = connection<C> && requires(C& c, std::span<const 
 
 /// A pipelining connection that takes one call_context per command.
 template <class C>
-concept contextual_pipelining_connection =
-    connection<C> &&
+concept contextual_pipelining_connection = connection<C> &&
     requires(C& c, std::span<const command> commands, std::span<const call_context> hows) {
     { c.execute_pipeline(commands, hows) } -> std::same_as<std::vector<reply>>;
 };

@@ -315,7 +315,8 @@ private:
     std::vector<reply> execute_pipeline(std::span<const command> commands,
                                         const call_context& how) {
         using clock = std::chrono::steady_clock;
-        const auto deadline = std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
+        const auto deadline =
+            std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
         check_stop(how);
         auto ctx = this_pool().acquire(deadline, how.stop);
         for (command argv : commands) {
@@ -648,7 +649,9 @@ private:
     // One pool per process: a forked child builds its own (fresh mutex, condition variable and
     // sockets) and never touches its parent's, whose mutex a parent thread may have held at the
     // fork, and whose sockets (and TLS sessions) belong to the parent.
-    pool& this_pool() const { return pool_->get(); }
+    pool& this_pool() const {
+        return pool_->get();
+    }
 
     std::unique_ptr<detail::per_process<pool>> pool_;
 };

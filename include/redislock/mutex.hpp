@@ -224,9 +224,7 @@ private:
         return st.held && st.token == token ? &st.lease : nullptr;
     }
 
-    detail::lease_tracker<C, state, detail::token> tracker() const {
-        return {state_, &find_lease};
-    }
+    detail::lease_tracker<C, state, detail::token> tracker() const { return {state_, &find_lease}; }
 
     const state& checked() const {
         if (!state_) {
@@ -287,9 +285,8 @@ private:
             } else {
                 const std::array<std::string_view, 6> set{
                     "SET", state_->name, token.view(), "NX", "PX", state_->lease_text.view()};
-                auto [r, acks] = detail::execute_acknowledged(*state_->conn, set, how,
-                                                              opts.min_replicas,
-                                                              opts.replica_timeout);
+                auto [r, acks] = detail::execute_acknowledged(
+                    *state_->conn, set, how, opts.min_replicas, opts.replica_timeout);
                 replicas = acks;
                 if (r.is_error()) {
                     detail::throw_reply_error(r, "lock", state_->name);
@@ -381,10 +378,9 @@ private:
                                         const detail::token& token,
                                         detail::steady::time_point deadline) noexcept {
         try {
-            const reply r = detail::run_script(conn, detail::scripts::mutex_release,
-                                               std::array{name},
-                                               std::array<std::string_view, 2>{token.view(), channel},
-                                               call_context{{}, deadline});
+            const reply r = detail::run_script(
+                conn, detail::scripts::mutex_release, std::array{name},
+                std::array<std::string_view, 2>{token.view(), channel}, call_context{{}, deadline});
             if (r.is_integer()) {
                 return r.as_integer() == 1 ? release_outcome::released : release_outcome::not_ours;
             }
@@ -431,13 +427,13 @@ private:
     // may hold has surely ended. The reaper keeps the client's core, and so the connection, alive.
     void hand_to_reaper(const detail::token& token, detail::steady::time_point lease_end) noexcept {
         try {
-            const auto give_up_at = lease_end + state_->options.lease / 100 +
-                                    std::chrono::milliseconds{2};
+            const auto give_up_at =
+                lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
             detail::background_reaper().add(
                 [core = state_->core, name = state_->name, channel = state_->channel,
                  token](detail::steady::time_point deadline) {
-                    const auto outcome = release_once(core->connection, name, channel, token,
-                                                      deadline);
+                    const auto outcome =
+                        release_once(core->connection, name, channel, token, deadline);
                     return outcome == release_outcome::released ||
                            outcome == release_outcome::not_ours;
                 },

@@ -18,11 +18,11 @@
 // unlock(std::error_code&); it never touches the holder's count.
 // Faults: every operation is safe to retry. Each attempt of a lock() call draws a fresh id and
 // names the earlier ones as given up, so a retry whose first reply was lost takes its own entry
-// over instead of re-entering it; a release that could not be finished, or an acquisition abandoned mid-flight,
-// makes the object remember that acquisition as given up (its next outermost lock() takes the
-// entry over) and has the client's reaper drop it in the background; a re-entry whose reply was
-// lost makes the outermost unlock() drop the whole acquisition rather than trust the count.
-// Loss is told at the local conservative deadline (see basic_mutex), through owned(),
+// over instead of re-entering it; a release that could not be finished, or an acquisition abandoned
+// mid-flight, makes the object remember that acquisition as given up (its next outermost lock()
+// takes the entry over) and has the client's reaper drop it in the background; a re-entry whose
+// reply was lost makes the outermost unlock() drop the whole acquisition rather than trust the
+// count. Loss is told at the local conservative deadline (see basic_mutex), through owned(),
 // lost_token() and on_lost. A wait with time left rides out transient failures.
 // With lock_options::watchdog the lease is renewed from the first entry through this object
 // until the last one is left (see watchdog.hpp).
@@ -268,9 +268,7 @@ private:
         return st.depth > 0 && st.epoch == epoch ? &st.lease : nullptr;
     }
 
-    detail::lease_tracker<C, state, std::uint64_t> tracker() const {
-        return {state_, &find_lease};
-    }
+    detail::lease_tracker<C, state, std::uint64_t> tracker() const { return {state_, &find_lease}; }
 
     const state& checked() const {
         if (!state_) {
@@ -449,12 +447,11 @@ private:
         const detail::decimal count{static_cast<long long>(entries)};
         call_context how{{}, deadline};
         how.repeatable = entries == drop_all;  // a count change must not run twice
-        return detail::run_script(conn, detail::scripts::recursive_release,
-                                  std::array{std::string_view{name}},
-                                  std::array<std::string_view, 5>{entry.owner, count.view(),
-                                                                  lease_text, channel,
-                                                                  entry.acquisition},
-                                  how);
+        return detail::run_script(
+            conn, detail::scripts::recursive_release, std::array{std::string_view{name}},
+            std::array<std::string_view, 5>{entry.owner, count.view(), lease_text, channel,
+                                            entry.acquisition},
+            how);
     }
 
     // Retries leaving `entries` entries of `entry` (drop_all: the whole acquisition, for one this
@@ -465,8 +462,8 @@ private:
             const auto give_up_at =
                 lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
             detail::background_reaper().add(
-                [core = state_->core, name = state_->name, channel = state_->channel,
-                 entry, entries](detail::steady::time_point deadline) {
+                [core = state_->core, name = state_->name, channel = state_->channel, entry,
+                 entries](detail::steady::time_point deadline) {
                     try {
                         // Lease "0": a background release never extends what remains.
                         return leave_once(core->connection, name, channel, "0", entry, entries,
@@ -487,9 +484,8 @@ private:
                           detail::steady::time_point valid_until, bool reported) noexcept {
         reply r;
         try {
-            r = leave_once(*state_->conn, state_->name, state_->channel,
-                           state_->lease_text.view(), entry, entries,
-                           state_->core->untimed_deadline());
+            r = leave_once(*state_->conn, state_->name, state_->channel, state_->lease_text.view(),
+                           entry, entries, state_->core->untimed_deadline());
         } catch (...) {
             not_finished(entry, entries, last, valid_until);
             return errc::connection_failed;

@@ -30,10 +30,10 @@
 // (unless lock_options::owner is set), so several threads may read through one object at once.
 // owned(), remaining(), extend(), verify() and fencing_token() concern the calling owner.
 // Faults: every operation is safe to retry, as for basic_recursive_mutex: each attempt of a
-// lock() call draws a fresh id and names the earlier ones as given up; a release that could not be finished, or an
-// acquisition abandoned mid-flight, is remembered as given up (the owner's next acquisition
-// through this object drops its entry, so a lost release never makes lock() refuse as an
-// upgrade) and dropped in the background by the client's reaper. Loss is told at the local
+// lock() call draws a fresh id and names the earlier ones as given up; a release that could not be
+// finished, or an acquisition abandoned mid-flight, is remembered as given up (the owner's next
+// acquisition through this object drops its entry, so a lost release never makes lock() refuse as
+// an upgrade) and dropped in the background by the client's reaper. Loss is told at the local
 // conservative deadline through owned(), lost_token() and on_lost.
 // With lock_options::watchdog each held mode of each owner is renewed from its first entry
 // through this object until its last one is left (see watchdog.hpp).
@@ -198,9 +198,9 @@ private:
         std::size_t uncertain = 0;
         std::int64_t fence = 0;
         detail::tracked_lease<C> lease;
-        std::uint64_t generation = 0;                      // fork generation of the first entry
-        std::uint64_t epoch = 0;    // which acquisition: renewals and releases name it
-        std::string acquisition{};  // the acquisition's id in Redis
+        std::uint64_t generation = 0;  // fork generation of the first entry
+        std::uint64_t epoch = 0;       // which acquisition: renewals and releases name it
+        std::string acquisition{};     // the acquisition's id in Redis
 
         // Held by the parent this process was forked from: only the parent may release it.
         bool inherited_by_fork() const { return generation != detail::current_fork_generation(); }
@@ -339,7 +339,8 @@ private:
             r = std::move(acknowledged.value);
             replicas = acknowledged.replicas;
         } catch (const error& e) {
-            if (dynamic_cast<const connection_error*>(&e) || dynamic_cast<const cancelled_error*>(&e)) {
+            if (dynamic_cast<const connection_error*>(&e) ||
+                dynamic_cast<const cancelled_error*>(&e)) {
                 // The entry may have landed. A new acquisition is given up (the next attempt of
                 // this call takes it over by its id; the reaper drops it otherwise); a re-entry
                 // whose count is now unknown is dropped with the hold's last release.
@@ -371,12 +372,14 @@ private:
             return detail::holder_ttl{value};
         }
         if (status == 1 && detail::unacknowledged(replicas, state_->options)) {
-            abandon(hold_ref{owner, kind, 0, acquisition, false}, drop_all, sent + state_->options.lease);
+            abandon(hold_ref{owner, kind, 0, acquisition, false}, drop_all,
+                    sent + state_->options.lease);
             detail::throw_unacknowledged(state_->name, replicas, state_->options);
         }
         if (status == 1 &&
             detail::steady::now() >= detail::valid_until(sent, state_->options.lease)) {
-            abandon(hold_ref{owner, kind, 0, acquisition, false}, drop_all, sent + state_->options.lease);
+            abandon(hold_ref{owner, kind, 0, acquisition, false}, drop_all,
+                    sent + state_->options.lease);
             return detail::holder_ttl{0};  // granted, but its lease ran out before the reply came
         }
         std::optional<hold_ref> first_entry;
@@ -424,8 +427,7 @@ private:
         }
         if (first_entry) {
             try {
-                tracker().start(*first_entry, sent, &detail::scripts::shared_extend,
-                                {state_->name},
+                tracker().start(*first_entry, sent, &detail::scripts::shared_extend, {state_->name},
                                 {owner, std::string{mode_text(kind)},
                                  std::string{state_->lease_text.view()}, acquisition});
             } catch (...) {
@@ -460,8 +462,8 @@ private:
             const auto give_up_at =
                 lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
             detail::background_reaper().add(
-                [core = state_->core, name = state_->name, channel = state_->channel,
-                 ref, entries](detail::steady::time_point deadline) {
+                [core = state_->core, name = state_->name, channel = state_->channel, ref,
+                 entries](detail::steady::time_point deadline) {
                     try {
                         return leave_once(core->connection, name, channel, ref, entries, deadline)
                             .is_integer();
@@ -486,8 +488,8 @@ private:
         how.repeatable = entries == drop_all;  // a count change must not run twice
         return detail::run_script(
             conn, detail::scripts::shared_release, std::array{std::string_view{name}},
-            std::array<std::string_view, 5>{ref.owner, mode_text(ref.kind), count.view(),
-                                            channel, ref.acquisition},
+            std::array<std::string_view, 5>{ref.owner, mode_text(ref.kind), count.view(), channel,
+                                            ref.acquisition},
             how);
     }
 

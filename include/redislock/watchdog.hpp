@@ -223,9 +223,9 @@ private:
     struct job {
         lease_id id;
         const script* renew_script;
-        std::vector<std::string_view> argv;  // EVALSHA sha nkeys keys... args...; empty: expiry
-        call_context how;                    // the first key, and when the lease surely ends
-        int min_replicas = 0;                // > 0: a WAIT follows the renewal
+        std::vector<std::string_view> argv;      // EVALSHA sha nkeys keys... args...; empty: expiry
+        call_context how;                        // the first key, and when the lease surely ends
+        int min_replicas = 0;                    // > 0: a WAIT follows the renewal
         std::array<std::string, 2> wait_text{};  // WAIT's arguments
     };
 
@@ -354,7 +354,7 @@ private:
         // WRONGTYPE: the name now holds something else, so ours is gone. READONLY: the node was
         // demoted to a replica, which cannot keep a lock for anyone. Other errors: retry.
         return r.is_error_code("WRONGTYPE") || r.is_error_code("READONLY") ? outcome::lost
-                                                                            : outcome::failed;
+                                                                           : outcome::failed;
     }
 
     // Empty result when the connection failed.
@@ -427,7 +427,9 @@ private:
         for (const auto& [s, key] : scripts) {
             try {
                 const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", s->source};
-                (void)detail::execute(*conn_, load, call_context{key, detail::steady::now() + std::chrono::seconds{1}, nullptr});
+                (void)detail::execute(
+                    *conn_, load,
+                    call_context{key, detail::steady::now() + std::chrono::seconds{1}, nullptr});
                 count(0, 1);  // a round trip like any other, so stats match the connection's
             } catch (...) {
             }

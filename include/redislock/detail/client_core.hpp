@@ -23,8 +23,7 @@ namespace redislock::detail {
 template <class C>
 std::chrono::milliseconds command_budget(const C& conn) {
     if constexpr (requires { conn.config().command_timeout; }) {
-        return std::chrono::duration_cast<std::chrono::milliseconds>(
-            conn.config().command_timeout);
+        return std::chrono::duration_cast<std::chrono::milliseconds>(conn.config().command_timeout);
     } else {
         return std::chrono::milliseconds{2000};
     }

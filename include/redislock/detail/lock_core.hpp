@@ -37,8 +37,8 @@ namespace redislock::detail {
 
 /// True for error replies that say "not now" rather than "no".
 inline bool is_transient(const reply& r) {
-    for (std::string_view code : {"LOADING", "READONLY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN",
-                                  "BUSY", "NOREPLICAS"}) {
+    for (std::string_view code :
+         {"LOADING", "READONLY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "BUSY", "NOREPLICAS"}) {
         if (r.is_error_code(code)) {
             return true;
         }
@@ -88,12 +88,11 @@ inline bool unacknowledged(std::int64_t replicas, const lock_options& options) {
 
 [[noreturn]] inline void throw_unacknowledged(std::string_view name, std::int64_t replicas,
                                               const lock_options& options) {
-    throw replication_error{"redislock: '" + std::string{name} + "' was acquired but only " +
-                            std::to_string(replicas) + " of the " +
-                            std::to_string(options.min_replicas) +
-                            " replicas asked for acknowledged it within " +
-                            std::to_string(options.replica_timeout.count()) +
-                            " ms; the acquisition was undone"};
+    throw replication_error{
+        "redislock: '" + std::string{name} + "' was acquired but only " + std::to_string(replicas) +
+        " of the " + std::to_string(options.min_replicas) +
+        " replicas asked for acknowledged it within " +
+        std::to_string(options.replica_timeout.count()) + " ms; the acquisition was undone"};
 }
 
 /// True for failures a wait with time left rides out (then throws the last of them).

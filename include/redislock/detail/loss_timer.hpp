@@ -18,13 +18,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <set>
-#include <thread>
-#include <deque>
 #include <stop_token>
+#include <thread>
 #include <utility>
 #include <vector>
 

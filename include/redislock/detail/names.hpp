@@ -59,15 +59,19 @@ inline void check_options(std::string_view name, const lock_options& options) {
             "must be positive and below the lease"};
     }
     if (options.max_hold < std::chrono::milliseconds::zero() ||
-        (options.max_hold > std::chrono::milliseconds::zero() && options.max_hold < options.lease)) {
-        throw invalid_argument{"redislock: max_hold of " + std::to_string(options.max_hold.count()) +
+        (options.max_hold > std::chrono::milliseconds::zero() &&
+         options.max_hold < options.lease)) {
+        throw invalid_argument{"redislock: max_hold of " +
+                               std::to_string(options.max_hold.count()) +
                                " ms must be 0 (no cap) or at least the lease (" +
                                std::to_string(options.lease.count()) + " ms)"};
     }
 }
 
 /// True when Redis Cluster would hash `key` by a {tag} inside it.
-inline bool has_hash_tag(std::string_view key) { return hashed_part(key).size() != key.size(); }
+inline bool has_hash_tag(std::string_view key) {
+    return hashed_part(key).size() != key.size();
+}
 
 /// A brace-free tag that hashes to `slot`: "rl" and three characters from a 64-letter alphabet,
 /// the first match in a fixed order (262,144 candidates cover all 16,384 slots).

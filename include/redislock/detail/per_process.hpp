@@ -29,7 +29,7 @@ public:
         // A T that owns a thread may be destroyed from that very thread (a callback that drops
         // the last reference to its client): it is stopped and left allocated, since the thread
         // still runs its loop when the callback returns.
-        if constexpr (requires(T& t) {
+        if constexpr (requires(T & t) {
                           t.runs_on_this_thread();
                           t.stop();
                       }) {
