@@ -93,7 +93,7 @@ jobs=$(nproc 2>/dev/null || echo 1)
 packages=(
     g++ cmake make pkg-config
     libhiredis-dev libssl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
-    redis-server redis-tools redis-sentinel
+    redis-server redis-tools redis-sentinel openssl
 )
 
 install_missing_packages() {
