@@ -1,5 +1,6 @@
 # Writes a C++ header that embeds every include/redislock/lua/*.lua file with its SHA1 (the same
-# digest Redis computes for SCRIPT LOAD and EVALSHA).
+# digest Redis computes for SCRIPT LOAD and EVALSHA). Files whose name starts with '_' are shared
+# pieces, not scripts: a line `--#include _name.lua` in a script is replaced by that file.
 # Usage: cmake -DLUA_DIR=<dir> -DOUTPUT=<file> -P embed_scripts.cmake
 if(NOT LUA_DIR OR NOT OUTPUT)
     message(FATAL_ERROR "usage: cmake -DLUA_DIR=<dir> -DOUTPUT=<file> -P embed_scripts.cmake")
@@ -7,11 +8,18 @@ endif()
 
 get_filename_component(LUA_DIR "${LUA_DIR}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_BINARY_DIR}")
 file(GLOB scripts RELATIVE ${LUA_DIR} ${LUA_DIR}/*.lua)
+list(FILTER scripts EXCLUDE REGEX "^_")
 list(SORT scripts)
 set(body "")
 foreach(script IN LISTS scripts)
     get_filename_component(name ${script} NAME_WE)
     file(READ ${LUA_DIR}/${script} source)
+    string(REGEX MATCHALL "--#include [A-Za-z0-9_]+\\.lua" includes "${source}")
+    foreach(directive IN LISTS includes)
+        string(REPLACE "--#include " "" piece "${directive}")
+        file(READ ${LUA_DIR}/${piece} piece_source)
+        string(REPLACE "${directive}\n" "${piece_source}" source "${source}")
+    endforeach()
     string(SHA1 digest "${source}")
     if(source MATCHES "\\)lua\"")
         message(FATAL_ERROR "${script} contains the raw string delimiter )lua\"")

@@ -57,6 +57,7 @@
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
 #include <redislock/reply.hpp>
+#include <redislock/subscriber.hpp>
 
 namespace redislock {
 
@@ -191,6 +192,61 @@ private:
     int size_ = 0;
 };
 
+
+/// A dedicated context in subscriber mode, read without blocking (see subscriber.hpp).
+class hiredis_subscriber_link final : public subscriber_link {
+public:
+    hiredis_subscriber_link(context_ptr ctx, std::string describe)
+        : ctx_{std::move(ctx)}, describe_{std::move(describe)} {}
+
+    int fd() const noexcept override { return ctx_->fd; }
+
+    void send(command argv) override {
+        argv_buffer args{argv};
+        if (redisAppendCommandArgv(ctx_.get(), args.size(), args.pointers(), args.lengths()) !=
+            REDIS_OK) {
+            fail();
+        }
+        int done = 0;
+        while (done == 0) {
+            if (redisBufferWrite(ctx_.get(), &done) != REDIS_OK) {
+                fail();
+            }
+        }
+    }
+
+    void read(std::vector<reply>& out) override {
+        pollfd pfd{ctx_->fd, POLLIN, 0};
+        if (buffered() || ::poll(&pfd, 1, 0) > 0) {
+            if (redisBufferRead(ctx_.get()) != REDIS_OK) {
+                fail();
+            }
+        }
+        for (;;) {
+            void* raw = nullptr;
+            if (redisGetReplyFromReader(ctx_.get(), &raw) != REDIS_OK) {
+                fail();
+            }
+            if (raw == nullptr) {
+                return;
+            }
+            hiredis_reply_ptr owned{raw};
+            out.push_back(convert_reply(*static_cast<redisReply*>(owned.get())));
+        }
+    }
+
+    bool buffered() const noexcept override { return hiredis_tls_pending(*ctx_); }
+
+private:
+    [[noreturn]] void fail() {
+        throw connection_error{"redislock: subscriber connection to " + describe_ + " failed: " +
+                               (ctx_->errstr[0] != '\0' ? ctx_->errstr : "connection closed")};
+    }
+
+    context_ptr ctx_;
+    std::string describe_;
+};
+
 }  // namespace detail
 
 class hiredis_connection {
@@ -302,6 +358,13 @@ public:
     /// caller owns it; it must not outlive this connection (it may share its TLS context).
     /// @throws as the constructor
     detail::context_ptr open_dedicated() { return this_pool().open(); }
+
+    /// A subscriber link to this server, for notified waiting (see subscriber.hpp).
+    /// @throws as the constructor
+    std::unique_ptr<subscriber_link> open_subscriber(std::string_view /*channel*/) {
+        return std::make_unique<detail::hiredis_subscriber_link>(open_dedicated(),
+                                                                 config().describe());
+    }
 
 private:
     static bool bounded(const call_context& how) noexcept {

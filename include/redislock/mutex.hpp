@@ -44,6 +44,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/detail/fair_wait.hpp>
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/lockable.hpp>
@@ -186,7 +187,7 @@ public:
 
     /// The fencing token of the current acquisition (lock_options::fencing); 0 when fencing is
     /// off or the lock is not held. Strictly increases across acquisitions of the same name, also
-    /// across FLUSHALL and restarts without persistence (see lua/mutex_acquire_fenced.lua).
+    /// across FLUSHALL and restarts without persistence (see lua/mutex_acquire.lua).
     std::int64_t fencing_token() const {
         if (!state_) {
             return 0;
@@ -252,12 +253,18 @@ private:
                     "redislock: lock() of '" + state_->name + "' by its holder"};
             }
         }
-        return detail::acquire_until([this](const call_context& how) { return attempt(how); },
-                                     deadline, stop, state_->options);
+        return detail::acquire_in_line(
+            *state_,
+            [this](const call_context& how, const detail::queue_place& place) {
+                return attempt(how, place);
+            },
+            deadline, stop, false, false, true);
     }
 
-    // One acquisition attempt: std::nullopt when acquired, else the holder's TTL.
-    std::optional<detail::holder_ttl> attempt(call_context how) {
+    // One acquisition attempt: std::nullopt when acquired, else how long to wait at most.
+    // Uncontended it is a plain SET NX PX; a fenced attempt, and one that joins the waiting
+    // queue, runs lua/mutex_acquire.lua.
+    std::optional<detail::holder_ttl> attempt(call_context how, const detail::queue_place& place) {
         const detail::token token = detail::token::random();
         const auto sent = detail::steady::now();
         how.key = state_->name;
@@ -265,35 +272,43 @@ private:
         std::int64_t fence = 0;
         std::int64_t replicas = -1;
         try {
-            if (opts.fencing) {
+            bool set = false;
+            if (!opts.fencing && !place.join) {
+                const std::array<std::string_view, 6> set_nx{
+                    "SET", state_->name, token.view(), "NX", "PX", state_->lease_text.view()};
+                auto [r, acks] = detail::execute_acknowledged(
+                    *state_->conn, set_nx, how, opts.min_replicas, opts.replica_timeout);
+                replicas = acks;
+                if (r.is_error()) {
+                    detail::throw_reply_error(r, "lock", state_->name);
+                }
+                if (r.is_nil() && place.waits) {
+                    return detail::holder_ttl{-1};  // the next attempt joins the queue
+                }
+                set = !r.is_nil();
+            }
+            // A try that found the key taken asks the script too: it says WRONGTYPE when the
+            // key is not a lock, and takes the lock if it was freed meanwhile.
+            if (!set) {
                 auto [r, acks] = detail::run_script_acknowledged(
-                    *state_->conn, detail::scripts::mutex_acquire_fenced,
-                    std::array<std::string_view, 2>{state_->name, state_->fence_key},
-                    std::array{token.view(), state_->lease_text.view()}, how, opts.min_replicas,
-                    opts.replica_timeout);
+                    *state_->conn, detail::scripts::mutex_acquire,
+                    std::array<std::string_view, 4>{state_->name, state_->fence_key,
+                                                    state_->queue_key, state_->lapse_key},
+                    std::array{token.view(), state_->lease_text.view(),
+                               std::string_view{opts.fencing ? "1" : "0"}, place.waiter,
+                               place.keep()},
+                    how, opts.min_replicas, opts.replica_timeout);
                 replicas = acks;
                 if (r.is_error()) {
                     detail::throw_reply_error(r, "lock", state_->name);
                 }
                 if (!r.is_array() || r.elements().size() != 2) {
-                    throw server_error{"redislock: unexpected reply to a fenced acquisition"};
+                    throw server_error{"redislock: unexpected reply to an acquisition"};
                 }
                 if (r.elements()[0].as_integer() == 0) {
                     return detail::holder_ttl{r.elements()[1].as_integer()};
                 }
                 fence = r.elements()[1].as_integer();
-            } else {
-                const std::array<std::string_view, 6> set{
-                    "SET", state_->name, token.view(), "NX", "PX", state_->lease_text.view()};
-                auto [r, acks] = detail::execute_acknowledged(
-                    *state_->conn, set, how, opts.min_replicas, opts.replica_timeout);
-                replicas = acks;
-                if (r.is_error()) {
-                    detail::throw_reply_error(r, "lock", state_->name);
-                }
-                if (r.is_nil()) {
-                    return holder_ttl_after_failed_set(how);
-                }
             }
         } catch (const connection_error&) {
             abandon(token, sent);  // the SET may have landed before the connection failed
@@ -312,16 +327,6 @@ private:
         }
         on_acquired(token, sent, fence);
         return std::nullopt;
-    }
-
-    detail::holder_ttl holder_ttl_after_failed_set(const call_context& how) {
-        const reply r = detail::run_script(*state_->conn, detail::scripts::mutex_probe,
-                                           std::array{std::string_view{state_->name}},
-                                           std::array<std::string_view, 0>{}, how);
-        if (r.is_error()) {
-            detail::throw_reply_error(r, "lock", state_->name);
-        }
-        return detail::holder_ttl{r.as_integer()};
     }
 
     void on_acquired(const detail::token& token, detail::steady::time_point sent,
@@ -371,18 +376,26 @@ private:
         return {state_->token, std::exchange(state_->lease, {})};
     }
 
-    enum class release_outcome { released, not_ours, unreachable, refused };
+    enum class release_outcome { released, handed_on, not_ours, unreachable, refused };
 
-    // One compare-and-delete of `token`, ending by `deadline`.
-    static release_outcome release_once(C& conn, std::string_view name, std::string_view channel,
-                                        const detail::token& token,
+    // One compare-and-delete of `token`, ending by `deadline`; tells the next waiter, if any.
+    static release_outcome release_once(const state& st, const detail::token& token,
                                         detail::steady::time_point deadline) noexcept {
         try {
             const reply r = detail::run_script(
-                conn, detail::scripts::mutex_release, std::array{name},
-                std::array<std::string_view, 2>{token.view(), channel}, call_context{{}, deadline});
+                st.core->connection, detail::scripts::mutex_release,
+                std::array<std::string_view, 3>{st.name, st.queue_key, st.lapse_key},
+                std::array<std::string_view, 3>{token.view(), st.channel, st.grace_text.view()},
+                call_context{{}, deadline});
             if (r.is_integer()) {
-                return r.as_integer() == 1 ? release_outcome::released : release_outcome::not_ours;
+                switch (r.as_integer()) {
+                    case 1:
+                        return release_outcome::released;
+                    case 2:
+                        return release_outcome::handed_on;
+                    default:
+                        return release_outcome::not_ours;
+                }
             }
             // Another type at the name is surely not our lock; other errors say nothing.
             if (r.is_error_code("WRONGTYPE")) {
@@ -396,9 +409,12 @@ private:
     }
 
     std::error_code release(const given_up& g) noexcept {
-        switch (release_once(*state_->conn, state_->name, state_->channel, g.token,
-                             state_->core->untimed_deadline())) {
+        const auto outcome = release_once(*state_, g.token, state_->core->untimed_deadline());
+        switch (outcome) {
             case release_outcome::released:
+            case release_outcome::handed_on:
+                state_->core->waiting->gates.note_contention(
+                    state_->name, outcome == release_outcome::handed_on);
                 return {};
             case release_outcome::not_ours:
                 if (!g.lease.lost) {
@@ -430,12 +446,10 @@ private:
             const auto give_up_at =
                 lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
             detail::background_reaper().add(
-                [core = state_->core, name = state_->name, channel = state_->channel,
-                 token](detail::steady::time_point deadline) {
-                    const auto outcome =
-                        release_once(core->connection, name, channel, token, deadline);
-                    return outcome == release_outcome::released ||
-                           outcome == release_outcome::not_ours;
+                [st = state_, token](detail::steady::time_point deadline) {
+                    const auto outcome = release_once(*st, token, deadline);
+                    return outcome != release_outcome::unreachable &&
+                           outcome != release_outcome::refused;
                 },
                 give_up_at);
         } catch (...) {

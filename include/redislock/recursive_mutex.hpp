@@ -49,6 +49,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/detail/fair_wait.hpp>
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/lockable.hpp>
@@ -298,15 +299,24 @@ private:
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
         checked();
         const std::string owner = state_->caller_owner();
-        return detail::acquire_until(
-            [&](const call_context& how) { return attempt(owner, detail::token::random(), how); },
-            deadline, stop, state_->options);
+        bool reentry = false;
+        {
+            std::lock_guard guard{state_->mutex};
+            reentry = state_->depth > 0 && state_->holder_owner == owner && !state_->lease.lost;
+        }
+        return detail::acquire_in_line(
+            *state_,
+            [&](const call_context& how, const detail::queue_place& place) {
+                return attempt(owner, detail::token::random(), how, place);
+            },
+            deadline, stop, false, reentry, false);
     }
 
-    // One attempt: std::nullopt when acquired or re-entered, else the holder's TTL.
+    // One attempt: std::nullopt when acquired or re-entered, else how long to wait at most.
     std::optional<detail::holder_ttl> attempt(const std::string& owner,
                                               const detail::token& candidate,
-                                              const call_context& how) {
+                                              const call_context& how,
+                                              const detail::queue_place& place) {
         bool outermost = false;
         std::string given_up;
         {
@@ -325,10 +335,12 @@ private:
         try {
             auto acknowledged = detail::run_script_acknowledged(
                 *state_->conn, detail::scripts::recursive_acquire,
-                std::array<std::string_view, 2>{state_->name, state_->fence_key},
-                std::array<std::string_view, 6>{owner, state_->lease_text.view(),
+                std::array<std::string_view, 4>{state_->name, state_->fence_key,
+                                                state_->queue_key, state_->lapse_key},
+                std::array<std::string_view, 8>{owner, state_->lease_text.view(),
                                                 state_->options.fencing ? "1" : "0",
-                                                candidate.view(), outermost ? "1" : "0", given_up},
+                                                candidate.view(), outermost ? "1" : "0", given_up,
+                                                place.waiter, place.keep()},
                 attempt_how, state_->options.min_replicas, state_->options.replica_timeout);
             r = std::move(acknowledged.value);
             replicas = acknowledged.replicas;
@@ -440,18 +452,23 @@ private:
         hand_to_reaper(held{owner, 0, acquisition}, drop_all, lease_end);
     }
 
-    // Sends one release of `entries` entries of `entry`, ending by `deadline`.
-    static reply leave_once(C& conn, const std::string& name, const std::string& channel,
-                            std::string_view lease_text, const held& entry, std::size_t entries,
-                            detail::steady::time_point deadline) {
+    // Sends one release of `entries` entries of `entry`, ending by `deadline`; a release that
+    // frees the lock tells the next waiter, if any.
+    static reply leave_once(const state& st, std::string_view lease_text, const held& entry,
+                            std::size_t entries, detail::steady::time_point deadline) {
         const detail::decimal count{static_cast<long long>(entries)};
         call_context how{{}, deadline};
         how.repeatable = entries == drop_all;  // a count change must not run twice
-        return detail::run_script(
-            conn, detail::scripts::recursive_release, std::array{std::string_view{name}},
-            std::array<std::string_view, 5>{entry.owner, count.view(), lease_text, channel,
-                                            entry.acquisition},
+        reply r = detail::run_script(
+            st.core->connection, detail::scripts::recursive_release,
+            std::array<std::string_view, 3>{st.name, st.queue_key, st.lapse_key},
+            std::array<std::string_view, 6>{entry.owner, count.view(), lease_text, st.channel,
+                                            entry.acquisition, st.grace_text.view()},
             how);
+        if (r.is_integer() && r.as_integer() >= 1) {
+            st.core->waiting->gates.note_contention(st.name, r.as_integer() == 2);
+        }
+        return r;
     }
 
     // Retries leaving `entries` entries of `entry` (drop_all: the whole acquisition, for one this
@@ -462,13 +479,10 @@ private:
             const auto give_up_at =
                 lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
             detail::background_reaper().add(
-                [core = state_->core, name = state_->name, channel = state_->channel, entry,
-                 entries](detail::steady::time_point deadline) {
+                [st = state_, entry, entries](detail::steady::time_point deadline) {
                     try {
                         // Lease "0": a background release never extends what remains.
-                        return leave_once(core->connection, name, channel, "0", entry, entries,
-                                          deadline)
-                            .is_integer();
+                        return leave_once(*st, "0", entry, entries, deadline).is_integer();
                     } catch (...) {
                         return false;
                     }
@@ -484,8 +498,8 @@ private:
                           detail::steady::time_point valid_until, bool reported) noexcept {
         reply r;
         try {
-            r = leave_once(*state_->conn, state_->name, state_->channel, state_->lease_text.view(),
-                           entry, entries, state_->core->untimed_deadline());
+            r = leave_once(*state_, state_->lease_text.view(), entry, entries,
+                           state_->core->untimed_deadline());
         } catch (...) {
             not_finished(entry, entries, last, valid_until);
             return errc::connection_failed;

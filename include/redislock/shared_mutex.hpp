@@ -63,6 +63,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/detail/fair_wait.hpp>
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/lockable.hpp>
@@ -216,14 +217,7 @@ private:
     };
 
     struct state : detail::lock_identity<C> {
-        state(std::shared_ptr<detail::client_core<C>> client, std::string_view lock_name,
-              lock_options opts)
-            : detail::lock_identity<C>{std::move(client), lock_name, std::move(opts)},
-              // After the options were checked: backoff_max is bounded by then.
-              queue_text{std::max(std::chrono::milliseconds{1000}, 4 * this->options.backoff_max)
-                             .count()} {}
-
-        detail::decimal queue_text;  // how long a waiting writer keeps readers out
+        using detail::lock_identity<C>::lock_identity;
 
         mutable std::mutex mutex;  // guards the members below; never held across a round trip
         std::vector<hold> holds;
@@ -272,29 +266,21 @@ private:
         const std::string owner = state_->caller_owner();
         // A reader asking to write is refused by the script ({-1, 0}), not here: only the server
         // knows whether this owner also writes through another object (then it re-enters).
-        // Only a writer that will wait queues, so a failed try_lock() never holds readers back.
-        const bool queue = kind == mode::write && deadline > detail::steady::now();
-        bool queued = false;
-        bool acquired = false;
-        try {
-            acquired = detail::acquire_until(
-                [&](const call_context& how) {
-                    auto ttl = attempt(owner, kind, queue, detail::token::random(), how);
-                    queued = queued || ttl.has_value();
-                    return ttl;
-                },
-                deadline, stop, state_->options);
-        } catch (...) {
-            // A writer that stops waiting because of an error must not hold readers back either.
-            if (queue && queued) {
-                leave_queue(owner);
-            }
-            throw;
+        bool reentry = false;
+        {
+            std::lock_guard guard{state_->mutex};
+            const auto holds = [&](mode m) {
+                const hold* h = find(owner, m);
+                return h != nullptr && h->depth > 0 && !h->lease.lost;
+            };
+            reentry = holds(kind) || (kind == mode::read && holds(mode::write));
         }
-        if (!acquired && queue && queued) {
-            leave_queue(owner);
-        }
-        return acquired;
+        return detail::acquire_in_line(
+            *state_,
+            [&](const call_context& how, const detail::queue_place& place) {
+                return attempt(owner, kind, detail::token::random(), how, place);
+            },
+            deadline, stop, kind == mode::read, reentry, false);
     }
 
     [[noreturn]] void throw_upgrade() const {
@@ -304,9 +290,10 @@ private:
                                     "unlock_shared() first"};
     }
 
-    std::optional<detail::holder_ttl> attempt(const std::string& owner, mode kind, bool queue,
+    std::optional<detail::holder_ttl> attempt(const std::string& owner, mode kind,
                                               const detail::token& candidate,
-                                              const call_context& how) {
+                                              const call_context& how,
+                                              const detail::queue_place& place) {
         bool outermost = false;
         std::string given_up;
         {
@@ -329,12 +316,12 @@ private:
         try {
             auto acknowledged = detail::run_script_acknowledged(
                 *state_->conn, detail::scripts::shared_acquire,
-                std::array<std::string_view, 2>{state_->name, state_->fence_key},
-                std::array<std::string_view, 8>{
+                std::array<std::string_view, 4>{state_->name, state_->fence_key,
+                                                state_->queue_key, state_->lapse_key},
+                std::array<std::string_view, 9>{
                     owner, mode_text(kind), state_->lease_text.view(),
-                    kind == mode::write && state_->options.fencing ? "1" : "0",
-                    queue ? state_->queue_text.view() : std::string_view{"0"}, candidate.view(),
-                    outermost ? "1" : "0", given_up},
+                    kind == mode::write && state_->options.fencing ? "1" : "0", place.waiter,
+                    candidate.view(), outermost ? "1" : "0", given_up, place.keep()},
                 attempt_how, state_->options.min_replicas, state_->options.replica_timeout);
             r = std::move(acknowledged.value);
             replicas = acknowledged.replicas;
@@ -462,11 +449,9 @@ private:
             const auto give_up_at =
                 lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
             detail::background_reaper().add(
-                [core = state_->core, name = state_->name, channel = state_->channel, ref,
-                 entries](detail::steady::time_point deadline) {
+                [st = state_, ref, entries](detail::steady::time_point deadline) {
                     try {
-                        return leave_once(core->connection, name, channel, ref, entries, deadline)
-                            .is_integer();
+                        return leave_once(*st, ref, entries, deadline).is_integer();
                     } catch (...) {
                         return false;
                     }
@@ -480,28 +465,22 @@ private:
     // Leaving this many entries drops the whole hold.
     static constexpr std::size_t drop_all = std::size_t{1} << 40;
 
-    static reply leave_once(C& conn, const std::string& name, const std::string& channel,
-                            const hold_ref& ref, std::size_t entries,
+    // Sends one release; one that lets waiters in tells them.
+    static reply leave_once(const state& st, const hold_ref& ref, std::size_t entries,
                             detail::steady::time_point deadline) {
         const detail::decimal count{static_cast<long long>(entries)};
         call_context how{{}, deadline};
         how.repeatable = entries == drop_all;  // a count change must not run twice
-        return detail::run_script(
-            conn, detail::scripts::shared_release, std::array{std::string_view{name}},
-            std::array<std::string_view, 5>{ref.owner, mode_text(ref.kind), count.view(), channel,
-                                            ref.acquisition},
+        reply r = detail::run_script(
+            st.core->connection, detail::scripts::shared_release,
+            std::array<std::string_view, 3>{st.name, st.queue_key, st.lapse_key},
+            std::array<std::string_view, 6>{ref.owner, mode_text(ref.kind), count.view(),
+                                            st.channel, ref.acquisition, st.grace_text.view()},
             how);
-    }
-
-    void leave_queue(const std::string& owner) noexcept {
-        try {
-            const std::string field = "q:" + owner;
-            const std::array<std::string_view, 3> hdel{"HDEL", state_->name, field};
-            (void)detail::execute(*state_->conn, hdel,
-                                  call_context{state_->name, state_->core->untimed_deadline()});
-        } catch (...) {
-            // The claim expires on its own within queue_text ms.
+        if (r.is_integer() && r.as_integer() >= 1) {
+            st.core->waiting->gates.note_contention(st.name, r.as_integer() == 2);
         }
+        return r;
     }
 
     std::error_code leave_one(mode kind) noexcept {
@@ -561,8 +540,7 @@ private:
                           detail::steady::time_point valid_until) noexcept {
         reply r;
         try {
-            r = leave_once(*state_->conn, state_->name, state_->channel, ref, entries,
-                           state_->core->untimed_deadline());
+            r = leave_once(*state_, ref, entries, state_->core->untimed_deadline());
         } catch (...) {
             not_finished(ref, entries, last, valid_until);
             return errc::connection_failed;

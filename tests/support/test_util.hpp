@@ -296,9 +296,8 @@ private:
 /// Names the embedded scripts for fault_connection's log.
 inline std::string script_name_of(std::string_view sha1) {
     for (const auto& s :
-         {redislock::detail::scripts::mutex_acquire_fenced,
-          redislock::detail::scripts::mutex_extend, redislock::detail::scripts::mutex_probe,
-          redislock::detail::scripts::mutex_release}) {
+         {redislock::detail::scripts::mutex_acquire, redislock::detail::scripts::mutex_extend,
+          redislock::detail::scripts::mutex_release, redislock::detail::scripts::queue_leave}) {
         if (s.sha1 == sha1) {
             return std::string{s.name};
         }

@@ -11,10 +11,13 @@
 #include <utility>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/local_gate.hpp>
 #include <redislock/detail/loss_timer.hpp>
+#include <redislock/detail/notifier.hpp>
 #include <redislock/detail/per_process.hpp>
 #include <redislock/detail/reaper.hpp>
 #include <redislock/detail/token.hpp>
+#include <redislock/subscriber.hpp>
 #include <redislock/watchdog.hpp>
 
 namespace redislock::detail {
@@ -27,6 +30,37 @@ std::chrono::milliseconds command_budget(const C& conn) {
     } else {
         return std::chrono::milliseconds{2000};
     }
+}
+
+/// What a client's waiters share in one process: the local gates and the notifier.
+struct waiting_room {
+    waiting_room(notifier::opener open, notifier::node_namer node_of)
+        : notify{std::move(open), std::move(node_of)} {}
+
+    local_gates gates;
+    notifier notify;
+
+    // For per_process: the notifier's thread is the only one here.
+    bool runs_on_this_thread() const noexcept { return notify.runs_on_this_thread(); }
+    void stop() noexcept { notify.stop(); }
+};
+
+/// The notifier's way to open subscriber links over `conn`, when its type has one.
+template <connection C>
+std::unique_ptr<waiting_room> make_waiting_room(C& conn) {
+    notifier::opener open;
+    notifier::node_namer node_of;
+    if constexpr (subscribing_connection<C>) {
+        open = [&conn](std::string_view channel) { return conn.open_subscriber(channel); };
+    }
+    if constexpr (requires(std::string_view channel) {
+                      { conn.subscriber_node(channel) } -> std::convertible_to<std::string>;
+                  }) {
+        node_of = [&conn](std::string_view channel) {
+            return std::string{conn.subscriber_node(channel)};
+        };
+    }
+    return std::make_unique<waiting_room>(std::move(open), std::move(node_of));
 }
 
 template <connection C>
@@ -45,6 +79,7 @@ struct client_core {
     C connection;
     std::string instance_id = token::random().str();
     per_process<loss_timer> timer{[] { return std::make_unique<loss_timer>(); }};
+    per_process<waiting_room> waiting{[this] { return make_waiting_room(connection); }};
     basic_watchdog<C> watchdog{connection};
 };
 

@@ -36,6 +36,9 @@ struct lock_identity {
         }
         fence_key = derived_key(name, "fence");
         channel = derived_key(name, "released");
+        queue_key = derived_key(name, "queue");
+        lapse_key = derived_key(name, "waiting");
+        grace_text = decimal{handoff_grace(options.lease).count()};
     }
 
     /// True when the calling thread is the one `holder` names, or an explicit owner makes every
@@ -53,7 +56,10 @@ struct lock_identity {
     lock_options options;
     decimal lease_text;
     std::string fence_key;
-    std::string channel;
+    std::string channel;     // release messages: ids of the waiters that may go
+    std::string queue_key;   // waiters in order (lua/_queue.lua)
+    std::string lapse_key;   // when each waiter's entry lapses
+    decimal grace_text{0};   // ms a waiter told to go has to come (fair_wait.hpp)
 };
 
 }  // namespace redislock::detail

@@ -1,6 +1,7 @@
 // Lock names, derived keys and argument checks shared by every lock kind.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cstddef>
@@ -16,6 +17,12 @@ namespace redislock::detail {
 
 /// The shortest lease accepted: below it a lease is gone before its reply can arrive.
 inline constexpr std::chrono::milliseconds min_lease{10};
+
+/// How long a waiter told it may go has to come before the next one may: short, since a dead
+/// waiter delays everyone behind it by that much.
+inline std::chrono::milliseconds handoff_grace(std::chrono::milliseconds lease) {
+    return std::clamp(lease / 4, std::chrono::milliseconds{10}, std::chrono::milliseconds{100});
+}
 
 /// The longest lock name accepted, in bytes.
 inline constexpr std::size_t max_name_size = 64 * 1024;

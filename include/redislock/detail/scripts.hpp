@@ -6,37 +6,139 @@
 
 namespace redislock::detail::scripts {
 
-inline constexpr script mutex_acquire_fenced{
-    "mutex_acquire_fenced",
-    R"lua(-- Takes a simple lock and draws its fencing token. Everything that can fail is checked before
--- the first write, so an error never leaves the lock set.
+inline constexpr script mutex_acquire{
+    "mutex_acquire",
+    R"lua(-- Takes a simple lock, respecting the waiting queue, and draws its fencing token if asked.
+-- Everything that can fail is checked before the first write, so an error never leaves the lock
+-- set. A key holding 'queued:<id>' is the lock kept free for waiter <id>, told it may go.
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the fencing counter (same hash slot as KEYS[1]; expires a day after its last use)
+-- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
 -- ARGV[1]  our token
 -- ARGV[2]  the lease, ms
--- Returns  {1, fencing token} acquired; {0, holder's PTTL} held (-1: the holder set no lease)
+-- ARGV[3]  '1' to draw a fencing token
+-- ARGV[4]  the waiter id of this lock() call
+-- ARGV[5]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
+--          this reply asks for (the waiter comes back by then)
+-- Returns  {1, fencing token or 0} acquired; {0, ms} not acquired: wait at most ms for a
+--          message before trying again (-1: the holder set no lease)
 -- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[2] is not a
 --          counter; nothing is written then.
+-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
+-- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+local function queue_prune(q, w, now)
+    local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
+    if #lapsed > 0 then
+        redis.call('ZREM', q, unpack(lapsed))
+        redis.call('ZREM', w, unpack(lapsed))
+    end
+end
+
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
+-- long as their latest entry.
+local function queue_join(q, w, id, now, ticket, keep)
+    redis.call('ZADD', q, 'NX', ticket, id)
+    redis.call('ZADD', w, now + keep, id)
+    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', q, math.max(last - now, 1))
+    redis.call('PEXPIRE', w, math.max(last - now, 1))
+end
+
+local function queue_leave(q, w, id)
+    redis.call('ZREM', q, id)
+    redis.call('ZREM', w, id)
+end
+
+-- The waiters that may go once the lock is free: the first writer alone, or every reader before
+-- the first writer.
+local function queue_runners(q)
+    local ids = redis.call('ZRANGE', q, 0, 63)
+    local run = {}
+    for i, id in ipairs(ids) do
+        if string.sub(id, 1, 1) ~= 'r' then
+            if i == 1 then
+                run[1] = id
+            end
+            break
+        end
+        run[i] = id
+    end
+    return run
+end
+
+-- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
+-- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
+-- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+local function queue_notify(q, w, channel, run, now, grace)
+    if #run == 0 then
+        return
+    end
+    for _, id in ipairs(run) do
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+    end
+    local message = table.concat(run, ' ')
+    local standby = redis.call('ZRANGE', q, #run, #run)[1]
+    if standby then
+        message = message .. ' ?' .. standby
+    end
+    redis.pcall('SPUBLISH', channel, message)
+end
+
+-- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
+-- the head; a reader also when no writer waits before it.
+local function queue_allows(q, id)
+    local ahead = redis.call('ZRANGE', q, 0, 63)
+    if #ahead == 0 or ahead[1] == id then
+        return true
+    end
+    if string.sub(id, 1, 1) ~= 'r' then
+        return false
+    end
+    for _, other in ipairs(ahead) do
+        if other == id then
+            return true
+        end
+        if string.sub(other, 1, 1) ~= 'r' then
+            return false
+        end
+    end
+    return #ahead < 64
+end
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'string' and kind ~= 'none' then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
 end
-if kind == 'string' then
-    return {0, redis.call('PTTL', KEYS[1])}
-end
-local last = redis.call('GET', KEYS[2])
+local last = ARGV[3] == '1' and redis.call('GET', KEYS[2])
 if last and (#last > 16 or not string.match(last, '^%d+$')) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
 end
--- Never below the server's clock in microseconds, so tokens keep growing after a FLUSHALL or a
--- restart without persistence (as long as fewer than a million are drawn per second).
 local time = redis.call('TIME')
-local fence = math.max((tonumber(last) or 0) + 1, tonumber(time[1]) * 1000000 + tonumber(time[2]))
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
-return {1, fence}
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local id = ARGV[4]
+queue_prune(KEYS[3], KEYS[4], now)
+local holder = kind == 'string' and redis.call('GET', KEYS[1])
+if (not holder or holder == 'queued:' .. id) and queue_allows(KEYS[3], id) then
+    -- Never below the server's clock in microseconds, so tokens keep growing after a FLUSHALL
+    -- or a restart without persistence (as long as fewer than a million are drawn per second).
+    local fence = 0
+    if ARGV[3] == '1' then
+        fence = math.max((tonumber(last) or 0) + 1, tonumber(time[1]) * 1000000 + tonumber(time[2]))
+        redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+    end
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    queue_leave(KEYS[3], KEYS[4], id)
+    return {1, fence}
+end
+local wait = holder and redis.call('PTTL', KEYS[1]) or
+    (tonumber(redis.call('ZSCORE', KEYS[4], redis.call('ZRANGE', KEYS[3], 0, 0)[1])) or now) - now
+if ARGV[5] ~= '0' then
+    queue_join(KEYS[3], KEYS[4], id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
+               math.max(wait, 0) + tonumber(ARGV[5]))
+end
+return {0, wait}
 )lua",
-    "5cc29b5e6dab596fd5bfb19ddbd54d1f5a14991a"};
+    "e17ad5c432fe3d620e819a2010124761b75e4dbb"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -52,35 +154,239 @@ return 0
 )lua",
     "fc9516b8fd14fd2a540c248ef4621887a52a33cf"};
 
-inline constexpr script mutex_probe{
-    "mutex_probe",
-    R"lua(-- After a failed SET NX: how long the holder keeps a simple lock.
--- KEYS[1]  the lock's key
--- Returns  the holder's PTTL in ms; -1 the holder set no lease; -2 free again
--- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'string' and kind ~= 'none' then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
-end
-return redis.call('PTTL', KEYS[1])
-)lua",
-    "03ec47f5acc6e5ace2b1942370cbc95a62c9f24f"};
-
 inline constexpr script mutex_release{
     "mutex_release",
-    R"lua(-- Releases a simple lock if it still holds our token, and tells waiters it is free.
+    R"lua(-- Releases a simple lock if it still holds our token. When someone waits, the lock is kept free
+-- for the head of the queue for a short grace ('queued:<id>', so a plain SET NX cannot barge in)
+-- and the head is told. DEL comes first: Redis allows it when out of memory, and once a script
+-- has written, the rest of it may write too.
 -- KEYS[1]  the lock's key
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
 -- ARGV[1]  our token
 -- ARGV[2]  the release channel
--- Returns  1 released; 0 not ours (expired, or now held by someone else)
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    redis.call('DEL', KEYS[1])
-    redis.call('PUBLISH', ARGV[2], KEYS[1])
+-- ARGV[3]  the grace, ms, a told waiter has to come
+-- Returns  1 released, no one waits; 2 released and a waiter told; 0 not ours (expired, or now
+--          held by someone else)
+-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
+-- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+local function queue_prune(q, w, now)
+    local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
+    if #lapsed > 0 then
+        redis.call('ZREM', q, unpack(lapsed))
+        redis.call('ZREM', w, unpack(lapsed))
+    end
+end
+
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
+-- long as their latest entry.
+local function queue_join(q, w, id, now, ticket, keep)
+    redis.call('ZADD', q, 'NX', ticket, id)
+    redis.call('ZADD', w, now + keep, id)
+    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', q, math.max(last - now, 1))
+    redis.call('PEXPIRE', w, math.max(last - now, 1))
+end
+
+local function queue_leave(q, w, id)
+    redis.call('ZREM', q, id)
+    redis.call('ZREM', w, id)
+end
+
+-- The waiters that may go once the lock is free: the first writer alone, or every reader before
+-- the first writer.
+local function queue_runners(q)
+    local ids = redis.call('ZRANGE', q, 0, 63)
+    local run = {}
+    for i, id in ipairs(ids) do
+        if string.sub(id, 1, 1) ~= 'r' then
+            if i == 1 then
+                run[1] = id
+            end
+            break
+        end
+        run[i] = id
+    end
+    return run
+end
+
+-- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
+-- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
+-- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+local function queue_notify(q, w, channel, run, now, grace)
+    if #run == 0 then
+        return
+    end
+    for _, id in ipairs(run) do
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+    end
+    local message = table.concat(run, ' ')
+    local standby = redis.call('ZRANGE', q, #run, #run)[1]
+    if standby then
+        message = message .. ' ?' .. standby
+    end
+    redis.pcall('SPUBLISH', channel, message)
+end
+
+-- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
+-- the head; a reader also when no writer waits before it.
+local function queue_allows(q, id)
+    local ahead = redis.call('ZRANGE', q, 0, 63)
+    if #ahead == 0 or ahead[1] == id then
+        return true
+    end
+    if string.sub(id, 1, 1) ~= 'r' then
+        return false
+    end
+    for _, other in ipairs(ahead) do
+        if other == id then
+            return true
+        end
+        if string.sub(other, 1, 1) ~= 'r' then
+            return false
+        end
+    end
+    return #ahead < 64
+end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 0 then
     return 1
 end
-return 0
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+queue_prune(KEYS[2], KEYS[3], now)
+local run = queue_runners(KEYS[2])
+if #run == 0 then
+    return 1
+end
+redis.call('SET', KEYS[1], 'queued:' .. run[1], 'PX', ARGV[3])
+queue_notify(KEYS[2], KEYS[3], ARGV[2], run, now, tonumber(ARGV[3]))
+return 2
 )lua",
-    "9fea3c8ccd3b14e6e4ad4ee78f24041a71ca4a8c"};
+    "6f201d5b2f5993f69f6ed1e445495dfbaff1223f"};
+
+inline constexpr script queue_leave{
+    "queue_leave",
+    R"lua(-- Takes a waiter that gives up out of the queue. If the lock was kept free for it, or it stood
+-- before others that may go now, the next waiters are told.
+-- KEYS[1]  the lock's key
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
+-- ARGV[1]  the waiter id
+-- ARGV[2]  the release channel
+-- ARGV[3]  the grace, ms, a told waiter has to come
+-- ARGV[4]  'm' for a simple lock (then kept free for the next head), '' for the other kinds
+-- Returns  1 left and waiters told; 0 left
+-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
+-- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+local function queue_prune(q, w, now)
+    local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
+    if #lapsed > 0 then
+        redis.call('ZREM', q, unpack(lapsed))
+        redis.call('ZREM', w, unpack(lapsed))
+    end
+end
+
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
+-- long as their latest entry.
+local function queue_join(q, w, id, now, ticket, keep)
+    redis.call('ZADD', q, 'NX', ticket, id)
+    redis.call('ZADD', w, now + keep, id)
+    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', q, math.max(last - now, 1))
+    redis.call('PEXPIRE', w, math.max(last - now, 1))
+end
+
+local function queue_leave(q, w, id)
+    redis.call('ZREM', q, id)
+    redis.call('ZREM', w, id)
+end
+
+-- The waiters that may go once the lock is free: the first writer alone, or every reader before
+-- the first writer.
+local function queue_runners(q)
+    local ids = redis.call('ZRANGE', q, 0, 63)
+    local run = {}
+    for i, id in ipairs(ids) do
+        if string.sub(id, 1, 1) ~= 'r' then
+            if i == 1 then
+                run[1] = id
+            end
+            break
+        end
+        run[i] = id
+    end
+    return run
+end
+
+-- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
+-- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
+-- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+local function queue_notify(q, w, channel, run, now, grace)
+    if #run == 0 then
+        return
+    end
+    for _, id in ipairs(run) do
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+    end
+    local message = table.concat(run, ' ')
+    local standby = redis.call('ZRANGE', q, #run, #run)[1]
+    if standby then
+        message = message .. ' ?' .. standby
+    end
+    redis.pcall('SPUBLISH', channel, message)
+end
+
+-- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
+-- the head; a reader also when no writer waits before it.
+local function queue_allows(q, id)
+    local ahead = redis.call('ZRANGE', q, 0, 63)
+    if #ahead == 0 or ahead[1] == id then
+        return true
+    end
+    if string.sub(id, 1, 1) ~= 'r' then
+        return false
+    end
+    for _, other in ipairs(ahead) do
+        if other == id then
+            return true
+        end
+        if string.sub(other, 1, 1) ~= 'r' then
+            return false
+        end
+    end
+    return #ahead < 64
+end
+queue_leave(KEYS[2], KEYS[3], ARGV[1])
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'string' and redis.call('GET', KEYS[1]) == 'queued:' .. ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    kind = 'none'
+end
+-- Held by a writer (or a simple or reentrant holder): its release tells the queue.
+if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
+    return 0
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+queue_prune(KEYS[2], KEYS[3], now)
+local run = queue_runners(KEYS[2])
+if kind == 'hash' and string.sub(run[1] or 'w', 1, 1) ~= 'r' then
+    return 0  -- read-held: only readers may join now
+end
+if #run == 0 then
+    return 0
+end
+if kind == 'none' and redis.call('EXISTS', KEYS[1]) == 0 and ARGV[4] == 'm' then
+    redis.call('SET', KEYS[1], 'queued:' .. run[1], 'PX', ARGV[3])
+end
+queue_notify(KEYS[2], KEYS[3], ARGV[2], run, now, tonumber(ARGV[3]))
+return 1
+)lua",
+    "b834352f90861c1ec0a95713303c65592fceeff4"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -96,10 +402,97 @@ inline constexpr script recursive_acquire{
 --          (a retry whose first reply was lost) or ARGV[6] (an acquisition the object already
 --          gave up, whose release may not have landed) is then taken over, not re-entered
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
+-- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
+-- ARGV[7]  the waiter id of this lock() call
+-- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
+--          this reply asks for
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
---          entry); {0, holder's PTTL, ''} held by another owner. fence is 0 when none was drawn.
+--          entry); {0, ms, ''} not acquired: wait at most ms for a message before trying again
+--          (the holder's PTTL, or how long the waiter told to go has to come). fence is 0 when
+--          none was drawn.
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[2] not a fencing counter;
 --          nothing is written then.
+-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
+-- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+local function queue_prune(q, w, now)
+    local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
+    if #lapsed > 0 then
+        redis.call('ZREM', q, unpack(lapsed))
+        redis.call('ZREM', w, unpack(lapsed))
+    end
+end
+
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
+-- long as their latest entry.
+local function queue_join(q, w, id, now, ticket, keep)
+    redis.call('ZADD', q, 'NX', ticket, id)
+    redis.call('ZADD', w, now + keep, id)
+    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', q, math.max(last - now, 1))
+    redis.call('PEXPIRE', w, math.max(last - now, 1))
+end
+
+local function queue_leave(q, w, id)
+    redis.call('ZREM', q, id)
+    redis.call('ZREM', w, id)
+end
+
+-- The waiters that may go once the lock is free: the first writer alone, or every reader before
+-- the first writer.
+local function queue_runners(q)
+    local ids = redis.call('ZRANGE', q, 0, 63)
+    local run = {}
+    for i, id in ipairs(ids) do
+        if string.sub(id, 1, 1) ~= 'r' then
+            if i == 1 then
+                run[1] = id
+            end
+            break
+        end
+        run[i] = id
+    end
+    return run
+end
+
+-- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
+-- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
+-- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+local function queue_notify(q, w, channel, run, now, grace)
+    if #run == 0 then
+        return
+    end
+    for _, id in ipairs(run) do
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+    end
+    local message = table.concat(run, ' ')
+    local standby = redis.call('ZRANGE', q, #run, #run)[1]
+    if standby then
+        message = message .. ' ?' .. standby
+    end
+    redis.pcall('SPUBLISH', channel, message)
+end
+
+-- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
+-- the head; a reader also when no writer waits before it.
+local function queue_allows(q, id)
+    local ahead = redis.call('ZRANGE', q, 0, 63)
+    if #ahead == 0 or ahead[1] == id then
+        return true
+    end
+    if string.sub(id, 1, 1) ~= 'r' then
+        return false
+    end
+    for _, other in ipairs(ahead) do
+        if other == id then
+            return true
+        end
+        if string.sub(other, 1, 1) ~= 'r' then
+            return false
+        end
+    end
+    return #ahead < 64
+end
 local function fresh()
     local fence = 0
     if ARGV[3] == '1' then
@@ -115,7 +508,17 @@ local function fresh()
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    queue_leave(KEYS[3], KEYS[4], ARGV[7])
     return {1, fence, ARGV[4]}
+end
+
+-- Not acquired: join the queue when waiting, and say how long to wait.
+local function wait(ms, now, time)
+    if ARGV[8] ~= '0' then
+        queue_join(KEYS[3], KEYS[4], ARGV[7], now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
+                   math.max(ms, 0) + tonumber(ARGV[8]))
+    end
+    return {0, ms, ''}
 end
 if ARGV[3] == '1' then
     local last = redis.call('GET', KEYS[2])
@@ -124,8 +527,15 @@ if ARGV[3] == '1' then
     end
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'none' then
-    return fresh()
+    queue_prune(KEYS[3], KEYS[4], now)
+    if queue_allows(KEYS[3], ARGV[7]) then
+        return fresh()
+    end
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    return wait((tonumber(redis.call('ZSCORE', KEYS[4], head)) or now) - now, now, time)
 end
 if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1 then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
@@ -139,9 +549,9 @@ if id then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
-return {0, redis.call('PTTL', KEYS[1]), ''}
+return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "291d1c9fb39ea20f0757a527aa8f5b507c6ffbc3"};
+    "2e5b010d591debc22c1c94d048ca030ab73d1be7"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -161,7 +571,8 @@ return 0
 
 inline constexpr script recursive_release{
     "recursive_release",
-    R"lua(-- Leaves a reentrant lock ARGV[2] times; deletes it and tells waiters when the count reaches 0.
+    R"lua(-- Leaves a reentrant lock ARGV[2] times; deletes it and tells the head of the queue, if someone
+-- waits, when the count reaches 0.
 -- Works when the server is out of memory: PEXPIRE and DEL are not refused there, and once a
 -- script has written, Redis lets the rest of it write too.
 -- KEYS[1]  the lock's hash
@@ -171,8 +582,92 @@ inline constexpr script recursive_release{
 --          finished in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
--- Returns  1 released (key deleted); 0 still held (lease refreshed);
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
+-- ARGV[6]  the grace, ms, a told waiter has to come
+-- Returns  2 released (key deleted) and a waiter told; 1 released, no one waits;
+--          0 still held (lease refreshed);
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
+-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
+-- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+local function queue_prune(q, w, now)
+    local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
+    if #lapsed > 0 then
+        redis.call('ZREM', q, unpack(lapsed))
+        redis.call('ZREM', w, unpack(lapsed))
+    end
+end
+
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
+-- long as their latest entry.
+local function queue_join(q, w, id, now, ticket, keep)
+    redis.call('ZADD', q, 'NX', ticket, id)
+    redis.call('ZADD', w, now + keep, id)
+    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', q, math.max(last - now, 1))
+    redis.call('PEXPIRE', w, math.max(last - now, 1))
+end
+
+local function queue_leave(q, w, id)
+    redis.call('ZREM', q, id)
+    redis.call('ZREM', w, id)
+end
+
+-- The waiters that may go once the lock is free: the first writer alone, or every reader before
+-- the first writer.
+local function queue_runners(q)
+    local ids = redis.call('ZRANGE', q, 0, 63)
+    local run = {}
+    for i, id in ipairs(ids) do
+        if string.sub(id, 1, 1) ~= 'r' then
+            if i == 1 then
+                run[1] = id
+            end
+            break
+        end
+        run[i] = id
+    end
+    return run
+end
+
+-- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
+-- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
+-- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+local function queue_notify(q, w, channel, run, now, grace)
+    if #run == 0 then
+        return
+    end
+    for _, id in ipairs(run) do
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+    end
+    local message = table.concat(run, ' ')
+    local standby = redis.call('ZRANGE', q, #run, #run)[1]
+    if standby then
+        message = message .. ' ?' .. standby
+    end
+    redis.pcall('SPUBLISH', channel, message)
+end
+
+-- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
+-- the head; a reader also when no writer waits before it.
+local function queue_allows(q, id)
+    local ahead = redis.call('ZRANGE', q, 0, 63)
+    if #ahead == 0 or ahead[1] == id then
+        return true
+    end
+    if string.sub(id, 1, 1) ~= 'r' then
+        return false
+    end
+    for _, other in ipairs(ahead) do
+        if other == id then
+            return true
+        end
+        if string.sub(other, 1, 1) ~= 'r' then
+            return false
+        end
+    end
+    return #ahead < 64
+end
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or
     redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) ~= ARGV[5] then
     return -1
@@ -188,35 +683,127 @@ if left > 0 then
     return 0
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[4], KEYS[1])
-return 1
+if redis.call('EXISTS', KEYS[2]) == 0 then
+    return 1
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+queue_prune(KEYS[2], KEYS[3], now)
+local run = queue_runners(KEYS[2])
+queue_notify(KEYS[2], KEYS[3], ARGV[4], run, now, tonumber(ARGV[6]))
+return #run > 0 and 2 or 1
 )lua",
-    "38db043dacaddc275bbf2e0eeed8769fa632b5a0"};
+    "78e4232409ee9578334dbd06a4085a7ebc3daaf1"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
-    R"lua(-- Enters a read-write lock for reading ('r') or writing ('w').
+    R"lua(-- Enters a read-write lock for reading ('r') or writing ('w'), in the order of the waiting
+-- queue: a writer goes when no one holds and it heads the queue; a reader when no writer holds
+-- and no writer waits before it (so neither readers nor writers starve).
 -- Hash fields: mode = 'read' | 'write' | 'free' (marks the hash as a read-write lock);
 --   r:<owner>, w:<owner> = '<count> <expiry ms> <acquisition id>', each holder with its own
---   lease in server time;
---   q:<owner> = '0 <expiry ms>', a writer waiting (new readers then wait too); fence.
+--   lease in server time; fence.
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
+-- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
 -- ARGV[1]  the owner id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  the lease, ms
 -- ARGV[4]  '1' to draw a fencing token (writers)
--- ARGV[5]  how long, ms, a writer that must wait keeps its place in the queue ('0': not queued)
+-- ARGV[5]  the waiter id of this lock() call: 'r...' for a reader, 'w...' for a writer
 -- ARGV[6]  the id for a new acquisition; the same on every retry of one lock() call
 -- ARGV[7]  '1' when the calling object holds no entry in this mode: an entry of this owner in
 --          this mode named ARGV[6] (a retry whose first reply was lost) is taken over, not
 --          re-entered
 -- ARGV[8]  ids of acquisitions the calling object gave up whose release may not have landed,
 --          separated by spaces, or '': entries of this owner with these ids are dropped
+-- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
+--          this reply asks for
 -- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
---          {0, ms, ''} must wait (longest lease in the way);
+--          {0, ms, ''} must wait: at most ms for a message before trying again;
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
+-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
+-- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+local function queue_prune(q, w, now)
+    local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
+    if #lapsed > 0 then
+        redis.call('ZREM', q, unpack(lapsed))
+        redis.call('ZREM', w, unpack(lapsed))
+    end
+end
+
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
+-- long as their latest entry.
+local function queue_join(q, w, id, now, ticket, keep)
+    redis.call('ZADD', q, 'NX', ticket, id)
+    redis.call('ZADD', w, now + keep, id)
+    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', q, math.max(last - now, 1))
+    redis.call('PEXPIRE', w, math.max(last - now, 1))
+end
+
+local function queue_leave(q, w, id)
+    redis.call('ZREM', q, id)
+    redis.call('ZREM', w, id)
+end
+
+-- The waiters that may go once the lock is free: the first writer alone, or every reader before
+-- the first writer.
+local function queue_runners(q)
+    local ids = redis.call('ZRANGE', q, 0, 63)
+    local run = {}
+    for i, id in ipairs(ids) do
+        if string.sub(id, 1, 1) ~= 'r' then
+            if i == 1 then
+                run[1] = id
+            end
+            break
+        end
+        run[i] = id
+    end
+    return run
+end
+
+-- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
+-- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
+-- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+local function queue_notify(q, w, channel, run, now, grace)
+    if #run == 0 then
+        return
+    end
+    for _, id in ipairs(run) do
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+    end
+    local message = table.concat(run, ' ')
+    local standby = redis.call('ZRANGE', q, #run, #run)[1]
+    if standby then
+        message = message .. ' ?' .. standby
+    end
+    redis.pcall('SPUBLISH', channel, message)
+end
+
+-- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
+-- the head; a reader also when no writer waits before it.
+local function queue_allows(q, id)
+    local ahead = redis.call('ZRANGE', q, 0, 63)
+    if #ahead == 0 or ahead[1] == id then
+        return true
+    end
+    if string.sub(id, 1, 1) ~= 'r' then
+        return false
+    end
+    for _, other in ipairs(ahead) do
+        if other == id then
+            return true
+        end
+        if string.sub(other, 1, 1) ~= 'r' then
+            return false
+        end
+    end
+    return #ahead < 64
+end
 if ARGV[2] == 'w' and ARGV[4] == '1' then
     local last = redis.call('GET', KEYS[2])
     if last and (#last > 16 or not string.match(last, '^%d+$')) then
@@ -266,20 +853,30 @@ if want == 'w' and mine.r and not mine.w then
     return {-1, 0, ''}
 elseif mine[want] then
     result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
-elseif others.w or (want == 'w' and others.r) or (want == 'r' and others.q and not mine.w) then
-    if want == 'w' and ARGV[5] ~= '0' then
-        local until_ms = now + tonumber(ARGV[5])
-        redis.call('HSET', KEYS[1], 'q:' .. me, '0 ' .. until_ms)
-        latest = math.max(latest, until_ms)
+end
+queue_prune(KEYS[3], KEYS[4], now)
+if not result and (others.w or (want == 'w' and others.r) or
+                   not (want == 'r' and mine.w or queue_allows(KEYS[3], ARGV[5]))) then
+    if latest > now then
+        redis.call('PEXPIRE', KEYS[1], latest - now)
+    elseif kind ~= 'none' then
+        redis.call('DEL', KEYS[1])
     end
-    redis.call('PEXPIRE', KEYS[1], latest - now)
+    if not (others.w or others.r) then
+        local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+        longest = (tonumber(redis.call('ZSCORE', KEYS[4], head)) or now) - now
+    end
+    if ARGV[9] ~= '0' then
+        queue_join(KEYS[3], KEYS[4], ARGV[5], now,
+                   tonumber(time[1]) * 1000000 + tonumber(time[2]), longest + tonumber(ARGV[9]))
+    end
     return {0, longest, ''}
-else
+elseif not result then
     local fence = 0
+    queue_leave(KEYS[3], KEYS[4], ARGV[5])
     if want == 'w' then
-        redis.call('HDEL', KEYS[1], 'q:' .. me)
         if ARGV[4] == '1' then
-            -- Never below the server's clock in microseconds: see mutex_acquire_fenced.lua.
+            -- Never below the server's clock in microseconds: see mutex_acquire.lua.
             fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1,
                              tonumber(time[1]) * 1000000 + tonumber(time[2]))
             redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
@@ -294,7 +891,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "2c265c0095f7c0abcf015a28c64f8ed113c181c1"};
+    "a4c93bc942055724659884bcbb6765519be9d550"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -326,7 +923,8 @@ return 1
 
 inline constexpr script shared_release{
     "shared_release",
-    R"lua(-- Leaves a read-write lock ARGV[3] times in mode ARGV[2]; tells waiters when a mode is freed.
+    R"lua(-- Leaves a read-write lock ARGV[3] times in mode ARGV[2]; when that lets waiters in, tells the
+-- ones the queue lets go next.
 -- Works when the server is out of memory: the first write (PEXPIRE or HDEL) is one Redis allows
 -- there, and once a script has written Redis lets the rest of it write too.
 -- Layout: see shared_acquire.lua.
@@ -336,8 +934,91 @@ inline constexpr script shared_release{
 -- ARGV[3]  how many entries to leave (1 for unlock)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
--- Returns  1 released (the key is deleted when no one else holds or waits);
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
+-- ARGV[6]  the grace, ms, a told waiter has to come
+-- Returns  2 released and waiters told; 1 released (the key is deleted when no one else holds);
 --          0 still held by outer entries; -1 not held (expired, never, or a later acquisition's)
+-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
+-- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+local function queue_prune(q, w, now)
+    local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
+    if #lapsed > 0 then
+        redis.call('ZREM', q, unpack(lapsed))
+        redis.call('ZREM', w, unpack(lapsed))
+    end
+end
+
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
+-- long as their latest entry.
+local function queue_join(q, w, id, now, ticket, keep)
+    redis.call('ZADD', q, 'NX', ticket, id)
+    redis.call('ZADD', w, now + keep, id)
+    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', q, math.max(last - now, 1))
+    redis.call('PEXPIRE', w, math.max(last - now, 1))
+end
+
+local function queue_leave(q, w, id)
+    redis.call('ZREM', q, id)
+    redis.call('ZREM', w, id)
+end
+
+-- The waiters that may go once the lock is free: the first writer alone, or every reader before
+-- the first writer.
+local function queue_runners(q)
+    local ids = redis.call('ZRANGE', q, 0, 63)
+    local run = {}
+    for i, id in ipairs(ids) do
+        if string.sub(id, 1, 1) ~= 'r' then
+            if i == 1 then
+                run[1] = id
+            end
+            break
+        end
+        run[i] = id
+    end
+    return run
+end
+
+-- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
+-- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
+-- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+local function queue_notify(q, w, channel, run, now, grace)
+    if #run == 0 then
+        return
+    end
+    for _, id in ipairs(run) do
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+    end
+    local message = table.concat(run, ' ')
+    local standby = redis.call('ZRANGE', q, #run, #run)[1]
+    if standby then
+        message = message .. ' ?' .. standby
+    end
+    redis.pcall('SPUBLISH', channel, message)
+end
+
+-- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
+-- the head; a reader also when no writer waits before it.
+local function queue_allows(q, id)
+    local ahead = redis.call('ZRANGE', q, 0, 63)
+    if #ahead == 0 or ahead[1] == id then
+        return true
+    end
+    if string.sub(id, 1, 1) ~= 'r' then
+        return false
+    end
+    for _, other in ipairs(ahead) do
+        if other == id then
+            return true
+        end
+        if string.sub(other, 1, 1) ~= 'r' then
+            return false
+        end
+    end
+    return #ahead < 64
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
@@ -363,10 +1044,10 @@ local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
     local tag = string.sub(fields[i], 1, 2)
     local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
-    if left > now and (tag == 'r:' or tag == 'w:' or tag == 'q:') then
+    if left > now and (tag == 'r:' or tag == 'w:') then
         latest = math.max(latest, left)
         writer = writer or tag == 'w:'
-        holders = holders or tag ~= 'q:'
+        holders = true
     end
 end
 if latest == now then
@@ -375,9 +1056,17 @@ else
     redis.call('HSET', KEYS[1], 'mode', writer and 'write' or (holders and 'read' or 'free'))
     redis.call('PEXPIRE', KEYS[1], latest - now)
 end
-redis.call('PUBLISH', ARGV[4], KEYS[1])
-return 1
+if writer or redis.call('EXISTS', KEYS[2]) == 0 then
+    return 1
+end
+queue_prune(KEYS[2], KEYS[3], now)
+local run = queue_runners(KEYS[2])
+if #run == 0 or (holders and string.sub(run[1], 1, 1) ~= 'r') then
+    return 1
+end
+queue_notify(KEYS[2], KEYS[3], ARGV[4], run, now, tonumber(ARGV[6]))
+return 2
 )lua",
-    "ef84809d40958fceb4e40d0060d45614284457e8"};
+    "ae961df93ec83fbafd0cd245b849d34775151dd1"};
 
 }  // namespace redislock::detail::scripts

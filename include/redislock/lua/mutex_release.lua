@@ -1,11 +1,29 @@
--- Releases a simple lock if it still holds our token, and tells waiters it is free.
+-- Releases a simple lock if it still holds our token. When someone waits, the lock is kept free
+-- for the head of the queue for a short grace ('queued:<id>', so a plain SET NX cannot barge in)
+-- and the head is told. DEL comes first: Redis allows it when out of memory, and once a script
+-- has written, the rest of it may write too.
 -- KEYS[1]  the lock's key
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
 -- ARGV[1]  our token
 -- ARGV[2]  the release channel
--- Returns  1 released; 0 not ours (expired, or now held by someone else)
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    redis.call('DEL', KEYS[1])
-    redis.call('PUBLISH', ARGV[2], KEYS[1])
+-- ARGV[3]  the grace, ms, a told waiter has to come
+-- Returns  1 released, no one waits; 2 released and a waiter told; 0 not ours (expired, or now
+--          held by someone else)
+--#include _queue.lua
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', KEYS[2]) == 0 then
     return 1
 end
-return 0
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+queue_prune(KEYS[2], KEYS[3], now)
+local run = queue_runners(KEYS[2])
+if #run == 0 then
+    return 1
+end
+redis.call('SET', KEYS[1], 'queued:' .. run[1], 'PX', ARGV[3])
+queue_notify(KEYS[2], KEYS[3], ARGV[2], run, now, tonumber(ARGV[3]))
+return 2

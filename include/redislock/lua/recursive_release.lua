@@ -1,4 +1,5 @@
--- Leaves a reentrant lock ARGV[2] times; deletes it and tells waiters when the count reaches 0.
+-- Leaves a reentrant lock ARGV[2] times; deletes it and tells the head of the queue, if someone
+-- waits, when the count reaches 0.
 -- Works when the server is out of memory: PEXPIRE and DEL are not refused there, and once a
 -- script has written, Redis lets the rest of it write too.
 -- KEYS[1]  the lock's hash
@@ -8,8 +9,12 @@
 --          finished in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
--- Returns  1 released (key deleted); 0 still held (lease refreshed);
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
+-- ARGV[6]  the grace, ms, a told waiter has to come
+-- Returns  2 released (key deleted) and a waiter told; 1 released, no one waits;
+--          0 still held (lease refreshed);
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
+--#include _queue.lua
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or
     redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) ~= ARGV[5] then
     return -1
@@ -25,5 +30,12 @@ if left > 0 then
     return 0
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[4], KEYS[1])
-return 1
+if redis.call('EXISTS', KEYS[2]) == 0 then
+    return 1
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+queue_prune(KEYS[2], KEYS[3], now)
+local run = queue_runners(KEYS[2])
+queue_notify(KEYS[2], KEYS[3], ARGV[4], run, now, tonumber(ARGV[6]))
+return #run > 0 and 2 or 1

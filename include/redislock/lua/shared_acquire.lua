@@ -1,25 +1,30 @@
--- Enters a read-write lock for reading ('r') or writing ('w').
+-- Enters a read-write lock for reading ('r') or writing ('w'), in the order of the waiting
+-- queue: a writer goes when no one holds and it heads the queue; a reader when no writer holds
+-- and no writer waits before it (so neither readers nor writers starve).
 -- Hash fields: mode = 'read' | 'write' | 'free' (marks the hash as a read-write lock);
 --   r:<owner>, w:<owner> = '<count> <expiry ms> <acquisition id>', each holder with its own
---   lease in server time;
---   q:<owner> = '0 <expiry ms>', a writer waiting (new readers then wait too); fence.
+--   lease in server time; fence.
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
+-- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
 -- ARGV[1]  the owner id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  the lease, ms
 -- ARGV[4]  '1' to draw a fencing token (writers)
--- ARGV[5]  how long, ms, a writer that must wait keeps its place in the queue ('0': not queued)
+-- ARGV[5]  the waiter id of this lock() call: 'r...' for a reader, 'w...' for a writer
 -- ARGV[6]  the id for a new acquisition; the same on every retry of one lock() call
 -- ARGV[7]  '1' when the calling object holds no entry in this mode: an entry of this owner in
 --          this mode named ARGV[6] (a retry whose first reply was lost) is taken over, not
 --          re-entered
 -- ARGV[8]  ids of acquisitions the calling object gave up whose release may not have landed,
 --          separated by spaces, or '': entries of this owner with these ids are dropped
+-- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
+--          this reply asks for
 -- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
---          {0, ms, ''} must wait (longest lease in the way);
+--          {0, ms, ''} must wait: at most ms for a message before trying again;
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
+--#include _queue.lua
 if ARGV[2] == 'w' and ARGV[4] == '1' then
     local last = redis.call('GET', KEYS[2])
     if last and (#last > 16 or not string.match(last, '^%d+$')) then
@@ -69,20 +74,30 @@ if want == 'w' and mine.r and not mine.w then
     return {-1, 0, ''}
 elseif mine[want] then
     result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
-elseif others.w or (want == 'w' and others.r) or (want == 'r' and others.q and not mine.w) then
-    if want == 'w' and ARGV[5] ~= '0' then
-        local until_ms = now + tonumber(ARGV[5])
-        redis.call('HSET', KEYS[1], 'q:' .. me, '0 ' .. until_ms)
-        latest = math.max(latest, until_ms)
+end
+queue_prune(KEYS[3], KEYS[4], now)
+if not result and (others.w or (want == 'w' and others.r) or
+                   not (want == 'r' and mine.w or queue_allows(KEYS[3], ARGV[5]))) then
+    if latest > now then
+        redis.call('PEXPIRE', KEYS[1], latest - now)
+    elseif kind ~= 'none' then
+        redis.call('DEL', KEYS[1])
     end
-    redis.call('PEXPIRE', KEYS[1], latest - now)
+    if not (others.w or others.r) then
+        local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+        longest = (tonumber(redis.call('ZSCORE', KEYS[4], head)) or now) - now
+    end
+    if ARGV[9] ~= '0' then
+        queue_join(KEYS[3], KEYS[4], ARGV[5], now,
+                   tonumber(time[1]) * 1000000 + tonumber(time[2]), longest + tonumber(ARGV[9]))
+    end
     return {0, longest, ''}
-else
+elseif not result then
     local fence = 0
+    queue_leave(KEYS[3], KEYS[4], ARGV[5])
     if want == 'w' then
-        redis.call('HDEL', KEYS[1], 'q:' .. me)
         if ARGV[4] == '1' then
-            -- Never below the server's clock in microseconds: see mutex_acquire_fenced.lua.
+            -- Never below the server's clock in microseconds: see mutex_acquire.lua.
             fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1,
                              tonumber(time[1]) * 1000000 + tonumber(time[2]))
             redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)

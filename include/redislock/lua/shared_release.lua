@@ -1,4 +1,5 @@
--- Leaves a read-write lock ARGV[3] times in mode ARGV[2]; tells waiters when a mode is freed.
+-- Leaves a read-write lock ARGV[3] times in mode ARGV[2]; when that lets waiters in, tells the
+-- ones the queue lets go next.
 -- Works when the server is out of memory: the first write (PEXPIRE or HDEL) is one Redis allows
 -- there, and once a script has written Redis lets the rest of it write too.
 -- Layout: see shared_acquire.lua.
@@ -8,8 +9,11 @@
 -- ARGV[3]  how many entries to leave (1 for unlock)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
--- Returns  1 released (the key is deleted when no one else holds or waits);
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
+-- ARGV[6]  the grace, ms, a told waiter has to come
+-- Returns  2 released and waiters told; 1 released (the key is deleted when no one else holds);
 --          0 still held by outer entries; -1 not held (expired, never, or a later acquisition's)
+--#include _queue.lua
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
@@ -35,10 +39,10 @@ local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
     local tag = string.sub(fields[i], 1, 2)
     local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
-    if left > now and (tag == 'r:' or tag == 'w:' or tag == 'q:') then
+    if left > now and (tag == 'r:' or tag == 'w:') then
         latest = math.max(latest, left)
         writer = writer or tag == 'w:'
-        holders = holders or tag ~= 'q:'
+        holders = true
     end
 end
 if latest == now then
@@ -47,5 +51,13 @@ else
     redis.call('HSET', KEYS[1], 'mode', writer and 'write' or (holders and 'read' or 'free'))
     redis.call('PEXPIRE', KEYS[1], latest - now)
 end
-redis.call('PUBLISH', ARGV[4], KEYS[1])
-return 1
+if writer or redis.call('EXISTS', KEYS[2]) == 0 then
+    return 1
+end
+queue_prune(KEYS[2], KEYS[3], now)
+local run = queue_runners(KEYS[2])
+if #run == 0 or (holders and string.sub(run[1], 1, 1) ~= 'r') then
+    return 1
+end
+queue_notify(KEYS[2], KEYS[3], ARGV[4], run, now, tonumber(ARGV[6]))
+return 2

@@ -1,0 +1,177 @@
+// The waiting every lock kind shares: notified, fair and cheap.
+//
+//   - Threads of one process that wait for one name line up in its local gate (local_gate.hpp);
+//     only the first waits in Redis.
+//   - In Redis, a waiter joins the lock's queue (lua/_queue.lua) with the attempt that fails, and
+//     sleeps until a release names it (notifier.hpp), with the holder's PTTL as the bound should
+//     the message be lost; then it tries again. Releases only publish when someone waits.
+//   - A waiter that gives up (deadline, stop request, failure) leaves the queue in the background,
+//     telling the next waiters if it stood before them; if it cannot, its entry lapses by itself.
+//   - Without notifications (a connection that cannot subscribe, a server without sharded
+//     pub/sub, a lost subscriber link) a waiter polls with backoff instead, still in line.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <string_view>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/client_core.hpp>
+#include <redislock/detail/lock_core.hpp>
+#include <redislock/detail/lock_identity.hpp>
+#include <redislock/detail/reaper.hpp>
+#include <redislock/detail/scripts.hpp>
+#include <redislock/detail/token.hpp>
+#include <redislock/detail/wait.hpp>
+#include <redislock/error.hpp>
+#include <redislock/script.hpp>
+
+namespace redislock::detail {
+
+/// How one attempt stands towards the queue: the waiter id of its lock() call ('r...' for a
+/// reader, 'w...' otherwise) and whether it joins the queue when it does not acquire.
+struct queue_place {
+    std::string_view waiter;
+    bool join = false;
+    bool waits = false;  // the call waits if this attempt fails (else it is a try_lock)
+
+    /// The script argument saying how long a queue entry outlives the wait its reply asks for
+    /// ('0': do not join).
+    std::string_view keep() const { return join ? std::string_view{"2000"} : "0"; }
+};
+
+/// Takes waiter `waiter` out of `lk`'s queue in the background (see lua/queue_leave.lua).
+template <connection C>
+void leave_queue(const lock_identity<C>& lk, const std::string& waiter, bool simple) noexcept {
+    try {
+        const std::string grace{lk.grace_text.view()};
+        background_reaper().add(
+            [core = lk.core, key = lk.name, queue = lk.queue_key, lapses = lk.lapse_key,
+             channel = lk.channel, waiter, grace, simple](steady::time_point deadline) {
+                try {
+                    const reply r = run_script(
+                        core->connection, scripts::queue_leave,
+                        std::array<std::string_view, 3>{key, queue, lapses},
+                        std::array<std::string_view, 4>{waiter, channel, grace,
+                                                        simple ? "m" : ""},
+                        call_context{key, deadline});
+                    return !r.is_error() || r.is_error_code("WRONGTYPE");
+                } catch (...) {
+                    return false;
+                }
+            },
+            steady::now() + std::chrono::seconds{2});
+    } catch (...) {
+        // Out of memory: the entry lapses by itself.
+    }
+}
+
+/// Runs `attempt(how, place)` until it acquires, the deadline passes or a stop is requested,
+/// waiting in line between attempts. `attempt` returns std::nullopt when it acquired, else how
+/// long to wait at most before trying again (the holder's PTTL; negative: unknown).
+/// `reader`: a shared acquisition; `reentry`: the caller may already hold (its first attempt
+/// skips the gate, which its own release is what the others wait for); `simple`: the lock is
+/// a simple one (see queue_leave.lua). Failures are handled as acquire_until() does.
+template <connection C, class Attempt>
+bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time_point deadline,
+                     const std::stop_token& stop, bool reader, bool reentry, bool simple) {
+    waiting_room& room = lk.core->waiting.get();
+    const std::string waiter = (reader ? "r" : "w") + token::random().str();
+    const bool may_wait = deadline > steady::now();
+    const auto grace = handoff_grace(lk.options.lease);
+    std::optional<local_gates::place> place;
+    std::shared_ptr<wake_slot> slot;
+    bool joined = false;
+    bool acquired = false;
+    struct cleanup {
+        const lock_identity<C>& lk;
+        waiting_room& room;
+        const std::string& waiter;
+        std::shared_ptr<wake_slot>& slot;
+        bool& joined;
+        bool& acquired;
+        bool simple;
+        ~cleanup() {
+            if (slot) {
+                room.notify.withdraw(lk.channel, waiter);
+            }
+            if (joined && !acquired) {
+                leave_queue(lk, waiter, simple);
+            }
+        }
+    } on_exit{lk, room, waiter, slot, joined, acquired, simple};
+
+    backoff policy{lk.options};
+    std::exception_ptr unacknowledged;
+    for (bool first = true;; first = false) {
+        if (may_wait && !place && !(reentry && first)) {
+            place.emplace(room.gates, lk.name);
+            if (!place->wait_turn(deadline, stop)) {
+                return false;
+            }
+        }
+        const bool join = may_wait && (!first || room.gates.contended(lk.name));
+        if (join && (!slot || !slot->subscribed()) && room.notify.available()) {
+            if (!slot) {
+                slot = std::make_shared<wake_slot>(grace);
+            }
+            const auto budget = steady::now() + command_budget(lk.core->connection);
+            (void)room.notify.enroll(lk.channel, waiter, slot, std::min(deadline, budget), stop);
+        }
+        if (slot) {
+            slot->reset();
+        }
+        std::optional<holder_ttl> ttl;
+        try {
+            joined = joined || join;
+            ttl = attempt(attempt_context(deadline, stop), queue_place{waiter, join, may_wait});
+            if (!ttl) {
+                acquired = true;
+                if (join) {
+                    room.gates.note_contention(lk.name, true);
+                }
+                return true;
+            }
+        } catch (const cancelled_error&) {
+            return false;
+        } catch (const error& e) {
+            if (dynamic_cast<const replication_error*>(&e) != nullptr) {
+                unacknowledged = std::current_exception();
+            }
+            const bool endless = deadline == steady::time_point::max() && !stop.stop_possible();
+            if (endless || !is_transient(e) || steady::now() >= deadline || stop.stop_requested()) {
+                if (unacknowledged && dynamic_cast<const connection_error*>(&e) != nullptr) {
+                    std::rethrow_exception(unacknowledged);
+                }
+                throw;
+            }
+            ttl = holder_ttl{-1};
+        }
+        const auto now = steady::now();
+        if (now >= deadline || stop.stop_requested()) {
+            return false;
+        }
+        if (!join) {
+            continue;  // a first try that did not join: join with the next attempt, at once
+        }
+        steady::time_point until;
+        if (slot && slot->subscribed() && *ttl >= holder_ttl::zero()) {
+            until = now + *ttl + std::chrono::milliseconds{1};
+        } else {
+            // Polling: often enough not to miss the grace of a turn given to this waiter.
+            until = now + std::min<steady::duration>(policy.next(*ttl), grace / 2);
+        }
+        until = std::min(until, deadline);
+        const bool woken = slot ? slot->sleep_until(until, stop) : sleep_unless_stopped(until - now, stop);
+        if (!woken && stop.stop_requested()) {
+            return false;
+        }
+    }
+}
+
+}  // namespace redislock::detail

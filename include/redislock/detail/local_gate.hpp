@@ -1,0 +1,106 @@
+// detail::local_gates: the threads of one process that wait for one name queue here, first come
+// first served, and only the first of them waits in Redis. The rest never touch the server until
+// their turn, so a process puts one waiter in the lock's queue however many threads it has.
+// Each gate also remembers whether the name was contended lately: a lock() then joins the queue
+// with its first attempt instead of trying a plain SET first.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <string_view>
+
+#include <redislock/detail/wait.hpp>
+
+namespace redislock::detail {
+
+class local_gates {
+    struct gate {
+        std::deque<std::uint64_t> line;  // tickets, first come first
+        bool contended = false;
+    };
+
+public:
+    /// A place in the gate of one name, given up on destruction.
+    class place {
+    public:
+        place(local_gates& gates, std::string_view name) : gates_{&gates}, name_{name} {
+            std::lock_guard guard{gates_->mutex_};
+            ticket_ = ++gates_->next_ticket_;
+            gates_->gates_[name_].line.push_back(ticket_);
+        }
+        place(const place&) = delete;
+        place& operator=(const place&) = delete;
+        ~place() {
+            {
+                std::lock_guard guard{gates_->mutex_};
+                auto it = gates_->gates_.find(name_);
+                std::erase(it->second.line, ticket_);
+                if (it->second.line.empty() && !it->second.contended) {
+                    gates_->gates_.erase(it);
+                }
+            }
+            gates_->turn_.notify_all();
+        }
+
+        /// Waits until every thread before this one left the gate, `deadline` or a stop
+        /// request; true when it is this thread's turn.
+        bool wait_turn(steady::time_point deadline, const std::stop_token& stop) {
+            std::unique_lock lock{gates_->mutex_};
+            const auto first = [this] { return gates_->gates_[name_].line.front() == ticket_; };
+            return stop.stop_possible() ? gates_->turn_.wait_until(lock, stop, deadline, first)
+                                        : gates_->turn_.wait_until(lock, deadline, first);
+        }
+
+    private:
+        local_gates* gates_;
+        std::string name_;
+        std::uint64_t ticket_ = 0;
+    };
+
+    /// True when no thread of this process waits for `name`.
+    bool idle(std::string_view name) {
+        std::lock_guard guard{mutex_};
+        auto it = gates_.find(name);
+        return it == gates_.end() || it->second.line.empty();
+    }
+
+    bool contended(std::string_view name) {
+        std::lock_guard guard{mutex_};
+        auto it = gates_.find(name);
+        return it != gates_.end() && it->second.contended;
+    }
+
+    /// Notes whether the last wait or release of `name` met other waiters.
+    void note_contention(std::string_view name, bool contended) {
+        std::lock_guard guard{mutex_};
+        auto it = gates_.find(name);
+        if (it == gates_.end()) {
+            if (!contended || gates_.size() >= max_remembered) {
+                return;
+            }
+            it = gates_.emplace(std::string{name}, gate{}).first;
+        }
+        it->second.contended = contended;
+        if (!contended && it->second.line.empty()) {
+            gates_.erase(it);
+        }
+    }
+
+private:
+    // Bounds the memory of contention hints for many names; a name forgotten only costs one
+    // more command on its next contended lock().
+    static constexpr std::size_t max_remembered = 4096;
+
+    std::mutex mutex_;
+    std::condition_variable_any turn_;
+    std::map<std::string, gate, std::less<>> gates_;
+    std::uint64_t next_ticket_ = 0;
+};
+
+}  // namespace redislock::detail

@@ -1,0 +1,502 @@
+// detail::notifier: the subscriber side of notified waiting. One thread per client (per process)
+// holds a subscriber link per node, subscribes (SSUBSCRIBE) to the channel of every lock someone
+// waits for, and wakes the waiters a release names. A channel stays subscribed for a while after
+// its last waiter left, so a busy lock does not pay a subscription per wait.
+//
+// A waiter is woken when a release names it, when a release names it as standby (it then checks
+// once the grace of the waiters before it is over), and when its link is lost (a message may have
+// been missed): it then tries again and re-enrolls, which subscribes anew.
+#pragma once
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <fcntl.h>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <redislock/detail/wait.hpp>
+#include <redislock/error.hpp>
+#include <redislock/reply.hpp>
+#include <redislock/subscriber.hpp>
+
+namespace redislock::detail {
+
+/// What one waiting lock() call sleeps on. Thread safety: all members may be called from any
+/// thread.
+class wake_slot {
+public:
+    explicit wake_slot(steady::duration grace) : grace_{grace} {}
+
+    /// Forgets past wake-ups: called before each attempt, so one that comes during the attempt
+    /// is not lost.
+    void reset() {
+        std::lock_guard guard{mutex_};
+        woken_ = false;
+        check_at_ = steady::time_point::max();
+    }
+
+    /// Sleeps until woken, named standby and its grace is over, `until`, or a stop request.
+    /// True when woken or the standby time came.
+    bool sleep_until(steady::time_point until, const std::stop_token& stop) {
+        std::unique_lock lock{mutex_};
+        const auto ready = [this] { return woken_ || steady::now() >= check_at_; };
+        for (;;) {
+            const auto limit = std::min(until, check_at_);
+            const bool done = stop.stop_possible() ? wake_.wait_until(lock, stop, limit, ready)
+                                                   : wake_.wait_until(lock, limit, ready);
+            if (done) {
+                return true;
+            }
+            if (stop.stop_requested() || steady::now() >= until) {
+                return false;
+            }
+        }
+    }
+
+    /// True while the channel is subscribed on a live link: a release will reach this waiter.
+    bool subscribed() const noexcept { return subscribed_.load(std::memory_order_acquire); }
+
+    void wake() {
+        {
+            std::lock_guard guard{mutex_};
+            woken_ = true;
+        }
+        wake_.notify_all();
+    }
+
+    void standby() {
+        {
+            std::lock_guard guard{mutex_};
+            check_at_ = std::min(check_at_, steady::now() + grace_);
+        }
+        wake_.notify_all();
+    }
+
+    void set_subscribed(bool on) noexcept { subscribed_.store(on, std::memory_order_release); }
+
+private:
+    std::mutex mutex_;
+    std::condition_variable_any wake_;
+    bool woken_ = false;
+    steady::time_point check_at_ = steady::time_point::max();
+    steady::duration grace_;
+    std::atomic<bool> subscribed_{false};
+};
+
+class notifier {
+public:
+    /// Opens a link to the node that serves `channel`; null when the connection cannot.
+    using opener = std::function<std::unique_ptr<subscriber_link>(std::string_view channel)>;
+    /// Names the node that serves `channel`: waiters of one node share its link.
+    using node_namer = std::function<std::string(std::string_view channel)>;
+
+    notifier(opener open, node_namer node_of)
+        : open_{std::move(open)}, node_of_{std::move(node_of)} {}
+    notifier(const notifier&) = delete;
+    notifier& operator=(const notifier&) = delete;
+    ~notifier() {
+        stop();
+        if (thread_.joinable()) {
+            thread_.join();
+        }
+        close_pipe();
+    }
+
+    /// False when this connection cannot subscribe: waiters poll.
+    bool available() const noexcept { return static_cast<bool>(open_); }
+
+    /// Registers `slot` as waiter `id` on `channel` and subscribes the channel if it is not yet,
+    /// waiting for the server's confirmation until `until` or a stop request. True when
+    /// subscribed: a release that names `id` from now on wakes the slot. Left registered either
+    /// way until withdraw().
+    bool enroll(const std::string& channel, const std::string& id,
+                const std::shared_ptr<wake_slot>& slot, steady::time_point until,
+                const std::stop_token& stop) {
+        if (!available()) {
+            return false;
+        }
+        std::unique_lock lock{mutex_};
+        if (stopping_ || unsupported_ || !start_locked()) {
+            return false;
+        }
+        channel_state& ch = channels_[channel];
+        ch.waiters[id] = slot;
+        if (ch.status == link_status::active) {
+            slot->set_subscribed(true);
+            return true;
+        }
+        if (ch.status == link_status::idle) {
+            ch.status = link_status::wanted;
+            poke();
+        }
+        const auto since = steady::now();
+        const auto settled = [&] {
+            auto it = channels_.find(channel);
+            return stopping_ || unsupported_ || it == channels_.end() ||
+                   it->second.status == link_status::active || it->second.failed_at >= since;
+        };
+        const bool done = stop.stop_possible() ? settled_.wait_until(lock, stop, until, settled)
+                                               : settled_.wait_until(lock, until, settled);
+        auto it = channels_.find(channel);
+        const bool on = done && it != channels_.end() && it->second.status == link_status::active;
+        slot->set_subscribed(on);
+        return on;
+    }
+
+    /// Unregisters waiter `id` of `channel`; the channel lingers subscribed for a while.
+    void withdraw(const std::string& channel, const std::string& id) {
+        std::lock_guard guard{mutex_};
+        auto it = channels_.find(channel);
+        if (it == channels_.end()) {
+            return;
+        }
+        it->second.waiters.erase(id);
+        if (it->second.waiters.empty()) {
+            it->second.unused_since = steady::now();
+        }
+    }
+
+    /// Ends the thread; later enrollments fail (waiters poll).
+    void stop() noexcept {
+        {
+            std::lock_guard guard{mutex_};
+            stopping_ = true;
+        }
+        settled_.notify_all();
+        poke();
+    }
+
+    bool runs_on_this_thread() const noexcept {
+        return thread_.get_id() == std::this_thread::get_id();
+    }
+
+    /// How long an unused channel stays subscribed.
+    static constexpr std::chrono::seconds linger{5};
+
+private:
+    enum class link_status { idle, wanted, sent, active, leaving };
+
+    struct channel_state {
+        std::map<std::string, std::shared_ptr<wake_slot>, std::less<>> waiters;
+        link_status status = link_status::idle;
+        std::string node;  // the link it was sent on
+        steady::time_point failed_at{};
+        steady::time_point unused_since = steady::now();
+    };
+
+    struct link_state {
+        std::unique_ptr<subscriber_link> link;
+        std::vector<std::string> awaiting;  // channels sent, in order, not yet confirmed
+    };
+
+    // Needs mutex_. Starts the thread on first use.
+    bool start_locked() {
+        if (thread_.joinable()) {
+            return true;
+        }
+        if (::pipe(pipe_) != 0) {
+            return false;
+        }
+        for (int fd : pipe_) {
+            ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+            ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+        }
+        try {
+            thread_ = std::thread{[this] { run(); }};
+        } catch (...) {
+            close_pipe();
+            return false;
+        }
+        return true;
+    }
+
+    void poke() noexcept {
+        if (pipe_[1] >= 0) {
+            const char byte = 1;
+            [[maybe_unused]] const auto ignored = ::write(pipe_[1], &byte, 1);
+        }
+    }
+
+    void close_pipe() noexcept {
+        for (int& fd : pipe_) {
+            if (fd >= 0) {
+                ::close(fd);
+                fd = -1;
+            }
+        }
+    }
+
+    void run() {
+        std::map<std::string, link_state> links;
+        auto retry_at = steady::time_point{};
+        for (;;) {
+            std::vector<std::pair<std::string, std::string>> to_send;  // channel, command
+            std::vector<std::string> to_open;
+            {
+                std::lock_guard guard{mutex_};
+                if (stopping_) {
+                    break;
+                }
+                plan_locked(links, to_send, to_open, retry_at);
+            }
+            for (const std::string& channel : to_open) {
+                open_link(links, channel, retry_at);
+            }
+            for (auto& [channel, verb] : to_send) {
+                send(links, channel, verb);
+            }
+            wait_for_input(links);
+            for (auto it = links.begin(); it != links.end();) {
+                if (!drain(it->first, it->second)) {
+                    lose(it->first);
+                    it = links.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+        }
+    }
+
+    // Decides, under the mutex, which channels to subscribe or leave and which links to open.
+    void plan_locked(std::map<std::string, link_state>& links,
+                     std::vector<std::pair<std::string, std::string>>& to_send,
+                     std::vector<std::string>& to_open, steady::time_point retry_at) {
+        const auto now = steady::now();
+        for (auto it = channels_.begin(); it != channels_.end();) {
+            channel_state& ch = it->second;
+            if (ch.status == link_status::wanted) {
+                if (ch.node.empty()) {
+                    ch.node = node_of_ ? node_of_(it->first) : std::string{};
+                }
+                if (links.count(ch.node) == 0) {
+                    if (now >= retry_at) {
+                        to_open.push_back(it->first);
+                    }
+                } else {
+                    ch.status = link_status::sent;
+                    to_send.emplace_back(it->first, "SSUBSCRIBE");
+                }
+            } else if (ch.status == link_status::active && ch.waiters.empty() &&
+                       now - ch.unused_since >= linger) {
+                ch.status = link_status::leaving;
+                to_send.emplace_back(it->first, "SUNSUBSCRIBE");
+            } else if (ch.status == link_status::idle && ch.waiters.empty()) {
+                it = channels_.erase(it);
+                continue;
+            }
+            ++it;
+        }
+    }
+
+    void open_link(std::map<std::string, link_state>& links, const std::string& channel,
+                   steady::time_point& retry_at) {
+        std::string node;
+        {
+            std::lock_guard guard{mutex_};
+            auto it = channels_.find(channel);
+            if (it == channels_.end()) {
+                return;
+            }
+            node = it->second.node;
+        }
+        if (links.count(node) != 0) {
+            return;
+        }
+        try {
+            std::unique_ptr<subscriber_link> link = open_(channel);
+            if (link) {
+                links[node].link = std::move(link);
+                return;
+            }
+        } catch (...) {
+        }
+        retry_at = steady::now() + retry_pause;
+        fail_channels_of(node);
+    }
+
+    void send(std::map<std::string, link_state>& links, const std::string& channel,
+              const std::string& verb) {
+        std::string node;
+        {
+            std::lock_guard guard{mutex_};
+            auto it = channels_.find(channel);
+            node = it == channels_.end() ? std::string{} : it->second.node;
+        }
+        auto link = links.find(node);
+        if (link == links.end()) {
+            return;
+        }
+        try {
+            const std::array<std::string_view, 2> argv{verb, channel};
+            link->second.link->send(argv);
+            if (verb == "SSUBSCRIBE") {
+                link->second.awaiting.push_back(channel);
+            }
+        } catch (...) {
+            lose(node);
+            links.erase(link);
+        }
+    }
+
+    void wait_for_input(const std::map<std::string, link_state>& links) {
+        std::vector<pollfd> fds;
+        fds.push_back({pipe_[0], POLLIN, 0});
+        bool buffered = false;
+        for (const auto& [node, state] : links) {
+            fds.push_back({state.link->fd(), POLLIN, 0});
+            buffered = buffered || state.link->buffered();
+        }
+        const int timeout_ms = buffered ? 0 : static_cast<int>(tick.count());
+        if (::poll(fds.data(), fds.size(), timeout_ms) > 0 && (fds[0].revents & POLLIN) != 0) {
+            char drain[64];
+            while (::read(pipe_[0], drain, sizeof drain) > 0) {
+            }
+        }
+    }
+
+    // Reads a link's input; false when the link is lost.
+    bool drain(const std::string& node, link_state& state) {
+        std::vector<reply> replies;
+        try {
+            state.link->read(replies);
+        } catch (...) {
+            return false;
+        }
+        for (const reply& r : replies) {
+            if (!handle(node, state, r)) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    // One reply on a link; false when the link must be dropped.
+    bool handle(const std::string& node, link_state& state, const reply& r) {
+        if (r.is_error()) {
+            // A server without sharded pub/sub answers its first SSUBSCRIBE so: poll from now
+            // on. Any other refusal (MOVED after resharding) drops the link; waiters re-enroll.
+            std::lock_guard guard{mutex_};
+            if (r.text().find("unknown command") != std::string::npos) {
+                unsupported_ = true;
+            }
+            settled_.notify_all();
+            return false;
+        }
+        if (!r.is_array() || r.elements().size() < 3) {
+            return true;
+        }
+        const std::string kind = r.elements()[0].text();
+        const std::string channel = r.elements()[1].text();
+        if (kind == "smessage") {
+            deliver(channel, r.elements()[2].text());
+        } else if (kind == "ssubscribe") {
+            std::erase(state.awaiting, channel);
+            std::lock_guard guard{mutex_};
+            if (auto it = channels_.find(channel); it != channels_.end()) {
+                it->second.status = link_status::active;
+                it->second.node = node;
+                for (auto& [id, slot] : it->second.waiters) {
+                    slot->set_subscribed(true);
+                }
+            }
+            settled_.notify_all();
+        } else if (kind == "sunsubscribe") {
+            std::lock_guard guard{mutex_};
+            if (auto it = channels_.find(channel); it != channels_.end()) {
+                // Someone enrolled while it was leaving: subscribe again.
+                it->second.status = it->second.waiters.empty() ? link_status::idle : link_status::wanted;
+            }
+        }
+        return true;
+    }
+
+    // A release's message: waiter ids that may go, and '?'-prefixed standbys.
+    void deliver(const std::string& channel, std::string_view message) {
+        std::vector<std::pair<std::shared_ptr<wake_slot>, bool>> woken;
+        {
+            std::lock_guard guard{mutex_};
+            auto it = channels_.find(channel);
+            if (it == channels_.end()) {
+                return;
+            }
+            while (!message.empty()) {
+                const auto space = message.find(' ');
+                std::string_view word = message.substr(0, space);
+                message = space == std::string_view::npos ? std::string_view{}
+                                                          : message.substr(space + 1);
+                const bool standby = !word.empty() && word.front() == '?';
+                if (standby) {
+                    word.remove_prefix(1);
+                }
+                if (auto w = it->second.waiters.find(word); w != it->second.waiters.end()) {
+                    woken.emplace_back(w->second, standby);
+                }
+            }
+        }
+        for (auto& [slot, standby] : woken) {
+            if (standby) {
+                slot->standby();
+            } else {
+                slot->wake();
+            }
+        }
+    }
+
+    // A link is gone: its channels are no longer subscribed and their waiters, who may have
+    // missed a message, try again.
+    void lose(const std::string& node) { fail_channels_of(node); }
+
+    void fail_channels_of(const std::string& node) {
+        std::vector<std::shared_ptr<wake_slot>> woken;
+        {
+            std::lock_guard guard{mutex_};
+            const auto now = steady::now();
+            for (auto& [name, ch] : channels_) {
+                if (ch.node != node) {
+                    continue;
+                }
+                ch.status = link_status::idle;
+                ch.failed_at = now;
+                ch.node.clear();
+                for (auto& [id, slot] : ch.waiters) {
+                    slot->set_subscribed(false);
+                    woken.push_back(slot);
+                }
+            }
+        }
+        settled_.notify_all();
+        for (auto& slot : woken) {
+            slot->wake();
+        }
+    }
+
+    static constexpr std::chrono::milliseconds tick{200};
+    static constexpr std::chrono::milliseconds retry_pause{200};
+
+    opener open_;
+    node_namer node_of_;
+    std::mutex mutex_;
+    std::condition_variable_any settled_;
+    std::map<std::string, channel_state> channels_;
+    bool stopping_ = false;
+    bool unsupported_ = false;
+    int pipe_[2]{-1, -1};
+    std::thread thread_;
+};
+
+}  // namespace redislock::detail

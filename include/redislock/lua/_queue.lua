@@ -1,0 +1,81 @@
+-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
+-- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+local function queue_prune(q, w, now)
+    local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
+    if #lapsed > 0 then
+        redis.call('ZREM', q, unpack(lapsed))
+        redis.call('ZREM', w, unpack(lapsed))
+    end
+end
+
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
+-- long as their latest entry.
+local function queue_join(q, w, id, now, ticket, keep)
+    redis.call('ZADD', q, 'NX', ticket, id)
+    redis.call('ZADD', w, now + keep, id)
+    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', q, math.max(last - now, 1))
+    redis.call('PEXPIRE', w, math.max(last - now, 1))
+end
+
+local function queue_leave(q, w, id)
+    redis.call('ZREM', q, id)
+    redis.call('ZREM', w, id)
+end
+
+-- The waiters that may go once the lock is free: the first writer alone, or every reader before
+-- the first writer.
+local function queue_runners(q)
+    local ids = redis.call('ZRANGE', q, 0, 63)
+    local run = {}
+    for i, id in ipairs(ids) do
+        if string.sub(id, 1, 1) ~= 'r' then
+            if i == 1 then
+                run[1] = id
+            end
+            break
+        end
+        run[i] = id
+    end
+    return run
+end
+
+-- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
+-- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
+-- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+local function queue_notify(q, w, channel, run, now, grace)
+    if #run == 0 then
+        return
+    end
+    for _, id in ipairs(run) do
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+    end
+    local message = table.concat(run, ' ')
+    local standby = redis.call('ZRANGE', q, #run, #run)[1]
+    if standby then
+        message = message .. ' ?' .. standby
+    end
+    redis.pcall('SPUBLISH', channel, message)
+end
+
+-- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
+-- the head; a reader also when no writer waits before it.
+local function queue_allows(q, id)
+    local ahead = redis.call('ZRANGE', q, 0, 63)
+    if #ahead == 0 or ahead[1] == id then
+        return true
+    end
+    if string.sub(id, 1, 1) ~= 'r' then
+        return false
+    end
+    for _, other in ipairs(ahead) do
+        if other == id then
+            return true
+        end
+        if string.sub(other, 1, 1) ~= 'r' then
+            return false
+        end
+    end
+    return #ahead < 64
+end

@@ -1,0 +1,49 @@
+-- Takes a simple lock, respecting the waiting queue, and draws its fencing token if asked.
+-- Everything that can fail is checked before the first write, so an error never leaves the lock
+-- set. A key holding 'queued:<id>' is the lock kept free for waiter <id>, told it may go.
+-- KEYS[1]  the lock's key
+-- KEYS[2]  the fencing counter (same hash slot as KEYS[1]; expires a day after its last use)
+-- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
+-- ARGV[1]  our token
+-- ARGV[2]  the lease, ms
+-- ARGV[3]  '1' to draw a fencing token
+-- ARGV[4]  the waiter id of this lock() call
+-- ARGV[5]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
+--          this reply asks for (the waiter comes back by then)
+-- Returns  {1, fencing token or 0} acquired; {0, ms} not acquired: wait at most ms for a
+--          message before trying again (-1: the holder set no lease)
+-- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[2] is not a
+--          counter; nothing is written then.
+--#include _queue.lua
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'string' and kind ~= 'none' then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
+end
+local last = ARGV[3] == '1' and redis.call('GET', KEYS[2])
+if last and (#last > 16 or not string.match(last, '^%d+$')) then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local id = ARGV[4]
+queue_prune(KEYS[3], KEYS[4], now)
+local holder = kind == 'string' and redis.call('GET', KEYS[1])
+if (not holder or holder == 'queued:' .. id) and queue_allows(KEYS[3], id) then
+    -- Never below the server's clock in microseconds, so tokens keep growing after a FLUSHALL
+    -- or a restart without persistence (as long as fewer than a million are drawn per second).
+    local fence = 0
+    if ARGV[3] == '1' then
+        fence = math.max((tonumber(last) or 0) + 1, tonumber(time[1]) * 1000000 + tonumber(time[2]))
+        redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+    end
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    queue_leave(KEYS[3], KEYS[4], id)
+    return {1, fence}
+end
+local wait = holder and redis.call('PTTL', KEYS[1]) or
+    (tonumber(redis.call('ZSCORE', KEYS[4], redis.call('ZRANGE', KEYS[3], 0, 0)[1])) or now) - now
+if ARGV[5] ~= '0' then
+    queue_join(KEYS[3], KEYS[4], id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
+               math.max(wait, 0) + tonumber(ARGV[5]))
+end
+return {0, wait}

@@ -1,0 +1,35 @@
+-- Takes a waiter that gives up out of the queue. If the lock was kept free for it, or it stood
+-- before others that may go now, the next waiters are told.
+-- KEYS[1]  the lock's key
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
+-- ARGV[1]  the waiter id
+-- ARGV[2]  the release channel
+-- ARGV[3]  the grace, ms, a told waiter has to come
+-- ARGV[4]  'm' for a simple lock (then kept free for the next head), '' for the other kinds
+-- Returns  1 left and waiters told; 0 left
+--#include _queue.lua
+queue_leave(KEYS[2], KEYS[3], ARGV[1])
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'string' and redis.call('GET', KEYS[1]) == 'queued:' .. ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    kind = 'none'
+end
+-- Held by a writer (or a simple or reentrant holder): its release tells the queue.
+if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
+    return 0
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+queue_prune(KEYS[2], KEYS[3], now)
+local run = queue_runners(KEYS[2])
+if kind == 'hash' and string.sub(run[1] or 'w', 1, 1) ~= 'r' then
+    return 0  -- read-held: only readers may join now
+end
+if #run == 0 then
+    return 0
+end
+if kind == 'none' and redis.call('EXISTS', KEYS[1]) == 0 and ARGV[4] == 'm' then
+    redis.call('SET', KEYS[1], 'queued:' .. run[1], 'PX', ARGV[3])
+end
+queue_notify(KEYS[2], KEYS[3], ARGV[2], run, now, tonumber(ARGV[3]))
+return 1
