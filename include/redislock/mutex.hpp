@@ -253,12 +253,24 @@ private:
                     "redislock: lock() of '" + state_->name + "' by its holder"};
             }
         }
+        const lock_options& opts = state_->options;
         return detail::acquire_in_line(
             *state_,
             [this](const call_context& how, const detail::queue_place& place) {
                 return attempt(how, place);
             },
-            deadline, stop, false, false, true);
+            deadline, stop,
+            // A fenced acquisition draws its token, and one that waits for replicas checks
+            // WAIT, in its own round trip: neither can be handed over.
+            detail::line_options{.simple = true,
+                                 .handed = !opts.fencing && opts.min_replicas == 0},
+            [this](const detail::token& token, detail::steady::time_point since) {
+                if (detail::steady::now() >= detail::valid_until(since, state_->options.lease)) {
+                    return false;
+                }
+                on_acquired(token, since, 0);
+                return true;
+            });
     }
 
     // One acquisition attempt: std::nullopt when acquired, else how long to wait at most.

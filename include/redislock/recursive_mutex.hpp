@@ -309,7 +309,7 @@ private:
             [&](const call_context& how, const detail::queue_place& place) {
                 return attempt(owner, detail::token::random(), how, place);
             },
-            deadline, stop, false, reentry, false);
+            deadline, stop, detail::line_options{.reentry = reentry});
     }
 
     // One attempt: std::nullopt when acquired or re-entered, else how long to wait at most.

@@ -280,7 +280,7 @@ private:
             [&](const call_context& how, const detail::queue_place& place) {
                 return attempt(owner, kind, detail::token::random(), how, place);
             },
-            deadline, stop, kind == mode::read, reentry, false);
+            deadline, stop, detail::line_options{.reader = kind == mode::read, .reentry = reentry});
     }
 
     [[noreturn]] void throw_upgrade() const {

@@ -19,6 +19,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
@@ -71,17 +72,39 @@ void leave_queue(const lock_identity<C>& lk, const std::string& waiter, bool sim
     }
 }
 
+/// How a lock kind waits in line.
+struct line_options {
+    bool reader = false;   // a shared acquisition
+    bool reentry = false;  // the caller may hold already: its first attempt skips the gate, since
+                           // its own release is what the threads in the gate wait for
+    bool simple = false;   // a simple lock (see queue_leave.lua)
+    bool handed = false;   // a simple lock may be handed to this waiter (see queue_hand_on)
+};
+
+/// Calls the lock's `granted(token, since)` for a lock handed to it under `token`: valid for
+/// a lease counted from `since` at least (the hand-over came after the waiter joined the queue).
+/// Returns false when the lock could not take it; the next attempt then claims it.
+using no_hand_over = std::nullptr_t;
+
 /// Runs `attempt(how, place)` until it acquires, the deadline passes or a stop is requested,
 /// waiting in line between attempts. `attempt` returns std::nullopt when it acquired, else how
-/// long to wait at most before trying again (the holder's PTTL; negative: unknown).
-/// `reader`: a shared acquisition; `reentry`: the caller may already hold (its first attempt
-/// skips the gate, which its own release is what the others wait for); `simple`: the lock is
-/// a simple one (see queue_leave.lua). Failures are handled as acquire_until() does.
-template <connection C, class Attempt>
+/// long to wait at most before trying again (the holder's PTTL; negative: unknown). With
+/// line_options::handed, a release may hand the lock over while this call sleeps: `granted`
+/// (see no_hand_over) then takes it without another round trip. Failures are handled as
+/// acquire_until() does.
+template <connection C, class Attempt, class Granted = no_hand_over>
 bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time_point deadline,
-                     const std::stop_token& stop, bool reader, bool reentry, bool simple) {
+                     const std::stop_token& stop, const line_options& line,
+                     Granted&& granted = nullptr) {
     waiting_room& room = lk.core->waiting.get();
-    const std::string waiter = (reader ? "r" : "w") + token::random().str();
+    const token grant = token::random();
+    const std::string waiter =
+        line.handed ? "g" + grant.str() + "." + std::string{lk.lease_text.view()}
+                    : (line.reader ? "r" : "w") + token::random().str();
+    const bool reader = line.reader;
+    const bool reentry = line.reentry;
+    const bool simple = line.simple;
+    std::optional<steady::time_point> first_join;  // when the first attempt that joined was sent
     const bool may_wait = deadline > steady::now();
     const auto grace = handoff_grace(lk.options.lease);
     std::optional<local_gates::place> place;
@@ -129,6 +152,9 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         std::optional<holder_ttl> ttl;
         try {
             joined = joined || join;
+            if (join && !first_join) {
+                first_join = steady::now();
+            }
             ttl = attempt(attempt_context(deadline, stop), queue_place{waiter, join, may_wait});
             if (!ttl) {
                 acquired = true;
@@ -167,9 +193,21 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             until = now + std::min<steady::duration>(policy.next(*ttl), grace / 2);
         }
         until = std::min(until, deadline);
-        const bool woken = slot ? slot->sleep_until(until, stop) : sleep_unless_stopped(until - now, stop);
+        const bool woken =
+            slot ? slot->sleep_until(until, stop) : sleep_unless_stopped(until - now, stop);
         if (!woken && stop.stop_requested()) {
             return false;
+        }
+        if constexpr (!std::is_same_v<std::remove_cvref_t<Granted>, no_hand_over>) {
+            // Handed over: take it without a round trip while at least half a lease, counted
+            // from the first join, is left; else the next attempt claims it afresh.
+            if (line.handed && woken && slot && slot->named() && first_join &&
+                valid_until(*first_join, lk.options.lease) - steady::now() > lk.options.lease / 2 &&
+                granted(grant, *first_join)) {
+                acquired = true;
+                room.gates.note_contention(lk.name, true);
+                return true;
+            }
         }
     }
 }

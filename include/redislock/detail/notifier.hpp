@@ -47,7 +47,15 @@ public:
     void reset() {
         std::lock_guard guard{mutex_};
         woken_ = false;
+        named_ = false;
         check_at_ = steady::time_point::max();
+    }
+
+    /// True when a release named this waiter since the last reset(): for a waiter a simple lock
+    /// is handed to, that the lock is its own.
+    bool named() {
+        std::lock_guard guard{mutex_};
+        return named_;
     }
 
     /// Sleeps until woken, named standby and its grace is over, `until`, or a stop request.
@@ -71,13 +79,11 @@ public:
     /// True while the channel is subscribed on a live link: a release will reach this waiter.
     bool subscribed() const noexcept { return subscribed_.load(std::memory_order_acquire); }
 
-    void wake() {
-        {
-            std::lock_guard guard{mutex_};
-            woken_ = true;
-        }
-        wake_.notify_all();
-    }
+    /// Wakes the waiter to try again (its link was lost, a message may be missing).
+    void wake() { wake(false); }
+
+    /// Wakes the waiter a release named.
+    void wake_named() { wake(true); }
 
     void standby() {
         {
@@ -90,9 +96,19 @@ public:
     void set_subscribed(bool on) noexcept { subscribed_.store(on, std::memory_order_release); }
 
 private:
+    void wake(bool named) {
+        {
+            std::lock_guard guard{mutex_};
+            woken_ = true;
+            named_ = named_ || named;
+        }
+        wake_.notify_all();
+    }
+
     std::mutex mutex_;
     std::condition_variable_any wake_;
     bool woken_ = false;
+    bool named_ = false;
     steady::time_point check_at_ = steady::time_point::max();
     steady::duration grace_;
     std::atomic<bool> subscribed_{false};
@@ -452,7 +468,7 @@ private:
             if (standby) {
                 slot->standby();
             } else {
-                slot->wake();
+                slot->wake_named();
             }
         }
     }

@@ -10,7 +10,8 @@ inline constexpr script mutex_acquire{
     "mutex_acquire",
     R"lua(-- Takes a simple lock, respecting the waiting queue, and draws its fencing token if asked.
 -- Everything that can fail is checked before the first write, so an error never leaves the lock
--- set. A key holding 'queued:<id>' is the lock kept free for waiter <id>, told it may go.
+-- set. A key holding 'queued:<id>' is the lock kept free for waiter <id>, told it may go; one
+-- holding the token of waiter 'g<token>.<lease>' was handed to it, and its attempt takes it.
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the fencing counter (same hash slot as KEYS[1]; expires a day after its last use)
 -- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
@@ -26,7 +27,8 @@ inline constexpr script mutex_acquire{
 --          counter; nothing is written then.
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
--- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -83,6 +85,28 @@ local function queue_notify(q, w, channel, run, now, grace)
         message = message .. ' ?' .. standby
     end
     redis.pcall('SPUBLISH', channel, message)
+end
+
+-- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
+-- token and lease, saving the round trip of coming to take it; another is told, the key kept
+-- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
+-- someone was told.
+local function queue_hand_on(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if not head then
+        return false
+    end
+    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    if token then
+        redis.call('SET', key, token, 'PX', lease)
+        queue_leave(q, w, head)
+        redis.pcall('SPUBLISH', channel, head)
+    else
+        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
+        queue_notify(q, w, channel, {head}, now, grace)
+    end
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -118,7 +142,9 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
 queue_prune(KEYS[3], KEYS[4], now)
 local holder = kind == 'string' and redis.call('GET', KEYS[1])
-if (not holder or holder == 'queued:' .. id) and queue_allows(KEYS[3], id) then
+-- Handed to this waiter already (its message late or lost), or kept free for it, or free.
+if (holder and holder == string.match(id, '^g(%x+)%.')) or
+    ((not holder or holder == 'queued:' .. id) and queue_allows(KEYS[3], id)) then
     -- Never below the server's clock in microseconds, so tokens keep growing after a FLUSHALL
     -- or a restart without persistence (as long as fewer than a million are drawn per second).
     local fence = 0
@@ -138,7 +164,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "e17ad5c432fe3d620e819a2010124761b75e4dbb"};
+    "f29ea47419355ee1c581f4af80cf6603295d5db3"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -156,9 +182,8 @@ return 0
 
 inline constexpr script mutex_release{
     "mutex_release",
-    R"lua(-- Releases a simple lock if it still holds our token. When someone waits, the lock is kept free
--- for the head of the queue for a short grace ('queued:<id>', so a plain SET NX cannot barge in)
--- and the head is told. DEL comes first: Redis allows it when out of memory, and once a script
+    R"lua(-- Releases a simple lock if it still holds our token. When someone waits, the lock goes to the
+-- head of the queue (see queue_hand_on in _queue.lua) and the head is told. DEL comes first: Redis allows it when out of memory, and once a script
 -- has written, the rest of it may write too.
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
@@ -169,7 +194,8 @@ inline constexpr script mutex_release{
 --          held by someone else)
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
--- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -226,6 +252,28 @@ local function queue_notify(q, w, channel, run, now, grace)
         message = message .. ' ?' .. standby
     end
     redis.pcall('SPUBLISH', channel, message)
+end
+
+-- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
+-- token and lease, saving the round trip of coming to take it; another is told, the key kept
+-- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
+-- someone was told.
+local function queue_hand_on(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if not head then
+        return false
+    end
+    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    if token then
+        redis.call('SET', key, token, 'PX', lease)
+        queue_leave(q, w, head)
+        redis.pcall('SPUBLISH', channel, head)
+    else
+        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
+        queue_notify(q, w, channel, {head}, now, grace)
+    end
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -257,21 +305,14 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-queue_prune(KEYS[2], KEYS[3], now)
-local run = queue_runners(KEYS[2])
-if #run == 0 then
-    return 1
-end
-redis.call('SET', KEYS[1], 'queued:' .. run[1], 'PX', ARGV[3])
-queue_notify(KEYS[2], KEYS[3], ARGV[2], run, now, tonumber(ARGV[3]))
-return 2
+return queue_hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "6f201d5b2f5993f69f6ed1e445495dfbaff1223f"};
+    "60793e798ee1680ba7af923c092f891b56a69dc4"};
 
 inline constexpr script queue_leave{
     "queue_leave",
-    R"lua(-- Takes a waiter that gives up out of the queue. If the lock was kept free for it, or it stood
--- before others that may go now, the next waiters are told.
+    R"lua(-- Takes a waiter that gives up out of the queue. If the lock was kept free for it or handed to
+-- it, or it stood before others that may go now, the next waiters are told.
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
 -- ARGV[1]  the waiter id
@@ -281,7 +322,8 @@ inline constexpr script queue_leave{
 -- Returns  1 left and waiters told; 0 left
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
--- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -340,6 +382,28 @@ local function queue_notify(q, w, channel, run, now, grace)
     redis.pcall('SPUBLISH', channel, message)
 end
 
+-- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
+-- token and lease, saving the round trip of coming to take it; another is told, the key kept
+-- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
+-- someone was told.
+local function queue_hand_on(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if not head then
+        return false
+    end
+    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    if token then
+        redis.call('SET', key, token, 'PX', lease)
+        queue_leave(q, w, head)
+        redis.pcall('SPUBLISH', channel, head)
+    else
+        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
+        queue_notify(q, w, channel, {head}, now, grace)
+    end
+    return true
+end
+
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
 -- the head; a reader also when no writer waits before it.
 local function queue_allows(q, id)
@@ -362,16 +426,19 @@ local function queue_allows(q, id)
 end
 queue_leave(KEYS[2], KEYS[3], ARGV[1])
 local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'string' and redis.call('GET', KEYS[1]) == 'queued:' .. ARGV[1] then
-    redis.call('DEL', KEYS[1])
-    kind = 'none'
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if kind == 'string' then
+    local holder = redis.call('GET', KEYS[1])
+    if holder == 'queued:' .. ARGV[1] or holder == string.match(ARGV[1], '^g(%x+)%.') then
+        redis.call('DEL', KEYS[1])
+        return queue_hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+    end
 end
 -- Held by a writer (or a simple or reentrant holder): its release tells the queue.
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
     return 0
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 queue_prune(KEYS[2], KEYS[3], now)
 local run = queue_runners(KEYS[2])
 if kind == 'hash' and string.sub(run[1] or 'w', 1, 1) ~= 'r' then
@@ -380,13 +447,13 @@ end
 if #run == 0 then
     return 0
 end
-if kind == 'none' and redis.call('EXISTS', KEYS[1]) == 0 and ARGV[4] == 'm' then
-    redis.call('SET', KEYS[1], 'queued:' .. run[1], 'PX', ARGV[3])
+if kind == 'none' and ARGV[4] == 'm' then
+    return queue_hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 queue_notify(KEYS[2], KEYS[3], ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "b834352f90861c1ec0a95713303c65592fceeff4"};
+    "528afba0d83c03cb40036b98805c57a0f7ecf3aa"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -414,7 +481,8 @@ inline constexpr script recursive_acquire{
 --          nothing is written then.
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
--- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -471,6 +539,28 @@ local function queue_notify(q, w, channel, run, now, grace)
         message = message .. ' ?' .. standby
     end
     redis.pcall('SPUBLISH', channel, message)
+end
+
+-- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
+-- token and lease, saving the round trip of coming to take it; another is told, the key kept
+-- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
+-- someone was told.
+local function queue_hand_on(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if not head then
+        return false
+    end
+    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    if token then
+        redis.call('SET', key, token, 'PX', lease)
+        queue_leave(q, w, head)
+        redis.pcall('SPUBLISH', channel, head)
+    else
+        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
+        queue_notify(q, w, channel, {head}, now, grace)
+    end
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -551,7 +641,7 @@ if id then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "2e5b010d591debc22c1c94d048ca030ab73d1be7"};
+    "1cd27c886b679f81fc9359c629c704881d821214"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -589,7 +679,8 @@ inline constexpr script recursive_release{
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
--- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -646,6 +737,28 @@ local function queue_notify(q, w, channel, run, now, grace)
         message = message .. ' ?' .. standby
     end
     redis.pcall('SPUBLISH', channel, message)
+end
+
+-- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
+-- token and lease, saving the round trip of coming to take it; another is told, the key kept
+-- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
+-- someone was told.
+local function queue_hand_on(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if not head then
+        return false
+    end
+    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    if token then
+        redis.call('SET', key, token, 'PX', lease)
+        queue_leave(q, w, head)
+        redis.pcall('SPUBLISH', channel, head)
+    else
+        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
+        queue_notify(q, w, channel, {head}, now, grace)
+    end
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -693,7 +806,7 @@ local run = queue_runners(KEYS[2])
 queue_notify(KEYS[2], KEYS[3], ARGV[4], run, now, tonumber(ARGV[6]))
 return #run > 0 and 2 or 1
 )lua",
-    "78e4232409ee9578334dbd06a4085a7ebc3daaf1"};
+    "96e1b4757d656b648aa964f1d1836c710e1cf016"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -725,7 +838,8 @@ inline constexpr script shared_acquire{
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
--- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -782,6 +896,28 @@ local function queue_notify(q, w, channel, run, now, grace)
         message = message .. ' ?' .. standby
     end
     redis.pcall('SPUBLISH', channel, message)
+end
+
+-- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
+-- token and lease, saving the round trip of coming to take it; another is told, the key kept
+-- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
+-- someone was told.
+local function queue_hand_on(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if not head then
+        return false
+    end
+    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    if token then
+        redis.call('SET', key, token, 'PX', lease)
+        queue_leave(q, w, head)
+        redis.pcall('SPUBLISH', channel, head)
+    else
+        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
+        queue_notify(q, w, channel, {head}, now, grace)
+    end
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -891,7 +1027,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "a4c93bc942055724659884bcbb6765519be9d550"};
+    "cfcea69590a443ef38b7c5099d1743e60c631741"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -940,7 +1076,8 @@ inline constexpr script shared_release{
 --          0 still held by outer entries; -1 not held (expired, never, or a later acquisition's)
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
--- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -997,6 +1134,28 @@ local function queue_notify(q, w, channel, run, now, grace)
         message = message .. ' ?' .. standby
     end
     redis.pcall('SPUBLISH', channel, message)
+end
+
+-- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
+-- token and lease, saving the round trip of coming to take it; another is told, the key kept
+-- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
+-- someone was told.
+local function queue_hand_on(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if not head then
+        return false
+    end
+    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    if token then
+        redis.call('SET', key, token, 'PX', lease)
+        queue_leave(q, w, head)
+        redis.pcall('SPUBLISH', channel, head)
+    else
+        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
+        queue_notify(q, w, channel, {head}, now, grace)
+    end
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -1067,6 +1226,6 @@ end
 queue_notify(KEYS[2], KEYS[3], ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "ae961df93ec83fbafd0cd245b849d34775151dd1"};
+    "d7cc08abe65038bd73cfab02a93dcb63b2190ed7"};
 
 }  // namespace redislock::detail::scripts

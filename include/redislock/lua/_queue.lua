@@ -1,6 +1,7 @@
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
--- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write.
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -57,6 +58,28 @@ local function queue_notify(q, w, channel, run, now, grace)
         message = message .. ' ?' .. standby
     end
     redis.pcall('SPUBLISH', channel, message)
+end
+
+-- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
+-- token and lease, saving the round trip of coming to take it; another is told, the key kept
+-- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
+-- someone was told.
+local function queue_hand_on(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if not head then
+        return false
+    end
+    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    if token then
+        redis.call('SET', key, token, 'PX', lease)
+        queue_leave(q, w, head)
+        redis.pcall('SPUBLISH', channel, head)
+    else
+        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
+        queue_notify(q, w, channel, {head}, now, grace)
+    end
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is

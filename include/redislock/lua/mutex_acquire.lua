@@ -1,6 +1,7 @@
 -- Takes a simple lock, respecting the waiting queue, and draws its fencing token if asked.
 -- Everything that can fail is checked before the first write, so an error never leaves the lock
--- set. A key holding 'queued:<id>' is the lock kept free for waiter <id>, told it may go.
+-- set. A key holding 'queued:<id>' is the lock kept free for waiter <id>, told it may go; one
+-- holding the token of waiter 'g<token>.<lease>' was handed to it, and its attempt takes it.
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the fencing counter (same hash slot as KEYS[1]; expires a day after its last use)
 -- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
@@ -28,7 +29,9 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
 queue_prune(KEYS[3], KEYS[4], now)
 local holder = kind == 'string' and redis.call('GET', KEYS[1])
-if (not holder or holder == 'queued:' .. id) and queue_allows(KEYS[3], id) then
+-- Handed to this waiter already (its message late or lost), or kept free for it, or free.
+if (holder and holder == string.match(id, '^g(%x+)%.')) or
+    ((not holder or holder == 'queued:' .. id) and queue_allows(KEYS[3], id)) then
     -- Never below the server's clock in microseconds, so tokens keep growing after a FLUSHALL
     -- or a restart without persistence (as long as fewer than a million are drawn per second).
     local fence = 0

@@ -1,6 +1,5 @@
--- Releases a simple lock if it still holds our token. When someone waits, the lock is kept free
--- for the head of the queue for a short grace ('queued:<id>', so a plain SET NX cannot barge in)
--- and the head is told. DEL comes first: Redis allows it when out of memory, and once a script
+-- Releases a simple lock if it still holds our token. When someone waits, the lock goes to the
+-- head of the queue (see queue_hand_on in _queue.lua) and the head is told. DEL comes first: Redis allows it when out of memory, and once a script
 -- has written, the rest of it may write too.
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
@@ -19,11 +18,4 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-queue_prune(KEYS[2], KEYS[3], now)
-local run = queue_runners(KEYS[2])
-if #run == 0 then
-    return 1
-end
-redis.call('SET', KEYS[1], 'queued:' .. run[1], 'PX', ARGV[3])
-queue_notify(KEYS[2], KEYS[3], ARGV[2], run, now, tonumber(ARGV[3]))
-return 2
+return queue_hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now, tonumber(ARGV[3])) and 2 or 1

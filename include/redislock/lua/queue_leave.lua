@@ -1,5 +1,5 @@
--- Takes a waiter that gives up out of the queue. If the lock was kept free for it, or it stood
--- before others that may go now, the next waiters are told.
+-- Takes a waiter that gives up out of the queue. If the lock was kept free for it or handed to
+-- it, or it stood before others that may go now, the next waiters are told.
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
 -- ARGV[1]  the waiter id
@@ -10,16 +10,19 @@
 --#include _queue.lua
 queue_leave(KEYS[2], KEYS[3], ARGV[1])
 local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'string' and redis.call('GET', KEYS[1]) == 'queued:' .. ARGV[1] then
-    redis.call('DEL', KEYS[1])
-    kind = 'none'
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if kind == 'string' then
+    local holder = redis.call('GET', KEYS[1])
+    if holder == 'queued:' .. ARGV[1] or holder == string.match(ARGV[1], '^g(%x+)%.') then
+        redis.call('DEL', KEYS[1])
+        return queue_hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+    end
 end
 -- Held by a writer (or a simple or reentrant holder): its release tells the queue.
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
     return 0
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 queue_prune(KEYS[2], KEYS[3], now)
 local run = queue_runners(KEYS[2])
 if kind == 'hash' and string.sub(run[1] or 'w', 1, 1) ~= 'r' then
@@ -28,8 +31,8 @@ end
 if #run == 0 then
     return 0
 end
-if kind == 'none' and redis.call('EXISTS', KEYS[1]) == 0 and ARGV[4] == 'm' then
-    redis.call('SET', KEYS[1], 'queued:' .. run[1], 'PX', ARGV[3])
+if kind == 'none' and ARGV[4] == 'm' then
+    return queue_hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 queue_notify(KEYS[2], KEYS[3], ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
