@@ -101,7 +101,6 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
     const std::string waiter =
         line.handed ? "g" + grant.str() + "." + std::string{lk.lease_text.view()}
                     : (line.reader ? "r" : "w") + token::random().str();
-    const bool reader = line.reader;
     const bool reentry = line.reentry;
     const bool simple = line.simple;
     std::optional<steady::time_point> first_join;  // when the first attempt that joined was sent

@@ -1,0 +1,342 @@
+// Notified, fair waiting (detail/fair_wait.hpp): a release wakes the waiter it names; waiters go
+// in arrival order, one per process in Redis; lost notifications, crashed holders and waiters
+// that give up delay no one beyond the holder's lease and leave nothing behind.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <redislock/redislock.hpp>
+
+#include "support/redis_server.hpp"
+#include "support/test_util.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using redislock::lock_options;
+using redislock::test::eventually;
+using redislock::test::redis_server;
+using redislock::test::stopwatch;
+
+// The three kinds behind one interface, for tests that hold for each.
+struct any_lock {
+    std::function<bool(std::chrono::milliseconds)> try_lock_for;
+    std::function<void()> unlock;
+};
+
+enum class kind { simple, reentrant, writer, reader };
+
+any_lock make_lock(redislock::client& client, kind k, const std::string& name,
+                   lock_options options = {}) {
+    switch (k) {
+        case kind::simple: {
+            auto m = std::make_shared<redislock::mutex>(client.mutex(name, options));
+            return {[m](auto d) { return m->try_lock_for(d); }, [m] { m->unlock(); }};
+        }
+        case kind::reentrant: {
+            auto m =
+                std::make_shared<redislock::recursive_mutex>(client.recursive_mutex(name, options));
+            return {[m](auto d) { return m->try_lock_for(d); }, [m] { m->unlock(); }};
+        }
+        case kind::writer: {
+            auto m = std::make_shared<redislock::shared_mutex>(client.shared_mutex(name, options));
+            return {[m](auto d) { return m->try_lock_for(d); }, [m] { m->unlock(); }};
+        }
+        case kind::reader:
+            break;
+    }
+    auto m = std::make_shared<redislock::shared_mutex>(client.shared_mutex(name, options));
+    return {[m](auto d) { return m->try_lock_shared_for(d); }, [m] { m->unlock_shared(); }};
+}
+
+const char* kind_name(kind k) {
+    switch (k) {
+        case kind::simple:
+            return "simple";
+        case kind::reentrant:
+            return "reentrant";
+        case kind::writer:
+            return "writer";
+        case kind::reader:
+            return "reader";
+    }
+    return "?";
+}
+
+std::int64_t zcard(redis_server& srv, const std::string& key) {
+    return std::stoll(srv.cli({"ZCARD", key}));
+}
+
+bool nothing_left(redis_server& srv) { return srv.cli({"DBSIZE"}) == "0"; }
+
+// ---------------------------------------------------------------------------------------------
+
+// The holder's lease is long and the waiter's backoff would be long too: only the release's
+// message can wake the waiter soon after the unlock.
+TEST(Waiting, ReleaseWakesTheWaiterOfEveryKind) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    for (kind k : {kind::simple, kind::reentrant, kind::writer}) {
+        SCOPED_TRACE(kind_name(k));
+        const lock_options slow{.lease = 30s, .backoff_min = 5s, .backoff_max = 20s};
+        any_lock holder = make_lock(client, k, "w", slow);
+        redislock::client other{srv.uri()};
+        any_lock waiter = make_lock(other, k == kind::writer ? kind::reader : k, "w", slow);
+        ASSERT_TRUE(holder.try_lock_for(0ms));
+        std::atomic<bool> got{false};
+        std::thread t{[&] {
+            got = waiter.try_lock_for(25s);
+            if (got) {
+                waiter.unlock();  // locks belong to the thread that took them
+            }
+        }};
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{w}:queue") == 1; }));
+        const stopwatch watch;
+        holder.unlock();
+        ASSERT_TRUE(eventually([&] { return got.load(); }, 3s)) << "not woken by the release";
+        EXPECT_LT(watch.elapsed(), 3s);
+        t.join();
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    }
+}
+
+// With the subscriber connection killed mid-wait, the waiter still gets the lock: it tries
+// again, subscribes anew, and at the latest its holder's lease bounds the wait.
+TEST(Waiting, LostSubscriberConnectionStillAcquiresWithinTheHoldersLease) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+    auto holder = client.mutex("lost", {.lease = 2s});
+    auto waiter = other.mutex("lost", {.lease = 2s});
+    ASSERT_TRUE(holder.try_lock());
+    std::atomic<bool> got{false};
+    std::thread t{[&] {
+        got = waiter.try_lock_for(10s);
+        if (got) {
+            waiter.unlock();
+        }
+    }};
+    ASSERT_TRUE(eventually([&] { return zcard(srv, "{lost}:queue") == 1; }));
+    EXPECT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "pubsub"}), "0");
+    holder.unlock();
+    EXPECT_TRUE(eventually([&] { return got.load(); }, 3s));
+    t.join();
+    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
+// A holder that dies without releasing delays the waiter by its lease, not more.
+TEST(Waiting, HolderCrashDelaysTheWaiterOnlyUntilItsLeaseEnds) {
+    redis_server srv;
+    const pid_t child = ::fork();
+    if (child == 0) {
+        redislock::client client{srv.uri()};
+        auto m = client.mutex("crash", {.lease = 1s});
+        std::_Exit(m.try_lock() ? 0 : 1);  // exits holding it
+    }
+    ASSERT_EQ(redislock::test::wait_child(child, 10s), 0);
+    redislock::client client{srv.uri()};
+    auto m = client.mutex("crash", {.lease = 1s, .backoff_min = 1s, .backoff_max = 5s});
+    const stopwatch watch;
+    ASSERT_TRUE(m.try_lock_for(5s));
+    EXPECT_LT(watch.elapsed(), 2500ms);
+    m.unlock();
+    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
+// Threads of one client that wait for one name queue locally: one entry in Redis.
+TEST(Waiting, ThreadsOfOneProcessPutOneWaiterInRedis) {
+    redis_server srv;
+    redislock::client holder_client{srv.uri()};
+    redislock::client client{srv.uri()};
+    auto holder = holder_client.mutex("gate");
+    ASSERT_TRUE(holder.try_lock());
+    constexpr int threads = 4;
+    std::atomic<int> acquired{0};
+    std::vector<std::thread> pool;
+    for (int i = 0; i < threads; ++i) {
+        pool.emplace_back([&] {
+            auto m = client.mutex("gate");
+            if (m.try_lock_for(20s)) {
+                ++acquired;
+                m.unlock();
+            }
+        });
+    }
+    ASSERT_TRUE(eventually([&] { return zcard(srv, "{gate}:queue") == 1; }));
+    std::this_thread::sleep_for(200ms);  // time for any other thread to (wrongly) queue too
+    EXPECT_EQ(zcard(srv, "{gate}:queue"), 1);
+    holder.unlock();
+    for (auto& t : pool) {
+        t.join();
+    }
+    EXPECT_EQ(acquired.load(), threads);
+    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
+// Waiters of separate clients (as separate processes would) get the lock in arrival order,
+// and a holder that locks again at once queues behind them.
+TEST(Waiting, WaitersGoInArrivalOrder) {
+    redis_server srv;
+    for (kind k : {kind::simple, kind::reentrant, kind::writer}) {
+        SCOPED_TRACE(kind_name(k));
+        srv.flushall();
+        redislock::client holder_client{srv.uri()};
+        any_lock holder = make_lock(holder_client, k, "fifo");
+        ASSERT_TRUE(holder.try_lock_for(0ms));
+        constexpr int waiters = 3;
+        std::vector<std::unique_ptr<redislock::client>> clients;
+        std::vector<std::thread> pool;
+        std::mutex order_mutex;
+        std::vector<int> order;
+        for (int i = 0; i < waiters; ++i) {
+            clients.push_back(std::make_unique<redislock::client>(srv.uri()));
+            any_lock lock = make_lock(*clients.back(), k, "fifo");
+            pool.emplace_back([&, lock, i] {
+                if (lock.try_lock_for(20s)) {
+                    {
+                        std::lock_guard guard{order_mutex};
+                        order.push_back(i);
+                    }
+                    std::this_thread::sleep_for(20ms);
+                    lock.unlock();
+                }
+            });
+            ASSERT_TRUE(eventually([&] { return zcard(srv, "{fifo}:queue") == i + 1; }));
+        }
+        holder.unlock();
+        EXPECT_FALSE(holder.try_lock_for(0ms)) << "a try barged past the queue";
+        for (auto& t : pool) {
+            t.join();
+        }
+        EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    }
+}
+
+// Two writers locking in a loop do not starve a reader, and readers in a loop do not starve a
+// writer (phase-fair through the queue).
+TEST(Waiting, NeitherReadersNorWritersStarve) {
+    redis_server srv;
+    for (const bool readers_loop : {false, true}) {
+        SCOPED_TRACE(readers_loop ? "readers loop, a writer waits" : "writers loop, a reader waits");
+        srv.flushall();
+        std::atomic<bool> stop{false};
+        std::vector<std::thread> loopers;
+        std::atomic<int> rounds{0};
+        for (int i = 0; i < 2; ++i) {
+            loopers.emplace_back([&] {
+                redislock::client client{srv.uri()};
+                auto rw = client.shared_mutex("phase");
+                while (!stop) {
+                    if (readers_loop ? rw.try_lock_shared_for(5s) : rw.try_lock_for(5s)) {
+                        ++rounds;
+                        std::this_thread::sleep_for(2ms);
+                        readers_loop ? rw.unlock_shared() : rw.unlock();
+                    }
+                }
+            });
+        }
+        ASSERT_TRUE(eventually([&] { return rounds.load() > 20; }));
+        redislock::client client{srv.uri()};
+        auto rw = client.shared_mutex("phase");
+        const bool got = readers_loop ? rw.try_lock_for(5s) : rw.try_lock_shared_for(5s);
+        EXPECT_TRUE(got);
+        if (got) {
+            readers_loop ? rw.unlock() : rw.unlock_shared();
+        }
+        stop = true;
+        for (auto& t : loopers) {
+            t.join();
+        }
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    }
+}
+
+// A waiter that gives up (deadline or stop request) leaves the queue, and one standing first
+// lets the next waiter go at once rather than after its entry lapses.
+TEST(Waiting, WaitersThatGiveUpLeaveNothingBehind) {
+    redis_server srv;
+    redislock::client holder_client{srv.uri()};
+    redislock::client client{srv.uri()};
+    auto holder = holder_client.mutex("quit", {.lease = 5s});
+    ASSERT_TRUE(holder.try_lock());
+    auto timed = client.mutex("quit");
+    EXPECT_FALSE(timed.try_lock_for(300ms));
+    std::stop_source source;
+    std::thread stopper{[&] {
+        std::this_thread::sleep_for(300ms);
+        source.request_stop();
+    }};
+    auto stopped = client.mutex("quit");
+    const stopwatch watch;
+    EXPECT_FALSE(stopped.try_lock_until(std::chrono::steady_clock::now() + 10s, source.get_token()));
+    EXPECT_LT(watch.elapsed(), 3s);
+    stopper.join();
+    EXPECT_TRUE(eventually([&] { return srv.cli({"EXISTS", "{quit}:queue"}) == "0"; }, 3s));
+    holder.unlock();
+    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
+// The head of the queue gives up: the one behind it gets the lock at the next release, not after
+// the head's entry lapses.
+TEST(Waiting, HeadThatGivesUpPassesTheLockOn) {
+    redis_server srv;
+    redislock::client holder_client{srv.uri()};
+    redislock::client first_client{srv.uri()};
+    redislock::client second_client{srv.uri()};
+    const lock_options slow{.lease = 20s, .backoff_min = 5s, .backoff_max = 10s};
+    auto holder = holder_client.mutex("pass", slow);
+    auto first = first_client.mutex("pass", slow);
+    auto second = second_client.mutex("pass", slow);
+    ASSERT_TRUE(holder.try_lock());
+    std::stop_source give_up;
+    std::thread t1{[&] {
+        if (first.try_lock_until(std::chrono::steady_clock::now() + 20s, give_up.get_token())) {
+            first.unlock();  // the hand-over won the race with the stop: unlock hands it on
+        }
+    }};
+    ASSERT_TRUE(eventually([&] { return zcard(srv, "{pass}:queue") == 1; }));
+    std::atomic<bool> got{false};
+    std::thread t2{[&] {
+        got = second.try_lock_for(20s);
+        if (got) {
+            second.unlock();
+        }
+    }};
+    ASSERT_TRUE(eventually([&] { return zcard(srv, "{pass}:queue") == 2; }));
+    give_up.request_stop();
+    t1.join();
+    holder.unlock();
+    EXPECT_TRUE(eventually([&] { return got.load(); }, 5s));
+    t2.join();
+    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
+// A release nobody waits for publishes nothing and leaves no queue keys.
+TEST(Waiting, UncontendedLocksTouchNoQueue) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    (void)srv.cli({"CONFIG", "RESETSTAT"});
+    auto m = client.mutex("calm");
+    for (int i = 0; i < 10; ++i) {
+        m.lock();
+        m.unlock();
+    }
+    const std::string stats = srv.cli({"INFO", "commandstats"});
+    EXPECT_EQ(stats.find("cmdstat_spublish"), std::string::npos) << stats;
+    EXPECT_EQ(stats.find("cmdstat_ssubscribe"), std::string::npos) << stats;
+    EXPECT_TRUE(nothing_left(srv));
+}
+
+}  // namespace
