@@ -572,7 +572,7 @@ inline constexpr std::string_view usage =
     "\n"
     "  URI              redis://[user:password@]host[:port][/db], rediss://..., unix:///path\n"
     "  --force-release  free the lock after confirmation: deletes its key and queue keys, never\n"
-    "                   its fencing counter; nothing is freed if the lock changed meanwhile\n"
+    "                   its fencing counter; nothing is freed if the lock changed since shown\n"
     "  --yes            do not ask for confirmation\n"
     "  --               what follows is the URI and NAME, even if it starts with '-'\n"
     "\n"
@@ -685,8 +685,9 @@ inline int run(std::span<const std::string_view> args, std::istream& in, std::os
         }
         const release_result result = force_release(*conn, seen);
         if (result.changed) {
-            out << "the lock changed since it was shown (a release, a renewal or a new holder): "
-                   "nothing was freed; run again to see it as it is now\n";
+            out << "the lock changed since it was shown (a new holder, a release, a re-entry or a "
+                   "read-write holder's renewal): nothing was freed; run again to see it as it "
+                   "is now\n";
             return 3;
         }
         out << "freed '" << printable(seen.name)
