@@ -243,6 +243,20 @@ TEST(Inspect, QueueWaitersAreListedInTicketOrderWithTheirClaims) {
     EXPECT_FALSE(claims.waiters[0].ticket);
 }
 
+TEST(Inspect, ASimpleLockKeptFreeForAQueuedWaiterHasNoHolder) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    srv.cli({"SET", "orders:42", "queued:w17", "PX", "5000"});
+    const auto r = redislock::inspect::inspect(client.connection(), "orders:42");
+    EXPECT_EQ(r.kind, lock_kind::mutex);
+    EXPECT_TRUE(r.holders.empty());
+    EXPECT_EQ(r.kept_for, "w17");
+    const std::string text = redislock::inspect::format(r);
+    EXPECT_TRUE(contains(text, "holders:         none: kept free for waiter w17, told it may go ("))
+        << text;
+    EXPECT_TRUE(redislock::inspect::something_to_free(r));
+}
+
 TEST(Inspect, KeysOfUnexpectedTypesAreClearErrors) {
     redis_server srv;
     redislock::client client{srv.uri()};

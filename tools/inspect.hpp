@@ -95,6 +95,8 @@ struct report {
     std::string queue_key;
     std::string waiting_key;
     std::string fingerprint;  ///< the lock key's content as the server hashed it
+    /// A simple lock kept free for the head of the fair queue after a release: that waiter's id.
+    std::optional<std::string> kept_for;
 };
 
 /// A key at the lock's name or a derived name is of a type no lock kind writes.
@@ -102,6 +104,10 @@ class unexpected_key_error : public std::runtime_error {
 public:
     using std::runtime_error::runtime_error;
 };
+
+/// What a simple lock's key holds while a release keeps it free for the waiter it told
+/// ("queued:<waiter id>"), so a plain SET NX cannot barge in.
+inline constexpr std::string_view handoff_prefix = "queued:";
 
 /// The most waiters listed; the rest are only counted.
 inline constexpr int max_waiters = 100;
@@ -325,8 +331,12 @@ report inspect(C& conn, std::string_view name) {
         out.kind = lock_kind::free;
     } else if (type == "string") {
         out.kind = lock_kind::mutex;
-        out.holders.push_back(
-            {content.empty() ? "" : content[0].text(), "", 1, out.key_ttl_ms, ""});
+        const std::string value = content.empty() ? "" : content[0].text();
+        if (value.starts_with(handoff_prefix)) {
+            out.kept_for = value.substr(handoff_prefix.size());
+        } else {
+            out.holders.push_back({value, "", 1, out.key_ttl_ms, ""});
+        }
     } else if (type == "hash") {
         bool has_mode = false;
         for (std::size_t i = 0; i < content.size(); i += 2) {
@@ -482,7 +492,11 @@ inline std::string format(const report& r, std::string_view server = {}) {
         line("key expires in", r.key_ttl_ms ? duration_text(*r.key_ttl_ms) : "never (no TTL)");
     }
 
-    if (r.holders.empty()) {
+    if (r.kept_for) {
+        line("holders",
+             "none: kept free for waiter " + printable(*r.kept_for) + ", told it may go" +
+                 (r.key_ttl_ms ? " (" + duration_text(*r.key_ttl_ms) + " left)" : std::string{}));
+    } else if (r.holders.empty()) {
         line("holders", "none");
     } else {
         line("holders", std::to_string(r.holders.size()));
