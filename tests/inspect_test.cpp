@@ -134,7 +134,11 @@ TEST(Inspect, SharedMutexShowsEachReaderAndAWaitingWriter) {
             w.unlock();
         }
     }};
-    const bool queued = eventually([&] { return contains(srv.cli({"HKEYS", "catalog"}), "q:"); });
+    // The writer waits as a q: field of the hash, or as a writer's entry of the fair queue.
+    const bool queued = eventually([&] {
+        return contains(srv.cli({"HKEYS", "catalog"}), "q:") ||
+               srv.cli({"EXISTS", redislock::detail::derived_key("catalog", "queue")}) == "1";
+    });
 
     const auto r = redislock::inspect::inspect(readers.connection(), "catalog");
     r1.unlock_shared();
@@ -156,15 +160,23 @@ TEST(Inspect, SharedMutexShowsEachReaderAndAWaitingWriter) {
     }
     EXPECT_NE(r.holders[0].who, r.holders[1].who);
     ASSERT_EQ(r.waiting_writers.size(), 1U);
-    EXPECT_TRUE(r.waiting_writers[0].owner.starts_with(waiting.instance_id()));
-    EXPECT_GT(r.waiting_writers[0].remaining_ms, 0);
+    const auto& writer_entry = r.waiting_writers[0];
+    if (writer_entry.queued) {
+        EXPECT_FALSE(writer_entry.owner.starts_with("r")) << writer_entry.owner;
+    } else {
+        EXPECT_TRUE(writer_entry.owner.starts_with(waiting.instance_id())) << writer_entry.owner;
+    }
+    ASSERT_TRUE(writer_entry.remaining_ms);
+    EXPECT_GT(*writer_entry.remaining_ms, 0);
     const std::string text = redislock::inspect::format(r);
     EXPECT_TRUE(contains(text,
                          "kind:            shared_mutex (a hash of per-holder leases), mode "
                          "read"))
         << text;
     EXPECT_TRUE(contains(text, "  read owner ")) << text;
-    EXPECT_TRUE(contains(text, "waiting writers: 1\n  owner " + r.waiting_writers[0].owner))
+    EXPECT_TRUE(contains(text, std::string{"waiting writers: 1\n  "} +
+                                   (writer_entry.queued ? "waiter " : "owner ") +
+                                   writer_entry.owner))
         << text;
 }
 
@@ -241,6 +253,21 @@ TEST(Inspect, QueueWaitersAreListedInTicketOrderWithTheirClaims) {
     ASSERT_EQ(claims.waiters.size(), 3U);
     EXPECT_EQ(claims.waiters[0].id, "third");
     EXPECT_FALSE(claims.waiters[0].ticket);
+}
+
+TEST(Inspect, WritersInTheQueueOfAReadWriteLockCountAsWaitingWriters) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rw = client.shared_mutex("catalog", {.lease = 5s});
+    std::shared_lock reader{rw};
+    const std::string queue = redislock::detail::derived_key("catalog", "queue");
+    srv.cli({"ZADD", queue, "1", "w-first", "2", "r-second"});
+    const auto r = redislock::inspect::inspect(client.connection(), "catalog");
+    ASSERT_EQ(r.waiting_writers.size(), 1U);
+    EXPECT_EQ(r.waiting_writers[0].owner, "w-first");
+    EXPECT_TRUE(r.waiting_writers[0].queued);
+    EXPECT_EQ(r.waiters.size(), 2U);
+    EXPECT_TRUE(contains(redislock::inspect::format(r), "  waiter w-first in the queue\n"));
 }
 
 TEST(Inspect, ASimpleLockKeptFreeForAQueuedWaiterHasNoHolder) {

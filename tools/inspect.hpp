@@ -64,9 +64,12 @@ struct holder {
 };
 
 /// A writer waiting for a read-write lock (field `q:<owner>`); new readers wait behind it.
+/// With the fair queue, a writer's entry there (an id not starting with 'r') counts too.
 struct waiting_writer {
-    std::string owner;
-    std::int64_t remaining_ms = 0;  ///< how long it keeps its place unless it asks again
+    std::string owner;  ///< the owner id, or the queue entry's waiter id
+    /// How long it keeps its place unless it asks again; none for a queue entry without a claim.
+    std::optional<std::int64_t> remaining_ms;
+    bool queued = false;  ///< an entry of the fair queue, not a `q:` field
 };
 
 /// An entry of the fair waiting queue (`{name}:queue`, `{name}:waiting`).
@@ -261,7 +264,7 @@ inline void read_shared(report& out, const std::vector<reply>& fields, std::int6
             out.holders.push_back({field.substr(2), field[0] == 'w' ? "write" : "read",
                                    entry->count, entry->expiry - now, entry->id});
         } else if (entry && field.starts_with("q:")) {
-            out.waiting_writers.push_back({field.substr(2), entry->expiry - now});
+            out.waiting_writers.push_back({field.substr(2), entry->expiry - now, false});
         } else {
             out.other_fields.emplace_back(field, value);
         }
@@ -383,6 +386,10 @@ report inspect(C& conn, std::string_view name) {
                      std::nullopt};
         if (const auto expiry = detail::score(detail::element(w, 2))) {
             entry.remaining_ms = *expiry - now;
+        }
+        // Queue waiter ids start with 'r' for readers; any other letter waits to write.
+        if (out.kind == lock_kind::shared_mutex && !entry.id.starts_with('r')) {
+            out.waiting_writers.push_back({entry.id, entry.remaining_ms, true});
         }
         out.waiters.push_back(std::move(entry));
     }
@@ -528,13 +535,17 @@ inline std::string format(const report& r, std::string_view server = {}) {
         line("waiting writers",
              r.waiting_writers.empty() ? "none" : std::to_string(r.waiting_writers.size()));
         for (const waiting_writer& w : r.waiting_writers) {
-            out << "  owner " << printable(w.owner);
+            out << (w.queued ? "  waiter " : "  owner ") << printable(w.owner);
             if (const auto pid = owner_process(w.owner)) {
                 out << " (process " << *pid << ')';
             }
-            out << "  keeps its place "
-                << (w.remaining_ms > 0 ? duration_text(w.remaining_ms) + " more" : "no longer")
-                << '\n';
+            out << (w.queued ? " in the queue" : "");
+            if (w.remaining_ms) {
+                out << "  keeps its place "
+                    << (*w.remaining_ms > 0 ? duration_text(*w.remaining_ms) + " more"
+                                            : std::string{"no longer"});
+            }
+            out << '\n';
         }
     }
 
