@@ -1,12 +1,15 @@
-// Several processes increment one counter in Redis under one redislock::mutex.
+// Several processes increment one counter in Redis: first without a lock, then under one
+// redislock::mutex.
 //
 // Each worker process reads the counter with GET and writes it back plus one with SET: two
-// commands, not atomic, so two workers inside at once would lose an update. The lock
-// "demo:counter-lock" is the only thing that keeps the total exact. The parent shows live
-// progress, then compares the counter with the number of increments made.
+// commands, not atomic, so two workers inside at once lose an update. The first round runs them
+// bare and counts the increments lost to that race; the second runs the same workers under the
+// lock "demo:counter-lock", the only thing that keeps the total exact there. The parent shows
+// live progress, then compares the counter with the number of increments made.
 //
 // Usage: demo [redis://127.0.0.1:6379] [workers (4)] [increments per worker (5000)]
-// Exit status: 0 when the total is exact, 1 on lost updates or a failed worker, 2 on bad usage.
+// Exit status: 0 when the locked total is exact, 1 on lost updates under the lock or a failed
+// worker, 2 on bad usage. Updates lost without the lock are what the first round shows.
 
 #include <sys/mman.h>
 #include <sys/types.h>
@@ -22,6 +25,7 @@
 #include <cstdio>
 #include <exception>
 #include <iostream>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <string>
@@ -48,6 +52,10 @@ struct progress {
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "counters shared between processes must be lock-free");
 
+struct mapping_deleter {
+    void operator()(void* memory) const noexcept { ::munmap(memory, sizeof(progress)); }
+};
+
 std::int64_t parse_count(std::string_view text) {
     std::int64_t value = 0;
     auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
@@ -61,25 +69,35 @@ std::int64_t read_counter(redislock::client& client) {
     return r.is_nil() ? 0 : parse_count(r.text());
 }
 
-int run_worker(const std::string& uri, int index, std::int64_t increments, progress& shared) {
+// One GET then one SET of value+1: the read-modify-write that loses updates when two run at once.
+// Returns false when the counter holds something that is not a number.
+bool increment(redislock::client& client) {
+    const std::int64_t value = read_counter(client);
+    if (value < 0) {
+        return false;
+    }
+    const std::string next = std::to_string(value + 1);
+    const std::array<std::string_view, 3> set{"SET", counter_key, next};
+    client.connection().execute(set).throw_if_error();
+    return true;
+}
+
+int run_worker(const std::string& uri, int index, std::int64_t increments, bool locked,
+               progress& shared) {
     // A child makes its own client: connections are not shared across fork().
     redislock::client client{uri};
     // Short backoff: the holder keeps the lock for a few round trips only.
     auto lock = client.mutex(lock_name, {.lease = 5s, .backoff_max = 4ms});
     for (std::int64_t i = 0; i < increments; ++i) {
-        std::unique_lock guard{lock, 10s};
-        if (!guard.owns_lock()) {
+        std::unique_lock guard{lock, std::defer_lock};
+        if (locked && !guard.try_lock_for(10s)) {
             std::cerr << "\nworker " << index + 1 << ": no turn at the lock within 10 s\n";
             return 1;
         }
-        const std::int64_t value = read_counter(client);
-        if (value < 0) {
+        if (!increment(client)) {
             std::cerr << "\nworker " << index + 1 << ": the counter is not a number\n";
             return 1;
         }
-        const std::string next = std::to_string(value + 1);
-        const std::array<std::string_view, 3> set{"SET", counter_key, next};
-        client.connection().execute(set).throw_if_error();
         shared.done[static_cast<std::size_t>(index)].fetch_add(1, std::memory_order_relaxed);
     }
     return 0;
@@ -98,7 +116,7 @@ void show_progress(const progress& shared, int workers, std::int64_t expected, d
         line += part;
     }
     char tail[96];
-    std::snprintf(tail, sizeof tail, "| total %llu/%lld | %6.0f acquisitions/s ",
+    std::snprintf(tail, sizeof tail, "| total %llu/%lld | %6.0f increments/s ",
                   static_cast<unsigned long long>(total), static_cast<long long>(expected), rate);
     line += tail;
     std::cout << line << (live ? "" : "\n") << std::flush;
@@ -112,7 +130,14 @@ std::uint64_t total_done(const progress& shared, int workers) {
     return total;
 }
 
-int run(const std::string& uri, int workers, std::int64_t increments) {
+// What one round ended with.
+struct round_result {
+    std::int64_t expected = 0;
+    std::int64_t actual = 0;
+    bool workers_ok = false;
+};
+
+round_result run_round(const std::string& uri, int workers, std::int64_t increments, bool locked) {
     {
         redislock::client client{uri};
         const std::array<std::string_view, 3> reset{"SET", counter_key, "0"};
@@ -123,13 +148,17 @@ int run(const std::string& uri, int workers, std::int64_t increments) {
                           MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (memory == MAP_FAILED) {
         std::perror("mmap");
-        return 1;
+        return {};
     }
     auto* shared = new (memory) progress{};
+    // Unmapped however the round ends.
+    const std::unique_ptr<void, mapping_deleter> mapping{memory};
 
     const std::int64_t expected = workers * increments;
     std::cout << workers << " processes x " << increments << " increments of " << counter_key
-              << " (GET, then SET value+1) under " << lock_name << '\n';
+              << " (GET, then SET value+1) "
+              << (locked ? "under " + std::string{lock_name} : std::string{"without a lock"})
+              << '\n';
     // Flushed before fork(), or each child would print the parent's buffered text again.
     std::cout.flush();
     std::vector<pid_t> children;
@@ -139,13 +168,14 @@ int run(const std::string& uri, int workers, std::int64_t increments) {
             std::perror("fork");
             for (pid_t child : children) {
                 ::kill(child, SIGKILL);
+                ::waitpid(child, nullptr, 0);
             }
-            return 1;
+            return {};
         }
         if (pid == 0) {
             int status = 1;
             try {
-                status = run_worker(uri, i, increments, *shared);
+                status = run_worker(uri, i, increments, locked, *shared);
             } catch (const std::exception& e) {
                 std::cerr << "\nworker " << i + 1 << ": " << e.what() << '\n';
             }
@@ -183,7 +213,7 @@ int run(const std::string& uri, int workers, std::int64_t increments) {
                     ::waitpid(child, nullptr, 0);
                 }
             }
-            return 1;
+            return {};
         }
         // The rate over the last second, or since the start until a second has passed.
         const std::uint64_t total = total_done(*shared, workers);
@@ -210,14 +240,37 @@ int run(const std::string& uri, int workers, std::int64_t increments) {
 
     redislock::client client{uri};
     const std::int64_t actual = read_counter(client);
-    std::printf("%.1f s, %.0f acquisitions/s on average\n", seconds,
+    std::printf("%.1f s, %.0f increments/s on average\n", seconds,
                 seconds > 0 ? static_cast<double>(done) / seconds : 0);
-    std::printf("expected %lld, actual %lld: %s\n", static_cast<long long>(expected),
-                static_cast<long long>(actual), actual == expected ? "exact" : "LOST UPDATES");
     if (!workers_ok) {
         std::printf("a worker failed\n");
     }
-    return actual == expected && workers_ok ? 0 : 1;
+    return {expected, actual, workers_ok};
+}
+
+int run(const std::string& uri, int workers, std::int64_t increments) {
+    std::cout << "1. Without a lock\n";
+    const round_result bare = run_round(uri, workers, increments, false);
+    if (!bare.workers_ok) {
+        return 1;
+    }
+    if (bare.actual < bare.expected) {
+        std::printf("expected %lld, actual %lld: %lld increments LOST to the race\n\n",
+                    static_cast<long long>(bare.expected), static_cast<long long>(bare.actual),
+                    static_cast<long long>(bare.expected - bare.actual));
+    } else {
+        std::printf(
+            "expected %lld, actual %lld: no increment lost this time (the race depends "
+            "on timing; try more workers)\n\n",
+            static_cast<long long>(bare.expected), static_cast<long long>(bare.actual));
+    }
+
+    std::cout << "2. Under redislock::mutex\n";
+    const round_result locked = run_round(uri, workers, increments, true);
+    std::printf("expected %lld, actual %lld: %s\n", static_cast<long long>(locked.expected),
+                static_cast<long long>(locked.actual),
+                locked.actual == locked.expected ? "exact, no increment lost" : "LOST UPDATES");
+    return locked.actual == locked.expected && locked.workers_ok ? 0 : 1;
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the examples and runs the demo: several processes increment one counter in Redis under
-# one redislock::mutex, on a private redis-server that this script starts and stops.
+# Builds the examples and runs the demo: several processes increment one counter in Redis, first
+# without a lock (increments are lost to the race), then under one redislock::mutex (none are),
+# on a private redis-server that this script starts and stops.
 # Usage: examples/demo.sh [workers (4)] [increments per worker (5000)]
 set -euo pipefail
 

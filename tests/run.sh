@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the project and runs the test suite: release (g++), then clang++, then ASan+UBSan, then
-# TSan, then against hiredis 1.x; ends with a summary of each stage.
-# Usage: tests/run.sh [--quick]    --quick: release build and tests only.
+# Builds the project and runs the test suite: release (g++), the API reference (Doxygen), then
+# clang++, then ASan+UBSan, then TSan, then against hiredis 1.x; ends with a summary of each stage.
+# Usage: tests/run.sh [--quick]    --quick: release build and tests, and the API reference, only.
 set -euo pipefail
 
 usage() {
@@ -93,7 +93,7 @@ jobs=$(nproc 2>/dev/null || echo 1)
 packages=(
     g++ cmake make pkg-config
     libhiredis-dev libssl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
-    redis-server redis-tools redis-sentinel openssl
+    redis-server redis-tools redis-sentinel openssl doxygen
 )
 
 install_missing_packages() {
@@ -180,6 +180,14 @@ packages+=(clang)
 install_missing_packages
 
 run_suite release "$warnings" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+# The API reference from the public headers; a public name without a comment fails the stage.
+stage_begin docs
+banner "docs: API reference"
+cmake -S . -B build/docs -DREDISLOCK_BUILD_DOCS=ON
+cmake --build build/docs --target redislock_docs
+echo "API reference: build/docs/api/html/index.html"
+stage_end passed
 
 if ((quick)); then
     for stage in clang asan tsan hiredis1; do

@@ -32,11 +32,14 @@
 
 namespace redislock {
 
+/// The entry point: owns the connection, the process's instance id and the watchdog, and makes
+/// the locks. Every member may be called from any thread.
 template <connection C>
 class basic_client {
     static_assert(detail::check_connection<C>());
 
 public:
+    /// The connection type the client talks through.
     using connection_type = C;
 
     /// Takes ownership of a ready connection.
@@ -73,6 +76,7 @@ public:
         return basic_shared_mutex<C>{*this, name, std::move(options)};
     }
 
+    /// The connection the client's locks share, for commands of the caller's own.
     C& connection() noexcept { return core_->connection; }
 
     /// Random 128-bit id of this client, the first half of every owner id it writes.

@@ -159,6 +159,8 @@ inline std::vector<endpoint> cluster_seeds_from_uri(std::string_view uri) {
 
 }  // namespace detail
 
+/// A connection to a Redis Cluster: one hiredis pool per node, each command sent to the master of
+/// its key's slot, MOVED and ASK followed. Thread-safe.
 class hiredis_cluster_connection {
 public:
     /// Reads the slot map from the first seed that answers.
@@ -193,7 +195,9 @@ public:
         }
     }
 
+    /// Takes over another connection's nodes and slot map.
     hiredis_cluster_connection(hiredis_cluster_connection&&) noexcept = default;
+    /// Takes over another connection's nodes and slot map.
     hiredis_cluster_connection& operator=(hiredis_cluster_connection&&) noexcept = default;
 
     /// Sends one command to the master of the slot of the key it touches and returns its reply.

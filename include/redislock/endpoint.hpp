@@ -42,23 +42,31 @@ enum class tls_verify {
 
 /// TLS settings of an endpoint; used only when `enabled` (rediss://).
 struct tls_options {
+    /// True for rediss://: every connection uses TLS.
     bool enabled = false;
     std::string ca_file;      ///< PEM bundle of trusted CAs; empty: the system's
     std::string ca_dir;       ///< OpenSSL hashed CA directory
     std::string cert_file;    ///< client certificate (PEM) for mutual TLS
     std::string key_file;     ///< its private key (PEM)
     std::string server_name;  ///< SNI and expected name; empty: the endpoint's host
+    /// How the server's certificate is checked.
     tls_verify verify = tls_verify::full;
 };
 
+/// Where a Redis server is and how to talk to it; from_uri() parses the URI forms listed at the top
+/// of this header.
 struct endpoint {
+    /// Host name or IP address (an IPv6 address without its brackets).
     std::string host = "127.0.0.1";
+    /// TCP port.
     int port = 6379;
     std::string unix_socket;  ///< when not empty, connect to this socket instead of host:port
     std::string user;         ///< ACL user; empty means AUTH with the password alone
     std::string password;     ///< empty means no AUTH
     int db = 0;               ///< SELECT'ed on every new connection when not 0
+    /// Longest time opening one connection may take.
     std::chrono::milliseconds connect_timeout{2000};
+    /// Longest time one command may wait for its reply.
     std::chrono::milliseconds command_timeout{2000};
     std::size_t pool_size = 8;  ///< most connections open at once
     tls_options tls;            ///< rediss://: how to set up TLS

@@ -105,11 +105,13 @@ public:
 };
 }  // namespace detail
 
+/// The category of redislock::errc codes (name "redislock").
 inline const std::error_category& error_category() noexcept {
     static const detail::error_category category;
     return category;
 }
 
+/// Makes std::error_code from redislock::errc, so the two compare equal.
 inline std::error_code make_error_code(errc e) noexcept {
     return {static_cast<int>(e), error_category()};
 }

@@ -249,6 +249,8 @@ private:
 
 }  // namespace detail
 
+/// A thread-safe pool of hiredis connections to one Redis server: what redislock::client talks
+/// through. Reconnects after a broken connection; AUTH, SELECT, unix sockets and TLS.
 class hiredis_connection {
 public:
     /// Opens one connection at once, so a wrong address, password or certificate fails here.
@@ -273,7 +275,9 @@ public:
     explicit hiredis_connection(std::string_view uri)
         : hiredis_connection{endpoint::from_uri(uri)} {}
 
+    /// Takes over another connection's pool.
     hiredis_connection(hiredis_connection&&) noexcept = default;
+    /// Takes over another connection's pool.
     hiredis_connection& operator=(hiredis_connection&&) noexcept = default;
 
     /// Sends one command and returns its reply (error replies included).
@@ -351,6 +355,7 @@ public:
         return results;
     }
 
+    /// The endpoint the connection was made for.
     const endpoint& config() const { return this_pool().config; }
 
     /// Opens a context of its own, outside the pool and not counted in pool_size, with the same

@@ -27,6 +27,7 @@ struct lock_options {
     /// Waiting: exponential backoff with full jitter, from backoff_min doubling up to
     /// backoff_max, never past the holder's remaining lease.
     std::chrono::milliseconds backoff_min{1};
+    /// The longest pause between two attempts (see backoff_min).
     std::chrono::milliseconds backoff_max{128};
 
     /// Explicit owner id for the reentrant kinds (and the lock's identity for the simple one):

@@ -61,6 +61,8 @@ namespace redislock {
 template <connection C>
 class basic_client;
 
+/// The simple lock: one Redis string per name, taken with SET NX PX and a random token.
+/// TimedLockable; see the top of this header for threads, loss and faults.
 template <connection C>
 class basic_mutex : public detail::timed_lockable<basic_mutex<C>> {
 public:
@@ -70,7 +72,9 @@ public:
     basic_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
         : state_{std::make_shared<state>(client.core_, name, std::move(options))} {}
 
+    /// Takes over another object's lock, held or not; the moved-from object is as one never held.
     basic_mutex(basic_mutex&&) noexcept = default;
+    /// Releases the lock this object holds, if any, then takes over `other`'s.
     basic_mutex& operator=(basic_mutex&& other) noexcept {
         if (this != &other) {
             release_on_destruction();

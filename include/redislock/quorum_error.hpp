@@ -15,14 +15,17 @@ namespace redislock {
 /// failures() lists the masters that failed.
 class quorum_error : public connection_error {
 public:
+    /// One master that did not count towards the quorum.
     struct node_failure {
         std::string node;  ///< "host:port"
         std::string what;  ///< why that master did not count
     };
 
+    /// Made by the library: `message` for what(), `failures` for failures().
     quorum_error(std::string message, std::vector<node_failure> failures)
         : connection_error{std::move(message)}, failures_{std::move(failures)} {}
 
+    /// The masters that failed, and why.
     const std::vector<node_failure>& failures() const noexcept { return failures_; }
 
 private:

@@ -67,6 +67,8 @@ namespace redislock {
 template <connection C>
 class basic_client;
 
+/// The reentrant lock: one Redis hash per name, owner -> entry count. TimedLockable; see the top
+/// of this header for owners, threads, loss and faults.
 template <connection C>
 class basic_recursive_mutex : public detail::timed_lockable<basic_recursive_mutex<C>> {
 public:
@@ -76,7 +78,9 @@ public:
     basic_recursive_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
         : state_{std::make_shared<state>(client.core_, name, std::move(options))} {}
 
+    /// Takes over another object's lock, held or not; the moved-from object is as one never held.
     basic_recursive_mutex(basic_recursive_mutex&&) noexcept = default;
+    /// Releases the lock this object holds, if any, then takes over `other`'s.
     basic_recursive_mutex& operator=(basic_recursive_mutex&& other) noexcept {
         if (this != &other) {
             release_on_destruction();

@@ -26,17 +26,28 @@
 
 namespace redislock {
 
+/// A client of one Redis server over hiredis.
 using client = basic_client<hiredis_connection>;
+/// The simple lock of a redislock::client.
 using mutex = basic_mutex<hiredis_connection>;
+/// The reentrant lock of a redislock::client.
 using recursive_mutex = basic_recursive_mutex<hiredis_connection>;
+/// The read-write lock of a redislock::client.
 using shared_mutex = basic_shared_mutex<hiredis_connection>;
+/// The watchdog of a redislock::client.
 using watchdog = basic_watchdog<hiredis_connection>;
+/// A Redlock client over hiredis connections to independent masters.
 using redlock_client = basic_redlock_client<hiredis_connection>;
+/// The lock of a redislock::redlock_client.
 using redlock_mutex = basic_redlock_mutex<hiredis_connection>;
 
+/// A client of a Redis Cluster (see cluster.hpp).
 using cluster_client = basic_client<hiredis_cluster_connection>;
+/// The simple lock of a redislock::cluster_client.
 using cluster_mutex = basic_mutex<hiredis_cluster_connection>;
+/// The reentrant lock of a redislock::cluster_client.
 using cluster_recursive_mutex = basic_recursive_mutex<hiredis_cluster_connection>;
+/// The read-write lock of a redislock::cluster_client.
 using cluster_shared_mutex = basic_shared_mutex<hiredis_cluster_connection>;
 
 /// A client of the master that Redis Sentinel names (see sentinel.hpp).

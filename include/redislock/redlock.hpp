@@ -61,11 +61,13 @@
 
 namespace redislock {
 
+/// A client of N independent masters whose locks need a quorum of them (Redlock).
 template <connection C>
 class basic_redlock_client {
     static_assert(detail::check_connection<C>());
 
 public:
+    /// The connection type of each master.
     using connection_type = C;
 
     /// One master per URI (see endpoint.hpp). Nothing is sent yet: masters are connected on
@@ -101,6 +103,7 @@ public:
     /// How many masters must agree: N/2 + 1.
     std::size_t quorum() const noexcept { return core_->quorum(); }
 
+    /// The options the client was made with.
     const redlock_options& options() const noexcept { return core_->options(); }
 
 private:

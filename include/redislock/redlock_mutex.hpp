@@ -82,6 +82,8 @@ namespace redislock {
 template <connection C>
 class basic_redlock_client;
 
+/// A simple lock held on a quorum of independent masters (Redlock). TimedLockable; see the top
+/// of this header for validity, loss and faults.
 template <connection C>
 class basic_redlock_mutex : public detail::timed_lockable<basic_redlock_mutex<C>> {
 public:
@@ -96,7 +98,9 @@ public:
           state_{std::make_shared<state>(name, std::move(options), core_->options().node_timeout)} {
     }
 
+    /// Takes over another object's lock, held or not; the moved-from object is as one never held.
     basic_redlock_mutex(basic_redlock_mutex&&) noexcept = default;
+    /// Releases the lock this object holds, if any, then takes over `other`'s.
     basic_redlock_mutex& operator=(basic_redlock_mutex&& other) noexcept {
         if (this != &other) {
             release_on_destruction();
@@ -206,7 +210,9 @@ public:
         return state_->lost_source.get_token();
     }
 
+    /// The lock's name: its key on every master.
     const std::string& name() const noexcept { return state_->name; }
+    /// The options the lock was made with.
     const lock_options& options() const noexcept { return state_->options; }
 
 private:

@@ -14,34 +14,49 @@
 
 namespace redislock {
 
+/// The RESP type of a reply.
 enum class reply_kind { nil, integer, string, status, error, array };
 
+/// One Redis reply: nil, integer, string, status, error or an array of replies. A plain value.
 class reply {
 public:
     /// A nil reply (RESP null bulk string or null array).
     reply() = default;
 
+    /// A nil reply.
     static reply nil() { return reply{}; }
+    /// An integer reply.
     static reply integer(std::int64_t value) {
         reply r{reply_kind::integer};
         r.integer_ = value;
         return r;
     }
+    /// A bulk string reply.
     static reply string(std::string value) { return reply{reply_kind::string, std::move(value)}; }
+    /// A status reply, such as OK.
     static reply status(std::string value) { return reply{reply_kind::status, std::move(value)}; }
+    /// An error reply; `value` starts with the error code, e.g. "NOSCRIPT ...".
     static reply error(std::string value) { return reply{reply_kind::error, std::move(value)}; }
+    /// An array reply.
     static reply array(std::vector<reply> elements) {
         reply r{reply_kind::array};
         r.elements_ = std::move(elements);
         return r;
     }
 
+    /// The reply's RESP type.
     reply_kind kind() const noexcept { return kind_; }
+    /// True for a nil reply.
     bool is_nil() const noexcept { return kind_ == reply_kind::nil; }
+    /// True for an integer reply.
     bool is_integer() const noexcept { return kind_ == reply_kind::integer; }
+    /// True for a bulk string reply.
     bool is_string() const noexcept { return kind_ == reply_kind::string; }
+    /// True for a status reply.
     bool is_status() const noexcept { return kind_ == reply_kind::status; }
+    /// True for an error reply.
     bool is_error() const noexcept { return kind_ == reply_kind::error; }
+    /// True for an array reply.
     bool is_array() const noexcept { return kind_ == reply_kind::array; }
 
     /// The value of an integer reply; 0 for other kinds.

@@ -23,7 +23,9 @@ namespace redislock {
 
 /// A Lua script known at compile time. Values are static strings; copying is free.
 struct script {
+    /// A short name for messages, such as "mutex_release".
     std::string_view name;
+    /// The Lua source, as SCRIPT LOAD is sent it.
     std::string_view source;
     std::string_view sha1;  ///< hex SHA1 of source, as SCRIPT LOAD returns it
 };

@@ -113,6 +113,8 @@ struct master_view {
 
 }  // namespace detail
 
+/// A connection to the master that Redis Sentinel names: asks the sentinels, follows failovers,
+/// never keeps using a demoted master. Thread-safe.
 class sentinel_connection {
 public:
     /// Finds the master at once, so unreachable sentinels or an unknown master name fail here,
@@ -138,7 +140,9 @@ public:
     explicit sentinel_connection(std::string_view uri)
         : sentinel_connection{sentinel_endpoint::from_uri(uri)} {}
 
+    /// Takes over another connection's sentinels and master.
     sentinel_connection(sentinel_connection&&) noexcept = default;
+    /// Takes over another connection's sentinels and master.
     sentinel_connection& operator=(sentinel_connection&&) noexcept = default;
     ~sentinel_connection() = default;
 
@@ -186,6 +190,7 @@ public:
         return state_->switches.load(std::memory_order_relaxed);
     }
 
+    /// The settings the connection was made with.
     const sentinel_endpoint& config() const noexcept { return state_->config; }
 
 private:

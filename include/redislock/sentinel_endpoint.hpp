@@ -24,12 +24,17 @@ namespace redislock {
 
 /// Where the sentinels are, which master to follow, and how to talk to the data nodes.
 struct sentinel_endpoint {
+    /// One sentinel's address.
     struct address {
+        /// Host name or IP address.
         std::string host;
+        /// TCP port.
         int port = 26379;
     };
 
+    /// The sentinels asked for the master, in order.
     std::vector<address> sentinels;
+    /// The name the sentinels know the master by.
     std::string master_name;
     std::string sentinel_user;      ///< ACL user for the sentinels; empty: AUTH with the password
     std::string sentinel_password;  ///< empty: the sentinels need no AUTH

@@ -81,6 +81,8 @@ namespace redislock {
 template <connection C>
 class basic_client;
 
+/// The read-write lock: one Redis hash per name, each holder with its own lease. TimedLockable
+/// and SharedTimedLockable; see the state table at the top of this header.
 template <connection C>
 class basic_shared_mutex : public detail::timed_lockable<basic_shared_mutex<C>>,
                            public detail::shared_timed_lockable<basic_shared_mutex<C>> {
@@ -91,7 +93,9 @@ public:
     basic_shared_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
         : state_{std::make_shared<state>(client.core_, name, std::move(options))} {}
 
+    /// Takes over another object's lock, held or not; the moved-from object is as one never held.
     basic_shared_mutex(basic_shared_mutex&&) noexcept = default;
+    /// Releases the lock this object holds, if any, then takes over `other`'s.
     basic_shared_mutex& operator=(basic_shared_mutex&& other) noexcept {
         if (this != &other) {
             release_on_destruction();
@@ -114,6 +118,8 @@ public:
         std::error_code ignored;
         unlock_shared(ignored);
     }
+    /// As unlock_shared(), saying how it went (see
+    /// basic_recursive_mutex::unlock(std::error_code&)).
     void unlock_shared(std::error_code& ec) noexcept { ec = leave_one(mode::read); }
 
     /// Sets the lease of every mode the caller holds to `lease` from now.

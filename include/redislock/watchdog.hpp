@@ -61,8 +61,11 @@ namespace redislock {
 /// What the watchdog needs to keep one lease alive.
 struct lease_renewal {
     const script* renew_script = nullptr;  ///< compare-and-PEXPIRE: returns 1 renewed, 0 lost
+    /// The keys the renewal script is run with.
     std::vector<std::string> keys;
+    /// Its arguments.
     std::vector<std::string> args;
+    /// The lease each renewal grants; renewals are sent every third of it.
     std::chrono::milliseconds lease{};
     std::chrono::milliseconds max_hold{};  ///< 0: renew until removed
     /// Called after each successful renewal with the time it was sent.
@@ -71,6 +74,7 @@ struct lease_renewal {
     std::function<void()> lost{};
     /// Replicas that must acknowledge each renewal (WAIT after it); 0: none.
     int min_replicas = 0;
+    /// How long each WAIT for replicas may take.
     std::chrono::milliseconds replica_timeout{};
 };
 
@@ -533,11 +537,15 @@ private:
 
 }  // namespace detail
 
+/// One thread that renews the leases of every lock of a client that asked for it
+/// (lock_options::watchdog), at a third of each lease, pipelining renewals to the same server.
 template <connection C>
 class basic_watchdog {
 public:
+    /// Names one lease for remove() and cancel().
     using lease_id = std::uint64_t;
 
+    /// Renews over `conn`, which must outlive the watchdog. The thread starts with the first lease.
     explicit basic_watchdog(C& conn)
         : engine_{[&conn] { return std::make_unique<detail::watchdog_engine<C>>(conn); }} {}
     basic_watchdog(const basic_watchdog&) = delete;
@@ -560,7 +568,9 @@ public:
     /// Stops and joins the thread; drops every lease. Idempotent.
     void stop() { engine_->stop(); }
 
+    /// The number of leases being renewed.
     std::size_t size() { return engine_->size(); }
+    /// Counters of what the watchdog sent.
     watchdog_stats stats() { return engine_->stats(); }
 
 private:

@@ -1,0 +1,473 @@
+// redislock-inspect (tools/inspect.hpp) against real servers: each lock kind taken with the
+// library, read back by the tool, and freed with --force-release.
+
+#include "inspect.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <shared_mutex>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <redislock/redislock.hpp>
+
+#include "support/redis_server.hpp"
+#include "support/test_util.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using redislock::inspect::lock_kind;
+using redislock::test::eventually;
+using redislock::test::redis_server;
+
+struct program_result {
+    int status;
+    std::string out;
+    std::string err;
+};
+
+program_result run_program(std::vector<std::string_view> args, std::string input = {}) {
+    std::istringstream in{std::move(input)};
+    std::ostringstream out;
+    std::ostringstream err;
+    const int status = redislock::inspect::run(args, in, out, err);
+    return {status, out.str(), err.str()};
+}
+
+bool contains(const std::string& text, std::string_view part) {
+    return text.find(part) != std::string::npos;
+}
+
+TEST(Inspect, AFreeNameIsReportedFreeWithNoFence) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const auto r = redislock::inspect::inspect(client.connection(), "orders:42");
+    EXPECT_EQ(r.kind, lock_kind::free);
+    EXPECT_TRUE(r.holders.empty());
+    EXPECT_FALSE(r.fence);
+    EXPECT_FALSE(r.queue_present);
+    EXPECT_FALSE(redislock::inspect::something_to_free(r));
+    const std::string text = redislock::inspect::format(r);
+    EXPECT_TRUE(contains(text, "kind:            none (no key: the lock is free)")) << text;
+    EXPECT_TRUE(contains(text, "holders:         none")) << text;
+    EXPECT_TRUE(contains(text, "waiters:         none (no queue)")) << text;
+    EXPECT_TRUE(contains(text, "fencing counter: none ({orders:42}:fence absent")) << text;
+}
+
+TEST(Inspect, MutexShowsItsTokenLeaseAndFencingCounter) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.mutex("orders:42", {.lease = 5s, .fencing = true});
+    std::unique_lock guard{m};
+
+    const auto r = redislock::inspect::inspect(client.connection(), "orders:42");
+    EXPECT_EQ(r.kind, lock_kind::mutex);
+    ASSERT_EQ(r.holders.size(), 1U);
+    EXPECT_EQ(r.holders[0].who, srv.cli({"GET", "orders:42"}));
+    EXPECT_EQ(r.holders[0].count, 1);
+    ASSERT_TRUE(r.holders[0].remaining_ms);
+    EXPECT_GT(*r.holders[0].remaining_ms, 0);
+    EXPECT_LE(*r.holders[0].remaining_ms, 5000);
+    ASSERT_TRUE(r.fence);
+    EXPECT_EQ(*r.fence, m.fencing_token());
+    EXPECT_GT(r.fence_ttl_ms, 0);
+    EXPECT_EQ(r.fence_key, "{orders:42}:fence");
+
+    const std::string text = redislock::inspect::format(r);
+    EXPECT_TRUE(contains(text, "kind:            mutex")) << text;
+    EXPECT_TRUE(contains(text, "  token " + r.holders[0].who + "  count 1  lease ")) << text;
+    EXPECT_TRUE(contains(text, "fencing counter: " + std::to_string(m.fencing_token()))) << text;
+}
+
+TEST(Inspect, RecursiveMutexShowsTheOwnerItsCountAndAcquisition) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.recursive_mutex("jobs", {.lease = 5s, .fencing = true});
+    m.lock();
+    m.lock();
+
+    const auto r = redislock::inspect::inspect(client.connection(), "jobs");
+    EXPECT_EQ(r.kind, lock_kind::recursive_mutex);
+    ASSERT_EQ(r.holders.size(), 1U);
+    EXPECT_TRUE(r.holders[0].who.starts_with(client.instance_id() + ":")) << r.holders[0].who;
+    EXPECT_TRUE(contains(r.holders[0].who, ":thread:")) << r.holders[0].who;
+    EXPECT_EQ(r.holders[0].count, 2);
+    EXPECT_FALSE(r.holders[0].acquisition_id.empty());
+    ASSERT_TRUE(r.key_ttl_ms);
+    EXPECT_GT(*r.key_ttl_ms, 0);
+    ASSERT_TRUE(r.holder_fence);
+    EXPECT_EQ(*r.holder_fence, m.fencing_token());
+    EXPECT_EQ(r.fence, r.holder_fence);
+    EXPECT_TRUE(r.other_fields.empty());
+
+    const std::string text = redislock::inspect::format(r);
+    EXPECT_TRUE(contains(text, "kind:            recursive_mutex")) << text;
+    EXPECT_TRUE(contains(text, "(process " + std::to_string(::getpid()) + ")  count 2")) << text;
+    m.unlock();
+    m.unlock();
+}
+
+TEST(Inspect, SharedMutexShowsEachReaderAndAWaitingWriter) {
+    redis_server srv;
+    redislock::client readers{srv.uri()};
+    redislock::client writers{srv.uri()};
+    auto r1 = readers.shared_mutex("catalog", {.lease = 5s});
+    auto r2 = writers.shared_mutex("catalog", {.lease = 5s});
+    // Two clients: two owners, each with its own lease.
+    r1.lock_shared();
+    r2.lock_shared();
+
+    redislock::client waiting{srv.uri()};
+    auto w = waiting.shared_mutex("catalog", {.lease = 5s, .fencing = true});
+    bool acquired = false;
+    std::thread writer{[&] {
+        acquired = w.try_lock_for(20s);
+        if (acquired) {
+            w.unlock();
+        }
+    }};
+    // The writer waits as a q: field of the hash, or as a writer's entry of the fair queue.
+    const bool queued = eventually([&] {
+        return contains(srv.cli({"HKEYS", "catalog"}), "q:") ||
+               srv.cli({"EXISTS", redislock::detail::derived_key("catalog", "queue")}) == "1";
+    });
+
+    const auto r = redislock::inspect::inspect(readers.connection(), "catalog");
+    r1.unlock_shared();
+    r2.unlock_shared();
+    writer.join();
+    ASSERT_TRUE(queued);
+    EXPECT_TRUE(acquired);
+
+    EXPECT_EQ(r.kind, lock_kind::shared_mutex);
+    EXPECT_EQ(r.mode, "read");
+    ASSERT_EQ(r.holders.size(), 2U);
+    for (const auto& h : r.holders) {
+        EXPECT_EQ(h.mode, "read");
+        EXPECT_EQ(h.count, 1);
+        ASSERT_TRUE(h.remaining_ms);
+        EXPECT_GT(*h.remaining_ms, 0);
+        EXPECT_LE(*h.remaining_ms, 5000);
+        EXPECT_FALSE(h.acquisition_id.empty());
+    }
+    EXPECT_NE(r.holders[0].who, r.holders[1].who);
+    ASSERT_EQ(r.waiting_writers.size(), 1U);
+    const auto& writer_entry = r.waiting_writers[0];
+    if (writer_entry.queued) {
+        EXPECT_FALSE(writer_entry.owner.starts_with("r")) << writer_entry.owner;
+    } else {
+        EXPECT_TRUE(writer_entry.owner.starts_with(waiting.instance_id())) << writer_entry.owner;
+    }
+    ASSERT_TRUE(writer_entry.remaining_ms);
+    EXPECT_GT(*writer_entry.remaining_ms, 0);
+    const std::string text = redislock::inspect::format(r);
+    EXPECT_TRUE(contains(text,
+                         "kind:            shared_mutex (a hash of per-holder leases), mode "
+                         "read"))
+        << text;
+    EXPECT_TRUE(contains(text, "  read owner ")) << text;
+    EXPECT_TRUE(contains(text, std::string{"waiting writers: 1\n  "} +
+                                   (writer_entry.queued ? "waiter " : "owner ") +
+                                   writer_entry.owner))
+        << text;
+}
+
+TEST(Inspect, SharedMutexWriterShowsItsFence) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rw = client.shared_mutex("catalog", {.lease = 5s, .fencing = true});
+    std::unique_lock guard{rw};
+    const auto r = redislock::inspect::inspect(client.connection(), "catalog");
+    EXPECT_EQ(r.mode, "write");
+    ASSERT_EQ(r.holders.size(), 1U);
+    EXPECT_EQ(r.holders[0].mode, "write");
+    ASSERT_TRUE(r.holder_fence);
+    EXPECT_EQ(*r.holder_fence, rw.fencing_token());
+    EXPECT_EQ(r.fence, r.holder_fence);
+    EXPECT_TRUE(r.waiting_writers.empty());
+}
+
+TEST(Inspect, OddNamesReadTheLibrarysDerivedKeys) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    for (const std::string name : {"a{x}b", "job}1", "a{}b", "line\nbreak"}) {
+        auto m = client.mutex(name, {.lease = 5s, .fencing = true});
+        std::unique_lock guard{m};
+        const auto r = redislock::inspect::inspect(client.connection(), name);
+        EXPECT_EQ(r.fence_key, redislock::detail::derived_key(name, "fence")) << name;
+        EXPECT_EQ(r.queue_key, redislock::detail::derived_key(name, "queue")) << name;
+        ASSERT_TRUE(r.fence) << name;
+        EXPECT_EQ(*r.fence, m.fencing_token()) << name;
+    }
+    EXPECT_EQ(redislock::inspect::inspect(client.connection(), "job}1").fence_key.substr(0, 3),
+              "{rl");
+    EXPECT_TRUE(contains(
+        redislock::inspect::format(redislock::inspect::inspect(client.connection(), "line\nbreak")),
+        "lock:            line\\x0abreak"));
+}
+
+TEST(Inspect, QueueWaitersAreListedInTicketOrderWithTheirClaims) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.mutex("orders:42", {.lease = 5s});
+    std::unique_lock guard{m};
+    const std::string queue = redislock::detail::derived_key("orders:42", "queue");
+    const std::string waiting = redislock::detail::derived_key("orders:42", "waiting");
+    const std::string now_ms = srv.cli({"EVAL",
+                                        "local t = redis.call('TIME') return t[1] * 1000 + "
+                                        "math.floor(t[2] / 1000)",
+                                        "0"});
+    const long long now = std::stoll(now_ms);
+    srv.cli({"ZADD", queue, "2", "second", "1", "first", "3", "third"});
+    srv.cli({"ZADD", waiting, std::to_string(now + 30000), "first", std::to_string(now + 60000),
+             "second", std::to_string(now - 10), "third"});
+
+    const auto r = redislock::inspect::inspect(client.connection(), "orders:42");
+    EXPECT_TRUE(r.queue_present);
+    EXPECT_EQ(r.waiter_total, 3);
+    ASSERT_EQ(r.waiters.size(), 3U);
+    EXPECT_EQ(r.waiters[0].id, "first");
+    EXPECT_EQ(r.waiters[1].id, "second");
+    EXPECT_EQ(r.waiters[2].id, "third");
+    EXPECT_EQ(r.waiters[0].ticket, 1);
+    ASSERT_TRUE(r.waiters[0].remaining_ms);
+    EXPECT_GT(*r.waiters[0].remaining_ms, 25000);
+    EXPECT_LE(*r.waiters[0].remaining_ms, 30000);
+    ASSERT_TRUE(r.waiters[2].remaining_ms);
+    EXPECT_LE(*r.waiters[2].remaining_ms, 0);
+    const std::string text = redislock::inspect::format(r);
+    EXPECT_TRUE(contains(text, "waiters:         3\n  first  ticket 1  claim expires in ")) << text;
+    EXPECT_TRUE(contains(text, "  third  ticket 3  claim expired")) << text;
+
+    // Only the claims key: listed in expiry order, without tickets.
+    srv.cli({"DEL", queue});
+    const auto claims = redislock::inspect::inspect(client.connection(), "orders:42");
+    ASSERT_EQ(claims.waiters.size(), 3U);
+    EXPECT_EQ(claims.waiters[0].id, "third");
+    EXPECT_FALSE(claims.waiters[0].ticket);
+}
+
+TEST(Inspect, WritersInTheQueueOfAReadWriteLockCountAsWaitingWriters) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rw = client.shared_mutex("catalog", {.lease = 5s});
+    std::shared_lock reader{rw};
+    const std::string queue = redislock::detail::derived_key("catalog", "queue");
+    srv.cli({"ZADD", queue, "1", "w-first", "2", "r-second"});
+    const auto r = redislock::inspect::inspect(client.connection(), "catalog");
+    ASSERT_EQ(r.waiting_writers.size(), 1U);
+    EXPECT_EQ(r.waiting_writers[0].owner, "w-first");
+    EXPECT_TRUE(r.waiting_writers[0].queued);
+    EXPECT_EQ(r.waiters.size(), 2U);
+    EXPECT_TRUE(contains(redislock::inspect::format(r), "  waiter w-first in the queue\n"));
+}
+
+TEST(Inspect, ASimpleLockKeptFreeForAQueuedWaiterHasNoHolder) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    srv.cli({"SET", "orders:42", "queued:w17", "PX", "5000"});
+    const auto r = redislock::inspect::inspect(client.connection(), "orders:42");
+    EXPECT_EQ(r.kind, lock_kind::mutex);
+    EXPECT_TRUE(r.holders.empty());
+    EXPECT_EQ(r.kept_for, "w17");
+    const std::string text = redislock::inspect::format(r);
+    EXPECT_TRUE(contains(text, "holders:         none: kept free for waiter w17, told it may go ("))
+        << text;
+    EXPECT_TRUE(redislock::inspect::something_to_free(r));
+}
+
+TEST(Inspect, KeysOfUnexpectedTypesAreClearErrors) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto& conn = client.connection();
+    using redislock::inspect::unexpected_key_error;
+
+    srv.cli({"RPUSH", "orders:42", "x"});
+    EXPECT_THROW(redislock::inspect::inspect(conn, "orders:42"), unexpected_key_error);
+    srv.cli({"DEL", "orders:42"});
+
+    srv.cli({"SET", "{orders:42}:fence", "not a number"});
+    EXPECT_THROW(redislock::inspect::inspect(conn, "orders:42"), unexpected_key_error);
+    srv.cli({"DEL", "{orders:42}:fence"});
+    srv.cli({"HSET", "{orders:42}:fence", "a", "1"});
+    EXPECT_THROW(redislock::inspect::inspect(conn, "orders:42"), unexpected_key_error);
+    srv.cli({"DEL", "{orders:42}:fence"});
+
+    srv.cli({"SET", "{orders:42}:queue", "x"});
+    EXPECT_THROW(redislock::inspect::inspect(conn, "orders:42"), unexpected_key_error);
+    srv.cli({"DEL", "{orders:42}:queue"});
+    EXPECT_NO_THROW(redislock::inspect::inspect(conn, "orders:42"));
+
+    srv.cli({"SADD", "orders:42", "x"});
+    const auto out = run_program({srv.uri(), "orders:42"});
+    EXPECT_EQ(out.status, 1);
+    EXPECT_TRUE(contains(out.err, "holds a set, which is not a redislock lock")) << out.err;
+}
+
+TEST(Inspect, ForceReleaseFreesEachKindAndKeepsTheFencingCounter) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto& conn = client.connection();
+    const redislock::lock_options options{.lease = 20s, .fencing = true};
+
+    auto m = client.mutex("m", options);
+    auto rm = client.recursive_mutex("rm", options);
+    auto rw = client.shared_mutex("rw", options);
+    m.lock();
+    rm.lock();
+    rw.lock();
+    srv.cli({"ZADD", redislock::detail::derived_key("m", "queue"), "1", "someone"});
+    const std::int64_t fences[] = {m.fencing_token(), rm.fencing_token(), rw.fencing_token()};
+
+    int index = 0;
+    for (const std::string name : {"m", "rm", "rw"}) {
+        const auto seen = redislock::inspect::inspect(conn, name);
+        ASSERT_TRUE(redislock::inspect::something_to_free(seen)) << name;
+        const auto result = redislock::inspect::force_release(conn, seen);
+        EXPECT_FALSE(result.changed) << name;
+        EXPECT_TRUE(result.lock_deleted) << name;
+        EXPECT_EQ(srv.cli({"EXISTS", name}), "0") << name;
+        EXPECT_EQ(srv.cli({"GET", seen.fence_key}), std::to_string(fences[index])) << name;
+        ++index;
+    }
+    EXPECT_EQ(srv.cli({"EXISTS", redislock::detail::derived_key("m", "queue")}), "0");
+
+    EXPECT_FALSE(m.verify());
+    EXPECT_FALSE(rm.verify());
+    EXPECT_FALSE(rw.verify());
+    m.unlock();
+    rm.unlock();
+    rw.unlock();
+
+    // The next holder's token is larger: storage that checks tokens refuses the old holder.
+    auto next = client.mutex("m", options);
+    std::unique_lock guard{next};
+    EXPECT_GT(next.fencing_token(), fences[0]);
+}
+
+TEST(Inspect, ForceReleaseFreesNothingWhenTheLockChangedSinceItWasShown) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto& conn = client.connection();
+    auto first = client.mutex("orders:42", {.lease = 20s});
+    first.lock();
+    const auto seen = redislock::inspect::inspect(conn, "orders:42");
+    first.unlock();
+
+    redislock::client other{srv.uri()};
+    auto second = other.mutex("orders:42", {.lease = 20s});
+    second.lock();
+    const auto result = redislock::inspect::force_release(conn, seen);
+    EXPECT_TRUE(result.changed);
+    EXPECT_FALSE(result.lock_deleted);
+    EXPECT_TRUE(second.verify());
+    second.unlock();
+}
+
+TEST(Inspect, ProgramAsksBeforeFreeingAndTellsWhatItDid) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.mutex("orders:42", {.lease = 20s, .fencing = true});
+    m.lock();
+    const std::string uri = srv.uri();
+
+    auto shown = run_program({uri, "orders:42"});
+    EXPECT_EQ(shown.status, 0) << shown.err;
+    EXPECT_TRUE(contains(shown.out, "server:          127.0.0.1:" + std::to_string(srv.port()) +
+                                        ", db 0\nlock:            orders:42\n"))
+        << shown.out;
+
+    auto declined = run_program({uri, "orders:42", "--force-release"}, "n\n");
+    EXPECT_EQ(declined.status, 3);
+    EXPECT_TRUE(contains(declined.out, "[y/N] not confirmed: nothing was freed")) << declined.out;
+    EXPECT_EQ(srv.cli({"EXISTS", "orders:42"}), "1");
+
+    auto no_answer = run_program({uri, "orders:42", "--force-release"});
+    EXPECT_EQ(no_answer.status, 3);
+    EXPECT_EQ(srv.cli({"EXISTS", "orders:42"}), "1");
+
+    auto freed = run_program({uri, "--force-release", "orders:42"}, "y\n");
+    EXPECT_EQ(freed.status, 0) << freed.err;
+    EXPECT_TRUE(contains(freed.out,
+                         "freed 'orders:42': lock key deleted, 0 queue key(s) deleted; "
+                         "fencing counter kept at " +
+                             std::to_string(m.fencing_token())))
+        << freed.out;
+    EXPECT_EQ(srv.cli({"EXISTS", "orders:42"}), "0");
+    EXPECT_EQ(srv.cli({"EXISTS", "{orders:42}:fence"}), "1");
+
+    auto nothing = run_program({uri, "orders:42", "--force-release", "--yes"});
+    EXPECT_EQ(nothing.status, 0);
+    EXPECT_TRUE(contains(nothing.out, "nothing to free")) << nothing.out;
+    m.unlock();
+}
+
+TEST(Inspect, ProgramRejectsBadUsageBadUrisAndUnreachableServers) {
+    auto none = run_program({});
+    EXPECT_EQ(none.status, 2);
+    EXPECT_TRUE(contains(none.err, "expected URI and NAME")) << none.err;
+    EXPECT_TRUE(contains(none.err, "usage: redislock-inspect")) << none.err;
+
+    EXPECT_EQ(run_program({"redis://127.0.0.1:1", "x", "--frobnicate"}).status, 2);
+    EXPECT_EQ(run_program({"redis://127.0.0.1:1", "x", "--yes"}).status, 2);
+    EXPECT_EQ(run_program({"redis://127.0.0.1:1", ""}).status, 2);
+    EXPECT_EQ(run_program({"--help"}).status, 0);
+
+    auto bad_uri = run_program({"http://127.0.0.1:6379", "x"});
+    EXPECT_EQ(bad_uri.status, 2);
+    EXPECT_TRUE(contains(bad_uri.err, "bad Redis URI 'http://127.0.0.1:6379'")) << bad_uri.err;
+    EXPECT_EQ(run_program({"redis://127.0.0.1:99999", "x"}).status, 2);
+
+    // A loopback port nobody listens on.
+    const int port = redislock::test::detail::pick_free_port();
+    const std::string unreachable = "redis://127.0.0.1:" + std::to_string(port);
+    auto down = run_program({unreachable, "x"});
+    EXPECT_EQ(down.status, 1);
+    EXPECT_TRUE(contains(down.err, "cannot reach Redis at 127.0.0.1:" + std::to_string(port)))
+        << down.err;
+}
+
+TEST(Inspect, NamesStartingWithADashFollowTheOptionsEnd) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.mutex("-odd", {.lease = 5s});
+    std::unique_lock guard{m};
+    auto shown = run_program({"--", srv.uri(), "-odd"});
+    EXPECT_EQ(shown.status, 0) << shown.err;
+    EXPECT_TRUE(contains(shown.out, "kind:            mutex")) << shown.out;
+}
+
+#ifdef REDISLOCK_INSPECT_PROGRAM
+// The built program, run as a user would.
+TEST(InspectProgram, ShowsAndFreesALockTakenByTheLibrary) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.recursive_mutex("orders:42", {.lease = 20s});
+    m.lock();
+    const auto shown = redislock::test::detail::run_capture(
+        {REDISLOCK_INSPECT_PROGRAM, srv.uri(), "orders:42"}, 30s);
+    ASSERT_TRUE(WIFEXITED(shown.status));
+    EXPECT_EQ(WEXITSTATUS(shown.status), 0) << shown.err;
+    EXPECT_TRUE(contains(shown.out, "kind:            recursive_mutex")) << shown.out;
+    EXPECT_TRUE(contains(shown.out, "count 1")) << shown.out;
+
+    const auto freed = redislock::test::detail::run_capture(
+        {REDISLOCK_INSPECT_PROGRAM, srv.uri(), "orders:42", "--force-release", "--yes"}, 30s);
+    ASSERT_TRUE(WIFEXITED(freed.status));
+    EXPECT_EQ(WEXITSTATUS(freed.status), 0) << freed.err;
+    EXPECT_TRUE(contains(freed.out, "freed 'orders:42'")) << freed.out;
+    EXPECT_EQ(srv.cli({"EXISTS", "orders:42"}), "0");
+    EXPECT_FALSE(m.verify());
+    m.unlock();
+}
+#endif
+
+}  // namespace

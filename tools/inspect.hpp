@@ -1,0 +1,732 @@
+// redislock-inspect: what a lock holds on one Redis server, and freeing a stuck one.
+//
+// inspect() reads a lock's key and its derived keys (fencing counter, fair-queue keys) in one
+// script, so what it reports is one moment of the server. force_release() deletes the lock's key
+// and its queue keys only if the key still holds what inspect() saw, and never the fencing
+// counter: a token handed out after the release must stay above every earlier one.
+// run() is the whole program over streams, so the tests drive it as a user would.
+#pragma once
+
+#include <charconv>
+#include <cstdint>
+#include <istream>
+#include <optional>
+#include <ostream>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/names.hpp>
+#include <redislock/endpoint.hpp>
+#include <redislock/error.hpp>
+#include <redislock/hiredis.hpp>
+#include <redislock/reply.hpp>
+
+namespace redislock::inspect {
+
+/// What the key at a lock's name is.
+enum class lock_kind {
+    free,             ///< no key: nobody holds the lock
+    mutex,            ///< a string: the holder's token
+    recursive_mutex,  ///< a hash without a `mode` field: owner -> count
+    shared_mutex,     ///< a hash with a `mode` field: per-holder leases
+};
+
+/// The name the library's API uses for a kind ("none" for a free lock).
+inline std::string_view kind_name(lock_kind kind) {
+    switch (kind) {
+        case lock_kind::mutex:
+            return "mutex";
+        case lock_kind::recursive_mutex:
+            return "recursive_mutex";
+        case lock_kind::shared_mutex:
+            return "shared_mutex";
+        case lock_kind::free:
+            break;
+    }
+    return "none";
+}
+
+/// One holder of a lock.
+struct holder {
+    std::string who;   ///< mutex: the token; the other kinds: the owner id
+    std::string mode;  ///< shared_mutex: "read" or "write"; empty for the other kinds
+    std::int64_t count = 1;
+    /// Lease left in ms (0 or less: expired, dropped by the next acquisition); none when the
+    /// key has no expiry.
+    std::optional<std::int64_t> remaining_ms;
+    std::string acquisition_id;  ///< the reentrant kinds' acquisition id, when stored
+};
+
+/// A writer waiting for a read-write lock (field `q:<owner>`); new readers wait behind it.
+/// With the fair queue, a writer's entry there (an id not starting with 'r') counts too.
+struct waiting_writer {
+    std::string owner;  ///< the owner id, or the queue entry's waiter id
+    /// How long it keeps its place unless it asks again; none for a queue entry without a claim.
+    std::optional<std::int64_t> remaining_ms;
+    bool queued = false;  ///< an entry of the fair queue, not a `q:` field
+};
+
+/// An entry of the fair waiting queue (`{name}:queue`, `{name}:waiting`).
+struct waiter {
+    std::string id;
+    std::optional<std::int64_t> ticket;        ///< its place in the queue (FIFO order)
+    std::optional<std::int64_t> remaining_ms;  ///< until its claim expires
+};
+
+/// One moment of a lock and its derived keys.
+struct report {
+    std::string name;
+    lock_kind kind = lock_kind::free;
+    std::string mode;                        ///< shared_mutex: the `mode` field
+    std::optional<std::int64_t> key_ttl_ms;  ///< the key's PTTL; none: absent or no expiry
+    std::vector<holder> holders;
+    std::vector<waiting_writer> waiting_writers;
+    std::vector<waiter> waiters;    ///< the first max_waiters, in queue order
+    std::int64_t waiter_total = 0;  ///< entries of the larger of the two queue keys
+    bool queue_present = false;
+    std::optional<std::int64_t> holder_fence;  ///< a hash lock's `fence` field
+    std::optional<std::int64_t> fence;         ///< the fencing counter's value
+    std::int64_t fence_ttl_ms = -2;
+    std::vector<std::pair<std::string, std::string>> other_fields;  ///< fields of no known role
+    std::string fence_key;
+    std::string queue_key;
+    std::string waiting_key;
+    std::string fingerprint;  ///< the lock key's content as the server hashed it
+    /// A simple lock kept free for the head of the fair queue after a release: that waiter's id.
+    std::optional<std::string> kept_for;
+};
+
+/// A key at the lock's name or a derived name is of a type no lock kind writes.
+class unexpected_key_error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// What a simple lock's key holds while a release keeps it free for the waiter it told
+/// ("queued:<waiter id>"), so a plain SET NX cannot barge in.
+inline constexpr std::string_view handoff_prefix = "queued:";
+
+/// The most waiters listed; the rest are only counted.
+inline constexpr int max_waiters = 100;
+
+namespace detail {
+
+// Hashes the lock key's type and content, fields sorted (a hash's order may change without a
+// write), each part prefixed by its length so no two contents hash alike.
+inline constexpr std::string_view fingerprint_lua = R"lua(
+local function fingerprint(kind)
+    local parts = {}
+    if kind == 'string' then
+        local value = redis.call('GET', KEYS[1])
+        parts[1] = #value .. ':' .. value
+    elseif kind == 'hash' then
+        local fields = redis.call('HGETALL', KEYS[1])
+        for i = 1, #fields, 2 do
+            parts[#parts + 1] = #fields[i] .. ':' .. fields[i] .. #fields[i + 1] .. ':' ..
+                                fields[i + 1]
+        end
+        table.sort(parts)
+    end
+    return redis.sha1hex(kind .. '|' .. table.concat(parts, '|'))
+end
+)lua";
+
+// KEYS: the lock, its fencing counter, queue and waiting keys. ARGV[1]: most waiters listed.
+inline constexpr std::string_view snapshot_lua = R"lua(
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local function kind_of(key) return redis.call('TYPE', key).ok end
+local lock_kind = kind_of(KEYS[1])
+local content = {}
+if lock_kind == 'string' then
+    content = {redis.call('GET', KEYS[1])}
+elseif lock_kind == 'hash' then
+    content = redis.call('HGETALL', KEYS[1])
+end
+local fence_kind = kind_of(KEYS[2])
+local fence, fence_ttl = false, -2
+if fence_kind == 'string' then
+    fence, fence_ttl = redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[2])
+end
+local queue_kind, waiting_kind = kind_of(KEYS[3]), kind_of(KEYS[4])
+local limit = tonumber(ARGV[1])
+local waiters, total = {}, 0
+if queue_kind == 'zset' then
+    total = redis.call('ZCARD', KEYS[3])
+    local queue = redis.call('ZRANGE', KEYS[3], 0, limit - 1, 'WITHSCORES')
+    for i = 1, #queue, 2 do
+        local expiry = false
+        if waiting_kind == 'zset' then
+            expiry = redis.call('ZSCORE', KEYS[4], queue[i])
+        end
+        waiters[#waiters + 1] = {queue[i], queue[i + 1], expiry}
+    end
+end
+if waiting_kind == 'zset' then
+    total = math.max(total, redis.call('ZCARD', KEYS[4]))
+    if queue_kind ~= 'zset' then
+        local waiting = redis.call('ZRANGE', KEYS[4], 0, limit - 1, 'WITHSCORES')
+        for i = 1, #waiting, 2 do
+            waiters[#waiters + 1] = {waiting[i], false, waiting[i + 1]}
+        end
+    end
+end
+return {now, lock_kind, content, redis.call('PTTL', KEYS[1]), fingerprint(lock_kind),
+        fence_kind, fence, fence_ttl, queue_kind, waiting_kind, total, waiters}
+)lua";
+
+// KEYS: the lock, its queue and waiting keys. ARGV[1]: the fingerprint the caller saw;
+// ARGV[2]: the release channel. Never touches the fencing counter.
+inline constexpr std::string_view release_lua = R"lua(
+if fingerprint(redis.call('TYPE', KEYS[1]).ok) ~= ARGV[1] then
+    return {-1, 0}
+end
+local lock = redis.call('DEL', KEYS[1])
+local queue = redis.call('DEL', KEYS[2], KEYS[3])
+if lock == 1 then
+    redis.call('PUBLISH', ARGV[2], KEYS[1])
+end
+return {lock, queue}
+)lua";
+
+inline std::optional<std::int64_t> to_integer(std::string_view text) {
+    std::int64_t value = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (ec != std::errc{} || end != text.data() + text.size() || text.empty()) {
+        return std::nullopt;
+    }
+    return value;
+}
+
+// A sorted-set score as Redis prints it ("17", "1712345678901"; "1.5" for a non-integer).
+inline std::optional<std::int64_t> score(const reply& r) {
+    if (!r.is_string()) {
+        return std::nullopt;
+    }
+    double value = 0;
+    auto [end, ec] = std::from_chars(r.text().data(), r.text().data() + r.text().size(), value);
+    if (ec != std::errc{} || end != r.text().data() + r.text().size()) {
+        return std::nullopt;
+    }
+    return static_cast<std::int64_t>(value);
+}
+
+inline const reply& element(const reply& r, std::size_t index) {
+    if (!r.is_array() || r.elements().size() <= index) {
+        throw connection_error{"redislock-inspect: unexpected reply from the server"};
+    }
+    return r.elements()[index];
+}
+
+// "r:<owner>" / "w:<owner>" = "<count> <expiry ms>[ <acquisition id>]", as shared_acquire.lua
+// writes it; "q:<owner>" = "0 <expiry ms>".
+struct shared_entry {
+    std::int64_t count = 0;
+    std::int64_t expiry = 0;
+    std::string id;
+};
+
+inline std::optional<shared_entry> parse_shared_entry(std::string_view value) {
+    const auto first = value.find(' ');
+    if (first == std::string_view::npos) {
+        return std::nullopt;
+    }
+    const auto second = value.find(' ', first + 1);
+    const auto count = to_integer(value.substr(0, first));
+    const auto expiry = to_integer(value.substr(
+        first + 1, second == std::string_view::npos ? std::string_view::npos : second - first - 1));
+    if (!count || !expiry || *count < 0) {
+        return std::nullopt;
+    }
+    shared_entry entry{*count, *expiry, {}};
+    if (second != std::string_view::npos) {
+        entry.id = std::string{value.substr(second + 1)};
+    }
+    return entry;
+}
+
+inline void read_shared(report& out, const std::vector<reply>& fields, std::int64_t now) {
+    for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
+        const std::string& field = fields[i].text();
+        const std::string& value = fields[i + 1].text();
+        const auto entry = parse_shared_entry(value);
+        if (field == "mode") {
+            out.mode = value;
+        } else if (field == "fence" && to_integer(value)) {
+            out.holder_fence = to_integer(value);
+        } else if (entry && (field.starts_with("r:") || field.starts_with("w:"))) {
+            out.holders.push_back({field.substr(2), field[0] == 'w' ? "write" : "read",
+                                   entry->count, entry->expiry - now, entry->id});
+        } else if (entry && field.starts_with("q:")) {
+            out.waiting_writers.push_back({field.substr(2), entry->expiry - now, false});
+        } else {
+            out.other_fields.emplace_back(field, value);
+        }
+    }
+}
+
+inline void read_recursive(report& out, const std::vector<reply>& fields) {
+    std::vector<std::pair<std::string, std::string>> ids;
+    for (std::size_t i = 0; i + 1 < fields.size(); i += 2) {
+        const std::string& field = fields[i].text();
+        const std::string& value = fields[i + 1].text();
+        if (field == "fence" && to_integer(value)) {
+            out.holder_fence = to_integer(value);
+        } else if (field.starts_with("id:")) {
+            ids.emplace_back(field.substr(3), value);
+        } else if (const auto count = to_integer(value); count && *count > 0) {
+            out.holders.push_back({field, "", *count, out.key_ttl_ms, ""});
+        } else {
+            out.other_fields.emplace_back(field, value);
+        }
+    }
+    for (auto& [owner, id] : ids) {
+        bool matched = false;
+        for (holder& h : out.holders) {
+            if (h.who == owner) {
+                h.acquisition_id = id;
+                matched = true;
+            }
+        }
+        if (!matched) {
+            out.other_fields.emplace_back("id:" + owner, std::move(id));
+        }
+    }
+}
+
+}  // namespace detail
+
+/// Reads the lock `name` and its derived keys in one script (EVAL), on one server.
+/// @throws unexpected_key_error when a key holds a type no lock kind writes (or a fencing counter
+///         that is not a number); redislock::server_error for an error reply;
+///         redislock::connection_error when the server cannot be reached.
+template <connection C>
+report inspect(C& conn, std::string_view name) {
+    redislock::detail::check_name(name);
+    report out;
+    out.name = std::string{name};
+    out.fence_key = redislock::detail::derived_key(name, "fence");
+    out.queue_key = redislock::detail::derived_key(name, "queue");
+    out.waiting_key = redislock::detail::derived_key(name, "waiting");
+    const std::string script =
+        std::string{detail::fingerprint_lua} + std::string{detail::snapshot_lua};
+    const std::string limit = std::to_string(max_waiters);
+    const std::string_view argv[] = {"EVAL",        script,          "4",  out.name, out.fence_key,
+                                     out.queue_key, out.waiting_key, limit};
+    const reply r = conn.execute(argv);
+    r.throw_if_error();
+
+    const std::int64_t now = detail::element(r, 0).as_integer();
+    const std::string& type = detail::element(r, 1).text();
+    const std::vector<reply>& content = detail::element(r, 2).elements();
+    const std::int64_t pttl = detail::element(r, 3).as_integer();
+    out.fingerprint = detail::element(r, 4).text();
+    if (pttl >= 0) {
+        out.key_ttl_ms = pttl;
+    }
+    if (type == "none") {
+        out.kind = lock_kind::free;
+    } else if (type == "string") {
+        out.kind = lock_kind::mutex;
+        const std::string value = content.empty() ? "" : content[0].text();
+        if (value.starts_with(handoff_prefix)) {
+            out.kept_for = value.substr(handoff_prefix.size());
+        } else {
+            out.holders.push_back({value, "", 1, out.key_ttl_ms, ""});
+        }
+    } else if (type == "hash") {
+        bool has_mode = false;
+        for (std::size_t i = 0; i < content.size(); i += 2) {
+            has_mode = has_mode || content[i].text() == "mode";
+        }
+        out.kind = has_mode ? lock_kind::shared_mutex : lock_kind::recursive_mutex;
+        if (has_mode) {
+            detail::read_shared(out, content, now);
+        } else {
+            detail::read_recursive(out, content);
+        }
+    } else {
+        throw unexpected_key_error{
+            "the key '" + out.name + "' holds a " + type +
+            ", which is not a redislock lock (a lock is a string or a hash)"};
+    }
+
+    const std::string& fence_type = detail::element(r, 5).text();
+    if (fence_type == "string") {
+        out.fence = detail::to_integer(detail::element(r, 6).text());
+        if (!out.fence) {
+            throw unexpected_key_error{"the fencing counter '" + out.fence_key + "' holds '" +
+                                       detail::element(r, 6).text() + "', which is not a number"};
+        }
+        out.fence_ttl_ms = detail::element(r, 7).as_integer();
+    } else if (fence_type != "none") {
+        throw unexpected_key_error{"the fencing counter '" + out.fence_key + "' holds a " +
+                                   fence_type + ", not a string"};
+    }
+
+    for (const auto& [index, key] :
+         {std::pair{std::size_t{8}, &out.queue_key}, std::pair{std::size_t{9}, &out.waiting_key}}) {
+        const std::string& queue_type = detail::element(r, index).text();
+        if (queue_type == "zset") {
+            out.queue_present = true;
+        } else if (queue_type != "none") {
+            throw unexpected_key_error{"the queue key '" + *key + "' holds a " + queue_type +
+                                       ", not a sorted set"};
+        }
+    }
+    out.waiter_total = detail::element(r, 10).as_integer();
+    for (const reply& w : detail::element(r, 11).elements()) {
+        waiter entry{detail::element(w, 0).text(), detail::score(detail::element(w, 1)),
+                     std::nullopt};
+        if (const auto expiry = detail::score(detail::element(w, 2))) {
+            entry.remaining_ms = *expiry - now;
+        }
+        // Queue waiter ids start with 'r' for readers; any other letter waits to write.
+        if (out.kind == lock_kind::shared_mutex && !entry.id.starts_with('r')) {
+            out.waiting_writers.push_back({entry.id, entry.remaining_ms, true});
+        }
+        out.waiters.push_back(std::move(entry));
+    }
+    return out;
+}
+
+/// True when force_release() would have something to delete.
+inline bool something_to_free(const report& r) {
+    return r.kind != lock_kind::free || r.queue_present;
+}
+
+/// What force_release() did.
+struct release_result {
+    bool changed = false;  ///< the lock key no longer held what was inspected: nothing deleted
+    bool lock_deleted = false;
+    std::int64_t queue_keys_deleted = 0;
+};
+
+/// Deletes the lock's key and its queue keys if the key still holds what `seen` shows, and tells
+/// waiters on the release channel. Never deletes the fencing counter. The holders find out at
+/// their next renewal or verify().
+/// @throws redislock::server_error, redislock::connection_error
+template <connection C>
+release_result force_release(C& conn, const report& seen) {
+    const std::string script =
+        std::string{detail::fingerprint_lua} + std::string{detail::release_lua};
+    const std::string channel = redislock::detail::derived_key(seen.name, "released");
+    const std::string_view argv[] = {"EVAL",           script,         "3",
+                                     seen.name,        seen.queue_key, seen.waiting_key,
+                                     seen.fingerprint, channel};
+    const reply r = conn.execute(argv);
+    r.throw_if_error();
+    const std::int64_t lock = detail::element(r, 0).as_integer();
+    return {lock < 0, lock == 1, detail::element(r, 1).as_integer()};
+}
+
+/// `text` with control characters, DEL and backslashes written as \xHH, so odd names print on
+/// one line.
+inline std::string printable(std::string_view text) {
+    static constexpr char hex[] = "0123456789abcdef";
+    std::string out;
+    for (const char c : text) {
+        const auto byte = static_cast<unsigned char>(c);
+        if (byte < 0x20 || byte == 0x7f || c == '\\') {
+            out += "\\x";
+            out += hex[byte >> 4];
+            out += hex[byte & 0xf];
+        } else {
+            out += c;
+        }
+    }
+    return out;
+}
+
+/// "4873 ms" below ten seconds, "86399 s" above.
+inline std::string duration_text(std::int64_t ms) {
+    return ms < 10'000 ? std::to_string(ms) + " ms" : std::to_string(ms / 1000) + " s";
+}
+
+/// The process an owner id names: "<instance>:<pid>:thread:<n>" or "<instance>:<pid>:owner:<id>".
+inline std::optional<std::string> owner_process(std::string_view owner) {
+    const auto first = owner.find(':');
+    if (first == std::string_view::npos) {
+        return std::nullopt;
+    }
+    const auto second = owner.find(':', first + 1);
+    if (second == std::string_view::npos) {
+        return std::nullopt;
+    }
+    const auto pid = owner.substr(first + 1, second - first - 1);
+    const auto rest = owner.substr(second + 1);
+    if (!detail::to_integer(pid) || !(rest.starts_with("thread:") || rest.starts_with("owner:"))) {
+        return std::nullopt;
+    }
+    return std::string{pid};
+}
+
+/// The report as the program prints it: one "label: value" line each, list items indented;
+/// `server` (where the lock was read) is the first line when not empty.
+inline std::string format(const report& r, std::string_view server = {}) {
+    std::ostringstream out;
+    const auto line = [&out](std::string_view label, const std::string& value) {
+        out << label << ':' << std::string(label.size() < 16 ? 16 - label.size() : 1, ' ') << value
+            << '\n';
+    };
+    if (!server.empty()) {
+        line("server", std::string{server});
+    }
+    line("lock", printable(r.name));
+    std::string kind{kind_name(r.kind)};
+    switch (r.kind) {
+        case lock_kind::free:
+            kind += " (no key: the lock is free)";
+            break;
+        case lock_kind::mutex:
+            kind += " (a string holding the holder's token)";
+            break;
+        case lock_kind::recursive_mutex:
+            kind += " (a hash of owner -> count)";
+            break;
+        case lock_kind::shared_mutex:
+            kind += " (a hash of per-holder leases), mode " + printable(r.mode);
+            break;
+    }
+    line("kind", kind);
+    if (r.kind != lock_kind::free) {
+        line("key expires in", r.key_ttl_ms ? duration_text(*r.key_ttl_ms) : "never (no TTL)");
+    }
+
+    if (r.kept_for) {
+        line("holders",
+             "none: kept free for waiter " + printable(*r.kept_for) + ", told it may go" +
+                 (r.key_ttl_ms ? " (" + duration_text(*r.key_ttl_ms) + " left)" : std::string{}));
+    } else if (r.holders.empty()) {
+        line("holders", "none");
+    } else {
+        line("holders", std::to_string(r.holders.size()));
+    }
+    for (const holder& h : r.holders) {
+        out << "  ";
+        if (!h.mode.empty()) {
+            out << h.mode << ' ';
+        }
+        out << (r.kind == lock_kind::mutex ? "token " : "owner ") << printable(h.who);
+        if (const auto pid = owner_process(h.who)) {
+            out << " (process " << *pid << ')';
+        }
+        out << "  count " << h.count << "  lease ";
+        if (!h.remaining_ms) {
+            out << "none (no TTL)";
+        } else if (*h.remaining_ms <= 0) {
+            out << "expired (dropped by the next acquisition)";
+        } else {
+            out << duration_text(*h.remaining_ms) << " left";
+        }
+        if (!h.acquisition_id.empty()) {
+            out << "  acquisition " << printable(h.acquisition_id);
+        }
+        out << '\n';
+    }
+
+    if (r.kind == lock_kind::shared_mutex || !r.waiting_writers.empty()) {
+        line("waiting writers",
+             r.waiting_writers.empty() ? "none" : std::to_string(r.waiting_writers.size()));
+        for (const waiting_writer& w : r.waiting_writers) {
+            out << (w.queued ? "  waiter " : "  owner ") << printable(w.owner);
+            if (const auto pid = owner_process(w.owner)) {
+                out << " (process " << *pid << ')';
+            }
+            out << (w.queued ? " in the queue" : "");
+            if (w.remaining_ms) {
+                out << "  keeps its place "
+                    << (*w.remaining_ms > 0 ? duration_text(*w.remaining_ms) + " more"
+                                            : std::string{"no longer"});
+            }
+            out << '\n';
+        }
+    }
+
+    if (!r.queue_present) {
+        line("waiters", "none (no queue)");
+    } else {
+        line("waiters", std::to_string(r.waiter_total));
+        for (const waiter& w : r.waiters) {
+            out << "  " << printable(w.id);
+            if (w.ticket) {
+                out << "  ticket " << *w.ticket;
+            }
+            if (w.remaining_ms) {
+                out << "  claim "
+                    << (*w.remaining_ms > 0 ? "expires in " + duration_text(*w.remaining_ms)
+                                            : std::string{"expired"});
+            }
+            out << '\n';
+        }
+        if (r.waiter_total > static_cast<std::int64_t>(r.waiters.size())) {
+            out << "  ... and " << r.waiter_total - static_cast<std::int64_t>(r.waiters.size())
+                << " more\n";
+        }
+    }
+
+    std::string fence;
+    if (r.fence) {
+        fence = std::to_string(*r.fence) + " (" + printable(r.fence_key);
+        fence += r.fence_ttl_ms >= 0 ? ", expires in " + duration_text(r.fence_ttl_ms) + ")" : ")";
+    } else {
+        fence = "none (" + printable(r.fence_key) + " absent: no fenced acquisition in a day)";
+    }
+    line("fencing counter", fence);
+    if (r.holder_fence) {
+        line("holder's token", std::to_string(*r.holder_fence));
+    }
+    for (const auto& [field, value] : r.other_fields) {
+        line("other field", printable(field) + " = " + printable(value));
+    }
+    return out.str();
+}
+
+/// The program's usage text.
+inline constexpr std::string_view usage =
+    "usage: redislock-inspect URI NAME [--force-release [--yes]]\n"
+    "\n"
+    "Shows the lock NAME on the Redis server at URI: its kind, holders (owner or token, count,\n"
+    "lease left), waiting writers, waiters and fencing counter.\n"
+    "\n"
+    "  URI              redis://[user:password@]host[:port][/db], rediss://..., unix:///path\n"
+    "  --force-release  free the lock after confirmation: deletes its key and queue keys, never\n"
+    "                   its fencing counter; nothing is freed if the lock changed since shown\n"
+    "  --yes            do not ask for confirmation\n"
+    "  --               what follows is the URI and NAME, even if it starts with '-'\n"
+    "\n"
+    "Exit status: 0 shown (and freed), 1 error, 2 bad usage or URI, 3 not freed (not confirmed,\n"
+    "or the lock changed since it was shown).\n";
+
+/// The command line, parsed.
+struct arguments {
+    std::string uri;
+    std::string name;
+    bool force_release = false;
+    bool yes = false;
+    bool help = false;
+};
+
+/// Parses the arguments after the program name.
+/// @throws redislock::invalid_argument naming what is wrong.
+inline arguments parse_arguments(std::span<const std::string_view> args) {
+    arguments out;
+    std::vector<std::string_view> positional;
+    bool options_done = false;
+    for (const std::string_view arg : args) {
+        if (options_done || !arg.starts_with("-") || arg == "-") {
+            positional.push_back(arg);
+        } else if (arg == "--") {
+            options_done = true;
+        } else if (arg == "--force-release") {
+            out.force_release = true;
+        } else if (arg == "--yes" || arg == "-y") {
+            out.yes = true;
+        } else if (arg == "--help" || arg == "-h") {
+            out.help = true;
+        } else {
+            throw invalid_argument{"unknown option '" + std::string{arg} + "'"};
+        }
+    }
+    if (out.help) {
+        return out;
+    }
+    if (positional.size() != 2) {
+        throw invalid_argument{"expected URI and NAME, got " + std::to_string(positional.size()) +
+                               " argument(s)"};
+    }
+    if (out.yes && !out.force_release) {
+        throw invalid_argument{"--yes goes with --force-release"};
+    }
+    out.uri = std::string{positional[0]};
+    out.name = std::string{positional[1]};
+    return out;
+}
+
+/// The confirmation `in` must give before a force-release: "y" or "yes".
+inline bool confirmed(std::istream& in) {
+    std::string answer;
+    if (!std::getline(in, answer)) {
+        return false;
+    }
+    return answer == "y" || answer == "Y" || answer == "yes" || answer == "YES";
+}
+
+/// The program: `args` are the arguments after the program name; returns the exit status.
+inline int run(std::span<const std::string_view> args, std::istream& in, std::ostream& out,
+               std::ostream& err) {
+    constexpr std::string_view program = "redislock-inspect: ";
+    arguments parsed;
+    endpoint ep;
+    try {
+        parsed = parse_arguments(args);
+        if (parsed.help) {
+            out << usage;
+            return 0;
+        }
+        redislock::detail::check_name(parsed.name);
+        ep = endpoint::from_uri(parsed.uri);
+    } catch (const invalid_argument& e) {
+        err << program << e.what() << '\n' << usage;
+        return 2;
+    }
+    // One connection is all the program uses.
+    ep.pool_size = 1;
+    try {
+        std::optional<hiredis_connection> conn;
+        try {
+            conn.emplace(ep);
+        } catch (const connection_error& e) {
+            err << program << "cannot reach Redis at " << ep.describe() << ": " << e.what() << '\n';
+            return 1;
+        } catch (const invalid_argument& e) {
+            err << program << e.what() << '\n';
+            return 2;
+        }
+        const report seen = inspect(*conn, parsed.name);
+        out << format(seen, ep.describe() + ", db " + std::to_string(ep.db));
+        if (!parsed.force_release) {
+            return 0;
+        }
+        if (!something_to_free(seen)) {
+            out << "nothing to free: the lock is not held and has no queue\n";
+            return 0;
+        }
+        if (!parsed.yes) {
+            out << "Free '" << printable(seen.name)
+                << "'? Its holders lose it at their next renewal or verify(); the fencing "
+                   "counter is kept. [y/N] "
+                << std::flush;
+            if (!confirmed(in)) {
+                out << "not confirmed: nothing was freed\n";
+                return 3;
+            }
+        }
+        const release_result result = force_release(*conn, seen);
+        if (result.changed) {
+            out << "the lock changed since it was shown (a new holder, a release, a re-entry or a "
+                   "read-write holder's renewal): nothing was freed; run again to see it as it "
+                   "is now\n";
+            return 3;
+        }
+        out << "freed '" << printable(seen.name)
+            << "': " << (result.lock_deleted ? "lock key deleted" : "no lock key") << ", "
+            << result.queue_keys_deleted << " queue key(s) deleted; fencing counter kept"
+            << (seen.fence ? " at " + std::to_string(*seen.fence) : std::string{}) << '\n';
+        return 0;
+    } catch (const unexpected_key_error& e) {
+        err << program << e.what() << '\n';
+        return 1;
+    } catch (const error& e) {
+        err << program << e.what() << '\n';
+        return 1;
+    }
+}
+
+}  // namespace redislock::inspect
