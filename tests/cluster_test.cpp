@@ -717,6 +717,39 @@ TEST_F(ClusterConnection, ReadWriteLockOnEveryMaster) {
     }
 }
 
+// A waiter on any master is woken by the release (SPUBLISH stays on the slot's shard, the
+// subscriber link goes to the slot's master), not by its long backoff or the holder's lease.
+TEST_F(ClusterConnection, WaitersAreWokenByTheReleaseOnEveryMaster) {
+    redislock::cluster_client cc{cluster_->uri()};
+    redislock::cluster_client rival{cluster_->uri()};
+    const redislock::lock_options slow{.lease = 30s, .backoff_min = 5s, .backoff_max = 20s};
+    std::set<int> owners;
+    for (const std::string& name : spread_names(6)) {
+        owners.insert(owner_of(name));
+        auto holder = cc.mutex(name, slow);
+        auto waiter = rival.mutex(name, slow);
+        ASSERT_TRUE(holder.try_lock());
+        std::atomic<bool> got{false};
+        std::thread t{[&] {
+            got = waiter.try_lock_for(25s);
+            if (got) {
+                waiter.unlock();
+            }
+        }};
+        const std::string queue = redislock::detail::derived_key(name, "queue");
+        const std::array<std::string_view, 2> zcard{"ZCARD", queue};
+        ASSERT_TRUE(redislock::test::eventually(
+            [&] { return direct(owner_of(name)).execute(zcard) == reply::integer(1); }));
+        const auto released = std::chrono::steady_clock::now();
+        holder.unlock();
+        EXPECT_TRUE(redislock::test::eventually([&] { return got.load(); }, 3s)) << name;
+        EXPECT_LT(std::chrono::steady_clock::now() - released, 3s) << name;
+        t.join();
+        EXPECT_FALSE(exists_on_owner(name)) << name;
+    }
+    EXPECT_EQ(owners.size(), masters_.size());
+}
+
 // Names with a '}' and no valid hash tag: every key of a lock must stay in one slot.
 TEST_F(ClusterConnection, OddNamesWorkForEveryLockKind) {
     redislock::cluster_client cc{cluster_->uri()};

@@ -325,6 +325,25 @@ public:
     /// The options every node's pool uses.
     const endpoint& config() const noexcept { return state_->options; }
 
+    /// The node that serves `channel`: sharded pub/sub follows the channel's slot, so waiters
+    /// subscribe on that node (see subscriber.hpp).
+    std::string subscriber_node(std::string_view channel) const { return node_for_key(channel); }
+
+    /// A subscriber link to the master of `channel`'s slot.
+    /// @throws redislock::connection_error when no node serves the slot or it cannot be reached
+    std::unique_ptr<subscriber_link> open_subscriber(std::string_view channel) {
+        detail::cluster_node* node = nullptr;
+        {
+            std::shared_lock lock{state_->map_mutex};
+            node = state_->slots[detail::key_slot(channel)];
+        }
+        if (node == nullptr) {
+            throw connection_error{"redislock: no node serves the slot of channel '" +
+                                   std::string{channel} + "'"};
+        }
+        return node->connection().open_subscriber(channel);
+    }
+
 private:
     using steady = std::chrono::steady_clock;
     // Without a deadline from the caller, a call keeps retrying for this many command timeouts:

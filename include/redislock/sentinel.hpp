@@ -180,6 +180,13 @@ public:
                     [&](hiredis_connection& c) { return c.execute_pipeline(commands, hows); });
     }
 
+    /// A subscriber link to the master in use now (see subscriber.hpp); after a failover the
+    /// notifier finds its link broken and opens one to the new master.
+    /// @throws redislock::connection_error when no master can be found
+    std::unique_ptr<subscriber_link> open_subscriber(std::string_view channel) {
+        return state_->current().first->open_subscriber(channel);
+    }
+
     /// The master in use now, resolving it first if there is none.
     /// @throws redislock::connection_error when no master can be found
     endpoint master() { return state_->current().first->config(); }

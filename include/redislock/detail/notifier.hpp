@@ -432,10 +432,30 @@ private:
             }
             settled_.notify_all();
         } else if (kind == "sunsubscribe") {
-            std::lock_guard guard{mutex_};
-            if (auto it = channels_.find(channel); it != channels_.end()) {
-                // Someone enrolled while it was leaving: subscribe again.
-                it->second.status = it->second.waiters.empty() ? link_status::idle : link_status::wanted;
+            std::vector<std::shared_ptr<wake_slot>> woken;
+            {
+                std::lock_guard guard{mutex_};
+                auto it = channels_.find(channel);
+                if (it == channels_.end()) {
+                    return true;
+                }
+                channel_state& ch = it->second;
+                if (ch.status == link_status::leaving) {
+                    // Someone enrolled while it was leaving: subscribe again.
+                    ch.status = ch.waiters.empty() ? link_status::idle : link_status::wanted;
+                } else {
+                    // The server dropped it (its slot moved to another node): waiters may have
+                    // missed a message; they try again and subscribe where the slot is now.
+                    ch.status = link_status::idle;
+                    ch.node.clear();
+                    for (auto& [id, slot] : ch.waiters) {
+                        slot->set_subscribed(false);
+                        woken.push_back(slot);
+                    }
+                }
+            }
+            for (auto& slot : woken) {
+                slot->wake();
             }
         }
         return true;
