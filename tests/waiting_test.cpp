@@ -323,6 +323,43 @@ TEST(Waiting, HeadThatGivesUpPassesTheLockOn) {
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 
+// A holder that enters again through another object of its own is a re-entry, not a waiter:
+// it must not queue behind the threads that wait for its own release.
+TEST(Waiting, ReentryThroughAnotherObjectPassesTheLocalGate) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto first = client.recursive_mutex("again");
+    auto second = client.recursive_mutex("again");
+    auto rw_first = client.shared_mutex("again-rw");
+    auto rw_second = client.shared_mutex("again-rw");
+    first.lock();
+    rw_first.lock_shared();
+    std::atomic<bool> stop{false};
+    std::thread waiter{[&] {
+        auto other = client.recursive_mutex("again");
+        auto other_rw = client.shared_mutex("again-rw");
+        while (!stop) {
+            if (other.try_lock_for(100ms)) {
+                other.unlock();
+            }
+            if (other_rw.try_lock_for(100ms)) {
+                other_rw.unlock();
+            }
+        }
+    }};
+    ASSERT_TRUE(eventually([&] { return zcard(srv, "{again}:queue") == 1; }));
+    EXPECT_TRUE(second.try_lock_for(2s));
+    second.unlock();
+    ASSERT_TRUE(eventually([&] { return zcard(srv, "{again-rw}:queue") == 1; }));
+    EXPECT_TRUE(rw_second.try_lock_shared_for(2s));
+    rw_second.unlock_shared();
+    stop = true;
+    waiter.join();
+    first.unlock();
+    rw_first.unlock_shared();
+    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
 // A release nobody waits for publishes nothing and leaves no queue keys.
 TEST(Waiting, UncontendedLocksTouchNoQueue) {
     redis_server srv;

@@ -303,17 +303,13 @@ private:
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
         checked();
         const std::string owner = state_->caller_owner();
-        bool reentry = false;
-        {
-            std::lock_guard guard{state_->mutex};
-            reentry = state_->depth > 0 && state_->holder_owner == owner && !state_->lease.lost;
-        }
+        // Always a possible re-entry: the owner may hold through another object.
         return detail::acquire_in_line(
             *state_,
             [&](const call_context& how, const detail::queue_place& place) {
                 return attempt(owner, detail::token::random(), how, place);
             },
-            deadline, stop, detail::line_options{.reentry = reentry});
+            deadline, stop, detail::line_options{.reentry = true});
     }
 
     // One attempt: std::nullopt when acquired or re-entered, else how long to wait at most.

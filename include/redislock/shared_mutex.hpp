@@ -271,22 +271,14 @@ private:
         checked();
         const std::string owner = state_->caller_owner();
         // A reader asking to write is refused by the script ({-1, 0}), not here: only the server
-        // knows whether this owner also writes through another object (then it re-enters).
-        bool reentry = false;
-        {
-            std::lock_guard guard{state_->mutex};
-            const auto holds = [&](mode m) {
-                const hold* h = find(owner, m);
-                return h != nullptr && h->depth > 0 && !h->lease.lost;
-            };
-            reentry = holds(kind) || (kind == mode::read && holds(mode::write));
-        }
+        // knows whether this owner also writes through another object (then it re-enters), which
+        // makes every acquisition a possible re-entry.
         return detail::acquire_in_line(
             *state_,
             [&](const call_context& how, const detail::queue_place& place) {
                 return attempt(owner, kind, detail::token::random(), how, place);
             },
-            deadline, stop, detail::line_options{.reader = kind == mode::read, .reentry = reentry});
+            deadline, stop, detail::line_options{.reader = kind == mode::read, .reentry = true});
     }
 
     [[noreturn]] void throw_upgrade() const {

@@ -75,8 +75,9 @@ void leave_queue(const lock_identity<C>& lk, const std::string& waiter, bool sim
 /// How a lock kind waits in line.
 struct line_options {
     bool reader = false;   // a shared acquisition
-    bool reentry = false;  // the caller may hold already: its first attempt skips the gate, since
-                           // its own release is what the threads in the gate wait for
+    bool reentry = false;  // the caller may hold already, here or through another object of the
+                           // same owner: its first attempt skips the gate, since its own release
+                           // is what the threads in the gate wait for
     bool simple = false;   // a simple lock (see queue_leave.lua)
     bool handed = false;   // a simple lock may be handed to this waiter (see queue_hand_on)
 };
@@ -137,7 +138,11 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 return false;
             }
         }
-        const bool join = may_wait && (!first || room.gates.contended(lk.name));
+        // A first attempt made past a gate where others wait does not join: the first of them
+        // already stands for this process in the queue.
+        const bool join =
+            may_wait && (!first || (room.gates.contended(lk.name) &&
+                                    (place || room.gates.idle(lk.name))));
         if (join && (!slot || !slot->subscribed()) && room.notify.available()) {
             if (!slot) {
                 slot = std::make_shared<wake_slot>(grace);
