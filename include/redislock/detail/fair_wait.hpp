@@ -98,15 +98,23 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                      const std::stop_token& stop, const line_options& line,
                      Granted&& granted = nullptr) {
     waiting_room& room = lk.core->waiting.get();
-    const token grant = token::random();
-    const std::string waiter =
-        line.handed ? "g" + grant.str() + "." + std::string{lk.lease_text.view()}
-                    : (line.reader ? "r" : "w") + token::random().str();
-    const bool reentry = line.reentry;
-    const bool simple = line.simple;
-    std::optional<steady::time_point> first_join;  // when the first attempt that joined was sent
     const bool may_wait = deadline > steady::now();
-    const auto grace = handoff_grace(lk.options.lease);
+    // Built when first needed: an uncontended call pays for none of it.
+    std::optional<token> grant;
+    std::string waiter;
+    const auto waiter_id = [&]() -> const std::string& {
+        if (waiter.empty()) {
+            if (line.handed) {
+                grant = token::random();
+                waiter = "g" + grant->str() + "." + std::string{lk.lease_text.view()};
+            } else {
+                waiter = (line.reader ? "r" : "w") + token::random().str();
+            }
+        }
+        return waiter;
+    };
+    const std::string_view trying = line.reader ? "r" : "w";  // a try that does not join
+    std::optional<steady::time_point> first_join;  // when the first attempt that joined was sent
     std::optional<local_gates::place> place;
     std::shared_ptr<wake_slot> slot;
     bool joined = false;
@@ -127,12 +135,16 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 leave_queue(lk, waiter, simple);
             }
         }
-    } on_exit{lk, room, waiter, slot, joined, acquired, simple};
+    } on_exit{lk, room, waiter, slot, joined, acquired, line.simple};
 
+    const local_gates::view gate = room.gates.look(lk.name);
+    const auto grace = handoff_grace(lk.options.lease);
     backoff policy{lk.options};
     std::exception_ptr unacknowledged;
     for (bool first = true;; first = false) {
-        if (may_wait && !place && !(reentry && first)) {
+        // The first attempt goes past the gate when no thread of this process waits there, or
+        // when it may be a re-entry.
+        if (may_wait && !place && !(first && (gate.idle || line.reentry))) {
             place.emplace(room.gates, lk.name);
             if (!place->wait_turn(deadline, stop)) {
                 return false;
@@ -140,15 +152,14 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         }
         // A first attempt made past a gate where others wait does not join: the first of them
         // already stands for this process in the queue.
-        const bool join =
-            may_wait && (!first || (room.gates.contended(lk.name) &&
-                                    (place || room.gates.idle(lk.name))));
+        const bool join = may_wait && (!first || (gate.contended && (place || gate.idle)));
         if (join && (!slot || !slot->subscribed()) && room.notify.available()) {
             if (!slot) {
                 slot = std::make_shared<wake_slot>(grace);
             }
             const auto budget = steady::now() + command_budget(lk.core->connection);
-            (void)room.notify.enroll(lk.channel, waiter, slot, std::min(deadline, budget), stop);
+            (void)room.notify.enroll(lk.channel, waiter_id(), slot, std::min(deadline, budget),
+                                     stop);
         }
         if (slot) {
             slot->reset();
@@ -159,7 +170,8 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             if (join && !first_join) {
                 first_join = steady::now();
             }
-            ttl = attempt(attempt_context(deadline, stop), queue_place{waiter, join, may_wait});
+            ttl = attempt(attempt_context(deadline, stop),
+                          queue_place{join ? std::string_view{waiter_id()} : trying, join, may_wait});
             if (!ttl) {
                 acquired = true;
                 if (join) {
@@ -207,7 +219,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             // from the first join, is left; else the next attempt claims it afresh.
             if (line.handed && woken && slot && slot->named() && first_join &&
                 valid_until(*first_join, lk.options.lease) - steady::now() > lk.options.lease / 2 &&
-                granted(grant, *first_join)) {
+                grant && granted(*grant, *first_join)) {
                 acquired = true;
                 room.gates.note_contention(lk.name, true);
                 return true;

@@ -63,17 +63,18 @@ public:
         std::uint64_t ticket_ = 0;
     };
 
-    /// True when no thread of this process waits for `name`.
-    bool idle(std::string_view name) {
-        std::lock_guard guard{mutex_};
-        auto it = gates_.find(name);
-        return it == gates_.end() || it->second.line.empty();
-    }
+    struct view {
+        bool idle = true;        // no thread of this process waits for the name
+        bool contended = false;  // its last wait or release met other waiters
+    };
 
-    bool contended(std::string_view name) {
+    view look(std::string_view name) {
         std::lock_guard guard{mutex_};
         auto it = gates_.find(name);
-        return it != gates_.end() && it->second.contended;
+        if (it == gates_.end()) {
+            return {};
+        }
+        return {it->second.line.empty(), it->second.contended};
     }
 
     /// Notes whether the last wait or release of `name` met other waiters.

@@ -140,11 +140,14 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
-queue_prune(KEYS[3], KEYS[4], now)
+local queued = redis.call('EXISTS', KEYS[3]) == 1
+if queued then
+    queue_prune(KEYS[3], KEYS[4], now)
+end
 local holder = kind == 'string' and redis.call('GET', KEYS[1])
 -- Handed to this waiter already (its message late or lost), or kept free for it, or free.
 if (holder and holder == string.match(id, '^g(%x+)%.')) or
-    ((not holder or holder == 'queued:' .. id) and queue_allows(KEYS[3], id)) then
+    ((not holder or holder == 'queued:' .. id) and (not queued or queue_allows(KEYS[3], id))) then
     -- Never below the server's clock in microseconds, so tokens keep growing after a FLUSHALL
     -- or a restart without persistence (as long as fewer than a million are drawn per second).
     local fence = 0
@@ -153,7 +156,9 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
         redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
     end
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    queue_leave(KEYS[3], KEYS[4], id)
+    if queued then
+        queue_leave(KEYS[3], KEYS[4], id)
+    end
     return {1, fence}
 end
 local wait = holder and redis.call('PTTL', KEYS[1]) or
@@ -164,7 +169,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "f29ea47419355ee1c581f4af80cf6603295d5db3"};
+    "c2de276098525e7b70dc1e5696da375c60af1ced"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -598,7 +603,9 @@ local function fresh()
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    queue_leave(KEYS[3], KEYS[4], ARGV[7])
+    if ARGV[8] ~= '0' then
+        queue_leave(KEYS[3], KEYS[4], ARGV[7])
+    end
     return {1, fence, ARGV[4]}
 end
 
@@ -617,6 +624,9 @@ if ARGV[3] == '1' then
     end
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' and redis.call('EXISTS', KEYS[3]) == 0 then
+    return fresh()  -- free, and no one waits
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'none' then
@@ -641,7 +651,7 @@ if id then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "1cd27c886b679f81fc9359c629c704881d821214"};
+    "26e95ec17360991d251f9830daf81c210d6af5f2"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -990,9 +1000,12 @@ if want == 'w' and mine.r and not mine.w then
 elseif mine[want] then
     result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
-queue_prune(KEYS[3], KEYS[4], now)
+local queued = redis.call('EXISTS', KEYS[3]) == 1
+if queued then
+    queue_prune(KEYS[3], KEYS[4], now)
+end
 if not result and (others.w or (want == 'w' and others.r) or
-                   not (want == 'r' and mine.w or queue_allows(KEYS[3], ARGV[5]))) then
+                   not (want == 'r' and mine.w or not queued or queue_allows(KEYS[3], ARGV[5]))) then
     if latest > now then
         redis.call('PEXPIRE', KEYS[1], latest - now)
     elseif kind ~= 'none' then
@@ -1009,7 +1022,9 @@ if not result and (others.w or (want == 'w' and others.r) or
     return {0, longest, ''}
 elseif not result then
     local fence = 0
-    queue_leave(KEYS[3], KEYS[4], ARGV[5])
+    if queued then
+        queue_leave(KEYS[3], KEYS[4], ARGV[5])
+    end
     if want == 'w' then
         if ARGV[4] == '1' then
             -- Never below the server's clock in microseconds: see mutex_acquire.lua.
@@ -1027,7 +1042,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "cfcea69590a443ef38b7c5099d1743e60c631741"};
+    "8fc6a03dab86f66a688e65001c89b02fad3b7812"};
 
 inline constexpr script shared_extend{
     "shared_extend",

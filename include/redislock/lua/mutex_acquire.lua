@@ -27,11 +27,14 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
-queue_prune(KEYS[3], KEYS[4], now)
+local queued = redis.call('EXISTS', KEYS[3]) == 1
+if queued then
+    queue_prune(KEYS[3], KEYS[4], now)
+end
 local holder = kind == 'string' and redis.call('GET', KEYS[1])
 -- Handed to this waiter already (its message late or lost), or kept free for it, or free.
 if (holder and holder == string.match(id, '^g(%x+)%.')) or
-    ((not holder or holder == 'queued:' .. id) and queue_allows(KEYS[3], id)) then
+    ((not holder or holder == 'queued:' .. id) and (not queued or queue_allows(KEYS[3], id))) then
     -- Never below the server's clock in microseconds, so tokens keep growing after a FLUSHALL
     -- or a restart without persistence (as long as fewer than a million are drawn per second).
     local fence = 0
@@ -40,7 +43,9 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
         redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
     end
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    queue_leave(KEYS[3], KEYS[4], id)
+    if queued then
+        queue_leave(KEYS[3], KEYS[4], id)
+    end
     return {1, fence}
 end
 local wait = holder and redis.call('PTTL', KEYS[1]) or

@@ -36,7 +36,9 @@ local function fresh()
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    queue_leave(KEYS[3], KEYS[4], ARGV[7])
+    if ARGV[8] ~= '0' then
+        queue_leave(KEYS[3], KEYS[4], ARGV[7])
+    end
     return {1, fence, ARGV[4]}
 end
 
@@ -55,6 +57,9 @@ if ARGV[3] == '1' then
     end
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' and redis.call('EXISTS', KEYS[3]) == 0 then
+    return fresh()  -- free, and no one waits
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'none' then

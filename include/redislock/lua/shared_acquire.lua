@@ -75,9 +75,12 @@ if want == 'w' and mine.r and not mine.w then
 elseif mine[want] then
     result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
-queue_prune(KEYS[3], KEYS[4], now)
+local queued = redis.call('EXISTS', KEYS[3]) == 1
+if queued then
+    queue_prune(KEYS[3], KEYS[4], now)
+end
 if not result and (others.w or (want == 'w' and others.r) or
-                   not (want == 'r' and mine.w or queue_allows(KEYS[3], ARGV[5]))) then
+                   not (want == 'r' and mine.w or not queued or queue_allows(KEYS[3], ARGV[5]))) then
     if latest > now then
         redis.call('PEXPIRE', KEYS[1], latest - now)
     elseif kind ~= 'none' then
@@ -94,7 +97,9 @@ if not result and (others.w or (want == 'w' and others.r) or
     return {0, longest, ''}
 elseif not result then
     local fence = 0
-    queue_leave(KEYS[3], KEYS[4], ARGV[5])
+    if queued then
+        queue_leave(KEYS[3], KEYS[4], ARGV[5])
+    end
     if want == 'w' then
         if ARGV[4] == '1' then
             -- Never below the server's clock in microseconds: see mutex_acquire.lua.
