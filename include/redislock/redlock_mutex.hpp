@@ -14,9 +14,9 @@
 // TimedLockable, so std::unique_lock, std::scoped_lock and std::lock work with it.
 //
 // Timed calls: the first attempt always gets the full node_timeout (try_lock() makes exactly
-// one, which takes at most node_timeout and a quarter); later attempts of try_lock_for and
-// try_lock_until end by the caller's deadline, their calls cut short if need be (a call cut
-// short counts as contention, never as an outage).
+// one, which takes at most node_timeout once the masters are connected); later attempts of
+// try_lock_for and try_lock_until end by the caller's deadline, their calls cut short if need be
+// (a call cut short counts as contention, never as an outage).
 //
 // Outcomes: contention (the name held by others on enough masters) makes try_lock* return
 // false. Too few masters reachable to ever form a quorum (down, hung past node_timeout, error
@@ -30,8 +30,8 @@
 // quorum, whatever a blocked round trip is doing (a timer that does no I/O fires at that
 // deadline). Each acquisition reports its loss once: on_lost is called, lost_token() is
 // requested and owned() turns false. on_lost runs on the thread that found out (a lock call,
-// the loss timer's or the renewal thread); it must not throw and should return quickly, as it
-// delays other locks' loss deadlines while it runs.
+// the loss timer's or the watchdog's); it must not throw and should return quickly, as it
+// delays other locks' loss reports (or renewals) while it runs.
 //
 // Renewal (lock_options::watchdog): the client's watchdog (watchdog.hpp) renews every lease/3
 // with the compare-and-PEXPIRE script, sent to every master at once; only a quorum's
