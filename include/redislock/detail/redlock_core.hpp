@@ -101,11 +101,12 @@ public:
     reply execute(command argv) { return execute(argv, call_context{}); }
 
     reply execute(command argv, const call_context& how) {
-        return std::move(execute_pipeline(std::span<const command>{&argv, 1}, how).front());
+        return std::move(
+            core_->quorum_replies(std::span<const command>{&argv, 1}, how.deadline).front());
     }
 
     std::vector<reply> execute_pipeline(std::span<const command> commands) {
-        return execute_pipeline(commands, call_context{});
+        return core_->quorum_replies(commands, std::chrono::steady_clock::time_point::max());
     }
 
     std::vector<reply> execute_pipeline(std::span<const command> commands,
@@ -118,11 +119,6 @@ public:
     }
 
 private:
-    std::vector<reply> execute_pipeline(std::span<const command> commands,
-                                        const call_context& how) {
-        return core_->quorum_replies(commands, how.deadline);
-    }
-
     redlock_core<C>* core_;
 };
 
