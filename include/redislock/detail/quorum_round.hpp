@@ -88,7 +88,7 @@ struct node_replies {
 /// and gathers the replies until each of those nodes answered, `how.deadline` passed or
 /// *how.stop was requested. `nodes(i)` may make the connection (and throw: the node then
 /// failed); nodes are sent to in the order of `order`, so a node slow to connect delays only
-/// those after it. Never throws.
+/// those after it. Failures are reported per node; only std::bad_alloc is thrown.
 template <connection C, class Nodes>
 std::vector<node_replies> fan_out(std::size_t count, Nodes&& nodes,
                                   std::span<const std::size_t> order,
