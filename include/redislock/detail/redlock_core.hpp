@@ -28,6 +28,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/loss_timer.hpp>
+#include <redislock/detail/names.hpp>
 #include <redislock/detail/per_process.hpp>
 #include <redislock/detail/quorum_round.hpp>
 #include <redislock/detail/reaper.hpp>
