@@ -6,9 +6,9 @@
 //   mutex_one_master        redislock::mutex lock() + unlock() through redislock::client on
 //                           master 1: two round trips
 //   redlock_five_masters    redislock::redlock_mutex lock() + unlock() through
-//                           redislock::redlock_client over masters 1..5: two rounds, each sent
-//                           to the five masters at once; lock() waits for a quorum of three,
-//                           unlock() for every master's answer
+//                           redislock::redlock_client over masters 1..5: two rounds, each
+//                           written to the five masters' sockets at once from the calling
+//                           thread, which then polls them all until every master answered
 //
 // Repetitions run in random interleaving (10 by default), so drift of the machine spreads over
 // both alike. After Google Benchmark's table, one line:

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <poll.h>
+
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -295,6 +297,61 @@ TEST(HiredisConnection, PipelineToPausedServerTimesOut) {
     EXPECT_LT(watch.elapsed(), 5s);
     srv.resume();
     EXPECT_EQ(conn.execute_pipeline(batch).size(), 2U);
+}
+
+// Polls a started call until it ended or `timeout` passed; true when it ended.
+bool wait_for(hiredis_connection::call& c, std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < until) {
+        pollfd pfd{c.fd(), POLLIN, 0};
+        if ((::poll(&pfd, 1, 10) > 0 || c.buffered()) && c.read()) {
+            return true;
+        }
+    }
+    return false;
+}
+
+TEST(HiredisConnection, StartedBatchIsReadAfterPollAndItsContextGoesBackToThePool) {
+    redis_server srv;
+    hiredis_connection conn{with_query(srv, "pool_size=1&command_timeout=300")};
+    const std::array<std::string_view, 3> set{"SET", "a", "1"};
+    const std::array<std::string_view, 2> get{"GET", "a"};
+    const std::array<command, 2> batch{command{set}, command{get}};
+    auto c = conn.start(batch, redislock::call_context{});
+    ASSERT_GE(c.fd(), 0);
+    ASSERT_TRUE(wait_for(c, 2s));
+    EXPECT_EQ(c.take(), (std::vector<reply>{reply::status("OK"), reply::string("1")}));
+    EXPECT_EQ(c.fd(), -1);
+    // The one context of the pool is free again: the next call does not wait for a slot.
+    EXPECT_EQ(run(conn, {"PING"}), reply::status("PONG"));
+}
+
+TEST(HiredisConnection, AbandonedCallClosesItsContextSoItsLateReplyIsNeverRead) {
+    redis_server srv;
+    hiredis_connection conn{with_query(srv, "pool_size=1&command_timeout=300")};
+    ASSERT_EQ(run(conn, {"SET", "a", "value-of-a"}), reply::status("OK"));
+    ASSERT_EQ(run(conn, {"SET", "b", "value-of-b"}), reply::status("OK"));
+    const std::array<std::string_view, 2> get{"GET", "a"};
+    const std::array<command, 1> batch{command{get}};
+    srv.pause();
+    {
+        auto c = conn.start(batch, redislock::call_context{});
+        EXPECT_FALSE(wait_for(c, 100ms));
+    }
+    srv.resume();
+    // A reused context would read the late reply to GET a here.
+    EXPECT_EQ(run(conn, {"GET", "b"}), reply::string("value-of-b"));
+}
+
+TEST(HiredisConnection, StartedCallToAServerThatGoesAwayFailsThroughTake) {
+    redis_server srv;
+    hiredis_connection conn{with_query(srv, "command_timeout=300")};
+    const std::array<std::string_view, 3> block{"BLPOP", "nothing", "0"};
+    const std::array<command, 1> batch{command{block}};
+    auto c = conn.start(batch, redislock::call_context{});
+    srv.stop();
+    ASSERT_TRUE(wait_for(c, 2s));
+    EXPECT_THROW((void)c.take(), redislock::connection_error);
 }
 
 TEST(HiredisConnection, ClosedPortFailsWithConnectionError) {

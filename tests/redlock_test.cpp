@@ -250,6 +250,54 @@ TEST_F(Redlock, SetLandingLateOnAHungMasterIsReleasedInTheBackground) {
         << "master 0 still holds " << value_on(0, "ghost").value_or("(nothing)");
 }
 
+TEST_F(Redlock, LateRepliesOfAHungMasterAreNeverTakenForLaterOnes) {
+    redlock_client rl{uris(), fast()};
+    auto m = rl.mutex("late", {.lease = 10s});
+    hang(0);
+    for (int i = 0; i < 3; ++i) {
+        ASSERT_TRUE(m.try_lock());
+        m.unlock();
+    }
+    resume(0);
+    // The calls given up on master 0 are answered now; a connection that kept them would hand
+    // those replies to the rounds below, which then see the wrong answer from master 0.
+    for (int i = 0; i < 10; ++i) {
+        ASSERT_TRUE(m.try_lock()) << i;
+        ASSERT_TRUE(eventually([&] { return masters_holding("late") == masters; }, 2s))
+            << where("late");
+        const auto token = value_on(1, "late");
+        for (std::size_t n = 0; n < masters; ++n) {
+            EXPECT_EQ(value_on(n, "late"), token) << "master " << n;
+        }
+        EXPECT_TRUE(m.extend(10s));
+        EXPECT_TRUE(m.verify());
+        std::error_code ec;
+        m.unlock(ec);
+        EXPECT_FALSE(ec) << ec.message();
+        EXPECT_TRUE(gone_everywhere("late")) << where("late");
+    }
+}
+
+TEST_F(Redlock, WatchdogRenewsOnTheQuorumWhileTwoMastersHang) {
+    redlock_client rl{uris(), fast()};
+    lost_counter lost;
+    auto m =
+        rl.mutex("renewed-minority", {.lease = 600ms, .watchdog = true, .on_lost = lost.handler()});
+    ASSERT_TRUE(m.try_lock());
+    hang(0);
+    hang(1);
+    // Each renewal round waits the node timeout for the hung masters, all at once: the three
+    // others confirm every time, long past the lease.
+    std::this_thread::sleep_for(1500ms);
+    EXPECT_TRUE(m.owned());
+    EXPECT_EQ(lost.calls.load(), 0);
+    EXPECT_FALSE(m.lost_token().stop_requested());
+    for (std::size_t i = 2; i < masters; ++i) {
+        EXPECT_GT(raw(i, {"PTTL", "renewed-minority"}).as_integer(), 0) << "master " << i;
+    }
+    m.unlock();
+}
+
 TEST_F(Redlock, TimedLockReturnsByItsDeadlineWhileAMasterIsHung) {
     // Two masters held by another, one hung, two free: no round settles before the hung master's
     // timeout, so every attempt lasts a full node timeout unless cut short.
@@ -272,7 +320,7 @@ TEST_F(Redlock, StopRequestEndsAWaitAtOnceEvenWhileAMasterIsHung) {
         ASSERT_TRUE(raw(i, {"SET", "stopped", "foreign", "NX", "PX", "10000"}).is_status());
     }
     redlock_client rl{uris(), slow};
-    hang(0);  // the first round's own call goes to master 0, and hangs there
+    hang(0);  // every round waits for master 0 until the node timeout
     auto m = rl.mutex("stopped", {.lease = 10s});
     std::stop_source source;
     std::thread stopper{[&] {
@@ -514,10 +562,10 @@ TEST_F(Redlock, LockByItsHolderIsADeadlockErrorAndUnlockFromAnotherThreadIsRefus
     m.unlock();
 }
 
-TEST_F(Redlock, ForkedChildMakesItsOwnWorkersAndLeavesTheParentsLocksAlone) {
+TEST_F(Redlock, ForkedChildMakesItsOwnConnectionsAndLeavesTheParentsLocksAlone) {
     redlock_client rl{uris(), patient()};
     auto held = rl.mutex("parent-held", {.lease = 10s});
-    ASSERT_TRUE(held.try_lock());  // the workers and timers now run in this process
+    ASSERT_TRUE(held.try_lock());  // the connections and the loss timer now exist in this process
     child_process child{[&](line_channel&) {
         std::error_code ec;
         held.unlock(ec);

@@ -16,6 +16,26 @@
 //                      hows)                              connection): hows[i] goes with
 //                                                         commands[i]; commands may be grouped
 //                                                         by node, replies come back in order
+//   c.start(commands, how)           C::call              optional (fanout_connection): sends
+//                                                         every command and returns without
+//                                                         waiting for a reply (table below)
+//
+// A C::call is one batch in flight, so that one thread can have commands outstanding on several
+// connections at once and wait for all of them with poll(2) (Redlock's fan-out to its masters):
+//
+//   call.fd()         int                  the socket to poll for POLLIN; -1 once the call ended
+//   call.buffered()   bool                 replies may be readable without the socket becoming
+//                                          readable (bytes already decrypted by TLS)
+//   call.read()       bool                 reads what has arrived, without blocking when the
+//                                          socket is readable or buffered() is true; true once
+//                                          every reply is in or the call failed
+//   call.take()       std::vector<reply>   after read() returned true: one reply per command, in
+//                                          order; throws redislock::connection_error on failure
+//
+// A call destroyed before read() returned true must close its connection (or otherwise make sure
+// its late replies are never taken for another command's). start() bounds its own waiting (a
+// free connection, connecting, writing) by how.deadline and *how.stop as execute() does; reading
+// is bounded by the caller, who stops polling at its deadline and destroys the call.
 //
 // where `c` is a C&, `argv` a redislock::command (the command name and its arguments, as
 // std::string_view, valid only during the call), `commands` a std::span<const command>, `how` a
@@ -90,6 +110,18 @@ template <class C>
 concept contextual_pipelining_connection = connection<C> &&
     requires(C& c, std::span<const command> commands, std::span<const call_context> hows) {
     { c.execute_pipeline(commands, hows) } -> std::same_as<std::vector<reply>>;
+};
+
+/// A connection that can start a batch of commands and let the caller poll for the replies.
+template <class C>
+concept fanout_connection = connection<C> &&
+    requires(C& c, std::span<const command> commands, const call_context& how) {
+    { c.start(commands, how) } -> std::same_as<typename C::call>;
+} && requires(typename C::call& call, const typename C::call& ended) {
+    { ended.fd() } -> std::same_as<int>;
+    { ended.buffered() } -> std::same_as<bool>;
+    { call.read() } -> std::same_as<bool>;
+    { call.take() } -> std::same_as<std::vector<reply>>;
 };
 
 namespace detail {

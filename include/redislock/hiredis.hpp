@@ -252,6 +252,8 @@ private:
 /// A thread-safe pool of hiredis connections to one Redis server: what redislock::client talks
 /// through. Reconnects after a broken connection; AUTH, SELECT, unix sockets and TLS.
 class hiredis_connection {
+    struct pool;
+
 public:
     /// Opens one connection at once, so a wrong address, password or certificate fails here.
     /// @throws redislock::connection_error (timeout_error) when the server cannot be reached
@@ -353,6 +355,118 @@ public:
         this_pool().release(std::move(ctx));
         this_pool().round_trips.fetch_add(1, std::memory_order_relaxed);
         return results;
+    }
+
+    /// A batch sent by start(): see fanout_connection in connection.hpp. It holds one context
+    /// of the pool until its last reply is read (the context then goes back to the pool), it
+    /// fails, or it is destroyed (the context is then closed: its late replies are never read).
+    /// Must not outlive the connection that started it.
+    class call {
+    public:
+        call(call&&) noexcept = default;
+        call& operator=(call&&) = delete;
+        ~call() {
+            if (ctx_) {
+                ctx_.reset();
+                pool_->discard();
+            }
+        }
+
+        int fd() const noexcept { return ctx_ ? ctx_->fd : -1; }
+        bool buffered() const noexcept { return ctx_ && tls_pending(*ctx_); }
+
+        /// Reads what the socket holds (one read(2): call it when poll(2) says readable or
+        /// buffered() is true, or it blocks up to the command timeout). True once ended.
+        bool read() {
+            if (!ctx_) {
+                return true;
+            }
+            if (redisBufferRead(ctx_.get()) != REDIS_OK) {
+                end_failed();
+                return true;
+            }
+            for (;;) {
+                void* raw_reply = nullptr;
+                if (redisGetReplyFromReader(ctx_.get(), &raw_reply) != REDIS_OK) {
+                    end_failed();
+                    return true;
+                }
+                if (raw_reply == nullptr) {
+                    return false;
+                }
+                detail::hiredis_reply_ptr raw{raw_reply};
+                replies_.push_back(detail::convert_reply(*static_cast<redisReply*>(raw.get())));
+                if (replies_.size() == expected_) {
+                    pool_->release(std::move(ctx_));
+                    pool_->round_trips.fetch_add(1, std::memory_order_relaxed);
+                    return true;
+                }
+            }
+        }
+
+        /// The replies, once read() returned true.
+        /// @throws redislock::connection_error when the connection failed or the call has not
+        ///         ended.
+        std::vector<reply> take() {
+            if (!error_.empty()) {
+                throw connection_error{error_};
+            }
+            if (ctx_ || replies_.size() != expected_) {
+                throw connection_error{"redislock: the replies of " + pool_->config.describe() +
+                                       " were taken before they arrived"};
+            }
+            return std::move(replies_);
+        }
+
+    private:
+        friend class hiredis_connection;
+
+        call(pool& p, detail::context_ptr ctx, std::size_t expected)
+            : pool_{&p}, ctx_{std::move(ctx)}, expected_{expected} {
+            replies_.reserve(expected);
+        }
+
+        void end_failed() {
+            const std::string why = ctx_->errstr;
+            ctx_.reset();
+            pool_->discard();
+            error_ = "redislock: connection to " + pool_->config.describe() +
+                     " failed: " + (why.empty() ? "connection closed" : why);
+        }
+
+        pool* pool_;
+        detail::context_ptr ctx_;  // null once ended
+        std::size_t expected_;
+        std::vector<reply> replies_;
+        std::string error_;
+    };
+
+    /// Sends every command on one context of the pool and returns without waiting for a reply
+    /// (fanout_connection). Waiting for a free context, connecting and writing end by
+    /// how.deadline, or when *how.stop is requested.
+    /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
+    call start(std::span<const command> commands, const call_context& how) {
+        using clock = std::chrono::steady_clock;
+        if (commands.empty()) {
+            throw invalid_argument{"redislock: start() needs at least one command"};
+        }
+        const auto deadline =
+            std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
+        check_stop(how);
+        auto ctx = this_pool().acquire(deadline, how.stop);
+        for (command argv : commands) {
+            detail::argv_buffer args{argv};
+            if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
+                REDIS_OK) {
+                fail(std::move(ctx));
+            }
+        }
+        for (int done = 0; done == 0;) {
+            if (redisBufferWrite(ctx.get(), &done) != REDIS_OK) {
+                fail(std::move(ctx));
+            }
+        }
+        return call{this_pool(), std::move(ctx), commands.size()};
     }
 
     /// The endpoint the connection was made for.
@@ -727,5 +841,6 @@ private:
 static_assert(pipelining_connection<hiredis_connection>);
 static_assert(contextual_connection<hiredis_connection>);
 static_assert(contextual_pipelining_connection<hiredis_connection>);
+static_assert(fanout_connection<hiredis_connection>);
 
 }  // namespace redislock

@@ -46,6 +46,7 @@
 #include <redislock/detail/client_core.hpp>
 #include <redislock/detail/fair_wait.hpp>
 #include <redislock/detail/lock_core.hpp>
+#include <redislock/detail/lock_handle.hpp>
 #include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
@@ -61,34 +62,44 @@ namespace redislock {
 template <connection C>
 class basic_client;
 
+namespace detail {
+
+// What a simple lock object shares with its timer and watchdog callbacks.
+template <connection C>
+struct mutex_state : lock_identity<C> {
+    using lock_identity<C>::lock_identity;
+
+    bool caller_is_holder() const { return this->caller_is(holder); }
+    // Held by the parent this process was forked from: only the parent may release it.
+    bool inherited_by_fork() const { return generation != current_fork_generation(); }
+
+    mutable std::mutex mutex;  // guards the members below; never held across a round trip
+    bool held = false;
+    detail::token token;
+    std::thread::id holder;
+    std::uint64_t generation = 0;  // fork generation of the acquisition
+    std::int64_t fence = 0;
+    tracked_lease<C> lease;
+};
+
+}  // namespace detail
+
 /// The simple lock: one Redis string per name, taken with SET NX PX and a random token.
 /// TimedLockable; see the top of this header for threads, loss and faults.
 template <connection C>
-class basic_mutex : public detail::timed_lockable<basic_mutex<C>> {
+class basic_mutex : public detail::timed_lockable<basic_mutex<C>>,
+                    public detail::lock_handle<basic_mutex<C>, detail::mutex_state<C>> {
+    using state = detail::mutex_state<C>;
+    using handle = detail::lock_handle<basic_mutex, state>;
+
 public:
     /// Usually made by client.mutex(name, options).
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, inconsistent backoff bounds or a max_hold below the lease.
     basic_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : state_{std::make_shared<state>(client.core_, name, std::move(options))} {}
+        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {}
 
-    /// Takes over another object's lock, held or not; the moved-from object is as one never held.
-    basic_mutex(basic_mutex&&) noexcept = default;
-    /// Releases the lock this object holds, if any, then takes over `other`'s.
-    basic_mutex& operator=(basic_mutex&& other) noexcept {
-        if (this != &other) {
-            release_on_destruction();
-            state_ = std::move(other.state_);
-        }
-        return *this;
-    }
-    ~basic_mutex() { release_on_destruction(); }
-
-    /// Releases the lock. Never throws; a lock found lost calls on_lost.
-    void unlock() noexcept {
-        std::error_code ignored;
-        unlock(ignored);
-    }
+    using handle::unlock;
 
     /// Releases the lock and says how it went: no error; errc::not_held or errc::not_holder
     /// (misuse: nothing is sent); errc::lock_lost (it had expired or been taken);
@@ -112,10 +123,9 @@ public:
                 ec = errc::not_holder;
                 return;
             }
-            released = give_up_locked();
+            released = give_up_locked(*state_);
         }
-        tracker().end(released.lease);
-        ec = release(released);
+        ec = release(state_, released);
     }
 
     /// Sets the lease to `lease` from now if the lock is still ours.
@@ -207,29 +217,20 @@ public:
 
 private:
     friend class detail::timed_lockable<basic_mutex>;
-
-    struct state : detail::lock_identity<C> {
-        using detail::lock_identity<C>::lock_identity;
-
-        bool caller_is_holder() const { return this->caller_is(holder); }
-        // Held by the parent this process was forked from: only the parent may release it.
-        bool inherited_by_fork() const { return generation != detail::current_fork_generation(); }
-
-        mutable std::mutex mutex;  // guards the members below; never held across a round trip
-        bool held = false;
-        detail::token token;
-        std::thread::id holder;
-        std::uint64_t generation = 0;  // fork generation of the acquisition
-        std::int64_t fence = 0;
-        detail::tracked_lease<C> lease;
-    };
+    friend handle;
+    using handle::state_;
 
     // The tracked lease of the acquisition holding `token`, if it is still held.
     static detail::tracked_lease<C>* find_lease(state& st, const detail::token& token) {
         return st.held && st.token == token ? &st.lease : nullptr;
     }
 
-    detail::lease_tracker<C, state, detail::token> tracker() const { return {state_, &find_lease}; }
+    static detail::lease_tracker<C, state, detail::token> tracker_of(
+        const std::shared_ptr<state>& st) {
+        return {st, &find_lease};
+    }
+
+    detail::lease_tracker<C, state, detail::token> tracker() const { return tracker_of(state_); }
 
     const state& checked() const {
         if (!state_) {
@@ -386,10 +387,10 @@ private:
         detail::tracked_lease<C> lease;
     };
 
-    // Marks the current acquisition as no longer held. Needs state_->mutex.
-    given_up give_up_locked() {
-        state_->held = false;
-        return {state_->token, std::exchange(state_->lease, {})};
+    // Marks the current acquisition as no longer held. Needs st.mutex.
+    static given_up give_up_locked(state& st) {
+        st.held = false;
+        return {st.token, std::exchange(st.lease, {})};
     }
 
     enum class release_outcome { released, handed_on, not_ours, unreachable, refused };
@@ -424,26 +425,28 @@ private:
         }
     }
 
-    std::error_code release(const given_up& g) noexcept {
-        const auto outcome = release_once(*state_, g.token, state_->core->untimed_deadline());
+    // Stops the timer and renewals of `g`, then releases it.
+    static std::error_code release(const std::shared_ptr<state>& st, given_up& g) noexcept {
+        tracker_of(st).end(g.lease);
+        const auto outcome = release_once(*st, g.token, st->core->untimed_deadline());
         switch (outcome) {
             case release_outcome::released:
             case release_outcome::handed_on:
-                state_->core->waiting->gates.note_contention(
-                    state_->name, outcome == release_outcome::handed_on);
+                st->core->waiting->gates.note_contention(st->name,
+                                                         outcome == release_outcome::handed_on);
                 return {};
             case release_outcome::not_ours:
                 if (!g.lease.lost) {
                     std::stop_source source = g.lease.lost_source;
                     source.request_stop();
-                    detail::call_on_lost(state_->options);
+                    detail::call_on_lost(st->options);
                 }
                 return errc::lock_lost;
             case release_outcome::unreachable:
-                hand_to_reaper(g.token, g.lease.valid_until + state_->options.lease);
+                hand_to_reaper(st, g.token, g.lease.valid_until + st->options.lease);
                 return errc::connection_failed;
             case release_outcome::refused:
-                hand_to_reaper(g.token, g.lease.valid_until + state_->options.lease);
+                hand_to_reaper(st, g.token, g.lease.valid_until + st->options.lease);
                 return {static_cast<int>(errc::server_failed), error_category()};
         }
         return errc::connection_failed;
@@ -452,17 +455,18 @@ private:
     // An attempt whose outcome is unknown, or known too late: its key, if it landed, is ours to
     // delete, in the background.
     void abandon(const detail::token& token, detail::steady::time_point sent) noexcept {
-        hand_to_reaper(token, sent + state_->options.lease);
+        hand_to_reaper(state_, token, sent + state_->options.lease);
     }
 
     // Retries the compare-and-delete of `token` until the server answers or the lease that token
     // may hold has surely ended. The reaper keeps the client's core, and so the connection, alive.
-    void hand_to_reaper(const detail::token& token, detail::steady::time_point lease_end) noexcept {
+    static void hand_to_reaper(const std::shared_ptr<state>& st, const detail::token& token,
+                               detail::steady::time_point lease_end) noexcept {
         try {
             const auto give_up_at =
-                lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
+                lease_end + st->options.lease / 100 + std::chrono::milliseconds{2};
             detail::background_reaper().add(
-                [st = state_, token](detail::steady::time_point deadline) {
+                [st, token](detail::steady::time_point deadline) {
                     const auto outcome = release_once(*st, token, deadline);
                     return outcome != release_outcome::unreachable &&
                            outcome != release_outcome::refused;
@@ -481,27 +485,21 @@ private:
         }
     }
 
-    void release_on_destruction() noexcept {
-        if (!state_) {
-            return;
-        }
+    static void release_on_destruction(const std::shared_ptr<state>& st) noexcept {
         std::optional<given_up> held;
         {
-            std::lock_guard guard{state_->mutex};
-            if (state_->inherited_by_fork()) {
+            std::lock_guard guard{st->mutex};
+            if (st->inherited_by_fork()) {
                 return;  // the parent's keys: never released from a child
             }
-            if (state_->held) {
-                held = give_up_locked();
+            if (st->held) {
+                held = give_up_locked(*st);
             }
         }
         if (held) {
-            tracker().end(held->lease);
-            (void)release(*held);
+            (void)release(st, *held);
         }
     }
-
-    std::shared_ptr<state> state_;  // shared with timer and watchdog callbacks, weakly
 };
 
 }  // namespace redislock

@@ -30,10 +30,14 @@
 //
 // Thread safety: every member may be called from any thread.
 // Lifetime: not copyable or movable. Locks share the client's core, so a lock may outlive its
-// client and still release; the client's destructor stops lease renewals. The worker threads
-// (one per master) and the two timer threads are made on first use and end with the last lock
-// or client that uses them. A lock call makes one of its round's calls on its own thread (to a
-// master that answered its last call), the others run on the workers at the same time.
+// client and still release; the client's destructor stops lease renewals. A lock call runs its
+// round on its own thread: it writes the command to every master's socket, then waits for all of
+// them at once with poll(2) (no thread per master, no hand-off). Each master's connection is
+// made on first use; with connections that cannot start a command without waiting for its reply
+// (see fanout_connection in connection.hpp) the masters are asked one after another instead.
+// Two threads per process serve the client's locks, each started on first use: the loss timer
+// and the watchdog (renewals); releases that could not reach a master are finished by the
+// process's reaper thread.
 // fork(): a child never uses its parent's threads or connections; it makes its own on first
 // use (the parent's copies are left untouched). As with any library that uses threads, fork()
 // from a quiet moment: a fork while another thread is inside a lock call may leave the child's
@@ -89,7 +93,7 @@ public:
 
     basic_redlock_client(const basic_redlock_client&) = delete;
     basic_redlock_client& operator=(const basic_redlock_client&) = delete;
-    ~basic_redlock_client() { core_->stop_renewals(); }
+    ~basic_redlock_client() { core_->watchdog.stop(); }
 
     /// A simple lock on `name`, held on a quorum of the masters.
     /// @throws redislock::invalid_argument for a bad name or options, or fencing requested.

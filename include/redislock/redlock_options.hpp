@@ -13,9 +13,10 @@ struct redlock_options {
     /// this long, and the time is taken off the lock's validity. Must be positive.
     std::chrono::milliseconds node_timeout{50};
 
-    /// How many times a release that could not reach a master is sent again in the background,
-    /// with doubling delays from twice node_timeout, while the lease it releases may still run.
-    /// A master that stays out of reach that long keeps the key until its lease runs out.
+    /// How many times a release that could not reach a master is sent again in the background
+    /// (by the process's reaper, delays doubling from 10 ms up to 1 s), while the lease it
+    /// releases may still run. A master that stays out of reach that long keeps the key until
+    /// its lease runs out.
     int release_retries = 8;
 };
 

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/owned_thread.hpp>
 #include <redislock/detail/per_process.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/detail/wait.hpp>
@@ -120,8 +121,8 @@ public:
         queue_.emplace(e.due, id);
         const bool earliest = queue_.begin()->second == id;
         entries_.emplace(id, std::move(e));
-        if (!thread_.joinable()) {
-            thread_ = std::thread{[this] { run(); }};
+        if (!thread_.running()) {
+            thread_ = owned_thread{[this] { run(); }};
         } else if (earliest) {
             wake_.notify_all();
         }
@@ -179,7 +180,7 @@ public:
 
     /// Stops and joins the thread; drops every lease. Idempotent.
     void stop() {
-        std::thread thread;
+        owned_thread thread;
         {
             std::unique_lock lock{mutex_};
             stopped_ = true;
@@ -192,13 +193,7 @@ public:
             thread = std::move(thread_);
         }
         wake_.notify_all();
-        if (thread.joinable()) {
-            if (thread.get_id() == std::this_thread::get_id()) {
-                thread.detach();  // stopped from an on_lost handler: the loop ends on return
-            } else {
-                thread.join();
-            }
-        }
+        thread.end();  // from an on_lost handler: detached, the loop ends when it returns
     }
 
     std::size_t size() const {
@@ -530,7 +525,7 @@ private:
     lease_id next_id_ = 1;
     detail::steady::duration widest_window_{};  // largest interval / 4 of any lease
     bool stopped_ = false;
-    std::thread thread_;
+    owned_thread thread_;
     std::thread::id thread_id_;
     watchdog_stats stats_;
 };

@@ -350,7 +350,8 @@ private:
         return true;
     }
 
-    client_core<C>& core() { return *st_->core; }
+    // The client's core (client_core<C>, or a Redlock client's): its loss timer and watchdog.
+    auto& core() { return *st_->core; }
 
     State* st_;
     std::weak_ptr<State> self_;

@@ -28,6 +28,8 @@
 #include <utility>
 #include <vector>
 
+#include <redislock/detail/owned_thread.hpp>
+
 namespace redislock::detail {
 
 class loss_timer {
@@ -43,20 +45,14 @@ public:
     /// Stops the thread: joins it, or from the thread itself (a callback destroying the client)
     /// lets it end when the callback returns. Idempotent.
     void stop() {
-        std::thread thread;
+        owned_thread thread;
         {
             std::lock_guard lock{mutex_};
             stopped_ = true;
             thread = std::move(thread_);
         }
         wake_.notify_all();
-        if (thread.joinable()) {
-            if (thread.get_id() == std::this_thread::get_id()) {
-                thread.detach();  // destroyed from a callback: the loop ends when it returns
-            } else {
-                thread.join();
-            }
-        }
+        thread.end();
     }
 
     /// What a loss marked at its deadline still has to tell: the stop source of lost_token() and
@@ -81,8 +77,8 @@ public:
         const entry_id id = next_id_++;
         entries_.emplace(id, entry{deadline, std::move(on_deadline)});
         queue_.emplace(deadline, id);
-        if (!thread_.joinable() && !stopped_) {
-            thread_ = std::thread{[this] { run(); }};
+        if (!thread_.running() && !stopped_) {
+            thread_ = owned_thread{[this] { run(); }};
         } else if (deadline < planned_wake_) {
             wake_.notify_all();
         }
@@ -198,7 +194,7 @@ private:
     entry_id running_ = 0;
     clock::time_point planned_wake_ = clock::time_point::min();
     bool stopped_ = false;
-    std::thread thread_;
+    owned_thread thread_;
     std::thread::id thread_id_;
 };
 

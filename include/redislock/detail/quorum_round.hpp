@@ -1,15 +1,34 @@
-// detail::quorum_round: the answers of N nodes to one command sent to all of them at once, and
-// a wait that ends as soon as the outcome is settled.
+// detail::fan_out: one batch of commands sent to several nodes at once from the calling thread,
+// and the replies gathered with poll(2) until every node answered, the deadline passed or a stop
+// was requested. Also what a node's answer means to a quorum (node_answer, tally()).
+//
+// With a fanout_connection every batch is written first, so the nodes work on it at the same
+// time, and the calling thread then waits for all their sockets at once: no thread hand-off on
+// the way. A call still unanswered when the round ends is destroyed, which closes its
+// connection, so a late reply is never read as another command's. A connection without that
+// capability is asked one node after another, each call ending by the round's deadline.
 #pragma once
 
+#include <poll.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
-#include <mutex>
+#include <exception>
+#include <optional>
+#include <span>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
+
+#include <redislock/connection.hpp>
+#include <redislock/error.hpp>
+#include <redislock/reply.hpp>
+#include <redislock/script.hpp>
 
 namespace redislock::detail {
 
@@ -49,69 +68,208 @@ inline quorum_tally tally(const std::vector<node_outcome>& outcomes) {
     return t;
 }
 
-class quorum_round {
-public:
-    quorum_round(std::size_t nodes, std::size_t quorum) : outcomes_(nodes), quorum_{quorum} {}
-
-    /// Records node `node`'s answer; later answers for the same node are ignored.
-    void report(std::size_t node, node_answer answer, std::string error = {},
-                bool server_error = false) {
-        bool wake = false;
-        {
-            std::lock_guard guard{mutex_};
-            node_outcome& o = outcomes_[node];
-            if (o.answer != node_answer::pending) {
-                return;
-            }
-            o = {answer, std::move(error), server_error};
-            ++answered_;
-            ++counts_[static_cast<std::size_t>(answer)];
-            // A waiter's condition changes only when the outcome settles and when the last
-            // answer comes: waking it for every answer would cost a context switch each.
-            const bool now_settled = settled();
-            wake = (now_settled && !woken_settled_) || answered_ == outcomes_.size();
-            woken_settled_ = woken_settled_ || now_settled;
-        }
-        if (wake) {
-            settled_.notify_all();
-        }
-    }
-
-    /// Waits until the outcome cannot change any more (a quorum said yes, or more than N -
-    /// quorum said no, or failed), every node answered, `until` passed or `stop` was requested.
-    /// With `every_node`, waits for every node's answer (or `until`, or `stop`) even once the
-    /// outcome is settled. Returns every node's outcome so far; nodes that have not answered are
-    /// still pending.
-    std::vector<node_outcome> wait(std::chrono::steady_clock::time_point until,
-                                   const std::stop_token& stop, bool every_node = false) {
-        std::unique_lock lock{mutex_};
-        const auto done = [this, every_node] {
-            return every_node ? answered_ == outcomes_.size() : settled();
-        };
-        if (stop.stop_possible()) {
-            (void)settled_.wait_until(lock, stop, until, done);
-        } else {
-            (void)settled_.wait_until(lock, until, done);
-        }
-        return outcomes_;
-    }
-
-private:
-    bool settled() const {
-        const std::size_t n = outcomes_.size();
-        const std::size_t minority = n - quorum_;
-        return answered_ == n || counts_[static_cast<std::size_t>(node_answer::yes)] >= quorum_ ||
-               counts_[static_cast<std::size_t>(node_answer::no)] > minority ||
-               counts_[static_cast<std::size_t>(node_answer::failed)] > minority;
-    }
-
-    std::mutex mutex_;
-    std::condition_variable_any settled_;
-    std::vector<node_outcome> outcomes_;
-    std::size_t quorum_;
-    std::size_t answered_ = 0;
-    bool woken_settled_ = false;
-    std::size_t counts_[4]{};
+/// One command of a batch. With `evalsha` set the command is EVALSHA of that script, and a
+/// node that answers NOSCRIPT gets SCRIPT LOAD and the command again.
+struct fanout_command {
+    command argv;
+    const script* evalsha = nullptr;
 };
+
+/// What one node made of a batch.
+struct node_replies {
+    bool sent = false;      ///< the batch may have reached the node (or did)
+    bool answered = false;  ///< every reply is in `replies`
+    bool late = false;      ///< not answered: still outstanding when the round ended
+    std::string error;      ///< why not answered
+    std::vector<reply> replies;
+};
+
+/// Sends `commands` to every node `nodes(i)` returns non-null for (i < count), all at once,
+/// and gathers the replies until each of those nodes answered, `how.deadline` passed or
+/// *how.stop was requested. `nodes(i)` may make the connection (and throw: the node then
+/// failed); nodes are sent to in the order of `order`, so a node slow to connect delays only
+/// those after it. Failures are reported per node; only std::bad_alloc is thrown.
+template <connection C, class Nodes>
+std::vector<node_replies> fan_out(std::size_t count, Nodes&& nodes,
+                                  std::span<const std::size_t> order,
+                                  std::span<const fanout_command> commands,
+                                  const call_context& how) {
+    std::vector<node_replies> out(count);
+    const auto past_deadline = [&how] { return std::chrono::steady_clock::now() >= how.deadline; };
+    if constexpr (fanout_connection<C>) {
+        using call = typename C::call;
+        struct node_state {
+            C* conn = nullptr;
+            std::optional<call> in_flight;
+            std::vector<reply> first;          // replies to the batch, NOSCRIPT ones included
+            std::vector<std::size_t> retried;  // commands sent again behind SCRIPT LOAD
+            std::size_t loads = 0;             // SCRIPT LOADs in front of them
+        };
+        std::vector<node_state> state(count);
+        std::vector<command> batch;
+        batch.reserve(commands.size());
+        for (const fanout_command& c : commands) {
+            batch.push_back(c.argv);
+        }
+        for (std::size_t i : order) {
+            try {
+                if (past_deadline()) {
+                    out[i].error = "not sent: the round's deadline had passed";
+                    continue;
+                }
+                state[i].conn = nodes(i);
+                if (state[i].conn != nullptr) {
+                    out[i].sent = true;
+                    state[i].in_flight.emplace(state[i].conn->start(batch, how));
+                }
+            } catch (const std::exception& e) {
+                out[i].error = e.what();
+            }
+        }
+        // Scripts the node did not know (a restart, SCRIPT FLUSH): SCRIPT LOAD, then only the
+        // commands answered NOSCRIPT again, on a fresh call. False when none was.
+        std::vector<std::array<std::string_view, 3>> loads;
+        std::vector<command> again;
+        const auto reload = [&](std::size_t i) {
+            node_state& n = state[i];
+            loads.clear();
+            again.clear();
+            for (std::size_t k = 0; k < commands.size(); ++k) {
+                const script* s = commands[k].evalsha;
+                if (s == nullptr || !n.first[k].is_error_code("NOSCRIPT")) {
+                    continue;
+                }
+                n.retried.push_back(k);
+                if (std::none_of(loads.begin(), loads.end(),
+                                 [s](const auto& l) { return l[2].data() == s->source.data(); })) {
+                    loads.push_back({"SCRIPT", "LOAD", s->source});
+                }
+            }
+            if (n.retried.empty()) {
+                return false;
+            }
+            for (const auto& l : loads) {
+                again.emplace_back(l);
+            }
+            for (std::size_t k : n.retried) {
+                again.push_back(commands[k].argv);
+            }
+            n.loads = loads.size();
+            n.in_flight.emplace(n.conn->start(again, how));
+            return true;
+        };
+        // The node's replies, once its last call came back.
+        const auto settle = [&](std::size_t i, std::vector<reply> replies) {
+            node_state& n = state[i];
+            if (n.retried.empty() && n.first.empty()) {
+                n.first = std::move(replies);
+                if (reload(i)) {
+                    return;
+                }
+            } else {
+                for (std::size_t l = 0; l < n.loads; ++l) {
+                    if (replies[l].is_error()) {
+                        throw server_error{"redislock: SCRIPT LOAD was refused: " +
+                                           replies[l].text()};
+                    }
+                }
+                for (std::size_t r = 0; r < n.retried.size(); ++r) {
+                    n.first[n.retried[r]] = std::move(replies[n.loads + r]);
+                }
+            }
+            out[i].answered = true;
+            out[i].replies = std::move(n.first);
+        };
+        std::vector<pollfd> fds;
+        std::vector<std::size_t> polled;
+        constexpr std::chrono::milliseconds stop_poll_slice{5};
+        for (;;) {
+            fds.clear();
+            polled.clear();
+            bool buffered = false;
+            for (std::size_t i = 0; i < count; ++i) {
+                if (state[i].in_flight) {
+                    buffered = buffered || state[i].in_flight->buffered();
+                    fds.push_back({state[i].in_flight->fd(), POLLIN, 0});
+                    polled.push_back(i);
+                }
+            }
+            if (polled.empty() || past_deadline() ||
+                (how.stop != nullptr && how.stop->stop_requested())) {
+                break;
+            }
+            auto slice = std::chrono::ceil<std::chrono::milliseconds>(
+                how.deadline - std::chrono::steady_clock::now());
+            if (how.stop != nullptr && how.stop->stop_possible()) {
+                slice = std::min(slice, stop_poll_slice);
+            }
+            const int ready = ::poll(fds.data(), static_cast<nfds_t>(fds.size()),
+                                     buffered ? 0 : static_cast<int>(slice.count()));
+            if (ready < 0 && errno != EINTR) {
+                break;
+            }
+            for (std::size_t k = 0; k < polled.size(); ++k) {
+                const std::size_t i = polled[k];
+                call& c = *state[i].in_flight;
+                if (fds[k].revents == 0 && !c.buffered()) {
+                    continue;
+                }
+                try {
+                    if (c.read()) {
+                        std::vector<reply> replies = c.take();
+                        state[i].in_flight.reset();
+                        settle(i, std::move(replies));
+                    }
+                } catch (const std::exception& e) {
+                    state[i].in_flight.reset();
+                    out[i].error = e.what();
+                }
+            }
+        }
+        for (std::size_t i = 0; i < count; ++i) {
+            if (state[i].in_flight) {
+                state[i].in_flight.reset();  // closes its connection: a late reply is never read
+                out[i].late = true;
+            }
+        }
+    } else {
+        for (std::size_t i : order) {
+            try {
+                if (past_deadline()) {
+                    out[i].error = "not sent: the round's deadline had passed";
+                    continue;
+                }
+                C* conn = nodes(i);
+                if (conn == nullptr) {
+                    continue;
+                }
+                out[i].sent = true;
+                for (const fanout_command& c : commands) {
+                    reply r = detail::execute(*conn, c.argv, how);
+                    if (c.evalsha != nullptr && r.is_error_code("NOSCRIPT")) {
+                        const std::array<std::string_view, 3> load{"SCRIPT", "LOAD",
+                                                                   c.evalsha->source};
+                        const reply loaded = detail::execute(*conn, load, how);
+                        if (loaded.is_error()) {
+                            throw server_error{"redislock: SCRIPT LOAD was refused: " +
+                                               loaded.text()};
+                        }
+                        r = detail::execute(*conn, c.argv, how);
+                    }
+                    out[i].replies.push_back(std::move(r));
+                }
+                out[i].answered = true;
+            } catch (const timeout_error& e) {
+                out[i].replies.clear();
+                out[i].late = true;
+                out[i].error = e.what();
+            } catch (const std::exception& e) {
+                out[i].replies.clear();
+                out[i].error = e.what();
+            }
+        }
+    }
+    return out;
+}
 
 }  // namespace redislock::detail

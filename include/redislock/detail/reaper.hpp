@@ -23,9 +23,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <utility>
 
+#include <redislock/detail/owned_thread.hpp>
 #include <redislock/detail/per_process.hpp>
 
 namespace redislock::detail {
@@ -41,16 +41,14 @@ public:
     reaper(const reaper&) = delete;
     reaper& operator=(const reaper&) = delete;
     ~reaper() {
-        std::thread thread;
+        owned_thread thread;
         {
             std::lock_guard lock{mutex_};
             stopped_ = true;
             thread = std::move(thread_);
         }
         wake_.notify_all();
-        if (thread.joinable()) {
-            thread.join();
-        }
+        thread.end();
     }
 
     /// Queues `work`, to be tried at once and then with backoff until `give_up_at`.
@@ -61,8 +59,8 @@ public:
         }
         queue_.emplace(clock::now(), job{std::move(work), give_up_at, initial_pause});
         ++pending_;
-        if (!thread_.joinable()) {
-            thread_ = std::thread{[this] { run(); }};
+        if (!thread_.running()) {
+            thread_ = owned_thread{[this] { run(); }};
         } else {
             wake_.notify_all();
         }
@@ -130,7 +128,7 @@ private:
     std::multimap<clock::time_point, job> queue_;
     std::size_t pending_ = 0;
     bool stopped_ = false;
-    std::thread thread_;
+    owned_thread thread_;
 };
 
 /// The process's reaper.

@@ -1,10 +1,14 @@
-// detail::redlock_core<C>: what a redlock_client shares with its locks: one worker per master,
-// the loss timer, the renewal timer, and the rounds that send one command to every master at
-// once and tally the answers.
+// detail::redlock_core<C>: what a redlock_client shares with its locks: one connection per
+// master, the rounds that send one command to every master at once and tally the answers, the
+// loss timer and the watchdog (over quorum_connection, which makes one renewal batch a round).
+//
+// A round runs on the thread that asks for it (detail/quorum_round.hpp): it writes the command
+// to every master's socket, then polls all of them until every master answered or the node
+// timeout passed. Releases that could not reach a master are finished by the process's reaper.
 //
 // Locks hold the core by shared_ptr, so a lock that outlives its client still releases. The
-// workers and timers are made on first use in each process (detail/fork_local.hpp): a forked
-// child gets its own and never touches its parent's threads.
+// connections, the loss timer and the watchdog are per process (detail/per_process.hpp): a
+// forked child makes its own and never touches its parent's sockets or threads.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +18,8 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <span>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -21,22 +27,32 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/deadline_timer.hpp>
-#include <redislock/detail/fork_local.hpp>
+#include <redislock/detail/loss_timer.hpp>
 #include <redislock/detail/names.hpp>
-#include <redislock/detail/node_worker.hpp>
+#include <redislock/detail/per_process.hpp>
 #include <redislock/detail/quorum_round.hpp>
+#include <redislock/detail/reaper.hpp>
 #include <redislock/detail/scripts.hpp>
 #include <redislock/detail/token.hpp>
+#include <redislock/detail/wait.hpp>
 #include <redislock/error.hpp>
 #include <redislock/quorum_error.hpp>
 #include <redislock/redlock_options.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
+#include <redislock/watchdog.hpp>
 
 namespace redislock::detail {
 
-/// One acquisition attempt, shared by the tasks that act on it on every master.
+/// Where one acquisition's SET stands on one master.
+enum class node_hold : unsigned char {
+    never_sent,   // nothing of ours there
+    unconfirmed,  // sent, no answer: it may land later (a hung master runs it when it wakes)
+    set,          // the master said OK
+    not_set,      // the master refused (held by another, error reply)
+};
+
+/// One acquisition attempt: its token and what each master made of it.
 struct redlock_acquisition {
     redlock_acquisition(std::string_view lock_name, std::string_view release_channel,
                         std::chrono::milliseconds lease_ms, std::size_t nodes)
@@ -45,21 +61,18 @@ struct redlock_acquisition {
           tok{token::random()},
           lease{lease_ms},
           lease_text{lease_ms.count()},
-          sent_to(nodes) {}
+          holds(nodes) {}
 
-    /// Records that the keys were set or renewed at `when` for `ms`: they may live until then.
-    void may_live_until(std::chrono::steady_clock::time_point when) noexcept {
-        const auto ns = when.time_since_epoch().count();
-        auto current = expires.load(std::memory_order_relaxed);
-        while (current < ns &&
-               !expires.compare_exchange_weak(current, ns, std::memory_order_relaxed)) {
-        }
+    node_hold hold(std::size_t node) const noexcept {
+        return holds[node].load(std::memory_order_acquire);
     }
-
-    /// The latest time a key of this acquisition may still exist.
-    std::chrono::steady_clock::time_point latest_expiry() const noexcept {
-        return std::chrono::steady_clock::time_point{
-            std::chrono::steady_clock::duration{expires.load(std::memory_order_relaxed)}};
+    void set_hold(std::size_t node, node_hold h) noexcept {
+        holds[node].store(h, std::memory_order_release);
+    }
+    /// Whether the key may be ours on `node`: a release or renewal must go there.
+    bool may_hold(std::size_t node) const noexcept {
+        const node_hold h = hold(node);
+        return h == node_hold::set || h == node_hold::unconfirmed;
     }
 
     std::string name;
@@ -67,17 +80,51 @@ struct redlock_acquisition {
     token tok;
     std::chrono::milliseconds lease;
     decimal lease_text;
-    std::chrono::steady_clock::time_point sent{};
-    // Whether the SET went out to each master. Written and read by that master's worker only
-    // (its tasks run in order), read by other threads only to skip masters it never reached.
-    std::vector<std::atomic<bool>> sent_to;
-    std::atomic<std::chrono::steady_clock::rep> expires{0};
+    steady::time_point sent{};
+    // Written by rounds on any thread (an acquisition, a renewal, an unlock).
+    std::vector<std::atomic<node_hold>> holds;
 };
 
 enum class node_op { acquire, release, extend, verify };
 
 template <connection C>
-class redlock_core {
+class redlock_core;
+
+/// The masters seen as one connection by the watchdog: each command goes to every master at
+/// once, and its reply is the quorum's: 1 when a quorum answered 1, 0 when more than N - quorum
+/// answered 0 (or hold another type at the key), else an error reply (the watchdog retries).
+/// Only for the compare-and-PEXPIRE renewals the watchdog sends.
+template <connection C>
+class quorum_connection {
+public:
+    explicit quorum_connection(redlock_core<C>& core) : core_{&core} {}
+
+    reply execute(command argv) { return execute(argv, call_context{}); }
+
+    reply execute(command argv, const call_context& how) {
+        return std::move(
+            core_->quorum_replies(std::span<const command>{&argv, 1}, how.deadline).front());
+    }
+
+    std::vector<reply> execute_pipeline(std::span<const command> commands) {
+        return core_->quorum_replies(commands, std::chrono::steady_clock::time_point::max());
+    }
+
+    std::vector<reply> execute_pipeline(std::span<const command> commands,
+                                        std::span<const call_context> hows) {
+        auto deadline = std::chrono::steady_clock::time_point::max();
+        for (const call_context& how : hows) {
+            deadline = std::min(deadline, how.deadline);
+        }
+        return core_->quorum_replies(commands, deadline);
+    }
+
+private:
+    redlock_core<C>* core_;
+};
+
+template <connection C>
+class redlock_core : public std::enable_shared_from_this<redlock_core<C>> {
 public:
     using clock = std::chrono::steady_clock;
 
@@ -87,108 +134,166 @@ public:
     };
 
     redlock_core(std::vector<node_spec> nodes, redlock_options options)
-        : nodes_{std::move(nodes)}, options_{options}, engine_{[this] {
-              return std::make_unique<engine>(nodes_);
+        : specs_{std::move(nodes)}, options_{options}, nodes_{[count = specs_.size()] {
+              return std::make_unique<node_table>(count);
           }} {}
 
     redlock_core(const redlock_core&) = delete;
     redlock_core& operator=(const redlock_core&) = delete;
 
-    // The workers run what is queued before they stop; nothing they do may schedule more.
-    ~redlock_core() { closing_.store(true, std::memory_order_release); }
-
-    std::size_t size() const noexcept { return nodes_.size(); }
-    std::size_t quorum() const noexcept { return nodes_.size() / 2 + 1; }
+    std::size_t size() const noexcept { return specs_.size(); }
+    std::size_t quorum() const noexcept { return specs_.size() / 2 + 1; }
     const redlock_options& options() const noexcept { return options_; }
-    const std::string& describe(std::size_t node) const { return nodes_[node].description; }
+    const std::string& describe(std::size_t node) const { return specs_[node].description; }
 
-    /// The timer that declares locks lost at their local deadline. Its callbacks do no I/O.
-    deadline_timer& loss_timer() { return engine_.get().loss; }
-
-    /// The timer whose callbacks renew leases (a blocking round each).
-    deadline_timer& renewal_timer() { return engine_.get().renewal; }
-
-    /// Renewals scheduled after this are skipped (the client is gone).
-    void stop_renewals() noexcept { renewals_stopped_.store(true, std::memory_order_release); }
-    bool renewals_stopped() const noexcept {
-        return renewals_stopped_.load(std::memory_order_acquire);
-    }
-
-    /// How long a caller waits for a round past its node deadline: time for a worker whose
-    /// call just ended to report.
-    std::chrono::milliseconds grace() const noexcept {
-        return options_.node_timeout / 4 + std::chrono::milliseconds{1};
-    }
-
-    /// Sends `op` for `acq` to every master at once and returns the round their answers go to.
-    /// Every call ends by `deadline`. `extend_lease` is the new lease text for node_op::extend.
-    /// With `here`, the calling thread makes one of the calls itself (on a master that answered
-    /// its last call and has nothing queued), which blocks it for that call, or until *stop is
-    /// requested when `stop` is not null.
-    std::shared_ptr<quorum_round> start_round(node_op op,
-                                              const std::shared_ptr<redlock_acquisition>& acq,
-                                              clock::time_point deadline,
-                                              std::string extend_lease = {}, bool here = true,
-                                              const std::stop_token* stop = nullptr) {
-        auto round = std::make_shared<quorum_round>(size(), quorum());
-        engine& e = engine_.get();
-        std::size_t own = size();
-        if (here) {
+    /// Sends `op` for `acq` to every master it concerns (all for an acquisition, those that may
+    /// hold the key otherwise; the others count as `no`) and returns each master's answer,
+    /// once every master answered, `deadline` passed or `stop` was requested. `extend_lease` is
+    /// the new lease for node_op::extend.
+    std::vector<node_outcome> round(node_op op, redlock_acquisition& acq,
+                                    clock::time_point deadline, const std::stop_token& stop = {},
+                                    std::string_view extend_lease = {}) {
+        std::vector<node_outcome> outcomes(size());
+        std::vector<bool> ask(size(), op == node_op::acquire);
+        if (op != node_op::acquire) {
             for (std::size_t i = 0; i < size(); ++i) {
-                if (e.workers[i]->answering()) {
-                    own = i;
-                    break;
+                ask[i] = acq.may_hold(i);
+                if (!ask[i]) {
+                    outcomes[i].answer = node_answer::no;  // nothing of ours there
                 }
             }
         }
+        const std::array<std::string_view, 6> set{"SET", acq.name, acq.tok.view(),
+                                                  "NX",  "PX",     acq.lease_text.view()};
+        const std::array<std::string_view, 2> get{"GET", acq.name};
+        const std::array<std::string_view, 1> keys{acq.name};
+        const auto release =
+            evalsha_argv(scripts::mutex_release, keys,
+                         std::array{acq.tok.view(), std::string_view{acq.channel}});
+        const auto extend =
+            evalsha_argv(scripts::mutex_extend, keys, std::array{acq.tok.view(), extend_lease});
+        fanout_command cmd;
+        switch (op) {
+            case node_op::acquire:
+                cmd.argv = set;
+                break;
+            case node_op::verify:
+                cmd.argv = get;
+                break;
+            case node_op::release:
+                cmd = {release, &scripts::mutex_release};
+                break;
+            case node_op::extend:
+                cmd = {extend, &scripts::mutex_extend};
+                break;
+        }
+        const std::vector<node_replies> replies =
+            run(ask, std::span<const fanout_command>{&cmd, 1}, acq.name, deadline, stop);
         for (std::size_t i = 0; i < size(); ++i) {
-            if (i != own) {
-                e.workers[i]->post(node_call{this, op, acq, i, deadline, round, extend_lease,
-                                             options_.release_retries});
+            if (!ask[i]) {
+                continue;
             }
-        }
-        if (own < size()) {
-            node_call call{this,     op,    acq,          own,
-                           deadline, round, extend_lease, options_.release_retries};
-            call.stop = stop;  // only while it runs here: the caller's token outlives the call
-            if (!e.workers[own]->try_run_here(call)) {
-                call.stop = nullptr;
-                e.workers[own]->post(std::move(call));
+            const node_replies& r = replies[i];
+            if (op == node_op::acquire && r.sent) {
+                acq.set_hold(i, node_hold::unconfirmed);
             }
-        }
-        return round;
-    }
-
-    /// Sends the compare-and-delete for `acq` to every master it may have reached, without
-    /// waiting; masters out of reach are retried in the background.
-    void release_in_background(const std::shared_ptr<redlock_acquisition>& acq) {
-        (void)start_round(node_op::release, acq, clock::now() + options_.node_timeout, {}, false);
-    }
-
-    /// Outcomes of `round`, waiting until settled (with `every_node`, until every master
-    /// answered), `deadline` + grace() passed, or `stop`. Masters that have not answered by then
-    /// are reported failed.
-    std::vector<node_outcome> finish_round(quorum_round& round, clock::time_point deadline,
-                                           const std::stop_token& stop = {},
-                                           bool every_node = false) {
-        return finish_round_by(round, deadline + grace(), stop, every_node);
-    }
-
-    /// As finish_round(), giving up at `until` itself.
-    std::vector<node_outcome> finish_round_by(quorum_round& round, clock::time_point until,
-                                              const std::stop_token& stop = {},
-                                              bool every_node = false) {
-        std::vector<node_outcome> outcomes = round.wait(until, stop, every_node);
-        const bool timed_out = clock::now() >= until;
-        for (node_outcome& o : outcomes) {
-            if (o.answer == node_answer::pending) {
-                o.answer = node_answer::failed;
-                o.error = timed_out ? "no answer within " +
-                                          std::to_string(options_.node_timeout.count()) + " ms"
-                                    : std::string{"no answer yet when the outcome was settled"};
+            if (!r.answered) {
+                outcomes[i] = {node_answer::failed, failure(r), false};
+                continue;
+            }
+            outcomes[i] = interpret(op, acq, r.replies.front());
+            if (op == node_op::acquire) {
+                acq.set_hold(i, outcomes[i].answer == node_answer::yes ? node_hold::set
+                                                                       : node_hold::not_set);
+            } else if (op == node_op::extend && outcomes[i].answer == node_answer::yes) {
+                acq.set_hold(i, node_hold::set);  // a SET that landed late is ours after all
             }
         }
         return outcomes;
+    }
+
+    /// Releases `acq` on every master that may hold it, waiting for their answers (at most the
+    /// node timeout); masters that could not say are released again by the reaper in the
+    /// background. Returns the round's outcomes.
+    std::vector<node_outcome> release(const std::shared_ptr<redlock_acquisition>& acq) {
+        const auto started = clock::now();
+        std::vector<node_outcome> outcomes =
+            round(node_op::release, *acq, started + options_.node_timeout);
+        std::vector<std::size_t> again;
+        std::vector<bool> heard(size(), false);
+        for (std::size_t i = 0; i < size(); ++i) {
+            const bool unsure =
+                outcomes[i].answer == node_answer::failed && !outcomes[i].server_error;
+            // A SET never confirmed may land after a "not ours": ask again once it surely did.
+            const bool early =
+                outcomes[i].answer == node_answer::no && acq->hold(i) == node_hold::unconfirmed;
+            if (unsure || early) {
+                again.push_back(i);
+            }
+            heard[i] = !unsure;
+        }
+        release_later(acq, std::move(again), std::move(heard), started);
+        return outcomes;
+    }
+
+    /// Releases `acq` on every master that may hold it, in the background.
+    void release_in_background(const std::shared_ptr<redlock_acquisition>& acq) {
+        std::vector<std::size_t> nodes;
+        std::vector<bool> heard(size(), false);
+        for (std::size_t i = 0; i < size(); ++i) {
+            if (acq->may_hold(i)) {
+                nodes.push_back(i);
+            }
+            heard[i] = acq->hold(i) == node_hold::set;
+        }
+        release_later(acq, std::move(nodes), std::move(heard), acq->sent);
+    }
+
+    /// The replies of a quorum_connection batch: see there.
+    std::vector<reply> quorum_replies(std::span<const command> commands,
+                                      clock::time_point deadline) {
+        std::vector<fanout_command> batch;
+        batch.reserve(commands.size());
+        for (command argv : commands) {
+            const script* s = nullptr;
+            if (argv.size() > 1 && argv[0] == "EVALSHA") {
+                for (const script* known : {&scripts::mutex_extend, &scripts::mutex_release}) {
+                    if (argv[1] == known->sha1) {
+                        s = known;
+                    }
+                }
+            }
+            batch.push_back({argv, s});
+        }
+        const std::string_view key = commands.front().size() > 3 ? commands.front()[3] : "";
+        const std::vector<bool> all(size(), true);
+        const auto replies =
+            run(all, batch, key, std::min(deadline, clock::now() + options_.node_timeout), {});
+        std::vector<reply> out;
+        out.reserve(commands.size());
+        for (std::size_t k = 0; k < commands.size(); ++k) {
+            std::size_t yes = 0;
+            std::size_t no = 0;
+            for (const node_replies& r : replies) {
+                if (!r.answered) {
+                    continue;
+                }
+                const reply& one = r.replies[k];
+                if (one.is_integer()) {
+                    ++(one.as_integer() == 1 ? yes : no);
+                } else if (one.is_error_code("WRONGTYPE")) {
+                    ++no;
+                }
+            }
+            if (yes >= quorum()) {
+                out.push_back(reply::integer(1));
+            } else if (no > size() - quorum()) {
+                out.push_back(reply::integer(0));
+            } else {
+                out.push_back(reply::error("NOQUORUM too few masters answered"));
+            }
+        }
+        return out;
     }
 
     /// The error for a round that reached too few masters, naming each and its answer.
@@ -218,162 +323,177 @@ public:
     }
 
 private:
-    struct engine {
-        explicit engine(const std::vector<node_spec>& nodes) {
-            workers.reserve(nodes.size());
-            for (const node_spec& node : nodes) {
-                workers.push_back(
-                    std::make_unique<node_worker<C>>(node.make_connection, node.description));
-            }
-        }
-        // Declared first, destroyed last: the timers post to the workers.
-        std::vector<std::unique_ptr<node_worker<C>>> workers;
-        deadline_timer loss;
-        deadline_timer renewal;
+    struct node_slot {
+        std::mutex mutex;  // guards making the connection
+        std::unique_ptr<C> connection;
+        std::atomic<bool> answering{true};  // its last call got an answer
     };
 
-    // One command to one master, run on that master's worker.
-    struct node_call {
-        redlock_core* core;
-        node_op op;
-        std::shared_ptr<redlock_acquisition> acq;
-        std::size_t node;
-        clock::time_point deadline;
-        std::shared_ptr<quorum_round> round;  // null for a background retry
-        std::string extend_lease;
-        int retries_left;
-        const std::stop_token* stop = nullptr;  // the caller's, for a call made on its thread
-
-        void operator()(node_worker<C>& worker) const {
-            if (op != node_op::acquire && !acq->sent_to[node].load(std::memory_order_acquire)) {
-                answer(node_answer::no, "never sent");  // the SET never left: nothing of ours
-                return;
-            }
-            if (clock::now() >= deadline) {
-                // Queued behind a slow call: not sent, so it cannot land late either.
-                answer(node_answer::failed, "busy past the deadline, not sent");
-                retry_release();
-                return;
-            }
-            const call_context how{acq->name, deadline, stop};
-            try {
-                C& conn = worker.connection();
-                if (clock::now() >= deadline) {
-                    // Connecting took the whole budget: better not sent than sent late.
-                    answer(node_answer::failed, "connected past the deadline, not sent");
-                    retry_release();
-                    return;
-                }
-                switch (op) {
-                    case node_op::acquire:
-                        acquire(conn, how);
-                        break;
-                    case node_op::release:
-                        run_compare(conn, scripts::mutex_release, acq->channel, how);
-                        break;
-                    case node_op::extend:
-                        run_compare(conn, scripts::mutex_extend, extend_lease, how);
-                        break;
-                    case node_op::verify:
-                        verify(conn, how);
-                        break;
-                }
-            } catch (const server_error& e) {
-                answer(node_answer::failed, e.what(), true);
-                return;
-            } catch (const cancelled_error& e) {
-                answer(node_answer::failed, e.what());  // says nothing about the master
-                return;
-            } catch (const std::exception& e) {
-                worker.record_answer(false);
-                answer(node_answer::failed, e.what());
-                retry_release();
-                return;
-            }
-            worker.record_answer(true);
-        }
-
-        void acquire(C& conn, const call_context& how) const {
-            acq->sent_to[node].store(true, std::memory_order_release);
-            const std::array<std::string_view, 6> set{"SET", acq->name, acq->tok.view(),
-                                                      "NX",  "PX",      acq->lease_text.view()};
-            const reply r = detail::execute(conn, set, how);
-            if (r.is_status()) {
-                answer(node_answer::yes);
-            } else if (r.is_nil()) {
-                answer(node_answer::no);
-            } else {
-                answer(node_answer::failed, r.is_error() ? r.text() : "unexpected reply", true);
-            }
-        }
-
-        // mutex_release and mutex_extend: 1 done, 0 not ours.
-        void run_compare(C& conn, const script& s, std::string_view arg,
-                         const call_context& how) const {
-            const reply r = run_script(conn, s, std::array{std::string_view{acq->name}},
-                                       std::array{acq->tok.view(), arg}, how);
-            if (r.is_integer()) {
-                answer(r.as_integer() == 1 ? node_answer::yes : node_answer::no);
-            } else if (r.is_error_code("WRONGTYPE")) {
-                answer(node_answer::no);  // another type at the name is surely not our lock
-            } else {
-                answer(node_answer::failed, r.is_error() ? r.text() : "unexpected reply", true);
-            }
-        }
-
-        void verify(C& conn, const call_context& how) const {
-            const std::array<std::string_view, 2> get{"GET", acq->name};
-            const reply r = detail::execute(conn, get, how);
-            if (r.is_string()) {
-                answer(r.text() == acq->tok.view() ? node_answer::yes : node_answer::no);
-            } else if (r.is_nil() || r.is_error_code("WRONGTYPE")) {
-                answer(node_answer::no);
-            } else {
-                answer(node_answer::failed, r.is_error() ? r.text() : "unexpected reply", true);
-            }
-        }
-
-        void answer(node_answer a, std::string error = {}, bool server = false) const {
-            if (round) {
-                round->report(node, a, std::move(error), server);
-            }
-        }
-
-        // A release that did not get through may have to undo a SET that lands later (a hung
-        // master runs what it received when it wakes up): send it again, while the lease may
-        // still run.
-        void retry_release() const {
-            if (op != node_op::release || retries_left <= 0 ||
-                core->closing_.load(std::memory_order_acquire)) {
-                return;
-            }
-            const int attempt = core->options_.release_retries - retries_left;
-            const auto delay = core->options_.node_timeout * (2LL << std::min(attempt, 20));
-            const auto when = clock::now() + delay;
-            if (when >= acq->latest_expiry()) {
-                return;  // the key, if any, has expired by then
-            }
-            node_call again{core,
-                            op,
-                            acq,
-                            node,
-                            when + core->options_.node_timeout,
-                            nullptr,
-                            {},
-                            retries_left - 1};
-            redlock_core* owner = core;
-            const std::size_t target = node;
-            owner->loss_timer().schedule(when, [owner, target, again = std::move(again)] {
-                owner->engine_.get().workers[target]->post(again);
-            });
-        }
+    struct node_table {
+        explicit node_table(std::size_t count) : slots(count) {}
+        std::vector<node_slot> slots;
     };
 
-    std::vector<node_spec> nodes_;
+public:
+    /// The connections come before the machinery that uses them, and go after it.
+    quorum_connection<C> quorum_link{*this};
+    per_process<loss_timer> timer{[] { return std::make_unique<loss_timer>(); }};
+
+private:
+    // The connection to `node`, made now if there is none (outside the slot's mutex: a master
+    // slow to connect must not hold up other threads' rounds).
+    C* connection(std::size_t node) {
+        node_slot& slot = nodes_.get().slots[node];
+        {
+            std::lock_guard guard{slot.mutex};
+            if (slot.connection) {
+                return slot.connection.get();
+            }
+        }
+        auto made = std::make_unique<C>(specs_[node].make_connection());
+        std::lock_guard guard{slot.mutex};
+        if (!slot.connection) {
+            slot.connection = std::move(made);
+        }
+        return slot.connection.get();
+    }
+
+    std::vector<node_replies> run(const std::vector<bool>& ask,
+                                  std::span<const fanout_command> batch, std::string_view key,
+                                  clock::time_point deadline, const std::stop_token& stop) {
+        node_table& table = nodes_.get();
+        // Masters that answered last time first: one slow to connect delays only those after it.
+        std::vector<std::size_t> order;
+        order.reserve(size());
+        for (const bool answering : {true, false}) {
+            for (std::size_t i = 0; i < size(); ++i) {
+                if (ask[i] &&
+                    table.slots[i].answering.load(std::memory_order_relaxed) == answering) {
+                    order.push_back(i);
+                }
+            }
+        }
+        const call_context how{key, deadline, stop.stop_possible() ? &stop : nullptr};
+        std::vector<node_replies> replies = fan_out<C>(
+            size(), [this](std::size_t i) { return connection(i); }, order, batch, how);
+        for (std::size_t i : order) {
+            const bool cancelled = how.stop != nullptr && how.stop->stop_requested();
+            if (replies[i].answered || !cancelled) {
+                table.slots[i].answering.store(replies[i].answered, std::memory_order_relaxed);
+            }
+        }
+        return replies;
+    }
+
+    std::string failure(const node_replies& r) const {
+        if (r.late) {
+            return "no answer within " + std::to_string(options_.node_timeout.count()) + " ms";
+        }
+        return r.error.empty() ? std::string{"no answer"} : r.error;
+    }
+
+    static node_outcome interpret(node_op op, const redlock_acquisition& acq, const reply& r) {
+        switch (op) {
+            case node_op::acquire:
+                if (r.is_status()) {
+                    return {node_answer::yes, {}, false};
+                }
+                if (r.is_nil()) {
+                    return {node_answer::no, {}, false};
+                }
+                break;
+            case node_op::release:
+            case node_op::extend:
+                // mutex_release and mutex_extend: 1 done, 0 not ours.
+                if (r.is_integer()) {
+                    return {r.as_integer() == 1 ? node_answer::yes : node_answer::no, {}, false};
+                }
+                if (r.is_error_code("WRONGTYPE")) {
+                    return {node_answer::no, {}, false};  // another type: surely not our lock
+                }
+                break;
+            case node_op::verify:
+                if (r.is_string()) {
+                    return {
+                        r.text() == acq.tok.view() ? node_answer::yes : node_answer::no, {}, false};
+                }
+                if (r.is_nil() || r.is_error_code("WRONGTYPE")) {
+                    return {node_answer::no, {}, false};
+                }
+                break;
+        }
+        return {node_answer::failed, r.is_error() ? r.text() : "unexpected reply", true};
+    }
+
+    // Hands the release of `acq` on `nodes` to the reaper: sent again with backoff, at most
+    // release_retries times, while the lease granted at `granted` may still run. A master's
+    // "not ours" is final only once `heard` says it answered something of this acquisition
+    // before: until then its SET may still be queued behind a hang, and land after.
+    void release_later(const std::shared_ptr<redlock_acquisition>& acq,
+                       std::vector<std::size_t> nodes, std::vector<bool> heard,
+                       clock::time_point granted) {
+        if (nodes.empty() || options_.release_retries <= 0) {
+            return;
+        }
+        struct pending {
+            std::shared_ptr<redlock_core> core;
+            std::shared_ptr<redlock_acquisition> acq;
+            std::vector<std::size_t> nodes;
+            std::vector<bool> heard;
+            int attempts_left;
+        };
+        try {
+            auto work =
+                std::make_shared<pending>(pending{this->shared_from_this(), acq, std::move(nodes),
+                                                  std::move(heard), options_.release_retries});
+            const auto lease = acq->lease;
+            const auto give_up_at = granted + lease + lease / 100 + std::chrono::milliseconds{2};
+            background_reaper().add(
+                [work](clock::time_point deadline) {
+                    return work->core->release_attempt(*work->acq, work->nodes, work->heard,
+                                                       deadline) ||
+                           --work->attempts_left <= 0;
+                },
+                give_up_at);
+        } catch (...) {
+            // Out of memory: the keys expire with their lease.
+        }
+    }
+
+    // One background release of `acq` on `nodes`; drops the masters that are done. True when
+    // none is left.
+    bool release_attempt(redlock_acquisition& acq, std::vector<std::size_t>& nodes,
+                         std::vector<bool>& heard, clock::time_point deadline) {
+        std::vector<bool> ask(size(), false);
+        for (std::size_t i : nodes) {
+            ask[i] = true;
+        }
+        const std::array<std::string_view, 1> keys{acq.name};
+        const auto release =
+            evalsha_argv(scripts::mutex_release, keys,
+                         std::array{acq.tok.view(), std::string_view{acq.channel}});
+        const fanout_command cmd{release, &scripts::mutex_release};
+        const auto replies = run(ask, std::span<const fanout_command>{&cmd, 1}, acq.name,
+                                 std::min(deadline, clock::now() + options_.node_timeout), {});
+        std::erase_if(nodes, [&](std::size_t i) {
+            if (!replies[i].answered) {
+                return false;
+            }
+            const node_outcome o = interpret(node_op::release, acq, replies[i].replies.front());
+            const bool done = o.answer == node_answer::yes || o.server_error || heard[i];
+            heard[i] = true;
+            return done;
+        });
+        return nodes.empty();
+    }
+
+    std::vector<node_spec> specs_;
     redlock_options options_;
-    std::atomic<bool> renewals_stopped_{false};
-    std::atomic<bool> closing_{false};
-    fork_local<engine> engine_;  // last: its threads use the members above
+    per_process<node_table> nodes_;
+
+public:
+    /// Renews leases by quorum rounds; declared last, so it stops before what it uses goes.
+    basic_watchdog<quorum_connection<C>> watchdog{quorum_link};
 };
 
 }  // namespace redislock::detail
