@@ -338,7 +338,7 @@ private:
                                               detail::steady::time_point give_up_by) {
         detail::redlock_core<C>& masters = core();
         auto acq = std::make_shared<detail::redlock_acquisition>(
-            state_->name, state_->channel, state_->options.lease, masters.size());
+            state_->name, state_->options.lease, masters.size());
         acq->sent = detail::steady::now();
         const auto full = acq->sent + masters.options().node_timeout;
         const auto node_deadline =

@@ -54,10 +54,9 @@ enum class node_hold : unsigned char {
 
 /// One acquisition attempt: its token and what each master made of it.
 struct redlock_acquisition {
-    redlock_acquisition(std::string_view lock_name, std::string_view release_channel,
-                        std::chrono::milliseconds lease_ms, std::size_t nodes)
+    redlock_acquisition(std::string_view lock_name, std::chrono::milliseconds lease_ms,
+                        std::size_t nodes)
         : name{lock_name},
-          channel{release_channel},
           tok{token::random()},
           lease{lease_ms},
           lease_text{lease_ms.count()},
@@ -76,7 +75,6 @@ struct redlock_acquisition {
     }
 
     std::string name;
-    std::string channel;
     token tok;
     std::chrono::milliseconds lease;
     decimal lease_text;
@@ -168,8 +166,7 @@ public:
         const std::array<std::string_view, 2> get{"GET", acq.name};
         const std::array<std::string_view, 1> keys{acq.name};
         const auto release =
-            evalsha_argv(scripts::mutex_release, keys,
-                         std::array{acq.tok.view(), std::string_view{acq.channel}});
+            evalsha_argv(scripts::compare_and_delete, keys, std::array{acq.tok.view()});
         const auto extend =
             evalsha_argv(scripts::mutex_extend, keys, std::array{acq.tok.view(), extend_lease});
         fanout_command cmd;
@@ -181,7 +178,7 @@ public:
                 cmd.argv = get;
                 break;
             case node_op::release:
-                cmd = {release, &scripts::mutex_release};
+                cmd = {release, &scripts::compare_and_delete};
                 break;
             case node_op::extend:
                 cmd = {extend, &scripts::mutex_extend};
@@ -257,7 +254,7 @@ public:
         for (command argv : commands) {
             const script* s = nullptr;
             if (argv.size() > 1 && argv[0] == "EVALSHA") {
-                for (const script* known : {&scripts::mutex_extend, &scripts::mutex_release}) {
+                for (const script* known : {&scripts::mutex_extend, &scripts::compare_and_delete}) {
                     if (argv[1] == known->sha1) {
                         s = known;
                     }
@@ -404,7 +401,7 @@ private:
                 break;
             case node_op::release:
             case node_op::extend:
-                // mutex_release and mutex_extend: 1 done, 0 not ours.
+                // compare_and_delete and mutex_extend: 1 done, 0 not ours.
                 if (r.is_integer()) {
                     return {r.as_integer() == 1 ? node_answer::yes : node_answer::no, {}, false};
                 }
@@ -470,9 +467,8 @@ private:
         }
         const std::array<std::string_view, 1> keys{acq.name};
         const auto release =
-            evalsha_argv(scripts::mutex_release, keys,
-                         std::array{acq.tok.view(), std::string_view{acq.channel}});
-        const fanout_command cmd{release, &scripts::mutex_release};
+            evalsha_argv(scripts::compare_and_delete, keys, std::array{acq.tok.view()});
+        const fanout_command cmd{release, &scripts::compare_and_delete};
         const auto replies = run(ask, std::span<const fanout_command>{&cmd, 1}, acq.name,
                                  std::min(deadline, clock::now() + options_.node_timeout), {});
         std::erase_if(nodes, [&](std::size_t i) {

@@ -6,6 +6,20 @@
 
 namespace redislock::detail::scripts {
 
+inline constexpr script compare_and_delete{
+    "compare_and_delete",
+    R"lua(-- Deletes a key if it still holds our token: a Redlock master's release, the same as
+-- node-redlock's and redsync's (Redlock waiters poll; no one is told).
+-- KEYS[1]  the lock's key
+-- ARGV[1]  our token
+-- Returns  1 deleted; 0 not ours (expired, or held by someone else)
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+)lua",
+    "853665579c3436a28fbf38d2de2340f76b101cfa"};
+
 inline constexpr script mutex_acquire{
     "mutex_acquire",
     R"lua(-- Takes a simple lock, respecting the waiting queue, and draws its fencing token if asked.
