@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -825,26 +826,56 @@ TEST(Mutex, FencedAttemptOnAHeldLockDrawsNoToken) {
 // ---------------------------------------------------------------------------------------------
 // Release notification
 
-TEST(Mutex, ReleasePublishesOnTheReleaseChannel) {
-    redis_server srv;
-    redislock::client client{srv.uri()};
-    subscriber sub{srv, "{orders:42}:released"};
-    auto m = client.mutex("orders:42");
+// Queues waiter `waiter` for the simple lock `name` at script level, as a lock() call that found
+// it held would: mutex_acquire.lua with a waiter id and a keep above 0. Returns the reply's
+// status (0: refused, and queued).
+std::int64_t queue_waiter(redislock::client& client, std::string_view name,
+                          std::string_view waiter) {
+    const std::string fence = redislock::detail::derived_key(name, "fence");
+    const std::string queue = redislock::detail::derived_key(name, "queue");
+    const std::string lapses = redislock::detail::derived_key(name, "waiting");
+    const reply r = redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::mutex_acquire,
+        std::array<std::string_view, 4>{name, fence, queue, lapses},
+        std::array<std::string_view, 5>{"script-token", "60000", "0", waiter, "5000"});
+    if (!r.is_array() || r.elements().size() != 2) {
+        ADD_FAILURE() << "unexpected reply: " << r.text();
+        return -1;
+    }
+    return r.elements()[0].as_integer();
+}
+
+// A release with nobody waiting publishes nothing; with a waiter in line it publishes that
+// waiter's id on the channel beside the name (SPUBLISH). (That the lock is kept for the waiter
+// meanwhile is checked in script_test: here its grace is too short to check it reliably.)
+void expect_release_publishes_only_to_waiters(const redis_server& srv, redislock::client& client,
+                                              const std::string& name, const std::string& channel) {
+    SCOPED_TRACE(name);
+    // next() also checks each message came on that channel.
+    subscriber sub{srv, channel};
+    auto m = client.mutex(name);
     m.lock();
     m.unlock();
-    // next() also checks the message came on that channel.
-    EXPECT_EQ(sub.next(), "orders:42");
+    // Messages arrive in order: the marker comes first only if the release published nothing.
+    ASSERT_EQ(srv.cli({"SPUBLISH", channel, "marker"}), "1");
+    EXPECT_EQ(sub.next(), "marker");
+
+    m.lock();
+    ASSERT_EQ(queue_waiter(client, name, "wwaiting"), 0);
+    m.unlock();
+    EXPECT_EQ(sub.next(), "wwaiting");
+}
+
+TEST(Mutex, ReleasePublishesOnTheReleaseChannelOnlyWhenSomeoneWaits) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    expect_release_publishes_only_to_waiters(srv, client, "orders:42", "{orders:42}:released");
 }
 
 TEST(Mutex, ReleaseChannelReusesTheNamesHashTag) {
     redis_server srv;
     redislock::client client{srv.uri()};
-    subscriber sub{srv, "a{x}b:released"};
-    auto m = client.mutex("a{x}b");
-    m.lock();
-    m.unlock();
-    // next() also checks the message came on that channel.
-    EXPECT_EQ(sub.next(), "a{x}b");
+    expect_release_publishes_only_to_waiters(srv, client, "a{x}b", "a{x}b:released");
 }
 
 // ---------------------------------------------------------------------------------------------

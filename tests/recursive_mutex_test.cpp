@@ -105,20 +105,50 @@ std::string id_for(std::string_view owner) {
     return "acq-" + std::string{owner};
 }
 
+// The waiter id the script tests use for `owner`: exclusive kinds' ids start with 'w'.
+std::string waiter_for(std::string_view owner) {
+    return "w" + std::string{owner};
+}
+
 // Without `id`, offers the owner's id_for(). `holds_none` ('1': the calling object holds no
 // entry) and `given_up` (the object's last given-up acquisition) default to an object that holds
-// an entry and gave up nothing, so an owner's entry is re-entered.
+// an entry and gave up nothing, so an owner's entry is re-entered. `keep` '0' is a try that does
+// not join the waiting queue; otherwise a refused attempt queues waiter_for(owner).
 redislock::reply run_acquire(redislock::client& client, std::string_view key,
                              std::string_view owner, std::string_view lease_ms,
                              std::string_view fencing,
                              std::optional<std::string> id = std::nullopt,
-                             std::string_view holds_none = "0", std::string_view given_up = "") {
-    const std::string fence_key = "{" + std::string{key} + "}:fence";
+                             std::string_view holds_none = "0", std::string_view given_up = "",
+                             std::string_view keep = "0") {
+    const std::string fence_key = redislock::detail::derived_key(key, "fence");
+    const std::string queue_key = redislock::detail::derived_key(key, "queue");
+    const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
     const std::string offered = id.value_or(id_for(owner));
+    const std::string waiter = waiter_for(owner);
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_acquire,
-        std::array<std::string_view, 2>{key, fence_key},
-        std::array<std::string_view, 6>{owner, lease_ms, fencing, offered, holds_none, given_up});
+        std::array<std::string_view, 4>{key, fence_key, queue_key, lapse_key},
+        std::array<std::string_view, 8>{owner, lease_ms, fencing, offered, holds_none, given_up,
+                                        waiter, keep});
+}
+
+// `owner` tries `key` once and, refused, joins its waiting queue as waiter_for(owner).
+redislock::reply queue_owner(redislock::client& client, std::string_view key,
+                             std::string_view owner) {
+    return run_acquire(client, key, owner, "60000", "0", std::nullopt, "1", "", "5000");
+}
+
+// The waiter ids in `key`'s waiting queue, first to last.
+std::vector<std::string> queue_of(const redis_server& srv, std::string_view key) {
+    std::vector<std::string> ids;
+    std::istringstream lines{
+        srv.cli({"ZRANGE", redislock::detail::derived_key(key, "queue"), "0", "-1"})};
+    for (std::string line; std::getline(lines, line);) {
+        if (!line.empty()) {
+            ids.push_back(line);
+        }
+    }
+    return ids;
 }
 
 // The server's clock in microseconds, the clock fencing tokens never fall below.
@@ -153,12 +183,15 @@ void expect_counter_lives_a_day(const redis_server& srv, const std::string& coun
 redislock::reply run_release(redislock::client& client, std::string_view key,
                              std::string_view owner, std::string_view entries,
                              std::string_view lease_ms, std::string_view channel,
-                             std::optional<std::string> id = std::nullopt) {
+                             std::optional<std::string> id = std::nullopt,
+                             std::string_view grace = "2000") {
     const std::string acquisition = id.value_or(id_for(owner));
+    const std::string queue_key = redislock::detail::derived_key(key, "queue");
+    const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_release,
-        std::array<std::string_view, 1>{key},
-        std::array<std::string_view, 5>{owner, entries, lease_ms, channel, acquisition});
+        std::array<std::string_view, 3>{key, queue_key, lapse_key},
+        std::array<std::string_view, 6>{owner, entries, lease_ms, channel, acquisition, grace});
 }
 
 redislock::reply run_extend(redislock::client& client, std::string_view key, std::string_view owner,
@@ -318,7 +351,7 @@ TEST(RecursiveAcquireScript, HashWithModeFieldOrOtherTypeIsWrongType) {
 
 // ---- recursive_release.lua ----
 
-TEST(RecursiveReleaseScript, LastEntryDeletesKeyAndPublishesOnReleaseChannel) {
+TEST(RecursiveReleaseScript, LastEntryDeletesKeyAndPublishesNothingWhenNoOneWaits) {
     redis_server srv;
     redislock::client client{srv.uri()};
     const std::int64_t fence = fence_of(run_acquire(client, "s", "o1", "60000", "1"));
@@ -330,7 +363,65 @@ TEST(RecursiveReleaseScript, LastEntryDeletesKeyAndPublishesOnReleaseChannel) {
     EXPECT_EQ(exists(srv, "s"), "0");  // the fence field went with it
     // The counter stays for the next holder.
     EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(fence));
-    EXPECT_EQ(released.next(), "s");
+    // Messages arrive in order: the marker comes first only if the release published nothing.
+    ASSERT_EQ(srv.cli({"SPUBLISH", "{s}:released", "marker"}), "1");
+    EXPECT_EQ(released.next(), "marker");
+}
+
+TEST(RecursiveReleaseScript, LastEntryWithAWaiterQueuedPublishesTheWaitersId) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_GT(fence_of(run_acquire(client, "s", "o1", "60000", "1")), 0);
+    subscriber released{srv, "{s}:released"};
+    // o2 and o3 find it held and wait in line; the holder's re-entry does not queue.
+    ASSERT_EQ(integers(queue_owner(client, "s", "o2")).at(0), 0);
+    ASSERT_EQ(integers(queue_owner(client, "s", "o3")).at(0), 0);
+    ASSERT_EQ(
+        integers(run_acquire(client, "s", "o1", "60000", "1", std::nullopt, "0", "", "5000")).at(0),
+        2);
+    ASSERT_EQ(queue_of(srv, "s"), (std::vector<std::string>{"wo2", "wo3"}));
+
+    // Leaving the inner entry tells nobody.
+    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")),
+              std::vector<std::int64_t>{0});
+    ASSERT_EQ(srv.cli({"SPUBLISH", "{s}:released", "marker"}), "1");
+    EXPECT_EQ(released.next(), "marker");
+
+    // The last entry tells the head, and the one after it to check once the grace is over.
+    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")),
+              std::vector<std::int64_t>{2});
+    EXPECT_EQ(exists(srv, "s"), "0");
+    EXPECT_EQ(released.next(), "wo2 ?wo3");
+    // Only the head may take it; it leaves the queue when it does.
+    EXPECT_EQ(integers(queue_owner(client, "s", "o3")).at(0), 0);
+    EXPECT_EQ(exists(srv, "s"), "0");
+    EXPECT_EQ(integers(queue_owner(client, "s", "o2")), (std::vector<std::int64_t>{1, 0}));
+    EXPECT_EQ(queue_of(srv, "s"), (std::vector<std::string>{"wo3"}));
+}
+
+TEST(RecursiveAcquireScript, SecondWaiterCannotTakeAFreeLockWhileTheFirstIsQueued) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
+    const auto first = integers(queue_owner(client, "s", "o2"));
+    ASSERT_EQ(first.at(0), 0);
+    EXPECT_GT(first.at(1), 50'000);  // the holder's PTTL
+    ASSERT_EQ(integers(queue_owner(client, "s", "o3")).at(0), 0);
+
+    // The holder's key goes without a release (expired, say): o2 is still first in line.
+    ASSERT_EQ(srv.cli({"DEL", "s"}), "1");
+    const auto refused = run_acquire(client, "s", "o3", "60000", "0", std::nullopt, "1");
+    const auto values = integers(refused);
+    ASSERT_EQ(values.size(), 2U);
+    EXPECT_EQ(values[0], 0);
+    EXPECT_GT(values[1], 0);  // at most until o2's entry lapses
+    EXPECT_LE(values[1], 65'000);
+    EXPECT_EQ(acquisition_id(refused), "");
+    EXPECT_EQ(exists(srv, "s"), "0");
+
+    EXPECT_EQ(integers(queue_owner(client, "s", "o2")), (std::vector<std::int64_t>{1, 0}));
+    EXPECT_EQ(owners_of(srv, "s"), std::vector<std::string>{"o2"});
+    EXPECT_EQ(queue_of(srv, "s"), (std::vector<std::string>{"wo3"}));
 }
 
 TEST(RecursiveReleaseScript, LeavingEveryEntryAtOnceReleases) {
@@ -359,7 +450,7 @@ TEST(RecursiveReleaseScript, InnerEntryDecrementsAndRefreshesLeaseWithoutPublish
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
     EXPECT_GT(pttl(srv, "s"), 50'000);
     // Messages arrive in order: the marker comes first only if the release published nothing.
-    ASSERT_EQ(srv.cli({"PUBLISH", "{s}:released", "marker"}), "1");
+    ASSERT_EQ(srv.cli({"SPUBLISH", "{s}:released", "marker"}), "1");
     EXPECT_EQ(released.next(), "marker");
 }
 
@@ -384,7 +475,7 @@ TEST(RecursiveReleaseScript, NonOwnerOrMissingKeyGetsMinusOneAndChangesNothing) 
               std::vector<std::int64_t>{-1});
     EXPECT_EQ(srv.cli({"GET", "str"}), "plain");
 
-    ASSERT_EQ(srv.cli({"PUBLISH", "{s}:released", "marker"}), "1");
+    ASSERT_EQ(srv.cli({"SPUBLISH", "{s}:released", "marker"}), "1");
     EXPECT_EQ(released.next(), "marker");
 }
 
@@ -425,8 +516,8 @@ TEST(RecursiveAcquireScript, ReentryReturnsTheFirstEntrysAcquisitionId) {
     // A re-entry offering another id still joins the first acquisition.
     const auto reentry = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_acquire,
-        std::array<std::string_view, 2>{"s", "{s}:fence"},
-        std::array<std::string_view, 4>{"o1", "60000", "0", "other-id"});
+        std::array<std::string_view, 4>{"s", "{s}:fence", "{s}:queue", "{s}:waiting"},
+        std::array<std::string_view, 8>{"o1", "60000", "0", "other-id", "0", "", "wo1", "0"});
     EXPECT_EQ(integers(reentry), (std::vector<std::int64_t>{2, 0}));
     EXPECT_EQ(acquisition_id(reentry), id_for("o1"));
     EXPECT_EQ(acquisition_id(run_acquire(client, "s", "o2", "60000", "0")), "");
@@ -1135,7 +1226,7 @@ TEST(RecursiveMutex, MovingKeepsEntriesAndOverwritingLeavesThem) {
     EXPECT_EQ(moved.depth(), 0U);
 }
 
-TEST(RecursiveMutex, LastUnlockPublishesOnTheChannelBesideTheName) {
+TEST(RecursiveMutex, LastUnlockPublishesOnTheChannelBesideTheNameOnlyWhenSomeoneWaits) {
     redis_server srv;
     redislock::client client{srv.uri()};
     const std::vector<std::pair<std::string, std::string>> cases{
@@ -1147,10 +1238,20 @@ TEST(RecursiveMutex, LastUnlockPublishesOnTheChannelBesideTheName) {
         rm.lock();
         rm.lock();
         rm.unlock();
-        ASSERT_EQ(srv.cli({"PUBLISH", channel, "marker"}), "1");
+        rm.unlock();
+        // Messages arrive in order: nobody waited, so neither unlock published anything.
+        ASSERT_EQ(srv.cli({"SPUBLISH", channel, "marker"}), "1");
+        EXPECT_EQ(released.next(), "marker");
+
+        // With a waiter in line (queued at script level), only the last unlock tells it.
+        rm.lock();
+        rm.lock();
+        ASSERT_EQ(integers(queue_owner(client, name, "other")).at(0), 0);
+        rm.unlock();
+        ASSERT_EQ(srv.cli({"SPUBLISH", channel, "marker"}), "1");
         EXPECT_EQ(released.next(), "marker");  // leaving an inner entry tells nobody
         rm.unlock();
-        EXPECT_EQ(released.next(), name);
+        EXPECT_EQ(released.next(), waiter_for("other"));
     }
 }
 

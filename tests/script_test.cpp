@@ -9,9 +9,12 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include <redislock/detail/scripts.hpp>
@@ -29,24 +32,93 @@ using redislock::detail::run_script;
 using redislock::test::fault;
 using redislock::test::fault_connection;
 using redislock::test::redis_server;
+using redislock::test::subscriber;
 namespace scripts = redislock::detail::scripts;
 
 using keys1 = std::array<std::string_view, 1>;
-using keys2 = std::array<std::string_view, 2>;
-using args0 = std::array<std::string_view, 0>;
+using keys3 = std::array<std::string_view, 3>;
+using keys4 = std::array<std::string_view, 4>;
 using args2 = std::array<std::string_view, 2>;
+using args3 = std::array<std::string_view, 3>;
+using args4 = std::array<std::string_view, 4>;
+using args5 = std::array<std::string_view, 5>;
 
-constexpr std::array all_scripts{scripts::mutex_acquire_fenced, scripts::mutex_extend,
-                                 scripts::mutex_probe, scripts::mutex_release};
+constexpr std::array all_scripts{scripts::mutex_acquire, scripts::mutex_extend,
+                                 scripts::mutex_release, scripts::queue_leave};
+
+// The keys and channel beside the simple lock "lock" (derived_key("lock", ...)).
+constexpr std::string_view fence_key = "{lock}:fence";
+constexpr std::string_view queue_key = "{lock}:queue";
+constexpr std::string_view lapse_key = "{lock}:waiting";
+constexpr std::string_view channel = "{lock}:released";
 
 reply run(hiredis_connection& conn, std::initializer_list<std::string_view> words) {
     const std::vector<std::string_view> argv{words};
     return conn.execute(argv);
 }
 
+// mutex_acquire.lua on "lock" with `token` and `lease`; `waiter` defaults to "w" + token, and
+// `keep` '0' is a try that does not join the queue.
+reply acquire(hiredis_connection& conn, std::string_view token, std::string_view lease,
+              std::string_view fencing = "0", std::optional<std::string> waiter = std::nullopt,
+              std::string_view keep = "0") {
+    const std::string id = waiter.value_or("w" + std::string{token});
+    return run_script(conn, scripts::mutex_acquire, keys4{"lock", fence_key, queue_key, lapse_key},
+                      args5{token, lease, fencing, id, keep});
+}
+
 reply acquire_fenced(hiredis_connection& conn, std::string_view token, std::string_view lease) {
-    return run_script(conn, scripts::mutex_acquire_fenced, keys2{"lock", "{lock}:fence"},
-                      args2{token, lease});
+    return acquire(conn, token, lease, "1");
+}
+
+// A waiter `waiter` (token `token`) that tries once and, refused, joins the queue for `keep` ms
+// past the wait the reply asks for.
+reply wait_in_line(hiredis_connection& conn, std::string_view token, std::string_view waiter,
+                   std::string_view keep = "5000") {
+    return acquire(conn, token, "60000", "0", std::string{waiter}, keep);
+}
+
+reply release(hiredis_connection& conn, std::string_view token, std::string_view grace = "2000") {
+    return run_script(conn, scripts::mutex_release, keys3{"lock", queue_key, lapse_key},
+                      args3{token, channel, grace});
+}
+
+reply leave(hiredis_connection& conn, std::string_view waiter, std::string_view grace = "2000",
+            std::string_view simple = "m") {
+    return run_script(conn, scripts::queue_leave, keys3{"lock", queue_key, lapse_key},
+                      args4{waiter, channel, grace, simple});
+}
+
+// The ids in the waiting queue, first to last, as the server has them.
+std::vector<std::string> queue_of(const redis_server& srv) {
+    std::vector<std::string> ids;
+    std::istringstream lines{srv.cli({"ZRANGE", std::string{queue_key}, "0", "-1"})};
+    for (std::string line; std::getline(lines, line);) {
+        if (!line.empty()) {
+            ids.push_back(line);
+        }
+    }
+    return ids;
+}
+
+// {status, value} of an acquisition reply ({1, fence} or {0, ms}); {-99, -99} and a failure for
+// anything else.
+std::pair<std::int64_t, std::int64_t> verdict_of(const reply& r) {
+    if (!r.is_array() || r.elements().size() != 2 || !r.elements()[0].is_integer() ||
+        !r.elements()[1].is_integer()) {
+        ADD_FAILURE() << "not {status, value}: " << r.text();
+        return {-99, -99};
+    }
+    return {r.elements()[0].as_integer(), r.elements()[1].as_integer()};
+}
+
+// The server's clock in ms, the clock of the queue's lapse times.
+std::int64_t server_ms(const redis_server& srv) {
+    std::istringstream in{srv.cli({"TIME"})};
+    std::int64_t seconds = 0;
+    std::int64_t micros = 0;
+    in >> seconds >> micros;
+    return seconds * 1000 + micros / 1000;
 }
 
 // The server's clock in microseconds, the clock fencing tokens never fall below.
@@ -134,50 +206,59 @@ TEST(Script, EveryScriptInTheGeneratedHeaderLoadsToItsSha1) {
     }
 }
 
+// Extending a lock that is not there: a script that writes nothing and answers 0.
+constexpr args2 extend_args{"mine", "1000"};
+
 TEST(Script, EvalshaRunsAScriptAlreadyLoaded) {
     redis_server srv;
     fault_connection conn{srv.uri()};
-    ASSERT_EQ(srv.cli({"SCRIPT", "LOAD", std::string{scripts::mutex_probe.source}}),
-              scripts::mutex_probe.sha1);
-    EXPECT_EQ(run_script(conn, scripts::mutex_probe, keys1{"free"}, args0{}), reply::integer(-2));
-    EXPECT_EQ(conn.log(), (std::vector<std::string>{"EVALSHA mutex_probe"}));
+    ASSERT_EQ(srv.cli({"SCRIPT", "LOAD", std::string{scripts::mutex_extend.source}}),
+              scripts::mutex_extend.sha1);
+    EXPECT_EQ(run_script(conn, scripts::mutex_extend, keys1{"free"}, extend_args),
+              reply::integer(0));
+    EXPECT_EQ(conn.log(), (std::vector<std::string>{"EVALSHA mutex_extend"}));
 }
 
 TEST(Script, NoscriptLoadsTheScriptAndRetriesOnce) {
     redis_server srv;
     fault_connection conn{srv.uri()};
-    ASSERT_EQ(srv.cli({"SCRIPT", "EXISTS", std::string{scripts::mutex_probe.sha1}}), "0");
+    ASSERT_EQ(srv.cli({"SCRIPT", "EXISTS", std::string{scripts::mutex_extend.sha1}}), "0");
 
-    EXPECT_EQ(run_script(conn, scripts::mutex_probe, keys1{"free"}, args0{}), reply::integer(-2));
-    EXPECT_EQ(conn.log(), (std::vector<std::string>{"EVALSHA mutex_probe", "SCRIPT LOAD",
-                                                    "EVALSHA mutex_probe"}));
-    EXPECT_EQ(srv.cli({"SCRIPT", "EXISTS", std::string{scripts::mutex_probe.sha1}}), "1");
+    EXPECT_EQ(run_script(conn, scripts::mutex_extend, keys1{"free"}, extend_args),
+              reply::integer(0));
+    EXPECT_EQ(conn.log(), (std::vector<std::string>{"EVALSHA mutex_extend", "SCRIPT LOAD",
+                                                    "EVALSHA mutex_extend"}));
+    EXPECT_EQ(srv.cli({"SCRIPT", "EXISTS", std::string{scripts::mutex_extend.sha1}}), "1");
 }
 
 TEST(Script, ScriptFlushIsRecoveredByTheNextCall) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
-    ASSERT_EQ(run_script(conn, scripts::mutex_probe, keys1{"free"}, args0{}), reply::integer(-2));
+    ASSERT_EQ(run_script(conn, scripts::mutex_extend, keys1{"free"}, extend_args),
+              reply::integer(0));
     ASSERT_EQ(srv.cli({"SCRIPT", "FLUSH"}), "OK");
-    EXPECT_EQ(run_script(conn, scripts::mutex_probe, keys1{"free"}, args0{}), reply::integer(-2));
+    EXPECT_EQ(run_script(conn, scripts::mutex_extend, keys1{"free"}, extend_args),
+              reply::integer(0));
 }
 
 TEST(Script, ServerRestartIsRecoveredByTheNextCall) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
-    ASSERT_EQ(run_script(conn, scripts::mutex_probe, keys1{"free"}, args0{}), reply::integer(-2));
+    ASSERT_EQ(run_script(conn, scripts::mutex_extend, keys1{"free"}, extend_args),
+              reply::integer(0));
     srv.restart();
-    EXPECT_EQ(run_script(conn, scripts::mutex_probe, keys1{"free"}, args0{}), reply::integer(-2));
+    EXPECT_EQ(run_script(conn, scripts::mutex_extend, keys1{"free"}, extend_args),
+              reply::integer(0));
 }
 
 TEST(Script, SecondNoscriptIsReturnedNotLooped) {
     redis_server srv;
     fault_connection conn{srv.uri()};
     conn.inject(fault::answer_noscript, "EVALSHA", 2);
-    const reply r = run_script(conn, scripts::mutex_probe, keys1{"free"}, args0{});
+    const reply r = run_script(conn, scripts::mutex_extend, keys1{"free"}, extend_args);
     EXPECT_TRUE(r.is_error_code("NOSCRIPT")) << r.text();
-    EXPECT_EQ(conn.log(), (std::vector<std::string>{"EVALSHA mutex_probe", "SCRIPT LOAD",
-                                                    "EVALSHA mutex_probe"}));
+    EXPECT_EQ(conn.log(), (std::vector<std::string>{"EVALSHA mutex_extend", "SCRIPT LOAD",
+                                                    "EVALSHA mutex_extend"}));
 }
 
 TEST(Script, RefusedScriptLoadThrowsServerErrorNamingTheScript) {
@@ -186,11 +267,11 @@ TEST(Script, RefusedScriptLoadThrowsServerErrorNamingTheScript) {
     conn.inject(fault::answer_noscript, "EVALSHA");
     conn.inject(fault::answer_error, "SCRIPT", 1, std::nullopt, "ERR scripting is disabled");
     try {
-        (void)run_script(conn, scripts::mutex_probe, keys1{"free"}, args0{});
+        (void)run_script(conn, scripts::mutex_extend, keys1{"free"}, extend_args);
         FAIL() << "a refused SCRIPT LOAD must throw";
     } catch (const redislock::server_error& e) {
         const std::string what = e.what();
-        EXPECT_NE(what.find("mutex_probe"), std::string::npos) << what;
+        EXPECT_NE(what.find("mutex_extend"), std::string::npos) << what;
         EXPECT_NE(what.find("scripting is disabled"), std::string::npos) << what;
     }
 }
@@ -199,7 +280,7 @@ TEST(Script, ConnectionErrorPropagates) {
     redis_server srv;
     fault_connection conn{srv.uri()};
     conn.inject(fault::throw_before_send, "EVALSHA");
-    EXPECT_THROW((void)run_script(conn, scripts::mutex_probe, keys1{"free"}, args0{}),
+    EXPECT_THROW((void)run_script(conn, scripts::mutex_extend, keys1{"free"}, extend_args),
                  redislock::connection_error);
 }
 
@@ -207,13 +288,13 @@ TEST(Script, OtherErrorRepliesAreReturnedAsReplies) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
     ASSERT_EQ(srv.cli({"HSET", "lock", "f", "v"}), "1");
-    const reply r = run_script(conn, scripts::mutex_probe, keys1{"lock"}, args0{});
+    const reply r = acquire(conn, "mine", "5000");
     EXPECT_TRUE(r.is_error_code("WRONGTYPE")) << r.text();
 }
 
-// mutex_acquire_fenced
+// mutex_acquire
 
-TEST(MutexAcquireFencedScript, FreeNameIsTakenWithTheNextFencingToken) {
+TEST(MutexAcquireScript, FreeNameIsTakenWithTheNextFencingToken) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
     // With no counter yet, the token is the server's clock in microseconds.
@@ -246,7 +327,7 @@ TEST(MutexAcquireFencedScript, FreeNameIsTakenWithTheNextFencingToken) {
 }
 
 // Everything that can fail is checked before the first write: no partial write.
-TEST(MutexAcquireFencedScript, CounterThatIsNotAnIntegerIsWrongtypeAndTheLockStaysUnset) {
+TEST(MutexAcquireScript, CounterThatIsNotAnIntegerIsWrongtypeAndTheLockStaysUnset) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
     ASSERT_EQ(srv.cli({"SET", "{lock}:fence", "not-a-number"}), "OK");
@@ -265,7 +346,7 @@ TEST(MutexAcquireFencedScript, CounterThatIsNotAnIntegerIsWrongtypeAndTheLockSta
     EXPECT_EQ(srv.cli({"TYPE", "{lock}:fence"}), "hash");
 }
 
-TEST(MutexAcquireFencedScript, HeldNameReturnsTheHoldersPttlAndDrawsNoToken) {
+TEST(MutexAcquireScript, HeldNameReturnsTheHoldersPttlAndDrawsNoToken) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
     ASSERT_EQ(srv.cli({"SET", "lock", "other", "PX", "8000"}), "OK");
@@ -277,9 +358,11 @@ TEST(MutexAcquireFencedScript, HeldNameReturnsTheHoldersPttlAndDrawsNoToken) {
     EXPECT_LE(r.elements()[1].as_integer(), 8000);
     EXPECT_EQ(srv.cli({"GET", "lock"}), "other");
     EXPECT_EQ(srv.cli({"EXISTS", "{lock}:fence"}), "0");
+    // A try ('0') does not join the waiting queue.
+    EXPECT_EQ(srv.cli({"EXISTS", std::string{queue_key}, std::string{lapse_key}}), "0");
 }
 
-TEST(MutexAcquireFencedScript, HolderWithoutLeaseGivesMinusOne) {
+TEST(MutexAcquireScript, HolderWithoutLeaseGivesMinusOne) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
     ASSERT_EQ(srv.cli({"SET", "lock", "other"}), "OK");
@@ -287,7 +370,7 @@ TEST(MutexAcquireFencedScript, HolderWithoutLeaseGivesMinusOne) {
               reply::array({reply::integer(0), reply::integer(-1)}));
 }
 
-TEST(MutexAcquireFencedScript, KeyOfAnotherTypeIsWrongtype) {
+TEST(MutexAcquireScript, KeyOfAnotherTypeIsWrongtype) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
     ASSERT_EQ(srv.cli({"HSET", "lock", "f", "v"}), "1");
@@ -334,32 +417,42 @@ TEST(MutexExtendScript, KeyOfAnotherTypeIsAnErrorReply) {
     EXPECT_EQ(srv.cli({"PTTL", "lock"}), "-1");
 }
 
-// mutex_probe
+// mutex_acquire without fencing, as a try (what mutex_probe.lua used to answer)
 
-TEST(MutexProbeScript, HeldLockGivesItsPttl) {
+TEST(MutexAcquireScript, FreeNameIsTakenWithoutATokenWhenNotFenced) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    EXPECT_EQ(verdict_of(acquire(conn, "mine", "7000")),
+              (std::pair<std::int64_t, std::int64_t>{1, 0}));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "mine");
+    const int pttl = std::stoi(srv.cli({"PTTL", "lock"}));
+    EXPECT_GT(pttl, 5000);
+    EXPECT_LE(pttl, 7000);
+    EXPECT_EQ(srv.cli({"EXISTS", "{lock}:fence", std::string{queue_key}, std::string{lapse_key}}),
+              "0");
+}
+
+TEST(MutexAcquireScript, TryOnAHeldLockGivesItsPttlAndChangesNothing) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
     ASSERT_EQ(srv.cli({"SET", "lock", "other", "PX", "7000"}), "OK");
-    const reply r = run_script(conn, scripts::mutex_probe, keys1{"lock"}, args0{});
-    ASSERT_TRUE(r.is_integer());
-    EXPECT_GT(r.as_integer(), 0);
-    EXPECT_LE(r.as_integer(), 7000);
+    const auto [status, wait] = verdict_of(acquire(conn, "mine", "5000"));
+    EXPECT_EQ(status, 0);
+    EXPECT_GT(wait, 0);
+    EXPECT_LE(wait, 7000);
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "other");
+    EXPECT_EQ(srv.cli({"EXISTS", std::string{queue_key}, std::string{lapse_key}}), "0");
 }
 
-TEST(MutexProbeScript, LockWithoutLeaseGivesMinusOne) {
+TEST(MutexAcquireScript, TryOnALockWithoutLeaseGivesMinusOne) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
     ASSERT_EQ(srv.cli({"SET", "lock", "other"}), "OK");
-    EXPECT_EQ(run_script(conn, scripts::mutex_probe, keys1{"lock"}, args0{}), reply::integer(-1));
+    EXPECT_EQ(acquire(conn, "mine", "5000"), reply::array({reply::integer(0), reply::integer(-1)}));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "other");
 }
 
-TEST(MutexProbeScript, FreeNameGivesMinusTwo) {
-    redis_server srv;
-    hiredis_connection conn{srv.uri()};
-    EXPECT_EQ(run_script(conn, scripts::mutex_probe, keys1{"lock"}, args0{}), reply::integer(-2));
-}
-
-TEST(MutexProbeScript, KeysOfOtherTypesAreWrongtype) {
+TEST(MutexAcquireScript, KeysOfOtherTypesAreWrongtypeAndNothingIsWritten) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
     ASSERT_EQ(srv.cli({"HSET", "h", "f", "v"}), "1");
@@ -367,49 +460,251 @@ TEST(MutexProbeScript, KeysOfOtherTypesAreWrongtype) {
     ASSERT_EQ(srv.cli({"SADD", "s", "x"}), "1");
     ASSERT_EQ(srv.cli({"ZADD", "z", "1", "x"}), "1");
     for (std::string_view key : {"h", "l", "s", "z"}) {
-        const reply r = run_script(conn, scripts::mutex_probe, keys1{key}, args0{});
+        const std::string key_text{key};
+        const std::string queue = "{" + key_text + "}:queue";
+        const std::string lapses = "{" + key_text + "}:waiting";
+        const std::string fence = "{" + key_text + "}:fence";
+        // Even an attempt that would wait in line joins no queue.
+        const reply r = run_script(conn, scripts::mutex_acquire, keys4{key, fence, queue, lapses},
+                                   args5{"mine", "5000", "1", "wmine", "5000"});
         EXPECT_TRUE(r.is_error_code("WRONGTYPE")) << key << ": " << r.text();
+        EXPECT_EQ(srv.cli({"EXISTS", fence, queue, lapses}), "0") << key;
     }
+    EXPECT_EQ(srv.cli({"TYPE", "h"}), "hash");
+    EXPECT_EQ(srv.cli({"TYPE", "z"}), "zset");
 }
 
 // mutex_release
 
-TEST(MutexReleaseScript, OwnLockIsDeleted) {
+TEST(MutexReleaseScript, OwnLockIsDeletedAndNothingIsPublishedWhenNoOneWaits) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
+    subscriber released{srv, std::string{channel}};
     ASSERT_EQ(srv.cli({"SET", "lock", "mine", "PX", "5000"}), "OK");
-    EXPECT_EQ(
-        run_script(conn, scripts::mutex_release, keys1{"lock"}, args2{"mine", "{lock}:released"}),
-        reply::integer(1));
+    EXPECT_EQ(release(conn, "mine"), reply::integer(1));
     EXPECT_EQ(srv.cli({"EXISTS", "lock"}), "0");
+    EXPECT_EQ(released.next(100ms), std::nullopt);  // and the subscriber stays usable after it
+    // Messages arrive in order: the marker comes first only if the release published nothing.
+    ASSERT_EQ(srv.cli({"SPUBLISH", std::string{channel}, "marker"}), "1");
+    EXPECT_EQ(released.next(), "marker");
 }
 
 TEST(MutexReleaseScript, SomeoneElsesLockIsKept) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
     ASSERT_EQ(srv.cli({"SET", "lock", "other", "PX", "5000"}), "OK");
-    EXPECT_EQ(
-        run_script(conn, scripts::mutex_release, keys1{"lock"}, args2{"mine", "{lock}:released"}),
-        reply::integer(0));
+    EXPECT_EQ(release(conn, "mine"), reply::integer(0));
     EXPECT_EQ(srv.cli({"GET", "lock"}), "other");
 }
 
 TEST(MutexReleaseScript, MissingLockGivesZero) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
-    EXPECT_EQ(
-        run_script(conn, scripts::mutex_release, keys1{"lock"}, args2{"mine", "{lock}:released"}),
-        reply::integer(0));
+    EXPECT_EQ(release(conn, "mine"), reply::integer(0));
 }
 
 TEST(MutexReleaseScript, KeyOfAnotherTypeIsAnErrorReplyAndIsKept) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};
     ASSERT_EQ(srv.cli({"HSET", "lock", "f", "v"}), "1");
-    const reply r =
-        run_script(conn, scripts::mutex_release, keys1{"lock"}, args2{"mine", "{lock}:released"});
+    const reply r = release(conn, "mine");
     EXPECT_TRUE(r.is_error()) << r.text();
     EXPECT_EQ(srv.cli({"TYPE", "lock"}), "hash");
+}
+
+TEST(MutexReleaseScript, ReleaseWithAWaiterKeepsTheLockForItAndPublishesItsId) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    subscriber released{srv, std::string{channel}};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "60000"}), "OK");
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA")).first, 0);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB")).first, 0);
+    ASSERT_EQ(queue_of(srv), (std::vector<std::string>{"wA", "wB"}));
+
+    const std::int64_t before = server_ms(srv);
+    EXPECT_EQ(release(conn, "holder", "2000"), reply::integer(2));
+    // The lock is kept free for the head, for the grace only.
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "queued:wA");
+    const int pttl = std::stoi(srv.cli({"PTTL", "lock"}));
+    EXPECT_GT(pttl, 0);
+    EXPECT_LE(pttl, 2000);
+    // The head is told it may go, and the next one to check after the grace; the head's entry
+    // now lapses with the grace, the next one's is as it was.
+    EXPECT_EQ(released.next(), "wA ?wB");
+    EXPECT_GE(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wA"})), before + 2000 - 1);
+    EXPECT_LE(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wA"})), server_ms(srv) + 2000);
+    EXPECT_GT(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wB"})), before + 50'000);
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wA", "wB"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The waiting queue of a simple lock (_queue.lua through mutex_acquire, mutex_release and
+// queue_leave)
+
+TEST(MutexQueueScript, WaitersJoinInArrivalOrderForTheHoldersTtlPlusTheirKeep) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "10000"}), "OK");
+    const std::int64_t before = server_ms(srv);
+    const auto [status, wait] = verdict_of(wait_in_line(conn, "a", "wA", "3000"));
+    EXPECT_EQ(status, 0);
+    EXPECT_GT(wait, 9000);
+    EXPECT_LE(wait, 10'000);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB", "3000")).first, 0);
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wA", "wB"}));
+    // The entry lapses the holder's TTL plus the keep from now, unless its waiter comes back;
+    // both keys live as long as their latest entry.
+    const std::int64_t lapse = std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wA"}));
+    EXPECT_GT(lapse, before + 12'000);
+    EXPECT_LE(lapse, server_ms(srv) + 13'000);
+    for (const auto key : {queue_key, lapse_key}) {
+        const int ttl = std::stoi(srv.cli({"PTTL", std::string{key}}));
+        EXPECT_GT(ttl, 12'000) << key;
+        EXPECT_LE(ttl, 13'000) << key;
+    }
+    // Coming back keeps the place in line.
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA", "3000")).first, 0);
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wA", "wB"}));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "holder");
+}
+
+TEST(MutexQueueScript, SecondWaiterCannotTakeAFreeLockWhileTheFirstIsQueued) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "60000"}), "OK");
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA")).first, 0);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB")).first, 0);
+
+    // The holder's key goes without a release (expired, say): the lock is free, but wA is first.
+    ASSERT_EQ(srv.cli({"DEL", "lock"}), "1");
+    const auto [status, wait] = verdict_of(wait_in_line(conn, "b", "wB"));
+    EXPECT_EQ(status, 0);
+    EXPECT_GT(wait, 0);  // at most until the head's entry lapses
+    EXPECT_LE(wait, 65'000);
+    EXPECT_EQ(srv.cli({"EXISTS", "lock"}), "0");
+    // Nor can a newcomer, trying or waiting.
+    EXPECT_EQ(verdict_of(acquire(conn, "c", "60000")).first, 0);
+    EXPECT_EQ(verdict_of(wait_in_line(conn, "c", "wC")).first, 0);
+    EXPECT_EQ(srv.cli({"EXISTS", "lock"}), "0");
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wA", "wB", "wC"}));
+
+    // The head takes it, and leaves the queue; then the next in line is first.
+    EXPECT_EQ(verdict_of(wait_in_line(conn, "a", "wA")),
+              (std::pair<std::int64_t, std::int64_t>{1, 0}));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "a");
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wB", "wC"}));
+    EXPECT_EQ(srv.cli({"ZSCORE", std::string{lapse_key}, "wA"}), "");
+    ASSERT_EQ(release(conn, "a"), reply::integer(2));
+    EXPECT_EQ(verdict_of(wait_in_line(conn, "c", "wC")).first, 0);
+    EXPECT_EQ(verdict_of(wait_in_line(conn, "b", "wB")),
+              (std::pair<std::int64_t, std::int64_t>{1, 0}));
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wC"}));
+}
+
+TEST(MutexQueueScript, LapsedEntryIsPrunedAndNoLongerBlocks) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "400"}), "OK");
+    // wA's entry lapses about 500 ms from now unless wA comes back; wC's much later.
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA", "100")).first, 0);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "c", "wC", "60000")).first, 0);
+    ASSERT_EQ(queue_of(srv), (std::vector<std::string>{"wA", "wC"}));
+    ASSERT_EQ(srv.cli({"DEL", "lock"}), "1");
+
+    // While wA's entry lives, wC waits for it: at most until it lapses.
+    const auto [status, wait] = verdict_of(acquire(conn, "c", "60000", "0", std::string{"wC"}));
+    ASSERT_EQ(status, 0) << "wA's entry lapsed before the check; the test needs it alive";
+    EXPECT_LE(wait, 500);
+    EXPECT_EQ(srv.cli({"EXISTS", "lock"}), "0");
+
+    // wA never comes back: its entry lapses, is pruned, and wC goes.
+    std::this_thread::sleep_for(std::chrono::milliseconds{wait + 100});
+    EXPECT_EQ(verdict_of(acquire(conn, "c", "60000", "0", std::string{"wC"})),
+              (std::pair<std::int64_t, std::int64_t>{1, 0}));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "c");
+    EXPECT_EQ(srv.cli({"EXISTS", std::string{queue_key}, std::string{lapse_key}}), "0");
+}
+
+TEST(MutexQueueScript, LockKeptForTheHeadIsTakenOnlyByIt) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "60000"}), "OK");
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA")).first, 0);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB")).first, 0);
+    ASSERT_EQ(release(conn, "holder", "5000"), reply::integer(2));
+    ASSERT_EQ(srv.cli({"GET", "lock"}), "queued:wA");
+
+    // Neither the next waiter, nor a newcomer, nor a plain SET NX gets in; the reply asks them
+    // to wait for the grace.
+    for (const auto& [token, waiter] :
+         {std::pair<std::string, std::string>{"b", "wB"}, {"c", "wC"}}) {
+        SCOPED_TRACE(waiter);
+        const auto [status, wait] = verdict_of(acquire(conn, token, "60000", "1", waiter));
+        EXPECT_EQ(status, 0);
+        EXPECT_GT(wait, 0);
+        EXPECT_LE(wait, 5000);
+    }
+    EXPECT_EQ(srv.cli({"SET", "lock", "plain", "NX", "PX", "60000"}), "");
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "queued:wA");
+    EXPECT_EQ(srv.cli({"EXISTS", "{lock}:fence"}), "0");  // no token drawn for them
+
+    // The head takes it, with a fencing token if it asks.
+    const reply taken = acquire(conn, "a", "60000", "1", std::string{"wA"});
+    const auto [status, fence] = verdict_of(taken);
+    EXPECT_EQ(status, 1);
+    EXPECT_GT(fence, 0);
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "a");
+    EXPECT_GT(std::stoi(srv.cli({"PTTL", "lock"})), 50'000);
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wB"}));
+}
+
+TEST(MutexQueueScript, HeadLeavingALockKeptForItHandsItToTheNext) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    subscriber released{srv, std::string{channel}};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "60000"}), "OK");
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA")).first, 0);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB")).first, 0);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "c", "wC")).first, 0);
+    ASSERT_EQ(release(conn, "holder", "5000"), reply::integer(2));
+    ASSERT_EQ(released.next(), "wA ?wB");
+
+    // wA gives up: the lock is kept for wB now, and wB is told.
+    EXPECT_EQ(leave(conn, "wA", "5000"), reply::integer(1));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "queued:wB");
+    EXPECT_GT(std::stoi(srv.cli({"PTTL", "lock"})), 0);
+    EXPECT_EQ(released.next(), "wB ?wC");
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wB", "wC"}));
+    EXPECT_EQ(srv.cli({"ZSCORE", std::string{lapse_key}, "wA"}), "");
+    EXPECT_EQ(verdict_of(acquire(conn, "a", "60000", "0", std::string{"wA"})).first, 0);
+    EXPECT_EQ(verdict_of(acquire(conn, "c", "60000", "0", std::string{"wC"})).first, 0);
+    EXPECT_EQ(verdict_of(acquire(conn, "b", "60000", "0", std::string{"wB"})),
+              (std::pair<std::int64_t, std::int64_t>{1, 0}));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "b");
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wC"}));
+}
+
+TEST(MutexQueueScript, LeavingWhileTheLockIsHeldTellsNobody) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    subscriber released{srv, std::string{channel}};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "60000"}), "OK");
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA")).first, 0);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB")).first, 0);
+
+    EXPECT_EQ(leave(conn, "wA"), reply::integer(0));
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wB"}));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "holder");
+    ASSERT_EQ(srv.cli({"SPUBLISH", std::string{channel}, "marker"}), "1");
+    EXPECT_EQ(released.next(), "marker");
+
+    // The last waiter leaving a lock kept for it frees the lock for anyone.
+    ASSERT_EQ(release(conn, "holder"), reply::integer(2));
+    ASSERT_EQ(released.next(), "wB");
+    EXPECT_EQ(leave(conn, "wB"), reply::integer(0));
+    EXPECT_EQ(srv.cli({"EXISTS", "lock", std::string{queue_key}, std::string{lapse_key}}), "0");
+    EXPECT_EQ(verdict_of(acquire(conn, "c", "60000")),
+              (std::pair<std::int64_t, std::int64_t>{1, 0}));
 }
 
 }  // namespace

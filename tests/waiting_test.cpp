@@ -80,6 +80,35 @@ std::int64_t zcard(redis_server& srv, const std::string& key) {
 
 bool nothing_left(redis_server& srv) { return srv.cli({"DBSIZE"}) == "0"; }
 
+// A hiredis connection that can fail chosen commands before sending them.
+struct hooked_connection {
+    std::shared_ptr<redislock::hiredis_connection> inner;
+    std::shared_ptr<std::function<bool(redislock::command)>> fail_before =
+        std::make_shared<std::function<bool(redislock::command)>>();
+
+    redislock::reply execute(redislock::command argv) {
+        return execute(argv, redislock::call_context{});
+    }
+    redislock::reply execute(redislock::command argv, const redislock::call_context& how) {
+        if (*fail_before && (*fail_before)(argv)) {
+            throw redislock::connection_error{"injected: connection reset before sending"};
+        }
+        return inner->execute(argv, how);
+    }
+    std::unique_ptr<redislock::subscriber_link> open_subscriber(std::string_view channel) {
+        return inner->open_subscriber(channel);
+    }
+    const redislock::endpoint& config() const { return inner->config(); }
+};
+
+bool is_script(redislock::command argv, const redislock::script& s) {
+    return argv.size() > 1 && argv[0] == "EVALSHA" && argv[1] == s.sha1;
+}
+
+}  // namespace
+
+namespace {
+
 // ---------------------------------------------------------------------------------------------
 
 // The holder's lease is long and the waiter's backoff would be long too: only the release's
@@ -357,6 +386,36 @@ TEST(Waiting, ReentryThroughAnotherObjectPassesTheLocalGate) {
     waiter.join();
     first.unlock();
     rw_first.unlock_shared();
+    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
+// A holder entering again through another object, whose first attempt meets a transient
+// error, must not then queue in the local gate behind a thread waiting for its own release.
+TEST(Waiting, ReentryAfterATransientErrorStillPassesTheLocalGate) {
+    redis_server srv;
+    hooked_connection conn{std::make_shared<redislock::hiredis_connection>(srv.uri())};
+    redislock::basic_client<hooked_connection> client{conn};
+    auto held = client.recursive_mutex("gate-again");
+    auto waiting = client.recursive_mutex("gate-again");
+    auto again = client.recursive_mutex("gate-again");
+    held.lock();
+    std::thread waiter{[&] {
+        if (waiting.try_lock_for(4s)) {
+            waiting.unlock();
+        }
+    }};
+    ASSERT_TRUE(eventually([&] { return zcard(srv, "{gate-again}:queue") == 1; }));
+    std::atomic<int> failures{1};
+    *conn.fail_before = [&](redislock::command argv) {
+        return is_script(argv, redislock::detail::scripts::recursive_acquire) &&
+               failures.exchange(0) == 1;
+    };
+    const stopwatch watch;
+    EXPECT_TRUE(again.try_lock_for(2s));
+    EXPECT_LT(watch.elapsed(), 1500ms);
+    again.unlock();
+    held.unlock();
+    waiter.join();
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 

@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -72,7 +73,9 @@ bool eventually(Predicate done, std::chrono::milliseconds timeout = std::chrono:
 }
 
 /// A raw hiredis subscriber to one channel, apart from the library, so release messages are
-/// observed without the code under test.
+/// observed without the code under test. Releases publish with SPUBLISH (sharded pub/sub), so
+/// it subscribes with SSUBSCRIBE and expects 'smessage' replies; a marker published with
+/// SPUBLISH on the same channel arrives in order with them.
 class subscriber {
 public:
     subscriber(const redis_server& srv, std::string channel) : channel_{std::move(channel)} {
@@ -81,23 +84,45 @@ public:
         if (!ctx_ || ctx_->err != 0 || redisSetTimeout(ctx_.get(), timeout) != REDIS_OK) {
             throw std::runtime_error{"subscriber: cannot connect"};
         }
-        const char* argv[] = {"SUBSCRIBE", channel_.c_str()};
-        const std::size_t lengths[] = {9, channel_.size()};
-        if (!reply_ptr{static_cast<redisReply*>(redisCommandArgv(ctx_.get(), 2, argv, lengths))}) {
-            throw std::runtime_error{"subscriber: SUBSCRIBE got no reply"};
+        const char* argv[] = {"SSUBSCRIBE", channel_.c_str()};
+        const std::size_t lengths[] = {10, channel_.size()};
+        const reply_ptr confirmed{
+            static_cast<redisReply*>(redisCommandArgv(ctx_.get(), 2, argv, lengths))};
+        if (!confirmed) {
+            throw std::runtime_error{"subscriber: SSUBSCRIBE got no reply"};
+        }
+        if (!is_push(*confirmed, "ssubscribe")) {
+            throw std::runtime_error{"subscriber: SSUBSCRIBE " + channel_ + " was not confirmed" +
+                                     (confirmed->type == REDIS_REPLY_ERROR
+                                          ? ": " + std::string{confirmed->str, confirmed->len}
+                                          : std::string{})};
         }
     }
 
-    /// The payload of the next message; std::nullopt when none comes within 5 s, and a text
-    /// saying so when one comes on another channel.
-    std::optional<std::string> next() {
+    /// The payload of the next message; std::nullopt when none comes within `timeout` (the
+    /// subscriber stays usable then), and a text saying so when something other than a message
+    /// on this channel comes.
+    std::optional<std::string> next(std::chrono::milliseconds timeout = std::chrono::seconds{5}) {
         void* raw = nullptr;
-        if (redisGetReply(ctx_.get(), &raw) != REDIS_OK || raw == nullptr) {
+        // A reply already read off the socket comes first.
+        if (redisGetReplyFromReader(ctx_.get(), &raw) != REDIS_OK) {
             return std::nullopt;
         }
+        if (raw == nullptr) {
+            pollfd wanted{ctx_->fd, POLLIN, 0};
+            const int ready =
+                ::poll(&wanted, 1, static_cast<int>(std::max<std::int64_t>(timeout.count(), 0)));
+            if (ready <= 0) {
+                return std::nullopt;
+            }
+            // Data is there: the rest of a message follows at once (bounded by the 5 s socket
+            // timeout).
+            if (redisGetReply(ctx_.get(), &raw) != REDIS_OK || raw == nullptr) {
+                return std::nullopt;
+            }
+        }
         const reply_ptr message{static_cast<redisReply*>(raw)};
-        if (message->type != REDIS_REPLY_ARRAY || message->elements != 3 ||
-            std::string_view{message->element[1]->str, message->element[1]->len} != channel_) {
+        if (!is_push(*message, "smessage")) {
             return "(not a message on " + channel_ + ")";
         }
         return std::string{message->element[2]->str, message->element[2]->len};
@@ -111,6 +136,20 @@ private:
         void operator()(redisReply* r) const { freeReplyObject(r); }
     };
     using reply_ptr = std::unique_ptr<redisReply, free_reply>;
+
+    // A three-element push of `kind` on this channel: ["smessage", channel, payload] or
+    // ["ssubscribe", channel, count].
+    bool is_push(const redisReply& r, std::string_view kind) const {
+#ifdef REDIS_REPLY_PUSH
+        const bool array = r.type == REDIS_REPLY_ARRAY || r.type == REDIS_REPLY_PUSH;
+#else
+        const bool array = r.type == REDIS_REPLY_ARRAY;
+#endif
+        return array && r.elements == 3 && r.element[0]->type == REDIS_REPLY_STRING &&
+               std::string_view{r.element[0]->str, r.element[0]->len} == kind &&
+               r.element[1]->type == REDIS_REPLY_STRING &&
+               std::string_view{r.element[1]->str, r.element[1]->len} == channel_;
+    }
 
     std::string channel_;
     std::unique_ptr<redisContext, free_context> ctx_;

@@ -46,27 +46,30 @@ struct queue_place {
     std::string_view keep() const { return join ? std::string_view{"2000"} : "0"; }
 };
 
-/// Takes waiter `waiter` out of `lk`'s queue in the background (see lua/queue_leave.lua).
+/// Takes waiter `waiter` out of `lk`'s queue (see lua/queue_leave.lua): at once if the server
+/// answers within a few milliseconds, so a process that exits right after giving up leaves
+/// nothing handed to it; else in the background, for a while.
 template <connection C>
 void leave_queue(const lock_identity<C>& lk, const std::string& waiter, bool simple) noexcept {
+    const auto leave = [core = lk.core, key = lk.name, queue = lk.queue_key,
+                        lapses = lk.lapse_key, channel = lk.channel, waiter,
+                        grace = std::string{lk.grace_text.view()},
+                        simple](steady::time_point deadline) {
+        try {
+            const reply r =
+                run_script(core->connection, scripts::queue_leave,
+                           std::array<std::string_view, 3>{key, queue, lapses},
+                           std::array<std::string_view, 4>{waiter, channel, grace, simple ? "m" : ""},
+                           call_context{key, deadline});
+            return !r.is_error() || r.is_error_code("WRONGTYPE");
+        } catch (...) {
+            return false;
+        }
+    };
     try {
-        const std::string grace{lk.grace_text.view()};
-        background_reaper().add(
-            [core = lk.core, key = lk.name, queue = lk.queue_key, lapses = lk.lapse_key,
-             channel = lk.channel, waiter, grace, simple](steady::time_point deadline) {
-                try {
-                    const reply r = run_script(
-                        core->connection, scripts::queue_leave,
-                        std::array<std::string_view, 3>{key, queue, lapses},
-                        std::array<std::string_view, 4>{waiter, channel, grace,
-                                                        simple ? "m" : ""},
-                        call_context{key, deadline});
-                    return !r.is_error() || r.is_error_code("WRONGTYPE");
-                } catch (...) {
-                    return false;
-                }
-            },
-            steady::now() + std::chrono::seconds{2});
+        if (!leave(steady::now() + std::chrono::milliseconds{10})) {
+            background_reaper().add(leave, steady::now() + std::chrono::seconds{2});
+        }
     } catch (...) {
         // Out of memory: the entry lapses by itself.
     }
@@ -138,13 +141,17 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
     } on_exit{lk, room, waiter, slot, joined, acquired, line.simple};
 
     const local_gates::view gate = room.gates.look(lk.name);
+    // Whether the last attempt got a definite "not acquired": until then a possible re-entry
+    // keeps skipping the gate, and a hand-over cannot be told from one the attempt itself took
+    // (and lost with its reply).
+    bool refused = false;
     const auto grace = handoff_grace(lk.options.lease);
     backoff policy{lk.options};
     std::exception_ptr unacknowledged;
     for (bool first = true;; first = false) {
-        // The first attempt goes past the gate when no thread of this process waits there, or
-        // when it may be a re-entry.
-        if (may_wait && !place && !(first && (gate.idle || line.reentry))) {
+        // The first attempt goes past the gate when no thread of this process waits there; a
+        // possible re-entry goes past it until the server says the owner holds nothing.
+        if (may_wait && !place && !(first && gate.idle) && !(line.reentry && !refused)) {
             place.emplace(room.gates, lk.name);
             if (!place->wait_turn(deadline, stop)) {
                 return false;
@@ -170,8 +177,10 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             if (join && !first_join) {
                 first_join = steady::now();
             }
+            refused = false;
             ttl = attempt(attempt_context(deadline, stop),
                           queue_place{join ? std::string_view{waiter_id()} : trying, join, may_wait});
+            refused = ttl.has_value();
             if (!ttl) {
                 acquired = true;
                 if (join) {
@@ -217,7 +226,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         if constexpr (!std::is_same_v<std::remove_cvref_t<Granted>, no_hand_over>) {
             // Handed over: take it without a round trip while at least half a lease, counted
             // from the first join, is left; else the next attempt claims it afresh.
-            if (line.handed && woken && slot && slot->named() && first_join &&
+            if (line.handed && refused && woken && slot && slot->named() && first_join &&
                 valid_until(*first_join, lk.options.lease) - steady::now() > lk.options.lease / 2 &&
                 grant && granted(*grant, *first_join)) {
                 acquired = true;

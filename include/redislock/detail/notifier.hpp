@@ -48,6 +48,7 @@ public:
         std::lock_guard guard{mutex_};
         woken_ = false;
         named_ = false;
+        changed_ = false;
         check_at_ = steady::time_point::max();
     }
 
@@ -62,17 +63,22 @@ public:
     /// True when woken or the standby time came.
     bool sleep_until(steady::time_point until, const std::stop_token& stop) {
         std::unique_lock lock{mutex_};
-        const auto ready = [this] { return woken_ || steady::now() >= check_at_; };
+        // The limit is computed again after every wake-up: standby() may bring it closer.
         for (;;) {
-            const auto limit = std::min(until, check_at_);
-            const bool done = stop.stop_possible() ? wake_.wait_until(lock, stop, limit, ready)
-                                                   : wake_.wait_until(lock, limit, ready);
-            if (done) {
+            if (woken_ || steady::now() >= check_at_) {
                 return true;
             }
             if (stop.stop_requested() || steady::now() >= until) {
                 return false;
             }
+            const auto limit = std::min(until, check_at_);
+            const auto changed = [this] { return changed_; };
+            if (stop.stop_possible()) {
+                (void)wake_.wait_until(lock, stop, limit, changed);
+            } else {
+                (void)wake_.wait_until(lock, limit, changed);
+            }
+            changed_ = false;
         }
     }
 
@@ -89,6 +95,7 @@ public:
         {
             std::lock_guard guard{mutex_};
             check_at_ = std::min(check_at_, steady::now() + grace_);
+            changed_ = true;
         }
         wake_.notify_all();
     }
@@ -101,6 +108,7 @@ private:
             std::lock_guard guard{mutex_};
             woken_ = true;
             named_ = named_ || named;
+            changed_ = true;
         }
         wake_.notify_all();
     }
@@ -109,6 +117,7 @@ private:
     std::condition_variable_any wake_;
     bool woken_ = false;
     bool named_ = false;
+    bool changed_ = false;  // woken or given a closer check since the sleeper last looked
     steady::time_point check_at_ = steady::time_point::max();
     steady::duration grace_;
     std::atomic<bool> subscribed_{false};
@@ -155,6 +164,9 @@ public:
         if (ch.status == link_status::active) {
             slot->set_subscribed(true);
             return true;
+        }
+        if (steady::now() < ch.retry_after) {
+            return false;  // refused lately (no rights to the channel, a slot on the move): poll
         }
         if (ch.status == link_status::idle) {
             ch.status = link_status::wanted;
@@ -212,6 +224,7 @@ private:
         link_status status = link_status::idle;
         std::string node;  // the link it was sent on
         steady::time_point failed_at{};
+        steady::time_point retry_after{};  // not subscribed again before then
         steady::time_point unused_since = steady::now();
     };
 
@@ -295,7 +308,7 @@ private:
         const auto now = steady::now();
         for (auto it = channels_.begin(); it != channels_.end();) {
             channel_state& ch = it->second;
-            if (ch.status == link_status::wanted) {
+            if (ch.status == link_status::wanted && now >= ch.retry_after) {
                 if (ch.node.empty()) {
                     ch.node = node_of_ ? node_of_(it->first) : std::string{};
                 }
@@ -404,14 +417,23 @@ private:
     // One reply on a link; false when the link must be dropped.
     bool handle(const std::string& node, link_state& state, const reply& r) {
         if (r.is_error()) {
-            // A server without sharded pub/sub answers its first SSUBSCRIBE so: poll from now
-            // on. Any other refusal (MOVED after resharding) drops the link; waiters re-enroll.
-            std::lock_guard guard{mutex_};
+            // Replies to SSUBSCRIBE come in the order sent: this one refuses the oldest. A server
+            // without sharded pub/sub refuses every channel: poll from now on. A channel refused
+            // otherwise (NOPERM under an ACL, MOVED while its slot moves) is left alone for a
+            // while; its waiters poll meanwhile.
             if (r.text().find("unknown command") != std::string::npos) {
+                std::lock_guard guard{mutex_};
                 unsupported_ = true;
+                settled_.notify_all();
+                return false;
             }
-            settled_.notify_all();
-            return false;
+            if (state.awaiting.empty()) {
+                return false;
+            }
+            const std::string channel = state.awaiting.front();
+            state.awaiting.erase(state.awaiting.begin());
+            refuse(channel, r.is_error_code("NOPERM") ? refused_pause : retry_pause);
+            return true;
         }
         if (!r.is_array() || r.elements().size() < 3) {
             return true;
@@ -493,6 +515,32 @@ private:
         }
     }
 
+    // The server refused to subscribe `channel`: its waiters poll until `pause` has passed.
+    void refuse(const std::string& channel, steady::duration pause) {
+        std::vector<std::shared_ptr<wake_slot>> woken;
+        {
+            std::lock_guard guard{mutex_};
+            auto it = channels_.find(channel);
+            if (it == channels_.end()) {
+                return;
+            }
+            channel_state& ch = it->second;
+            const auto now = steady::now();
+            ch.status = link_status::idle;
+            ch.node.clear();
+            ch.failed_at = now;
+            ch.retry_after = now + pause;
+            for (auto& [id, slot] : ch.waiters) {
+                slot->set_subscribed(false);
+                woken.push_back(slot);
+            }
+        }
+        settled_.notify_all();
+        for (auto& slot : woken) {
+            slot->wake();
+        }
+    }
+
     // A link is gone: its channels are no longer subscribed and their waiters, who may have
     // missed a message, try again.
     void lose(const std::string& node) { fail_channels_of(node); }
@@ -523,6 +571,7 @@ private:
 
     static constexpr std::chrono::milliseconds tick{200};
     static constexpr std::chrono::milliseconds retry_pause{200};
+    static constexpr std::chrono::seconds refused_pause{10};
 
     opener open_;
     node_namer node_of_;

@@ -159,6 +159,13 @@ if queued then
     queue_prune(KEYS[3], KEYS[4], now)
 end
 local holder = kind == 'string' and redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+    -- This very attempt, sent again after its reply was lost: it acquired.
+    if queued then
+        queue_leave(KEYS[3], KEYS[4], id)
+    end
+    return {1, ARGV[3] == '1' and tonumber(last) or 0}
+end
 -- Handed to this waiter already (its message late or lost), or kept free for it, or free.
 if (holder and holder == string.match(id, '^g(%x+)%.')) or
     ((not holder or holder == 'queued:' .. id) and (not queued or queue_allows(KEYS[3], id))) then
@@ -183,7 +190,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "c2de276098525e7b70dc1e5696da375c60af1ced"};
+    "630278d03c28fbb5892cd55eede0cae35adb342b"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -1004,9 +1011,10 @@ for i = 1, #fields, 2 do
     end
 end
 
-if mine[want] and ARGV[7] == '1' and ids[want] == ARGV[6] then
-    mine[want] = nil  -- our own retried acquisition: take it over with a count of 1
-end
+local retried = mine[want] and ARGV[7] == '1' and ids[want] == ARGV[6]
+if retried then
+    mine[want] = nil  -- our own retried acquisition: take it over with a count of 1, whoever
+end                   -- queued since
 local result
 local id = ids[want] or ARGV[6]
 if want == 'w' and mine.r and not mine.w then
@@ -1018,8 +1026,9 @@ local queued = redis.call('EXISTS', KEYS[3]) == 1
 if queued then
     queue_prune(KEYS[3], KEYS[4], now)
 end
-if not result and (others.w or (want == 'w' and others.r) or
-                   not (want == 'r' and mine.w or not queued or queue_allows(KEYS[3], ARGV[5]))) then
+if not result and not retried and
+    (others.w or (want == 'w' and others.r) or
+     not (want == 'r' and mine.w or not queued or queue_allows(KEYS[3], ARGV[5]))) then
     if latest > now then
         redis.call('PEXPIRE', KEYS[1], latest - now)
     elseif kind ~= 'none' then
@@ -1056,7 +1065,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "8fc6a03dab86f66a688e65001c89b02fad3b7812"};
+    "d70e0fae7a0754fbb920faa8917ce5006091b557"};
 
 inline constexpr script shared_extend{
     "shared_extend",

@@ -32,6 +32,13 @@ if queued then
     queue_prune(KEYS[3], KEYS[4], now)
 end
 local holder = kind == 'string' and redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+    -- This very attempt, sent again after its reply was lost: it acquired.
+    if queued then
+        queue_leave(KEYS[3], KEYS[4], id)
+    end
+    return {1, ARGV[3] == '1' and tonumber(last) or 0}
+end
 -- Handed to this waiter already (its message late or lost), or kept free for it, or free.
 if (holder and holder == string.match(id, '^g(%x+)%.')) or
     ((not holder or holder == 'queued:' .. id) and (not queued or queue_allows(KEYS[3], id))) then

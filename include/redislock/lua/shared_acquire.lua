@@ -65,9 +65,10 @@ for i = 1, #fields, 2 do
     end
 end
 
-if mine[want] and ARGV[7] == '1' and ids[want] == ARGV[6] then
-    mine[want] = nil  -- our own retried acquisition: take it over with a count of 1
-end
+local retried = mine[want] and ARGV[7] == '1' and ids[want] == ARGV[6]
+if retried then
+    mine[want] = nil  -- our own retried acquisition: take it over with a count of 1, whoever
+end                   -- queued since
 local result
 local id = ids[want] or ARGV[6]
 if want == 'w' and mine.r and not mine.w then
@@ -79,8 +80,9 @@ local queued = redis.call('EXISTS', KEYS[3]) == 1
 if queued then
     queue_prune(KEYS[3], KEYS[4], now)
 end
-if not result and (others.w or (want == 'w' and others.r) or
-                   not (want == 'r' and mine.w or not queued or queue_allows(KEYS[3], ARGV[5]))) then
+if not result and not retried and
+    (others.w or (want == 'w' and others.r) or
+     not (want == 'r' and mine.w or not queued or queue_allows(KEYS[3], ARGV[5]))) then
     if latest > now then
         redis.call('PEXPIRE', KEYS[1], latest - now)
     elseif kind ~= 'none' then
