@@ -149,17 +149,25 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
     backoff policy{lk.options};
     std::exception_ptr unacknowledged;
     for (bool first = true;; first = false) {
-        // The first attempt goes past the gate when no thread of this process waits there; a
-        // possible re-entry goes past it until the server says the owner holds nothing.
-        if (may_wait && !place && !(first && gate.idle) && !(line.reentry && !refused)) {
+        // Only the thread at the head of its process's gate joins the queue in Redis: one that
+        // joined and then waited in the gate could be told its turn while it cannot come. An
+        // attempt that does not join needs no place: the first one when the name was not
+        // contended lately, and, while the server has not said the owner holds nothing, a
+        // possible re-entry (its own release is what the threads in the gate wait for).
+        bool probe = true;
+        if (may_wait && !place) {
+            probe = first ? (gate.idle ? !gate.contended : line.reentry)
+                          : line.reentry && !refused;
+        } else if (may_wait) {
+            probe = false;
+        }
+        if (!probe && !place) {
             place.emplace(room.gates, lk.name);
             if (!place->wait_turn(deadline, stop)) {
                 return false;
             }
         }
-        // A first attempt made past a gate where others wait does not join: the first of them
-        // already stands for this process in the queue.
-        const bool join = may_wait && (!first || (gate.contended && (place || gate.idle)));
+        const bool join = !probe;
         if (join && (!slot || !slot->subscribed()) && room.notify.available()) {
             if (!slot) {
                 slot = std::make_shared<wake_slot>(grace);
@@ -207,8 +215,8 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         if (now >= deadline || stop.stop_requested()) {
             return false;
         }
-        if (!join) {
-            continue;  // a first try that did not join: join with the next attempt, at once
+        if (!join && refused) {
+            continue;  // a try the server refused: join with the next attempt, at once
         }
         steady::time_point until;
         if (slot && slot->subscribed() && *ttl >= holder_ttl::zero()) {
