@@ -55,9 +55,9 @@ namespace redislock::test {
 /// Every script the library embeds, to name them in rules and logs.
 inline std::span<const redislock::script> embedded_scripts() {
     namespace s = redislock::detail::scripts;
-    static const std::array all{s::mutex_acquire_fenced, s::mutex_extend,      s::mutex_probe,
-                                s::mutex_release,        s::recursive_acquire, s::recursive_extend,
-                                s::recursive_release,    s::shared_acquire,    s::shared_extend,
+    static const std::array all{s::mutex_acquire,     s::mutex_extend,      s::mutex_release,
+                                s::queue_leave,       s::recursive_acquire, s::recursive_extend,
+                                s::recursive_release, s::shared_acquire,    s::shared_extend,
                                 s::shared_release};
     return all;
 }
