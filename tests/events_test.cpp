@@ -314,9 +314,9 @@ TEST(Events, KeyDeletedUnderTheWatchdogIsARenewalFailureThenALossOnTheWatchdogTh
     recorder events;
     redislock::client client{srv.uri(), {.on_event = events.hook()}};
     std::atomic<loss_reason> told{loss_reason::expired};
-    auto m = client.mutex("renewed", {.lease = 600ms,
-                                      .watchdog = true,
-                                      .on_lost_reason = [&](loss_reason why) { told = why; }});
+    auto m = client.mutex(
+        "renewed",
+        {.lease = 600ms, .watchdog = true, .on_lost_reason = [&](loss_reason why) { told = why; }});
 
     m.lock();
     srv.cli({"DEL", "renewed"});
@@ -364,9 +364,9 @@ TEST(Events, WatchdogStoppedWhileHeldIsLostAsClientShutdown) {
     recorder events;
     redislock::client client{srv.uri(), {.on_event = events.hook()}};
     std::atomic<loss_reason> told{loss_reason::taken};
-    auto m = client.mutex("orphan", {.lease = 300ms,
-                                     .watchdog = true,
-                                     .on_lost_reason = [&](loss_reason why) { told = why; }});
+    auto m = client.mutex(
+        "orphan",
+        {.lease = 300ms, .watchdog = true, .on_lost_reason = [&](loss_reason why) { told = why; }});
 
     m.lock();
     client.watchdog().stop();
@@ -508,9 +508,9 @@ TEST(Events, AThrowingHookChangesNothing) {
     redis_server srv;
     std::atomic<int> calls{0};
     redislock::client client{srv.uri(), {.on_event = [&](const lock_event&) {
-                                             calls.fetch_add(1);
-                                             throw std::runtime_error{"hook failed"};
-                                         }}};
+                                 calls.fetch_add(1);
+                                 throw std::runtime_error{"hook failed"};
+                             }}};
     std::atomic<int> lost{0};
     auto m = client.mutex("throwing", {.lease = 200ms, .on_lost = [&] { lost.fetch_add(1); }});
     auto other = client.mutex("throwing", {.lease = 200ms});

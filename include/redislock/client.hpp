@@ -65,8 +65,7 @@ public:
     /// `options`: `redislock::client c{uri, {.on_event = hook}}`.
     /// @throws whatever C's constructor throws.
     template <class Arg>
-    requires std::constructible_from<C, Arg>
-    basic_client(Arg&& arg, client_options options)
+    requires std::constructible_from<C, Arg> basic_client(Arg&& arg, client_options options)
         : core_{std::make_shared<detail::client_core<C>>(std::move(options),
                                                          std::forward<Arg>(arg))} {}
 

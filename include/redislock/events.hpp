@@ -49,14 +49,14 @@ namespace redislock {
 
 /// What happened; see the table at the top of events.hpp.
 enum class event_type {
-    acquired,
-    contended,
-    released,
-    renewal_retried,
-    renewal_failed,
-    lost,
-    reconnected,
-    script_reloaded,
+    acquired,         ///< a lock call took the lock
+    contended,        ///< an attempt found the lock held
+    released,         ///< unlock() or destruction gave the lock back
+    renewal_retried,  ///< a watchdog renewal failed and will be sent again
+    renewal_failed,   ///< a lease the watchdog renewed was given up
+    lost,             ///< a held lock was found lost
+    reconnected,      ///< the hiredis adapter replaced a broken connection
+    script_reloaded,  ///< NOSCRIPT was answered with SCRIPT LOAD
 };
 
 /// Which lock an event is about.

@@ -384,9 +384,9 @@ public:
 
 private:
     // A context from the pool; tells the reconnect handler when it replaces a broken one.
-    detail::context_ptr take(
-        std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
-        const std::stop_token* stop = nullptr) {
+    detail::context_ptr take(std::chrono::steady_clock::time_point deadline =
+                                 std::chrono::steady_clock::time_point::max(),
+                             const std::stop_token* stop = nullptr) {
         bool reopened = false;
         auto ctx = this_pool().acquire(deadline, stop, &reopened);
         if (reopened && on_reconnect_) {

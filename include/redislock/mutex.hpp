@@ -135,11 +135,11 @@ public:
         }
         const detail::decimal lease_text{lease.count()};
         const auto sent = detail::steady::now();
-        const reply r = detail::run_script(
-            *state_->conn, detail::scripts::mutex_extend,
-            std::array{std::string_view{state_->name}},
-            std::array{token->view(), lease_text.view()},
-            call_context{{}, state_->core->untimed_deadline()}, &state_->core->events);
+        const reply r = detail::run_script(*state_->conn, detail::scripts::mutex_extend,
+                                           std::array{std::string_view{state_->name}},
+                                           std::array{token->view(), lease_text.view()},
+                                           call_context{{}, state_->core->untimed_deadline()},
+                                           &state_->core->events);
         if (r.is_integer() && r.as_integer() == 1) {
             tracker().extended(*token, sent, lease);
             return true;
@@ -192,8 +192,8 @@ public:
         throw_unless_not_ours(r, "verify");
         // Another holder's token says taken; no key, another type or a demoted master says the
         // server lost it.
-        tracker().lose(*token, r.is_string() && !ours ? loss_reason::taken
-                                                      : loss_reason::server_lost);
+        tracker().lose(*token,
+                       r.is_string() && !ours ? loss_reason::taken : loss_reason::server_lost);
         return false;
     }
 

@@ -220,8 +220,8 @@ public:
         throw_unless_not_ours(r, "verify");
         // Another acquisition of the owner says taken; no entry, another type or a demoted
         // master says the server lost it.
-        tracker().lose(entry->epoch, r.is_string() && !ours ? loss_reason::taken
-                                                            : loss_reason::server_lost);
+        tracker().lose(entry->epoch,
+                       r.is_string() && !ours ? loss_reason::taken : loss_reason::server_lost);
         return false;
     }
 

@@ -513,18 +513,10 @@ private:
             if (e.expiring || what == outcome::not_ours || what == outcome::server_lost ||
                 (what == outcome::failed && expired)) {
                 if (e.renewal.lost_because) {
-                    const loss_reason reason = what == outcome::not_ours      ? loss_reason::taken
-                                               : what == outcome::server_lost ? loss_reason::server_lost
-                                                                             : loss_reason::expired;
-                    std::string why = e.expiring ? std::string{"max_hold reached"}
-                                      : what == outcome::failed
-                                          ? "no renewal was confirmed before the lease ran out (" +
-                                                results[i].why + ")"
-                                          : results[i].why;
-                    calls.emplace_back(batch[i].id, [told = std::move(e.renewal.lost_because),
-                                                     reason, why = std::move(why)] {
-                        told(reason, why);
-                    });
+                    calls.emplace_back(
+                        batch[i].id,
+                        [told = std::move(e.renewal.lost_because), reason = reason_of(what),
+                         why = why_lost(e, results[i])] { told(reason, why); });
                 } else if (e.renewal.lost) {
                     calls.emplace_back(batch[i].id, std::move(e.renewal.lost));
                 }
@@ -538,10 +530,8 @@ private:
                     e.interval / 4, std::chrono::milliseconds{10}, std::chrono::seconds{1});
                 reschedule(batch[i].id, e, std::min(replied + retry, surely_gone(e)));
                 if (e.renewal.retried) {
-                    calls.emplace_back(batch[i].id,
-                                       [told = e.renewal.retried, why = results[i].why] {
-                                           told(why);
-                                       });
+                    calls.emplace_back(batch[i].id, [told = e.renewal.retried,
+                                                     why = results[i].why] { told(why); });
                 }
                 continue;
             }
@@ -562,6 +552,27 @@ private:
             reschedule(batch[i].id, e, next);
         }
         return calls;
+    }
+
+    static loss_reason reason_of(outcome what) {
+        switch (what) {
+            case outcome::not_ours:
+                return loss_reason::taken;
+            case outcome::server_lost:
+                return loss_reason::server_lost;
+            default:
+                return loss_reason::expired;  // max_hold, or no renewal confirmed in time
+        }
+    }
+
+    static std::string why_lost(const entry& e, const result& r) {
+        if (e.expiring) {
+            return "max_hold reached";
+        }
+        if (r.what == outcome::failed) {
+            return "no renewal was confirmed before the lease ran out (" + r.why + ")";
+        }
+        return r.why;
     }
 
     // The lease surely ran out this long after the reply that last granted it.

@@ -51,8 +51,8 @@ struct wait_tally {
 
 /// Time from `since` to now, in whole microseconds.
 inline std::chrono::microseconds micros_since(std::chrono::steady_clock::time_point since) {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-        std::chrono::steady_clock::now() - since);
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                                 since);
 }
 
 /// Calls `hook` with a lost event, dropping what it throws.
