@@ -22,7 +22,8 @@
 //
 // A lock's events come from its own calls, the client's watchdog and its loss timer; the
 // connection's from the hiredis adapter. An acquisition reports acquired once, then released or
-// lost once. Redlock locks (redlock_mutex) report nothing yet.
+// lost once. Redlock locks (redlock_mutex) report nothing yet, and of the connections only
+// hiredis_connection (redislock::client) reports reconnected.
 //
 // Threads: acquired and contended come on the thread that called lock(), try_lock*() or
 // lock_shared(); released on the thread that called unlock() or destroyed the lock; lost on the

@@ -258,10 +258,12 @@ private:
 
     enum class outcome { renewed, not_ours, server_lost, failed };
 
-    // What one renewal came to, and for a failure what it got.
+    // What one renewal came to, and for a failure what it got (empty: no reply).
     struct result {
         outcome what = outcome::failed;
         std::string why{};
+
+        std::string_view told() const { return why.empty() ? "no reply" : std::string_view{why}; }
     };
 
     void run() {
@@ -354,7 +356,7 @@ private:
     }
 
     std::vector<result> send(const std::vector<job>& batch) {
-        std::vector<result> results(batch.size(), result{outcome::failed, "no reply"});
+        std::vector<result> results(batch.size());
         std::vector<std::size_t> pending;
         for (std::size_t i = 0; i < batch.size(); ++i) {
             if (!batch[i].argv.empty()) {
@@ -530,8 +532,9 @@ private:
                     e.interval / 4, std::chrono::milliseconds{10}, std::chrono::seconds{1});
                 reschedule(batch[i].id, e, std::min(replied + retry, surely_gone(e)));
                 if (e.renewal.retried) {
-                    calls.emplace_back(batch[i].id, [told = e.renewal.retried,
-                                                     why = results[i].why] { told(why); });
+                    calls.emplace_back(batch[i].id,
+                                       [told = e.renewal.retried,
+                                        why = std::string{results[i].told()}] { told(why); });
                 }
                 continue;
             }
@@ -570,9 +573,10 @@ private:
             return "max_hold reached";
         }
         if (r.what == outcome::failed) {
-            return "no renewal was confirmed before the lease ran out (" + r.why + ")";
+            return "no renewal was confirmed before the lease ran out (" + std::string{r.told()} +
+                   ")";
         }
-        return r.why;
+        return std::string{r.told()};
     }
 
     // The lease surely ran out this long after the reply that last granted it.

@@ -307,12 +307,15 @@ public:
                 }
             };
         }
-        renewal.dropped = [self = self_, find = find_, key] {
-            if (auto st = self.lock()) {
-                lease_tracker{st, find}.renewal_dropped(key);
-                let_go(std::move(st));
-            }
-        };
+        if (core().events.observed() || st_->options.on_lost_reason) {
+            // Only the reason of the loss that follows depends on it.
+            renewal.dropped = [self = self_, find = find_, key] {
+                if (auto st = self.lock()) {
+                    lease_tracker{st, find}.renewal_dropped(key);
+                    let_go(std::move(st));
+                }
+            };
+        }
         const auto id = core().watchdog.add(std::move(renewal), sent);
         if (!attach(key, [&](tracked_lease<C>& t) {
                 t.renewal = id;
