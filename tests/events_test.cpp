@@ -335,6 +335,32 @@ TEST(Events, KeyDeletedUnderTheWatchdogIsARenewalFailureThenALossOnTheWatchdogTh
     EXPECT_EQ(events.count(event_type::lost), 1U);
 }
 
+TEST(Events, RenewalsStuckOnAPausedServerEndInRenewalFailedThenLostExpired) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    std::atomic<loss_reason> told{loss_reason::taken};
+    auto m = client.shared_mutex(
+        "stalled",
+        {.lease = 600ms, .watchdog = true, .on_lost_reason = [&](loss_reason why) { told = why; }});
+
+    m.lock();
+    srv.pause();
+    const auto lost = events.first(event_type::lost, 3s);
+    srv.resume();
+    ASSERT_TRUE(lost);
+    EXPECT_EQ(lost->reason, loss_reason::expired);
+    EXPECT_EQ(lost->kind, lock_kind::shared_mutex_write);
+    EXPECT_GE(lost->held, 500ms);
+    EXPECT_NE(lost->thread, std::this_thread::get_id());
+    const auto failed = events.first(event_type::renewal_failed);
+    ASSERT_TRUE(failed);
+    EXPECT_EQ(failed->reason, loss_reason::expired);
+    EXPECT_EQ(failed->thread, lost->thread);  // the loss timer's, not the stuck watchdog's
+    EXPECT_TRUE(eventually([&] { return told.load() == loss_reason::expired; }));
+    EXPECT_FALSE(m.owned());
+}
+
 TEST(Events, TransientRenewalFailuresAreReportedAsRetriedAndTheLockIsKept) {
     redis_server srv;
     recorder events;

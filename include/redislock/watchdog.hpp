@@ -470,11 +470,14 @@ private:
                     call_context{key, detail::steady::now() + std::chrono::seconds{1}, nullptr});
                 count(0, 1);  // a round trip like any other, so stats match the connection's
                 if (events_ != nullptr && !loaded.is_error()) {
+                    // Plain copies: clang 14 rejects lambdas that capture structured bindings.
+                    const std::string_view reloaded_for = key;
+                    const std::string_view script_name = s->name;
                     events_->emit([&] {
                         lock_event e;
                         e.type = event_type::script_reloaded;
-                        e.name = key;
-                        e.detail = s->name;
+                        e.name = reloaded_for;
+                        e.detail = script_name;
                         return e;
                     });
                 }
