@@ -5,12 +5,24 @@
 
 #include <chrono>
 #include <cstdint>
-#include <string_view>
 #include <utility>
 
 #include <redislock/events.hpp>
 
 namespace redislock::detail {
+
+/// Calls `hook`, when set, with `make()`; drops what the hook throws, since events are reported
+/// from threads and paths that must not throw.
+template <class Make>
+void emit_to(const event_hook& hook, Make&& make) noexcept {
+    if (!hook) {
+        return;
+    }
+    try {
+        hook(make());
+    } catch (...) {
+    }
+}
 
 class event_sink {
 public:
@@ -22,20 +34,13 @@ public:
     /// True when someone listens: callers read clocks only then.
     bool observed() const noexcept { return static_cast<bool>(hook_); }
 
-    /// Calls the hook with `make()` when there is one; an exception from the hook is dropped,
-    /// since events are reported from threads and paths that must not throw.
+    /// Calls the hook with `make()` when there is one (see emit_to).
     template <class Make>
     void emit(Make&& make) const noexcept {
-        if (!hook_) {
-            return;
-        }
-        try {
-            hook_(make());
-        } catch (...) {
-        }
+        emit_to(hook_, std::forward<Make>(make));
     }
 
-    /// The hook itself, for a closure that outlives the call (the loss timer's notice).
+    /// The hook itself, for a closure that outlives the call (the loss timer's report).
     const event_hook& hook() const noexcept { return hook_; }
 
 private:
@@ -53,24 +58,6 @@ struct wait_tally {
 inline std::chrono::microseconds micros_since(std::chrono::steady_clock::time_point since) {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
                                                                  since);
-}
-
-/// Calls `hook` with a lost event, dropping what it throws.
-inline void emit_lost(const event_hook& hook, lock_kind kind, std::string_view name,
-                      loss_reason reason, std::chrono::microseconds held) noexcept {
-    if (!hook) {
-        return;
-    }
-    try {
-        lock_event e;
-        e.type = event_type::lost;
-        e.kind = kind;
-        e.name = name;
-        e.held = held;
-        e.reason = reason;
-        hook(e);
-    } catch (...) {
-    }
 }
 
 }  // namespace redislock::detail

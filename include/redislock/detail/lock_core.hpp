@@ -176,8 +176,7 @@ inline std::stop_token stopped_token() {
 template <connection C>
 struct tracked_lease {
     steady::time_point valid_until{};
-    steady::time_point
-        acquired_at{};  // when the granting attempt was sent: hold times count from it
+    steady::time_point acquired_at{};  // its grant was sent then: hold times count from it
     lock_kind kind = lock_kind::none;  // what its events say it is
     bool lost = false;                 // told through on_lost and the stop source
     bool renewal_stopped = false;      // the watchdog stopped while it was renewed
@@ -419,19 +418,26 @@ private:
         const auto held = hook ? micros_since(m.acquired_at) : std::chrono::microseconds{};
         return [hook, on_lost = st.options.on_lost, told = st.options.on_lost_reason,
                 name = st.name, kind = m.kind, reason, held, failed = m.renewed && !m.shutdown] {
-            if (hook && failed) {
-                try {
+            if (failed) {
+                emit_to(hook, [&] {
                     lock_event e;
                     e.type = event_type::renewal_failed;
                     e.kind = kind;
                     e.name = name;
                     e.reason = reason;
                     e.detail = "no renewal was confirmed before the local deadline";
-                    hook(e);
-                } catch (...) {
-                }
+                    return e;
+                });
             }
-            emit_lost(hook, kind, name, reason, held);
+            emit_to(hook, [&] {
+                lock_event e;
+                e.type = event_type::lost;
+                e.kind = kind;
+                e.name = name;
+                e.reason = reason;
+                e.held = held;
+                return e;
+            });
             if (on_lost) {
                 on_lost();
             }
