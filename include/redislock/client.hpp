@@ -4,6 +4,8 @@
 //   redislock::client client{"redis://127.0.0.1:6379"};
 //   auto m = client.mutex("orders:42", {.lease = 5s});
 //
+//   redislock::client observed{"redis://127.0.0.1:6379", {.on_event = hook}};  // events.hpp
+//
 // Thread safety: every member may be called from any thread.
 // Lifetime: not copyable or movable. Locks share the client's machinery (connection, watchdog,
 // loss timer, reaper), so a lock may outlive its client and is still renewed, told of its loss
@@ -23,8 +25,10 @@
 #include <type_traits>
 #include <utility>
 
+#include <redislock/client_options.hpp>
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/events.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/mutex.hpp>
 #include <redislock/recursive_mutex.hpp>
@@ -44,7 +48,7 @@ public:
 
     /// Takes ownership of a ready connection.
     explicit basic_client(C conn)
-        : core_{std::make_shared<detail::client_core<C>>(std::move(conn))} {}
+        : core_{std::make_shared<detail::client_core<C>>(client_options{}, std::move(conn))} {}
 
     /// Builds the connection in place from its constructor's arguments, e.g. a URI or an
     /// endpoint for hiredis_connection.
@@ -54,7 +58,16 @@ public:
     requires(sizeof...(Args) > 0 && std::constructible_from<C, Args...> &&
              !(sizeof...(Args) == 1 && (std::same_as<std::remove_cvref_t<Args>, basic_client> ||
                                         ...))) explicit basic_client(Args&&... args)
-        : core_{std::make_shared<detail::client_core<C>>(std::forward<Args>(args)...)} {}
+        : core_{std::make_shared<detail::client_core<C>>(client_options{},
+                                                         std::forward<Args>(args)...)} {}
+
+    /// Builds the connection from `arg` (a ready connection, a URI, an endpoint) and takes
+    /// `options`: `redislock::client c{uri, {.on_event = hook}}`.
+    /// @throws whatever C's constructor throws.
+    template <class Arg>
+    requires std::constructible_from<C, Arg> basic_client(Arg&& arg, client_options options)
+        : core_{std::make_shared<detail::client_core<C>>(std::move(options),
+                                                         std::forward<Arg>(arg))} {}
 
     basic_client(const basic_client&) = delete;
     basic_client& operator=(const basic_client&) = delete;

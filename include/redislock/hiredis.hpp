@@ -7,6 +7,8 @@
 // millisecond or more is checked before it is reused (one poll(2)), so a client the server killed
 // while it sat idle does not fail the next call. Contexts reused sooner skip the check: a busy
 // loop pays no extra system call, and a kill that lands within that millisecond fails one call.
+// A context opened to replace one that broke (or that the server closed while idle) is told to
+// the reconnect handler (set_reconnect_handler), which a client turns into a reconnected event.
 //
 // TLS (rediss://): available when the program is built with REDISLOCK_HAVE_TLS, which the CMake
 // package defines when it finds hiredis >= 1.0 with hiredis_ssl and OpenSSL (redislock_TLS_FOUND).
@@ -37,6 +39,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -286,7 +289,7 @@ public:
     /// @throws redislock::connection_error, redislock::timeout_error
     reply execute(command argv) {
         pool& p = this_pool();
-        auto ctx = p.acquire();
+        auto ctx = take();
         detail::argv_buffer args{argv};
         detail::hiredis_reply_ptr raw{
             redisCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths())};
@@ -336,7 +339,7 @@ public:
             return results;
         }
         results.reserve(commands.size());
-        auto ctx = this_pool().acquire();
+        auto ctx = take();
         for (command argv : commands) {
             detail::argv_buffer args{argv};
             if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
@@ -368,7 +371,7 @@ public:
         ~call() {
             if (ctx_) {
                 ctx_.reset();
-                pool_->discard();
+                pool_->discard(true);  // unanswered: its late replies must never be read
             }
         }
 
@@ -429,7 +432,7 @@ public:
         void end_failed() {
             const std::string why = ctx_->errstr;
             ctx_.reset();
-            pool_->discard();
+            pool_->discard(true);
             error_ = "redislock: connection to " + pool_->config.describe() +
                      " failed: " + (why.empty() ? "connection closed" : why);
         }
@@ -485,7 +488,30 @@ public:
                                                                  config().describe());
     }
 
+    /// Calls `handler` with the server's description each time the pool opens a context to
+    /// replace one that broke (a failed or timed-out call, or one the server closed while idle),
+    /// on the thread whose call opened it, with no internal lock held. Set it before the
+    /// connection is shared between threads. What it throws is dropped.
+    void set_reconnect_handler(std::function<void(std::string_view server)> handler) {
+        on_reconnect_ = std::move(handler);
+    }
+
 private:
+    // A context from the pool; tells the reconnect handler when it replaces a broken one.
+    detail::context_ptr take(std::chrono::steady_clock::time_point deadline =
+                                 std::chrono::steady_clock::time_point::max(),
+                             const std::stop_token* stop = nullptr) {
+        bool reopened = false;
+        auto ctx = this_pool().acquire(deadline, stop, &reopened);
+        if (reopened && on_reconnect_) {
+            try {
+                on_reconnect_(this_pool().config.describe());
+            } catch (...) {
+            }
+        }
+        return ctx;
+    }
+
     static bool bounded(const call_context& how) noexcept {
         return how.deadline != std::chrono::steady_clock::time_point::max() ||
                (how.stop != nullptr && how.stop->stop_possible());
@@ -500,7 +526,7 @@ private:
         const auto deadline =
             std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
         check_stop(how);
-        auto ctx = this_pool().acquire(deadline, how.stop);
+        auto ctx = take(deadline, how.stop);
         for (command argv : commands) {
             detail::argv_buffer args{argv};
             if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
@@ -554,7 +580,7 @@ private:
             }
             const auto left = deadline - steady_clock::now();
             if (left <= steady_clock::duration::zero()) {
-                drop(std::move(ctx));
+                drop(std::move(ctx), true);
                 throw timeout_error{"redislock: " + this_pool().config.describe() +
                                     " did not answer in time"};
             }
@@ -571,15 +597,16 @@ private:
                 fail(std::move(ctx));
             }
             if (how.stop != nullptr && how.stop->stop_requested()) {
-                drop(std::move(ctx));
+                drop(std::move(ctx), false);
                 check_stop(how);
             }
         }
     }
 
-    void drop(detail::context_ptr ctx) noexcept {
+    // Closes a context given up mid-reply: `broken` when the server failed to answer in time.
+    void drop(detail::context_ptr ctx, bool broken) noexcept {
         ctx.reset();
-        this_pool().discard();
+        this_pool().discard(broken);
     }
 
 public:
@@ -617,6 +644,7 @@ private:
         };
         std::vector<idle_context> idle;  // most recently used last
         std::size_t open_count = 0;      // idle + in use
+        std::size_t broken = 0;          // contexts that broke and were not replaced yet
         std::atomic<std::uint64_t> opened{0};
         std::atomic<std::uint64_t> round_trips{0};
 
@@ -625,9 +653,9 @@ private:
         }
 
         // Waits for a free slot no longer than the connect plus command timeouts, `deadline`, or
-        // until *stop is requested.
+        // until *stop is requested. Sets *reopened when the context replaces a broken one.
         detail::context_ptr acquire(std::chrono::steady_clock::time_point deadline,
-                                    const std::stop_token* stop) {
+                                    const std::stop_token* stop, bool* reopened = nullptr) {
             std::unique_lock lock{mutex};
             for (;;) {
                 while (!idle.empty()) {
@@ -638,15 +666,27 @@ private:
                         return std::move(entry.ctx);
                     }
                     --open_count;  // closed by the server while idle: drop it and try the next
+                    ++broken;
                 }
                 if (open_count < config.pool_size) {
                     ++open_count;
+                    const bool replaces = broken > 0;
+                    if (replaces) {
+                        --broken;
+                    }
                     lock.unlock();
                     try {
-                        return open(deadline);
+                        auto ctx = open(deadline);
+                        if (reopened != nullptr) {
+                            *reopened = replaces;
+                        }
+                        return ctx;
                     } catch (...) {
                         lock.lock();
                         --open_count;
+                        if (replaces) {
+                            ++broken;
+                        }
                         slot_freed.notify_one();
                         throw;
                     }
@@ -682,10 +722,14 @@ private:
             slot_freed.notify_one();
         }
 
-        void discard() noexcept {
+        // Forgets a context that was closed; `broken` when it failed rather than was given up.
+        void discard(bool broken_context) noexcept {
             {
                 std::lock_guard lock{mutex};
                 --open_count;
+                if (broken_context) {
+                    ++broken;
+                }
             }
             slot_freed.notify_one();
         }
@@ -810,7 +854,7 @@ private:
         const bool timed_out = is_timeout(*ctx);
         std::string why = ctx->errstr;
         ctx.reset();
-        this_pool().discard();
+        this_pool().discard(true);
         if (timed_out) {
             throw timeout_error{"redislock: " + this_pool().config.describe() +
                                 " did not answer within " +
@@ -836,6 +880,7 @@ private:
     }
 
     std::unique_ptr<detail::per_process<pool>> pool_;
+    std::function<void(std::string_view)> on_reconnect_;
 };
 
 static_assert(pipelining_connection<hiredis_connection>);

@@ -5,6 +5,8 @@
 #include <functional>
 #include <string>
 
+#include <redislock/events.hpp>
+
 namespace redislock {
 
 /// Options of one lock object, given to client.mutex(), client.recursive_mutex() or
@@ -20,8 +22,9 @@ struct lock_options {
     bool fencing = false;
 
     /// Called once when a held lock is found lost: expired, deleted, or taken by another holder.
-    /// Called from the thread that found out (a lock call, or the watchdog thread), never while
-    /// the library holds an internal lock, so it may call back into the lock. Must not throw.
+    /// Called from the thread that found out (a lock call, the watchdog thread, or the loss
+    /// timer's thread), never while the library holds an internal lock, so it may call back into
+    /// the lock. Must not throw. on_lost_reason (below) is its sibling that is told why.
     std::function<void()> on_lost{};
 
     /// Waiting: exponential backoff with full jitter, from backoff_min doubling up to
@@ -56,6 +59,11 @@ struct lock_options {
     /// How long WAIT waits for the replicas; must be positive and below the lease when
     /// min_replicas > 0 (WAIT with 0 would block for ever).
     std::chrono::milliseconds replica_timeout{100};
+
+    /// As on_lost, and told why (the reason the client's lost event carries, see events.hpp).
+    /// When both are set, on_lost runs first, then this, once each per loss, on the same thread
+    /// and under the same rules. Not yet called by redlock_mutex.
+    std::function<void(loss_reason)> on_lost_reason{};
 };
 
 /// The longest lease accepted: 2^40 ms, about 34 years (the steady clock and PX both hold it).

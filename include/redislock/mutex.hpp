@@ -18,6 +18,9 @@
 // Loss: told no later than the local conservative deadline (remaining() reaching zero) when no
 // renewal was confirmed by then — through owned(), lost_token() and on_lost, once — whatever a
 // round trip blocked on a stalled connection is doing.
+// Events: with a client event hook (client_options::on_event) a lock call that takes the lock
+// reports acquired, each attempt that finds it held contended, unlock() released, and a loss
+// lost with its reason (see events.hpp).
 // Faults: an acquisition whose reply comes back after its lease ran out is released and counts
 // as a failed attempt; one abandoned mid-flight (deadline, stop request, broken connection) and
 // a release that could not be finished are cleaned up by the client's reaper once the server
@@ -53,6 +56,7 @@
 #include <redislock/detail/scripts.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/error.hpp>
+#include <redislock/events.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
@@ -144,13 +148,14 @@ public:
         const reply r = detail::run_script(*state_->conn, detail::scripts::mutex_extend,
                                            std::array{std::string_view{state_->name}},
                                            std::array{token->view(), lease_text.view()},
-                                           call_context{{}, state_->core->untimed_deadline()});
+                                           call_context{{}, state_->core->untimed_deadline()},
+                                           &state_->core->events);
         if (r.is_integer() && r.as_integer() == 1) {
             tracker().extended(*token, sent, lease);
             return true;
         }
         throw_unless_not_ours(r, "extend");
-        tracker().lose(*token);
+        tracker().lose(*token, r.is_error() ? loss_reason::server_lost : loss_reason::taken);
         return false;
     }
 
@@ -190,12 +195,15 @@ public:
         const auto deadline = state_->core->untimed_deadline();
         const std::array<std::string_view, 2> get{"GET", state_->name};
         const reply r = detail::execute(*state_->conn, get, call_context{state_->name, deadline});
-        if (r.is_string() && r.text() == token->view() &&
-            detail::serves_as_master(*state_->conn, state_->name, deadline)) {
+        const bool ours = r.is_string() && r.text() == token->view();
+        if (ours && detail::serves_as_master(*state_->conn, state_->name, deadline)) {
             return true;
         }
         throw_unless_not_ours(r, "verify");
-        tracker().lose(*token);
+        // Another holder's token says taken; no key, another type or a demoted master says the
+        // server lost it.
+        tracker().lose(*token,
+                       r.is_string() && !ours ? loss_reason::taken : loss_reason::server_lost);
         return false;
     }
 
@@ -259,7 +267,8 @@ private:
             }
         }
         const lock_options& opts = state_->options;
-        return detail::acquire_in_line(
+        detail::wait_tally tally;
+        const bool acquired = detail::acquire_in_line(
             *state_,
             [this](const call_context& how, const detail::queue_place& place) {
                 return attempt(how, place);
@@ -268,7 +277,9 @@ private:
             // A fenced acquisition draws its token, and one that waits for replicas checks
             // WAIT, in its own round trip: neither can be handed over.
             detail::line_options{.simple = true,
-                                 .handed = !opts.fencing && opts.min_replicas == 0},
+                                 .handed = !opts.fencing && opts.min_replicas == 0,
+                                 .kind = lock_kind::mutex,
+                                 .tally = &tally},
             [this](const detail::token& token, detail::steady::time_point since) {
                 if (detail::steady::now() >= detail::valid_until(since, state_->options.lease)) {
                     return false;
@@ -276,6 +287,10 @@ private:
                 on_acquired(token, since, 0);
                 return true;
             });
+        if (acquired) {
+            detail::report_acquired(*state_, lock_kind::mutex, tally);
+        }
+        return acquired;
     }
 
     // One acquisition attempt: std::nullopt when acquired, else how long to wait at most.
@@ -314,7 +329,7 @@ private:
                     std::array{token.view(), state_->lease_text.view(),
                                std::string_view{opts.fencing ? "1" : "0"}, place.waiter,
                                place.keep()},
-                    how, opts.min_replicas, opts.replica_timeout);
+                    how, opts.min_replicas, opts.replica_timeout, &state_->core->events);
                 replicas = acks;
                 if (r.is_error()) {
                     detail::throw_reply_error(r, "lock", state_->name);
@@ -363,12 +378,15 @@ private:
             state_->holder = std::this_thread::get_id();
             state_->generation = detail::current_fork_generation();
             state_->lease.valid_until = detail::valid_until(sent, state_->options.lease);
+            state_->lease.acquired_at = sent;
+            state_->lease.kind = lock_kind::mutex;
             state_->fence = fence;
         }
         tracker().end(previous_lease);
         if (previous) {
             previous_lease.lost_source.request_stop();
-            detail::call_on_lost(state_->options);
+            detail::report_loss(*state_, lock_kind::mutex, loss_reason::taken,
+                                previous_lease.acquired_at);
         }
         try {
             tracker().start(token, sent, &detail::scripts::mutex_extend, {state_->name},
@@ -403,7 +421,7 @@ private:
                 st.core->connection, detail::scripts::mutex_release,
                 std::array<std::string_view, 3>{st.name, st.queue_key, st.lapse_key},
                 std::array<std::string_view, 3>{token.view(), st.channel, st.grace_text.view()},
-                call_context{{}, deadline});
+                call_context{{}, deadline}, &st.core->events);
             if (r.is_integer()) {
                 switch (r.as_integer()) {
                     case 1:
@@ -434,19 +452,29 @@ private:
             case release_outcome::handed_on:
                 st->core->waiting->gates.note_contention(st->name,
                                                          outcome == release_outcome::handed_on);
+                if (!g.lease.lost) {
+                    detail::report_release(*st, g.lease);
+                }
                 return {};
             case release_outcome::not_ours:
                 if (!g.lease.lost) {
                     std::stop_source source = g.lease.lost_source;
                     source.request_stop();
-                    detail::call_on_lost(st->options);
+                    detail::report_loss(*st, lock_kind::mutex, loss_reason::taken,
+                                        g.lease.acquired_at);
                 }
                 return errc::lock_lost;
             case release_outcome::unreachable:
                 hand_to_reaper(st, g.token, g.lease.valid_until + st->options.lease);
+                if (!g.lease.lost) {
+                    detail::report_release(*st, g.lease, "no answer: left to the reaper");
+                }
                 return errc::connection_failed;
             case release_outcome::refused:
                 hand_to_reaper(st, g.token, g.lease.valid_until + st->options.lease);
+                if (!g.lease.lost) {
+                    detail::report_release(*st, g.lease, "refused: left to the reaper");
+                }
                 return {static_cast<int>(errc::server_failed), error_category()};
         }
         return errc::connection_failed;

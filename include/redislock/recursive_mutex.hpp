@@ -26,6 +26,8 @@
 // lost_token() and on_lost. A wait with time left rides out transient failures.
 // With lock_options::watchdog the lease is renewed from the first entry through this object
 // until the last one is left (see watchdog.hpp).
+// Events (client_options::on_event): acquired for a first entry through this object, released
+// when its last entry is left; re-entries and inner releases report nothing (see events.hpp).
 // Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
 // moved-from object behaves as a lock never held (lock calls throw redislock::invalid_argument).
 // Destroying a held lock leaves every entry made through it.
@@ -58,6 +60,7 @@
 #include <redislock/detail/scripts.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/error.hpp>
+#include <redislock/events.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
@@ -136,7 +139,7 @@ public:
         if (last) {
             tracker().end(ended);
         }
-        ec = leave(entry, entries, last, ended.valid_until, ended.lost);
+        ec = leave(entry, entries, last, ended);
     }
 
     /// Sets the lease to `lease` from now if the lock is still ours.
@@ -156,13 +159,13 @@ public:
             *state_->conn, detail::scripts::recursive_extend,
             std::array{std::string_view{state_->name}},
             std::array<std::string_view, 3>{entry->owner, lease_text.view(), entry->acquisition},
-            call_context{{}, state_->core->untimed_deadline()});
+            call_context{{}, state_->core->untimed_deadline()}, &state_->core->events);
         if (r.is_integer() && r.as_integer() == 1) {
             tracker().extended(entry->epoch, sent, lease);
             return true;
         }
         throw_unless_not_ours(r, "extend");
-        tracker().lose(entry->epoch);
+        tracker().lose(entry->epoch, r.is_error() ? loss_reason::server_lost : loss_reason::taken);
         return false;
     }
 
@@ -210,12 +213,15 @@ public:
         const auto deadline = state_->core->untimed_deadline();
         const std::array<std::string_view, 3> hget{"HGET", state_->name, id_field};
         const reply r = detail::execute(*state_->conn, hget, call_context{state_->name, deadline});
-        if (r.is_string() && r.text() == entry->acquisition &&
-            detail::serves_as_master(*state_->conn, state_->name, deadline)) {
+        const bool ours = r.is_string() && r.text() == entry->acquisition;
+        if (ours && detail::serves_as_master(*state_->conn, state_->name, deadline)) {
             return true;
         }
         throw_unless_not_ours(r, "verify");
-        tracker().lose(entry->epoch);
+        // Another acquisition of the owner says taken; no entry, another type or a demoted
+        // master says the server lost it.
+        tracker().lose(entry->epoch,
+                       r.is_string() && !ours ? loss_reason::taken : loss_reason::server_lost);
         return false;
     }
 
@@ -304,19 +310,28 @@ private:
         checked();
         const std::string owner = state_->caller_owner();
         // Always a possible re-entry: the owner may hold through another object.
-        return detail::acquire_in_line(
+        detail::wait_tally tally;
+        bool first_entry = false;
+        const bool acquired = detail::acquire_in_line(
             *state_,
             [&](const call_context& how, const detail::queue_place& place) {
-                return attempt(owner, detail::token::random(), how, place);
+                return attempt(owner, detail::token::random(), how, place, first_entry);
             },
-            deadline, stop, detail::line_options{.reentry = true});
+            deadline, stop,
+            detail::line_options{
+                .reentry = true, .kind = lock_kind::recursive_mutex, .tally = &tally});
+        if (acquired && first_entry) {
+            detail::report_acquired(*state_, lock_kind::recursive_mutex, tally);
+        }
+        return acquired;
     }
 
-    // One attempt: std::nullopt when acquired or re-entered, else how long to wait at most.
+    // One attempt: std::nullopt when acquired or re-entered (`first_entry` says which), else how
+    // long to wait at most.
     std::optional<detail::holder_ttl> attempt(const std::string& owner,
                                               const detail::token& candidate,
                                               const call_context& how,
-                                              const detail::queue_place& place) {
+                                              const detail::queue_place& place, bool& first_entry) {
         bool outermost = false;
         std::string given_up;
         {
@@ -341,7 +356,8 @@ private:
                                                 state_->options.fencing ? "1" : "0",
                                                 candidate.view(), outermost ? "1" : "0", given_up,
                                                 place.waiter, place.keep()},
-                attempt_how, state_->options.min_replicas, state_->options.replica_timeout);
+                attempt_how, state_->options.min_replicas, state_->options.replica_timeout,
+                &state_->core->events);
             r = std::move(acknowledged.value);
             replicas = acknowledged.replicas;
         } catch (const error& e) {
@@ -381,11 +397,12 @@ private:
             abandon(owner, acquisition, sent + state_->options.lease);  // granted too late
             return detail::holder_ttl{0};
         }
-        on_entered(owner, status, value, acquisition, sent);
+        first_entry = on_entered(owner, status, value, acquisition, sent);
         return std::nullopt;
     }
 
-    void on_entered(const std::string& owner, std::int64_t status, std::int64_t fence,
+    // Counts an entry in; true when it is the first through this object.
+    bool on_entered(const std::string& owner, std::int64_t status, std::int64_t fence,
                     const std::string& acquisition, detail::steady::time_point sent) {
         bool previous_lost = false;
         std::optional<std::uint64_t> first_entry;
@@ -417,6 +434,8 @@ private:
                 state_->uncertain = 0;
                 state_->fence = fence;
                 state_->lease.valid_until = detail::valid_until(sent, state_->options.lease);
+                state_->lease.acquired_at = sent;
+                state_->lease.kind = lock_kind::recursive_mutex;
             }
             ++state_->depth;
         }
@@ -426,7 +445,8 @@ private:
         tracker().end(previous);
         if (previous_lost) {
             previous.lost_source.request_stop();
-            detail::call_on_lost(state_->options);
+            detail::report_loss(*state_, lock_kind::recursive_mutex, loss_reason::taken,
+                                previous.acquired_at);
         }
         if (first_entry) {
             try {
@@ -439,6 +459,7 @@ private:
                 throw;
             }
         }
+        return first_entry.has_value();
     }
 
     // Remembers an acquisition whose entry may be in Redis though this object does not hold it,
@@ -464,7 +485,7 @@ private:
             std::array<std::string_view, 3>{st.name, st.queue_key, st.lapse_key},
             std::array<std::string_view, 6>{entry.owner, count.view(), lease_text, st.channel,
                                             entry.acquisition, st.grace_text.view()},
-            how);
+            how, &st.core->events);
         if (r.is_integer() && r.as_integer() >= 1) {
             st.core->waiting->gates.note_contention(st.name, r.as_integer() == 2);
         }
@@ -494,32 +515,43 @@ private:
     }
 
     // Leaves `entries` entries of `entry` in Redis; the caller has already counted them out.
+    // `ended` is the acquisition's lease when these are its last entries (else unused).
     std::error_code leave(const held& entry, std::size_t entries, bool last,
-                          detail::steady::time_point valid_until, bool reported) noexcept {
+                          const detail::tracked_lease<C>& ended) noexcept {
         reply r;
         try {
             r = leave_once(*state_, state_->lease_text.view(), entry, entries,
                            state_->core->untimed_deadline());
         } catch (...) {
-            not_finished(entry, entries, last, valid_until);
+            not_finished(entry, entries, last, ended.valid_until);
+            if (last && !ended.lost) {
+                detail::report_release(*state_, ended, "no answer: left to the reaper");
+            }
             return errc::connection_failed;
         }
         if (!r.is_integer()) {
-            not_finished(entry, entries, last, valid_until);
+            not_finished(entry, entries, last, ended.valid_until);
+            if (last && !ended.lost) {
+                detail::report_release(*state_, ended, "refused: left to the reaper");
+            }
             return detail::server_failure(r);
         }
         if (r.as_integer() >= 0) {
+            if (last && !ended.lost) {
+                detail::report_release(*state_, ended);
+            }
             return {};
         }
         // The entries were gone: every entry of that acquisition is lost.
         if (!last) {
-            tracker().lose(entry.epoch);
+            tracker().lose(entry.epoch, loss_reason::taken);
             std::lock_guard guard{state_->mutex};
             if (state_->epoch == entry.epoch && state_->depth > 0) {
                 state_->depth = 0;
             }
-        } else if (!reported) {
-            detail::call_on_lost(state_->options);
+        } else if (!ended.lost) {
+            detail::report_loss(*state_, lock_kind::recursive_mutex, loss_reason::taken,
+                                ended.acquired_at);
         }
         return errc::lock_lost;
     }
@@ -571,7 +603,7 @@ private:
         }
         tracker().end(ended);
         if (entries > 0) {
-            (void)leave(entry, entries, true, ended.valid_until, ended.lost);
+            (void)leave(entry, entries, true, ended);
         }
     }
 

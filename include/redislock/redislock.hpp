@@ -4,10 +4,12 @@
 #pragma once
 
 #include <redislock/client.hpp>
+#include <redislock/client_options.hpp>
 #include <redislock/cluster.hpp>
 #include <redislock/connection.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
+#include <redislock/events.hpp>
 #include <redislock/hiredis.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/mutex.hpp>

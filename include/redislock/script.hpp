@@ -3,7 +3,7 @@
 // Every script is embedded in detail/scripts.hpp (generated from lua/*.lua) with the SHA1 that
 // Redis computes for it, so no digest is ever computed at run time. A call sends EVALSHA; when
 // the server answers NOSCRIPT (after a restart, SCRIPT FLUSH or failover) it sends SCRIPT LOAD
-// and retries once.
+// and retries once, and tells a client's event hook (script_reloaded) when given its sink.
 #pragma once
 
 #include <array>
@@ -16,7 +16,9 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/event_sink.hpp>
 #include <redislock/error.hpp>
+#include <redislock/events.hpp>
 #include <redislock/reply.hpp>
 
 namespace redislock {
@@ -54,15 +56,37 @@ std::array<std::string_view, 3 + KeyCount + ArgCount> evalsha_argv(
     return argv;
 }
 
+/// Sends SCRIPT LOAD of `s` as `how` says, after a NOSCRIPT; tells `events` (when not null).
+/// @throws as the connection; redislock::server_error if SCRIPT LOAD is refused.
+template <connection C>
+void reload_script(C& conn, const script& s, const call_context& how, const event_sink* events) {
+    const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", s.source};
+    reply loaded = detail::execute(conn, load, how);
+    if (loaded.is_error()) {
+        throw server_error{"redislock: SCRIPT LOAD of " + std::string{s.name} +
+                           " was refused: " + loaded.text()};
+    }
+    if (events != nullptr) {
+        events->emit([&] {
+            lock_event e;
+            e.type = event_type::script_reloaded;
+            e.name = how.key;
+            e.detail = s.name;
+            return e;
+        });
+    }
+}
+
 /// Runs `s` with EVALSHA over `keys` then `args`; loads it and retries once on NOSCRIPT.
 /// `how` carries the deadline and stop token; its key is set to keys[0] (the node that runs the
-/// script is the node that must load it). Returns the script's reply, which may be an error
-/// reply raised by the script itself.
+/// script is the node that must load it). A reload is told to `events` when not null. Returns
+/// the script's reply, which may be an error reply raised by the script itself.
 /// @throws redislock::connection_error; redislock::server_error if SCRIPT LOAD is refused;
 ///         redislock::cancelled_error on a stop request.
 template <connection C, std::size_t KeyCount, std::size_t ArgCount>
 reply run_script(C& conn, const script& s, const std::array<std::string_view, KeyCount>& keys,
-                 const std::array<std::string_view, ArgCount>& args, call_context how = {}) {
+                 const std::array<std::string_view, ArgCount>& args, call_context how = {},
+                 const event_sink* events = nullptr) {
     const auto argv = evalsha_argv(s, keys, args);
     if constexpr (KeyCount > 0) {
         how.key = keys[0];
@@ -71,12 +95,7 @@ reply run_script(C& conn, const script& s, const std::array<std::string_view, Ke
     if (!r.is_error_code("NOSCRIPT")) {
         return r;
     }
-    const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", s.source};
-    reply loaded = detail::execute(conn, load, how);
-    if (loaded.is_error()) {
-        throw server_error{"redislock: SCRIPT LOAD of " + std::string{s.name} +
-                           " was refused: " + loaded.text()};
-    }
+    reload_script(conn, s, how, events);
     return detail::execute(conn, argv, how);
 }
 
@@ -125,9 +144,10 @@ acknowledged_reply run_script_acknowledged(C& conn, const script& s,
                                            const std::array<std::string_view, KeyCount>& keys,
                                            const std::array<std::string_view, ArgCount>& args,
                                            call_context how, int min_replicas,
-                                           std::chrono::milliseconds timeout) {
+                                           std::chrono::milliseconds timeout,
+                                           const event_sink* events = nullptr) {
     if (min_replicas <= 0) {
-        return {run_script(conn, s, keys, args, how), -1};
+        return {run_script(conn, s, keys, args, how, events), -1};
     }
     static_assert(KeyCount > 0, "a write to acknowledge touches a key");
     const auto argv = evalsha_argv(s, keys, args);
@@ -136,12 +156,7 @@ acknowledged_reply run_script_acknowledged(C& conn, const script& s,
     if (!r.value.is_error_code("NOSCRIPT")) {
         return r;
     }
-    const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", s.source};
-    reply loaded = detail::execute(conn, load, how);
-    if (loaded.is_error()) {
-        throw server_error{"redislock: SCRIPT LOAD of " + std::string{s.name} +
-                           " was refused: " + loaded.text()};
-    }
+    reload_script(conn, s, how, events);
     return execute_acknowledged(conn, argv, how, min_replicas, timeout);
 }
 

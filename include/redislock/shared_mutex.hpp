@@ -37,6 +37,9 @@
 // conservative deadline through owned(), lost_token() and on_lost.
 // With lock_options::watchdog each held mode of each owner is renewed from its first entry
 // through this object until its last one is left (see watchdog.hpp).
+// Events (client_options::on_event): acquired for each mode's first entry through this object
+// (lock_kind::shared_mutex_write or shared_mutex_read), released when its last entry is left;
+// re-entries and inner releases report nothing (see events.hpp).
 // Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
 // moved-from object behaves as a lock never held (lock calls throw redislock::invalid_argument).
 // Destroying the object leaves every entry made through it.
@@ -72,6 +75,7 @@
 #include <redislock/detail/scripts.hpp>
 #include <redislock/detail/wait.hpp>
 #include <redislock/error.hpp>
+#include <redislock/events.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
@@ -253,6 +257,10 @@ private:
         return kind == mode::read ? std::string_view{"r"} : std::string_view{"w"};
     }
 
+    static lock_kind kind_of(mode kind) {
+        return kind == mode::read ? lock_kind::shared_mutex_read : lock_kind::shared_mutex_write;
+    }
+
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
         return acquire(mode::write, deadline, stop);
     }
@@ -273,12 +281,22 @@ private:
         // A reader asking to write is refused by the script ({-1, 0}), not here: only the server
         // knows whether this owner also writes through another object (then it re-enters), which
         // makes every acquisition a possible re-entry.
-        return detail::acquire_in_line(
+        detail::wait_tally tally;
+        bool first_entry = false;
+        const bool acquired = detail::acquire_in_line(
             *state_,
             [&](const call_context& how, const detail::queue_place& place) {
-                return attempt(owner, kind, detail::token::random(), how, place);
+                return attempt(owner, kind, detail::token::random(), how, place, first_entry);
             },
-            deadline, stop, detail::line_options{.reader = kind == mode::read, .reentry = true});
+            deadline, stop,
+            detail::line_options{.reader = kind == mode::read,
+                                 .reentry = true,
+                                 .kind = kind_of(kind),
+                                 .tally = &tally});
+        if (acquired && first_entry) {
+            detail::report_acquired(*state_, kind_of(kind), tally);
+        }
+        return acquired;
     }
 
     [[noreturn]] void throw_upgrade() const {
@@ -288,10 +306,13 @@ private:
                                     "unlock_shared() first"};
     }
 
+    // One attempt: std::nullopt when acquired or re-entered (`first_entry_out` says which), else
+    // how long to wait at most.
     std::optional<detail::holder_ttl> attempt(const std::string& owner, mode kind,
                                               const detail::token& candidate,
                                               const call_context& how,
-                                              const detail::queue_place& place) {
+                                              const detail::queue_place& place,
+                                              bool& first_entry_out) {
         bool outermost = false;
         std::string given_up;
         {
@@ -320,7 +341,8 @@ private:
                     owner, mode_text(kind), state_->lease_text.view(),
                     kind == mode::write && state_->options.fencing ? "1" : "0", place.waiter,
                     candidate.view(), outermost ? "1" : "0", given_up, place.keep()},
-                attempt_how, state_->options.min_replicas, state_->options.replica_timeout);
+                attempt_how, state_->options.min_replicas, state_->options.replica_timeout,
+                &state_->core->events);
             r = std::move(acknowledged.value);
             replicas = acknowledged.replicas;
         } catch (const error& e) {
@@ -389,6 +411,8 @@ private:
             if (h->depth == 0 || h->lease.lost) {
                 previous = std::exchange(h->lease, {});
                 h->lease.valid_until = detail::valid_until(sent, state_->options.lease);
+                h->lease.acquired_at = sent;
+                h->lease.kind = kind_of(kind);
                 h->depth = 0;
                 h->uncertain = 0;
                 h->fence = value;
@@ -408,7 +432,7 @@ private:
         tracker().end(previous);
         if (previous_lost) {
             previous.lost_source.request_stop();
-            notify_lost(*state_);
+            detail::report_loss(*state_, kind_of(kind), loss_reason::taken, previous.acquired_at);
         }
         if (first_entry) {
             try {
@@ -420,6 +444,7 @@ private:
                 throw;
             }
         }
+        first_entry_out = first_entry.has_value();
         return std::nullopt;
     }
 
@@ -474,7 +499,7 @@ private:
             std::array<std::string_view, 3>{st.name, st.queue_key, st.lapse_key},
             std::array<std::string_view, 6>{ref.owner, mode_text(ref.kind), count.view(),
                                             st.channel, ref.acquisition, st.grace_text.view()},
-            how);
+            how, &st.core->events);
         if (r.is_integer() && r.as_integer() >= 1) {
             st.core->waiting->gates.note_contention(st.name, r.as_integer() == 2);
         }
@@ -517,7 +542,7 @@ private:
             count = entries;
         }
         tracker().end(ended);
-        return leave(ref, count, last, ended.valid_until);
+        return leave(ref, count, last, ended);
     }
 
     // Drops holds with no entries left. Needs state_->mutex.
@@ -533,40 +558,55 @@ private:
     // Leaves `entries` entries, already counted out locally, of the hold `ref` in Redis. A
     // hold's last release drops every entry of its acquisition, so a re-entry whose reply was
     // lost cannot keep it alive. A release whose outcome is unknown is given up: the reaper
-    // finishes it (an inner entry stays counted until the hold's last release).
+    // finishes it (an inner entry stays counted until the hold's last release). `last_lease` is
+    // the hold's lease when these are its last entries (else unused).
     std::error_code leave(const hold_ref& ref, std::size_t entries, bool last,
-                          detail::steady::time_point valid_until) noexcept {
+                          const detail::tracked_lease<C>& last_lease) noexcept {
+        const bool tell_release = last && !ref.reported;
         reply r;
         try {
             r = leave_once(*state_, ref, entries, state_->core->untimed_deadline());
         } catch (...) {
-            not_finished(ref, entries, last, valid_until);
+            not_finished(ref, entries, last, last_lease.valid_until);
+            if (tell_release) {
+                detail::report_release(*state_, last_lease, "no answer: left to the reaper");
+            }
             return errc::connection_failed;
         }
         // An error reply says nothing about ownership, except WRONGTYPE: the name now holds
         // another type, so our entries are gone.
         if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
-            not_finished(ref, entries, last, valid_until);
+            not_finished(ref, entries, last, last_lease.valid_until);
+            if (tell_release) {
+                detail::report_release(*state_, last_lease, "refused: left to the reaper");
+            }
             return detail::server_failure(r);
         }
         if (r.is_integer() && r.as_integer() >= 0) {
+            if (tell_release) {
+                detail::report_release(*state_, last_lease);
+            }
             return {};
         }
         // The entries were gone: every entry of that acquisition is lost.
         bool notify = !ref.reported;
+        auto acquired_at = last_lease.acquired_at;
         detail::tracked_lease<C> ended;
         {
             std::lock_guard guard{state_->mutex};
             if (hold* h = find_in(*state_, ref)) {
                 notify = notify && !h->lease.lost;
                 h->depth = 0;
+                acquired_at = h->lease.acquired_at;
                 ended = std::exchange(h->lease, {});
                 erase_released();
             }
         }
         tracker().end(ended);
         if (notify) {
-            notify_lost(*state_);
+            detail::report_loss(*state_, kind_of(ref.kind),
+                                r.is_error() ? loss_reason::server_lost : loss_reason::taken,
+                                acquired_at);
         }
         return errc::lock_lost;
     }
@@ -605,7 +645,8 @@ private:
             !detail::serves_as_master(*state_->conn, state_->name,
                                       state_->core->untimed_deadline())) {
             for (const hold_ref& ref : refs) {
-                tracker().lose(ref);  // a demoted master cannot vouch for any of them
+                // A demoted master cannot vouch for any of them.
+                tracker().lose(ref, loss_reason::server_lost);
             }
             return false;
         }
@@ -617,7 +658,7 @@ private:
                 std::array{std::string_view{state_->name}},
                 std::array<std::string_view, 4>{ref.owner, mode_text(ref.kind), lease_text.view(),
                                                 ref.acquisition},
-                call_context{{}, state_->core->untimed_deadline()});
+                call_context{{}, state_->core->untimed_deadline()}, &state_->core->events);
             if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
                 detail::throw_reply_error(r, "check", state_->name);
             }
@@ -626,13 +667,11 @@ private:
             if (held && lease > std::chrono::milliseconds::zero()) {
                 tracker().extended(ref, sent, lease);
             } else if (!held) {
-                tracker().lose(ref);
+                tracker().lose(ref, r.is_error() ? loss_reason::server_lost : loss_reason::taken);
             }
         }
         return all_held;
     }
-
-    static void notify_lost(state& st) noexcept { detail::call_on_lost(st.options); }
 
     void release_on_destruction() noexcept {
         if (!state_) {
@@ -654,7 +693,7 @@ private:
         }
         for (auto& [ref, entries, ended] : releases) {
             tracker().end(ended);
-            (void)leave(ref, entries, true, ended.valid_until);
+            (void)leave(ref, entries, true, ended);
         }
     }
 

@@ -11,7 +11,9 @@
 // library lock held (the handler may call unlock(), verify() or take other locks). A renewal
 // that fails on the network is retried while lease time is left, and reported lost once the
 // lease has surely run out. lock_options::max_hold caps how long a lock is kept alive: past it
-// renewals stop and the expiry is reported like a loss.
+// renewals stop and the expiry is reported like a loss. With a client event hook these show as
+// renewal_retried, renewal_failed and lost events (events.hpp), and a NOSCRIPT healed by the
+// watchdog as script_reloaded, all on the watchdog thread.
 //
 // Thread safety: every member may be called from any thread, including from on_lost handlers
 // on the watchdog thread. remove() waits for a renewal of that lease in flight to finish (unless
@@ -49,11 +51,13 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/event_sink.hpp>
 #include <redislock/detail/owned_thread.hpp>
 #include <redislock/detail/per_process.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/detail/wait.hpp>
 #include <redislock/error.hpp>
+#include <redislock/events.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
 
@@ -77,6 +81,14 @@ struct lease_renewal {
     int min_replicas = 0;
     /// How long each WAIT for replicas may take.
     std::chrono::milliseconds replica_timeout{};
+    /// As `lost`, told why: the reason, and what the renewal got (an error reply, "max_hold
+    /// reached"...), valid during the call. Called instead of `lost` when set.
+    std::function<void(loss_reason reason, std::string_view why)> lost_because{};
+    /// Called when a renewal got no answer or an error reply and will be sent again while the
+    /// lease lasts, with what it got.
+    std::function<void(std::string_view why)> retried{};
+    /// Called when stop() drops the lease while it is still registered: it is renewed no more.
+    std::function<void()> dropped{};
 };
 
 /// Counters for tests and benchmarks.
@@ -95,7 +107,8 @@ class watchdog_engine {
 public:
     using lease_id = std::uint64_t;
 
-    explicit watchdog_engine(C& conn) : conn_{&conn} {}
+    explicit watchdog_engine(C& conn, const event_sink* events = nullptr)
+        : conn_{&conn}, events_{events} {}
     watchdog_engine(const watchdog_engine&) = delete;
     watchdog_engine& operator=(const watchdog_engine&) = delete;
     ~watchdog_engine() { stop(); }
@@ -178,9 +191,11 @@ public:
         entries_.erase(it);
     }
 
-    /// Stops and joins the thread; drops every lease. Idempotent.
+    /// Stops and joins the thread; drops every lease, telling each through its `dropped`
+    /// callback. Idempotent.
     void stop() {
         owned_thread thread;
+        std::vector<std::function<void()>> dropped;
         {
             std::unique_lock lock{mutex_};
             stopped_ = true;
@@ -188,12 +203,20 @@ public:
             if (std::this_thread::get_id() != thread_id_) {
                 done_.wait(lock, [&] { return in_flight_.empty(); });
             }
+            for (auto& [id, e] : entries_) {
+                if (e.renewal.dropped && !e.cancelled) {
+                    dropped.push_back(std::move(e.renewal.dropped));
+                }
+            }
             entries_.clear();
             queue_.clear();
             thread = std::move(thread_);
         }
         wake_.notify_all();
         thread.end();  // from an on_lost handler: detached, the loop ends when it returns
+        for (auto& told : dropped) {
+            told();
+        }
     }
 
     std::size_t size() const {
@@ -228,7 +251,15 @@ private:
         std::array<std::string, 2> wait_text{};  // WAIT's arguments
     };
 
-    enum class outcome { renewed, lost, failed };
+    enum class outcome { renewed, not_ours, server_lost, failed };
+
+    // What one renewal came to, and for a failure what it got (empty: no reply).
+    struct result {
+        outcome what = outcome::failed;
+        std::string why{};
+
+        std::string_view told() const { return why.empty() ? "no reply" : std::string_view{why}; }
+    };
 
     void run() {
         std::unique_lock lock{mutex_};
@@ -248,7 +279,7 @@ private:
             lock.unlock();
             const auto cpu_before = thread_cpu_time();
             const auto sent = detail::steady::now();
-            std::vector<outcome> results = send(batch);
+            std::vector<result> results = send(batch);
             const auto replied = detail::steady::now();
             lock.lock();
             std::vector<callback> calls = settle(batch, results, sent, replied);
@@ -319,8 +350,8 @@ private:
         return j;
     }
 
-    std::vector<outcome> send(const std::vector<job>& batch) {
-        std::vector<outcome> results(batch.size(), outcome::failed);
+    std::vector<result> send(const std::vector<job>& batch) {
+        std::vector<result> results(batch.size());
         std::vector<std::size_t> pending;
         for (std::size_t i = 0; i < batch.size(); ++i) {
             if (!batch[i].argv.empty()) {
@@ -346,14 +377,17 @@ private:
         return results;
     }
 
-    static outcome classify(const reply& r) {
+    static result classify(const reply& r) {
         if (r.is_integer()) {
-            return r.as_integer() == 1 ? outcome::renewed : outcome::lost;
+            return r.as_integer() == 1 ? result{outcome::renewed}
+                                       : result{outcome::not_ours, "the lock is not ours"};
         }
         // WRONGTYPE: the name now holds something else, so ours is gone. READONLY: the node was
         // demoted to a replica, which cannot keep a lock for anyone. Other errors: retry.
-        return r.is_error_code("WRONGTYPE") || r.is_error_code("READONLY") ? outcome::lost
-                                                                           : outcome::failed;
+        if (r.is_error_code("WRONGTYPE") || r.is_error_code("READONLY")) {
+            return {outcome::server_lost, r.text()};
+        }
+        return {outcome::failed, r.is_error() ? r.text() : "an unexpected reply"};
     }
 
     // Empty result when the connection failed.
@@ -426,10 +460,22 @@ private:
         for (const auto& [s, key] : scripts) {
             try {
                 const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", s->source};
-                (void)detail::execute(
+                const reply loaded = detail::execute(
                     *conn_, load,
                     call_context{key, detail::steady::now() + std::chrono::seconds{1}, nullptr});
                 count(0, 1);  // a round trip like any other, so stats match the connection's
+                if (events_ != nullptr && !loaded.is_error()) {
+                    // Plain copies: clang 14 rejects lambdas that capture structured bindings.
+                    const std::string_view reloaded_for = key;
+                    const std::string_view script_name = s->name;
+                    events_->emit([&] {
+                        lock_event e;
+                        e.type = event_type::script_reloaded;
+                        e.name = reloaded_for;
+                        e.detail = script_name;
+                        return e;
+                    });
+                }
             } catch (...) {
             }
         }
@@ -444,7 +490,7 @@ private:
     using callback = std::pair<lease_id, std::function<void()>>;
 
     // Applies a batch's outcomes; returns the callbacks to run once the mutex is released.
-    std::vector<callback> settle(const std::vector<job>& batch, const std::vector<outcome>& results,
+    std::vector<callback> settle(const std::vector<job>& batch, const std::vector<result>& results,
                                  detail::steady::time_point sent,
                                  detail::steady::time_point replied) {
         std::vector<callback> calls;
@@ -463,20 +509,31 @@ private:
             }
             const auto lease = e.renewal.lease;
             const bool expired = replied >= surely_gone(e);
-            if (e.expiring || results[i] == outcome::lost ||
-                (results[i] == outcome::failed && expired)) {
-                if (e.renewal.lost) {
+            const outcome what = results[i].what;
+            if (e.expiring || what == outcome::not_ours || what == outcome::server_lost ||
+                (what == outcome::failed && expired)) {
+                if (e.renewal.lost_because) {
+                    calls.emplace_back(
+                        batch[i].id,
+                        [told = std::move(e.renewal.lost_because), reason = reason_of(what),
+                         why = why_lost(e, results[i])] { told(reason, why); });
+                } else if (e.renewal.lost) {
                     calls.emplace_back(batch[i].id, std::move(e.renewal.lost));
                 }
                 ++stats_.losses;
                 entries_.erase(it);
                 continue;
             }
-            if (results[i] == outcome::failed) {
+            if (what == outcome::failed) {
                 // Transient: try again soon, while the lease is still running.
                 const auto retry = std::clamp<detail::steady::duration>(
                     e.interval / 4, std::chrono::milliseconds{10}, std::chrono::seconds{1});
                 reschedule(batch[i].id, e, std::min(replied + retry, surely_gone(e)));
+                if (e.renewal.retried) {
+                    calls.emplace_back(batch[i].id,
+                                       [told = e.renewal.retried,
+                                        why = std::string{results[i].told()}] { told(why); });
+                }
                 continue;
             }
             e.confirmed_at = replied;
@@ -498,6 +555,28 @@ private:
         return calls;
     }
 
+    static loss_reason reason_of(outcome what) {
+        switch (what) {
+            case outcome::not_ours:
+                return loss_reason::taken;
+            case outcome::server_lost:
+                return loss_reason::server_lost;
+            default:
+                return loss_reason::expired;  // max_hold, or no renewal confirmed in time
+        }
+    }
+
+    static std::string why_lost(const entry& e, const result& r) {
+        if (e.expiring) {
+            return "max_hold reached";
+        }
+        if (r.what == outcome::failed) {
+            return "no renewal was confirmed before the lease ran out (" + std::string{r.told()} +
+                   ")";
+        }
+        return std::string{r.told()};
+    }
+
     // The lease surely ran out this long after the reply that last granted it.
     static detail::steady::time_point surely_gone(const entry& e) {
         const auto lease = e.renewal.lease;
@@ -516,6 +595,7 @@ private:
     }
 
     C* conn_;
+    const event_sink* events_;  // where script reloads are told; may be null
     mutable std::mutex mutex_;
     std::condition_variable wake_;  // the queue's head changed, or stop
     std::condition_variable done_;  // a batch finished its callbacks
@@ -541,8 +621,14 @@ public:
     using lease_id = std::uint64_t;
 
     /// Renews over `conn`, which must outlive the watchdog. The thread starts with the first lease.
-    explicit basic_watchdog(C& conn)
-        : engine_{[&conn] { return std::make_unique<detail::watchdog_engine<C>>(conn); }} {}
+    explicit basic_watchdog(C& conn) : basic_watchdog{conn, nullptr} {}
+
+    /// As above, telling script reloads to `events` (a client's), which must outlive the
+    /// watchdog; null tells nobody.
+    basic_watchdog(C& conn, const detail::event_sink* events)
+        : engine_{[&conn, events] {
+              return std::make_unique<detail::watchdog_engine<C>>(conn, events);
+          }} {}
     basic_watchdog(const basic_watchdog&) = delete;
     basic_watchdog& operator=(const basic_watchdog&) = delete;
 

@@ -1,16 +1,20 @@
-// What a client shares with the locks it made: the connection, the instance id, the watchdog
-// and the loss timer. Locks hold it by shared_ptr, so a lock that outlives its client
+// What a client shares with the locks it made: the event sink, the connection, the instance id,
+// the watchdog and the loss timer. Locks hold it by shared_ptr, so a lock that outlives its client
 // still releases, is still renewed and is still told of its loss: the machinery stops when the
 // last of them goes.
 #pragma once
 
 #include <chrono>
 #include <concepts>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 
+#include <redislock/client_options.hpp>
 #include <redislock/connection.hpp>
+#include <redislock/detail/event_sink.hpp>
 #include <redislock/detail/local_gate.hpp>
 #include <redislock/detail/loss_timer.hpp>
 #include <redislock/detail/notifier.hpp>
@@ -63,10 +67,31 @@ std::unique_ptr<waiting_room> make_waiting_room(C& conn) {
     return std::make_unique<waiting_room>(std::move(open), std::move(node_of));
 }
 
+/// True for a connection that can tell when it opened a new connection after one broke.
+template <class C>
+concept reconnect_reporting = requires(C& c, std::function<void(std::string_view)> handler) {
+    c.set_reconnect_handler(std::move(handler));
+};
+
 template <connection C>
 struct client_core {
     template <class... Args>
-    explicit client_core(Args&&... args) : connection(std::forward<Args>(args)...) {}
+    explicit client_core(client_options options, Args&&... args)
+        : events{std::move(options.on_event)}, connection(std::forward<Args>(args)...) {
+        if constexpr (reconnect_reporting<C>) {
+            if (events.observed()) {
+                // The connection is a member: it never calls the handler once this is gone.
+                connection.set_reconnect_handler([this](std::string_view server) {
+                    events.emit([&] {
+                        lock_event e;
+                        e.type = event_type::reconnected;
+                        e.name = server;
+                        return e;
+                    });
+                });
+            }
+        }
+    }
     client_core(const client_core&) = delete;
     client_core& operator=(const client_core&) = delete;
     ~client_core() { watchdog.stop(); }
@@ -76,11 +101,12 @@ struct client_core {
         return std::chrono::steady_clock::now() + command_budget(connection);
     }
 
+    event_sink events;  // before the connection, which may report to it until its end
     C connection;
     std::string instance_id = token::random().str();
     per_process<loss_timer> timer{[] { return std::make_unique<loss_timer>(); }};
     per_process<waiting_room> waiting{[this] { return make_waiting_room(connection); }};
-    basic_watchdog<C> watchdog{connection};
+    basic_watchdog<C> watchdog{connection, &events};
 };
 
 }  // namespace redislock::detail

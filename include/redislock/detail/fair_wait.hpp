@@ -9,6 +9,8 @@
 //     telling the next waiters if it stood before them; if it cannot, its entry lapses by itself.
 //   - Without notifications (a connection that cannot subscribe, a server without sharded
 //     pub/sub, a lost subscriber link) a waiter polls with backoff instead, still in line.
+//   - Each attempt is counted, and one that finds the lock held is told to the client's event
+//     hook (contended) on the waiting thread.
 #pragma once
 
 #include <algorithm>
@@ -23,6 +25,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/detail/event_sink.hpp>
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/reaper.hpp>
@@ -30,6 +33,7 @@
 #include <redislock/detail/token.hpp>
 #include <redislock/detail/wait.hpp>
 #include <redislock/error.hpp>
+#include <redislock/events.hpp>
 #include <redislock/script.hpp>
 
 namespace redislock::detail {
@@ -60,7 +64,7 @@ void leave_queue(const lock_identity<C>& lk, const std::string& waiter, bool sim
                 run_script(core->connection, scripts::queue_leave,
                            std::array<std::string_view, 3>{key, queue, lapses},
                            std::array<std::string_view, 4>{waiter, channel, grace, simple ? "m" : ""},
-                           call_context{key, deadline});
+                           call_context{key, deadline}, &core->events);
             return !r.is_error() || r.is_error_code("WRONGTYPE");
         } catch (...) {
             return false;
@@ -83,6 +87,8 @@ struct line_options {
                            // is what the threads in the gate wait for
     bool simple = false;   // a simple lock (see queue_leave.lua)
     bool handed = false;   // a simple lock may be handed to this waiter (see queue_hand_on)
+    lock_kind kind = lock_kind::none;  // what contended events say it is
+    wait_tally* tally = nullptr;       // where the call's attempts (and start, if observed) go
 };
 
 /// Calls the lock's `granted(token, since)` for a lock handed to it under `token`: valid for
@@ -146,6 +152,12 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
     // (and lost with its reply).
     bool refused = false;
     const auto grace = handoff_grace(lk.options.lease);
+    const event_sink& events = lk.core->events;
+    wait_tally own_tally;
+    wait_tally& tally = line.tally != nullptr ? *line.tally : own_tally;
+    if (events.observed()) {
+        tally.started = steady::now();
+    }
     backoff policy{lk.options};
     std::exception_ptr unacknowledged;
     for (bool first = true;; first = false) {
@@ -186,6 +198,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 first_join = steady::now();
             }
             refused = false;
+            ++tally.attempts;
             ttl = attempt(attempt_context(deadline, stop),
                           queue_place{join ? std::string_view{waiter_id()} : trying, join, may_wait});
             refused = ttl.has_value();
@@ -196,6 +209,15 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 }
                 return true;
             }
+            events.emit([&] {
+                lock_event e;
+                e.type = event_type::contended;
+                e.kind = line.kind;
+                e.name = lk.name;
+                e.attempts = tally.attempts;
+                e.holder_ttl = *ttl;
+                return e;
+            });
         } catch (const cancelled_error&) {
             return false;
         } catch (const error& e) {
@@ -237,6 +259,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             if (line.handed && refused && woken && slot && slot->named() && first_join &&
                 valid_until(*first_join, lk.options.lease) - steady::now() > lk.options.lease / 2 &&
                 grant && granted(*grant, *first_join)) {
+                ++tally.attempts;  // the hand-over is the attempt that succeeded
                 acquired = true;
                 room.gates.note_contention(lk.name, true);
                 return true;

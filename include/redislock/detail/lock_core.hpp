@@ -4,7 +4,8 @@
 //     deadline, registered with the client's loss timer so the loss is told at that moment
 //     whatever a blocked round trip is doing; its watchdog renewal; the stop source of
 //     lost_token(); whether its loss was already told;
-//   - lease_tracker: starts, renews, loses and ends a tracked_lease for one lock object;
+//   - lease_tracker: starts, renews, loses and ends a tracked_lease for one lock object, and
+//     tells its loss (the lost event, on_lost, on_lost_reason) and its renewals' troubles;
 //   - the acquisition loop (acquire_until) that rides out transient failures within the
 //     caller's deadline and ends at once on a stop request.
 #pragma once
@@ -25,10 +26,13 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/detail/event_sink.hpp>
+#include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/reaper.hpp>
 #include <redislock/detail/wait.hpp>
 #include <redislock/error.hpp>
+#include <redislock/events.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/watchdog.hpp>
@@ -172,7 +176,10 @@ inline std::stop_token stopped_token() {
 template <connection C>
 struct tracked_lease {
     steady::time_point valid_until{};
-    bool lost = false;  // told through on_lost and the stop source
+    steady::time_point acquired_at{};  // its grant was sent then: hold times count from it
+    lock_kind kind = lock_kind::none;  // what its events say it is
+    bool lost = false;                 // told through on_lost and the stop source
+    bool renewal_stopped = false;      // the watchdog stopped while it was renewed
     typename basic_watchdog<C>::lease_id renewal = 0;
     loss_timer::entry_id timer = 0;
     std::stop_source lost_source{};
@@ -184,10 +191,57 @@ struct tracked_lease {
     }
 };
 
+/// Tells a loss on the calling thread: the lost event, then on_lost and on_lost_reason. The
+/// handlers may destroy the lock: nothing of `lk` is read once they run.
+template <connection C>
+void report_loss(const lock_identity<C>& lk, lock_kind kind, loss_reason reason,
+                 steady::time_point acquired_at) noexcept {
+    lk.core->events.emit([&] {
+        lock_event e;
+        e.type = event_type::lost;
+        e.kind = kind;
+        e.name = lk.name;
+        e.reason = reason;
+        e.held = micros_since(acquired_at);
+        return e;
+    });
+    call_on_lost(lk.options, reason);
+}
+
+/// Tells that an acquisition of `lk` whose lease `t` was given back ended well.
+template <connection C>
+void report_release(const lock_identity<C>& lk, const tracked_lease<C>& t,
+                    std::string_view detail = {}) noexcept {
+    lk.core->events.emit([&] {
+        lock_event e;
+        e.type = event_type::released;
+        e.kind = t.kind;
+        e.name = lk.name;
+        e.held = micros_since(t.acquired_at);
+        e.detail = detail;
+        return e;
+    });
+}
+
+/// Tells that a lock call of `lk` acquired after the wait `tally` counted.
+template <connection C>
+void report_acquired(const lock_identity<C>& lk, lock_kind kind, const wait_tally& tally) noexcept {
+    lk.core->events.emit([&] {
+        lock_event e;
+        e.type = event_type::acquired;
+        e.kind = kind;
+        e.name = lk.name;
+        e.wait = micros_since(tally.started);
+        e.attempts = tally.attempts;
+        return e;
+    });
+}
+
 /// Starts, renews, loses and ends tracked leases for one lock object whose state has a
 /// `std::mutex mutex`. `Find` maps an acquisition key to its tracked_lease (or nullptr when that
 /// acquisition is no longer held), called with the mutex held. Timer and watchdog callbacks hold
 /// the state weakly: a lock destroyed while one of them runs is never touched after it is gone.
+/// Losses and renewal troubles are told with no lock held, on the thread that found them.
 template <connection C, class State, class Key>
 class lease_tracker {
 public:
@@ -203,14 +257,14 @@ public:
         const auto deadline = valid_until(sent, st_->options.lease);
         const auto timer = core().timer->add(
             deadline, [self = self_, find = find_, key]() -> loss_timer::loss_notice {
-                // On the timer thread: mark the loss at once; the stop and on_lost are run by
+                // On the timer thread: mark the loss at once; the stop and the report are run by
                 // the timer after every due lease was marked.
                 auto st = self.lock();
                 loss_timer::loss_notice notice;
                 if (st) {
-                    if (auto source = lease_tracker{st, find}.mark_only(key)) {
-                        notice.source = std::move(*source);
-                        notice.handler = st->options.on_lost;
+                    if (auto m = lease_tracker{st, find}.mark_only(key)) {
+                        notice.source = m->source;
+                        notice.handler = deferred_report(*st, *m);
                     }
                 }
                 let_go(std::move(st));
@@ -234,16 +288,38 @@ public:
                                       let_go(std::move(st));
                                   }
                               },
-                              [self = self_, find = find_, key] {
-                                  if (auto st = self.lock()) {
-                                      lease_tracker{st, find}.lose(key);
-                                      let_go(std::move(st));
-                                  }
-                              },
+                              {},
                               st_->options.min_replicas,
                               st_->options.replica_timeout};
+        renewal.lost_because = [self = self_, find = find_, key](loss_reason reason,
+                                                                 std::string_view why) {
+            if (auto st = self.lock()) {
+                lease_tracker{st, find}.renewal_failed(key, reason, why);
+                let_go(std::move(st));
+            }
+        };
+        if (core().events.observed()) {
+            renewal.retried = [self = self_, find = find_, key](std::string_view why) {
+                if (auto st = self.lock()) {
+                    lease_tracker{st, find}.renewal_retried(key, why);
+                    let_go(std::move(st));
+                }
+            };
+        }
+        if (core().events.observed() || st_->options.on_lost_reason) {
+            // Only the reason of the loss that follows depends on it.
+            renewal.dropped = [self = self_, find = find_, key] {
+                if (auto st = self.lock()) {
+                    lease_tracker{st, find}.renewal_dropped(key);
+                    let_go(std::move(st));
+                }
+            };
+        }
         const auto id = core().watchdog.add(std::move(renewal), sent);
-        if (!attach(key, [&](tracked_lease<C>& t) { t.renewal = id; })) {
+        if (!attach(key, [&](tracked_lease<C>& t) {
+                t.renewal = id;
+                t.renewal_stopped = id == 0;  // the watchdog had stopped: nothing renews it
+            })) {
             core().watchdog.cancel(id);
         }
     }
@@ -262,30 +338,30 @@ public:
         renewed_for(key, sent, lease);
     }
 
-    /// Marks the acquisition lost and tells it (stop source, then on_lost), once.
-    void lose(const Key& key) {
-        if (mark_lost(key)) {
-            call_on_lost(st_->options);
+    /// Marks the acquisition lost and tells it (stop source, lost event, on_lost), once.
+    void lose(const Key& key, loss_reason reason) {
+        if (auto m = mark_only(key)) {
+            // Outside the mutex: stop callbacks run inside request_stop() and may call the lock.
+            m->source.request_stop();
+            report_loss(*st_, m->kind, reason, m->acquired_at);
         }
     }
 
-    /// Marks the acquisition lost and requests its stop, once; true if this call did it. Its
-    /// renewals stop: renewing a lost lease could only revive it behind a rival's back.
-    bool mark_lost(const Key& key) {
-        auto source = mark_only(key);
-        if (!source) {
-            return false;
-        }
-        // Outside the mutex: stop callbacks run inside request_stop() and may call the lock.
-        source->request_stop();
-        return true;
-    }
-
-    /// As mark_lost, but leaves the stop to the caller: returns the source to stop, or nothing
-    /// when the acquisition was already lost or gone. Runs no user code.
-    std::optional<std::stop_source> mark_only(const Key& key) {
-        typename basic_watchdog<C>::lease_id renewal = 0;
+    /// What marking a loss found: the source to stop and what the report needs.
+    struct marked {
         std::stop_source source;
+        steady::time_point acquired_at;
+        lock_kind kind;
+        bool renewed;   // the watchdog was renewing it
+        bool shutdown;  // the watchdog had stopped while renewing it
+    };
+
+    /// Marks the acquisition lost and leaves the stop and the report to the caller, or returns
+    /// nothing when it was already lost or gone. Its renewals stop: renewing a lost lease could
+    /// only revive it behind a rival's back. Runs no user code.
+    std::optional<marked> mark_only(const Key& key) {
+        typename basic_watchdog<C>::lease_id renewal = 0;
+        marked m{};
         {
             std::lock_guard guard{st_->mutex};
             tracked_lease<C>* t = find_(*st_, key);
@@ -293,13 +369,13 @@ public:
                 return std::nullopt;
             }
             t->lost = true;
-            source = t->lost_source;
             renewal = std::exchange(t->renewal, 0);
+            m = marked{t->lost_source, t->acquired_at, t->kind, renewal != 0, t->renewal_stopped};
         }
         if (renewal != 0) {
             core().watchdog.cancel(renewal);  // never waits: the timer thread must not block
         }
-        return source;
+        return m;
     }
 
     /// Stops the timer and renewals of an acquisition that ended; `t` was taken out of the
@@ -327,6 +403,97 @@ private:
             } catch (...) {
                 // Out of memory: st ends here, as it would have without this step.
             }
+        }
+    }
+
+    // What the loss timer runs once every due lease is marked: for a lease the watchdog renewed,
+    // renewal_failed first (no renewal was confirmed in time); then the lost event, on_lost and
+    // on_lost_reason. Empty when nobody listens.
+    static std::function<void()> deferred_report(const State& st, const marked& m) {
+        const event_hook& hook = st.core->events.hook();
+        if (!hook && !st.options.on_lost && !st.options.on_lost_reason) {
+            return {};
+        }
+        const loss_reason reason = m.shutdown ? loss_reason::client_shutdown : loss_reason::expired;
+        const auto held = hook ? micros_since(m.acquired_at) : std::chrono::microseconds{};
+        return [hook, on_lost = st.options.on_lost, told = st.options.on_lost_reason,
+                name = st.name, kind = m.kind, reason, held, failed = m.renewed && !m.shutdown] {
+            if (failed) {
+                emit_to(hook, [&] {
+                    lock_event e;
+                    e.type = event_type::renewal_failed;
+                    e.kind = kind;
+                    e.name = name;
+                    e.reason = reason;
+                    e.detail = "no renewal was confirmed before the local deadline";
+                    return e;
+                });
+            }
+            emit_to(hook, [&] {
+                lock_event e;
+                e.type = event_type::lost;
+                e.kind = kind;
+                e.name = name;
+                e.reason = reason;
+                e.held = held;
+                return e;
+            });
+            if (on_lost) {
+                on_lost();
+            }
+            if (told) {
+                told(reason);
+            }
+        };
+    }
+
+    // On the watchdog thread: a renewal found the lease gone or gave it up.
+    void renewal_failed(const Key& key, loss_reason reason, std::string_view why) {
+        auto m = mark_only(key);
+        if (!m) {
+            return;
+        }
+        m->source.request_stop();
+        core().events.emit([&] {
+            lock_event e;
+            e.type = event_type::renewal_failed;
+            e.kind = m->kind;
+            e.name = st_->name;
+            e.reason = reason;
+            e.detail = why;
+            return e;
+        });
+        report_loss(*st_, m->kind, reason, m->acquired_at);
+    }
+
+    // On the watchdog thread: a renewal failed and will be sent again.
+    void renewal_retried(const Key& key, std::string_view why) {
+        lock_kind kind = lock_kind::none;
+        {
+            std::lock_guard guard{st_->mutex};
+            tracked_lease<C>* t = find_(*st_, key);
+            if (t == nullptr || t->lost) {
+                return;
+            }
+            kind = t->kind;
+        }
+        core().events.emit([&] {
+            lock_event e;
+            e.type = event_type::renewal_retried;
+            e.kind = kind;
+            e.name = st_->name;
+            e.detail = why;
+            return e;
+        });
+    }
+
+    // The watchdog stopped with the lease registered: its loss, when the lease runs out, is the
+    // client's shutdown.
+    void renewal_dropped(const Key& key) {
+        std::lock_guard guard{st_->mutex};
+        if (tracked_lease<C>* t = find_(*st_, key); t && !t->lost) {
+            t->renewal = 0;
+            t->renewal_stopped = true;
         }
     }
 

@@ -84,6 +84,18 @@ inline void call_on_lost(const lock_options& options) noexcept {
     }
 }
 
+/// Calls a lock's on_lost, then its on_lost_reason with `reason`, through copies taken before
+/// either runs (a handler may destroy the lock, and with it the options).
+inline void call_on_lost(const lock_options& options, loss_reason reason) noexcept {
+    if (!options.on_lost_reason) {
+        call_on_lost(options);
+        return;
+    }
+    const auto told = options.on_lost_reason;
+    call_on_lost(options);
+    told(reason);
+}
+
 /// When a lease granted to an attempt sent at `sent` surely still holds: the lease counted from
 /// the send, minus a drift allowance of 1% of the lease + 2 ms for clock rate differences.
 inline steady::time_point valid_until(steady::time_point sent, std::chrono::milliseconds lease) {

@@ -1,0 +1,168 @@
+// redislock::lock_event: what a client tells its event hook (client_options::on_event), for
+// metrics, logs and traces.
+//
+//   type             | when                                        | fields set (beside type)
+//   -----------------+---------------------------------------------+-----------------------------
+//   acquired         | a lock call took the lock (not a re-entry)  | name, kind, wait, attempts
+//   contended        | an attempt found the lock held              | name, kind, attempts,
+//                    |                                             | holder_ttl
+//   released         | unlock() (or destruction) gave it back      | name, kind, held, detail
+//                    |                                             | (when left to the reaper)
+//   renewal_retried  | a watchdog renewal got no answer or an      | name, kind, detail
+//                    | error reply, and will be sent again         |
+//   renewal_failed   | a lease the watchdog renewed was given up:  | name, kind, reason, detail
+//                    | refused, unconfirmed until its deadline, or |
+//                    | max_hold reached; a lost event follows      |
+//   lost             | a held lock was found lost                  | name, kind, held, reason
+//   reconnected      | the hiredis adapter opened a new connection | name (the server)
+//                    | to replace one that broke                   |
+//   script_reloaded  | NOSCRIPT was answered with SCRIPT LOAD: the | name (the key it ran for),
+//                    | script's first use on a server, or after a  | detail (the script)
+//                    | restart, SCRIPT FLUSH or failover           |
+//
+// A lock's events come from its own calls, the client's watchdog and its loss timer; the
+// connection's from the hiredis adapter. An acquisition reports acquired once, then released or
+// lost once. Redlock locks (redlock_mutex) report nothing yet, and of the connections only
+// hiredis_connection (redislock::client) reports reconnected.
+//
+// Threads: acquired and contended come on the thread that called lock(), try_lock*() or
+// lock_shared(); released on the thread that called unlock() or destroyed the lock; lost on the
+// thread that found out: a lock call (unlock, verify, extend, the next lock()), the client's
+// watchdog thread (a refused renewal), or the client's loss timer thread (expired and
+// client_shutdown: the local deadline passed without a confirmed renewal); renewal_retried on
+// the watchdog thread, renewal_failed on the watchdog thread or, for a lease whose renewals went
+// unconfirmed until its deadline, on the loss timer thread just before its lost event;
+// reconnected and script_reloaded on whichever thread's call did it (a lock call, the watchdog,
+// or the reaper that finishes background releases).
+//
+// The hook is called with no internal lock held, so it may call back into the lock or the
+// client. It should be short: the watchdog and loss timer threads serve every lock of the
+// client. It must not throw; an exception it throws is caught and dropped. The string_views
+// in an event are valid during the call only.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string_view>
+
+namespace redislock {
+
+/// What happened; see the table at the top of events.hpp.
+enum class event_type {
+    acquired,         ///< a lock call took the lock
+    contended,        ///< an attempt found the lock held
+    released,         ///< unlock() or destruction gave the lock back
+    renewal_retried,  ///< a watchdog renewal failed and will be sent again
+    renewal_failed,   ///< a lease the watchdog renewed was given up
+    lost,             ///< a held lock was found lost
+    reconnected,      ///< the hiredis adapter replaced a broken connection
+    script_reloaded,  ///< NOSCRIPT was answered with SCRIPT LOAD
+};
+
+/// Which lock an event is about.
+enum class lock_kind {
+    none,                ///< not about one lock (reconnected, script_reloaded)
+    mutex,               ///< basic_mutex
+    recursive_mutex,     ///< basic_recursive_mutex
+    shared_mutex_write,  ///< basic_shared_mutex, write side
+    shared_mutex_read,   ///< basic_shared_mutex, read side
+};
+
+/// Why a held lock was lost (lock_event::reason, lock_options::on_lost_reason).
+enum class loss_reason {
+    /// The local conservative deadline passed without a confirmed renewal: no watchdog, renewals
+    /// that got no answer in time, or max_hold reached.
+    expired,
+    /// The server says the lock is no longer ours: its token is gone or another holder's.
+    taken,
+    /// The server cannot vouch for it: a demoted master (READONLY, ROLE), the name now holds
+    /// another type (WRONGTYPE), or the key was gone when verify() asked.
+    server_lost,
+    /// The client's watchdog was stopped while the lock was held, so the lease ran out.
+    client_shutdown,
+};
+
+/// One event; which fields are set depends on its type (see the table at the top of events.hpp).
+struct lock_event {
+    /// What happened.
+    event_type type{};
+    /// Which kind of lock; lock_kind::none for events about the connection.
+    lock_kind kind = lock_kind::none;
+    /// The lock's name; for reconnected the server, for script_reloaded the key it ran for.
+    std::string_view name{};
+    /// acquired: from the call to the grant, waiting in line and between attempts included.
+    std::chrono::microseconds wait{};
+    /// acquired, contended: attempts the call has made so far (1 when the lock was free; a lock
+    /// handed over by its releaser counts as the attempt that succeeded).
+    std::uint32_t attempts = 0;
+    /// released, lost: how long the acquisition was held, counted from when its granting attempt
+    /// was sent.
+    std::chrono::microseconds held{};
+    /// contended: the holder's remaining lease as the server told it; negative when unknown.
+    std::chrono::milliseconds holder_ttl{-1};
+    /// lost, renewal_failed: why.
+    loss_reason reason = loss_reason::expired;
+    /// Free text: the script reloaded, the error a renewal got, a release left to the reaper.
+    std::string_view detail{};
+};
+
+/// The type of client_options::on_event.
+using event_hook = std::function<void(const lock_event&)>;
+
+/// The event type's name, e.g. "acquired".
+constexpr std::string_view to_string(event_type type) noexcept {
+    switch (type) {
+        case event_type::acquired:
+            return "acquired";
+        case event_type::contended:
+            return "contended";
+        case event_type::released:
+            return "released";
+        case event_type::renewal_retried:
+            return "renewal_retried";
+        case event_type::renewal_failed:
+            return "renewal_failed";
+        case event_type::lost:
+            return "lost";
+        case event_type::reconnected:
+            return "reconnected";
+        case event_type::script_reloaded:
+            return "script_reloaded";
+    }
+    return "unknown";
+}
+
+/// The lock kind's name, e.g. "mutex".
+constexpr std::string_view to_string(lock_kind kind) noexcept {
+    switch (kind) {
+        case lock_kind::none:
+            return "none";
+        case lock_kind::mutex:
+            return "mutex";
+        case lock_kind::recursive_mutex:
+            return "recursive_mutex";
+        case lock_kind::shared_mutex_write:
+            return "shared_mutex_write";
+        case lock_kind::shared_mutex_read:
+            return "shared_mutex_read";
+    }
+    return "unknown";
+}
+
+/// The loss reason's name, e.g. "expired".
+constexpr std::string_view to_string(loss_reason reason) noexcept {
+    switch (reason) {
+        case loss_reason::expired:
+            return "expired";
+        case loss_reason::taken:
+            return "taken";
+        case loss_reason::server_lost:
+            return "server_lost";
+        case loss_reason::client_shutdown:
+            return "client_shutdown";
+    }
+    return "unknown";
+}
+
+}  // namespace redislock

@@ -1,0 +1,599 @@
+#include <redislock/events.hpp>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <redislock/client_options.hpp>
+#include <redislock/redislock.hpp>
+
+#include "support/redis_server.hpp"
+#include "support/test_util.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using redislock::errc;
+using redislock::event_type;
+using redislock::lock_event;
+using redislock::lock_kind;
+using redislock::loss_reason;
+using redislock::test::eventually;
+using redislock::test::fault;
+using redislock::test::fault_connection;
+using redislock::test::redis_server;
+
+// One event as the hook saw it, kept past the call (the event's string_views are not).
+struct seen {
+    event_type type{};
+    lock_kind kind{};
+    std::string name;
+    std::chrono::microseconds wait{};
+    std::uint32_t attempts = 0;
+    std::chrono::microseconds held{};
+    std::chrono::milliseconds holder_ttl{};
+    loss_reason reason{};
+    std::string detail;
+    std::thread::id thread;
+};
+
+// Records every event of a client: client{uri, {.on_event = events.hook()}}. Declared before
+// the client, so it outlives the threads that call it.
+class recorder {
+public:
+    redislock::event_hook hook() {
+        return [this](const lock_event& e) {
+            std::lock_guard guard{mutex_};
+            seen_.push_back(seen{e.type, e.kind, std::string{e.name}, e.wait, e.attempts, e.held,
+                                 e.holder_ttl, e.reason, std::string{e.detail},
+                                 std::this_thread::get_id()});
+        };
+    }
+
+    std::vector<seen> of(event_type type) const {
+        std::lock_guard guard{mutex_};
+        std::vector<seen> out;
+        for (const seen& s : seen_) {
+            if (s.type == type) {
+                out.push_back(s);
+            }
+        }
+        return out;
+    }
+
+    std::size_t count(event_type type) const { return of(type).size(); }
+
+    // The first event of `type`, waiting up to `timeout` for it.
+    std::optional<seen> first(event_type type, std::chrono::milliseconds timeout = 5s) const {
+        if (!eventually([&] { return count(type) > 0; }, timeout)) {
+            return std::nullopt;
+        }
+        return of(type).front();
+    }
+
+    std::size_t total() const {
+        std::lock_guard guard{mutex_};
+        return seen_.size();
+    }
+
+private:
+    mutable std::mutex mutex_;
+    std::vector<seen> seen_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Acquisition and release
+
+TEST(Events, UncontendedLockReportsAcquiredAfterOneAttemptAndReleasedWithItsHoldTime) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    auto m = client.mutex("orders:1", {.lease = 5s});
+
+    m.lock();
+    const auto acquired = events.first(event_type::acquired);
+    ASSERT_TRUE(acquired);
+    EXPECT_EQ(acquired->kind, lock_kind::mutex);
+    EXPECT_EQ(acquired->name, "orders:1");
+    EXPECT_EQ(acquired->attempts, 1U);
+    EXPECT_EQ(acquired->thread, std::this_thread::get_id());
+    EXPECT_EQ(events.count(event_type::contended), 0U);
+
+    std::this_thread::sleep_for(120ms);
+    m.unlock();
+    const auto released = events.first(event_type::released);
+    ASSERT_TRUE(released);
+    EXPECT_EQ(released->kind, lock_kind::mutex);
+    EXPECT_EQ(released->name, "orders:1");
+    EXPECT_GE(released->held, 120ms);
+    EXPECT_LT(released->held, 5s);
+    EXPECT_TRUE(released->detail.empty()) << released->detail;
+    EXPECT_EQ(released->thread, std::this_thread::get_id());
+    EXPECT_EQ(events.count(event_type::lost), 0U);
+}
+
+TEST(Events, AcquisitionAfterContentionCountsItsAttemptsAndWait) {
+    redis_server srv;
+    recorder events;
+    redislock::client observed{srv.uri(), {.on_event = events.hook()}};
+    redislock::client other{srv.uri()};
+    auto holder = other.mutex("orders:2", {.lease = 5s});
+    auto waiter = observed.mutex("orders:2", {.lease = 5s});
+
+    std::atomic<bool> held{false};
+    std::thread releaser{[&] {
+        holder.lock();
+        held = true;
+        std::this_thread::sleep_for(300ms);
+        holder.unlock();
+    }};
+    ASSERT_TRUE(eventually([&] { return held.load(); }));
+    const bool got = waiter.try_lock_for(4s);
+    releaser.join();
+    ASSERT_TRUE(got);
+
+    const auto contended = events.of(event_type::contended);
+    ASSERT_FALSE(contended.empty());
+    EXPECT_EQ(contended.front().kind, lock_kind::mutex);
+    EXPECT_EQ(contended.front().name, "orders:2");
+    EXPECT_EQ(contended.front().attempts, 1U);
+    EXPECT_EQ(contended.front().thread, std::this_thread::get_id());
+    for (std::size_t i = 1; i < contended.size(); ++i) {
+        EXPECT_EQ(contended[i].attempts, i + 1);
+    }
+    const auto acquired = events.first(event_type::acquired);
+    ASSERT_TRUE(acquired);
+    EXPECT_GT(acquired->attempts, 1U);
+    EXPECT_EQ(acquired->attempts, contended.size() + 1);
+    EXPECT_GE(acquired->wait, 200ms);
+    EXPECT_LT(acquired->wait, 3s);  // woken by the release, not by the lease running out
+    waiter.unlock();
+}
+
+TEST(Events, ContendedTryLockTellsTheHoldersRemainingLease) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    auto holder = client.mutex("orders:3", {.lease = 5s});
+    auto other = client.mutex("orders:3", {.lease = 5s});
+
+    holder.lock();
+    EXPECT_FALSE(other.try_lock());
+    const auto contended = events.first(event_type::contended);
+    ASSERT_TRUE(contended);
+    EXPECT_EQ(contended->attempts, 1U);
+    EXPECT_GT(contended->holder_ttl, 0ms);
+    EXPECT_LE(contended->holder_ttl, 5s);
+    EXPECT_EQ(events.count(event_type::acquired), 1U);  // the holder's only
+    holder.unlock();
+}
+
+TEST(Events, RecursiveMutexReportsTheFirstEntryAndTheLastReleaseOnly) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    auto m = client.recursive_mutex("tree", {.lease = 5s});
+
+    m.lock();
+    m.lock();
+    m.unlock();
+    EXPECT_EQ(events.count(event_type::acquired), 1U);
+    EXPECT_EQ(events.count(event_type::released), 0U);
+    m.unlock();
+    ASSERT_EQ(events.count(event_type::released), 1U);
+    const auto acquired = events.first(event_type::acquired);
+    ASSERT_TRUE(acquired);
+    EXPECT_EQ(acquired->kind, lock_kind::recursive_mutex);
+    EXPECT_EQ(events.of(event_type::released).front().kind, lock_kind::recursive_mutex);
+}
+
+TEST(Events, SharedMutexTellsTheReadAndWriteSidesApart) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    auto rw = client.shared_mutex("catalog", {.lease = 5s});
+
+    rw.lock_shared();
+    rw.unlock_shared();
+    rw.lock();
+    rw.unlock();
+    const auto acquired = events.of(event_type::acquired);
+    const auto released = events.of(event_type::released);
+    ASSERT_EQ(acquired.size(), 2U);
+    ASSERT_EQ(released.size(), 2U);
+    EXPECT_EQ(acquired[0].kind, lock_kind::shared_mutex_read);
+    EXPECT_EQ(released[0].kind, lock_kind::shared_mutex_read);
+    EXPECT_EQ(acquired[1].kind, lock_kind::shared_mutex_write);
+    EXPECT_EQ(released[1].kind, lock_kind::shared_mutex_write);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loss
+
+TEST(Events, LeaseRunningOutWithoutWatchdogIsLostAsExpiredOnTheLossTimerThread) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    std::atomic<int> plain_calls{0};
+    std::atomic<int> reason_calls{0};
+    std::atomic<loss_reason> told{loss_reason::taken};
+    auto m = client.mutex("short", {.lease = 200ms,
+                                    .on_lost = [&] { plain_calls.fetch_add(1); },
+                                    .on_lost_reason =
+                                        [&](loss_reason why) {
+                                            told = why;
+                                            reason_calls.fetch_add(1);
+                                        }});
+
+    m.lock();
+    const auto lost = events.first(event_type::lost);
+    ASSERT_TRUE(lost);
+    EXPECT_EQ(lost->reason, loss_reason::expired);
+    EXPECT_EQ(lost->kind, lock_kind::mutex);
+    EXPECT_EQ(lost->name, "short");
+    EXPECT_GE(lost->held, 150ms);
+    EXPECT_NE(lost->thread, std::this_thread::get_id());
+    ASSERT_TRUE(eventually([&] { return reason_calls.load() == 1; }));
+    EXPECT_EQ(plain_calls.load(), 1);
+    EXPECT_EQ(told.load(), loss_reason::expired);
+    EXPECT_EQ(events.count(event_type::renewal_failed), 0U);  // nothing was renewing it
+
+    std::error_code ec;
+    m.unlock(ec);
+    std::this_thread::sleep_for(50ms);
+    EXPECT_EQ(events.count(event_type::lost), 1U);
+    EXPECT_EQ(events.count(event_type::released), 0U);
+    EXPECT_EQ(reason_calls.load(), 1);
+}
+
+TEST(Events, KeyTakenByAnotherHolderIsLostAsTakenWhenUnlockFindsOut) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    std::atomic<loss_reason> told{loss_reason::expired};
+    auto m = client.mutex("stolen",
+                          {.lease = 5s, .on_lost_reason = [&](loss_reason why) { told = why; }});
+
+    m.lock();
+    srv.cli({"SET", "stolen", "someone-else"});
+    std::error_code ec;
+    m.unlock(ec);
+    EXPECT_EQ(ec, errc::lock_lost);
+    const auto lost = events.first(event_type::lost);
+    ASSERT_TRUE(lost);
+    EXPECT_EQ(lost->reason, loss_reason::taken);
+    EXPECT_EQ(lost->thread, std::this_thread::get_id());
+    EXPECT_EQ(told.load(), loss_reason::taken);
+    EXPECT_EQ(events.count(event_type::released), 0U);
+}
+
+TEST(Events, VerifyTellsTakenFromServerLost) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    auto taken = client.mutex("v:taken", {.lease = 5s});
+    auto gone = client.mutex("v:gone", {.lease = 5s});
+    auto retyped = client.recursive_mutex("v:retyped", {.lease = 5s});
+
+    taken.lock();
+    gone.lock();
+    retyped.lock();
+    srv.cli({"SET", "v:taken", "someone-else"});
+    srv.cli({"DEL", "v:gone"});
+    srv.cli({"DEL", "v:retyped"});
+    srv.cli({"SET", "v:retyped", "a string"});
+    EXPECT_FALSE(taken.verify());
+    EXPECT_FALSE(gone.verify());
+    EXPECT_FALSE(retyped.verify());
+
+    const auto lost = events.of(event_type::lost);
+    ASSERT_EQ(lost.size(), 3U);
+    EXPECT_EQ(lost[0].name, "v:taken");
+    EXPECT_EQ(lost[0].reason, loss_reason::taken);
+    EXPECT_EQ(lost[1].name, "v:gone");
+    EXPECT_EQ(lost[1].reason, loss_reason::server_lost);
+    EXPECT_EQ(lost[2].name, "v:retyped");
+    EXPECT_EQ(lost[2].kind, lock_kind::recursive_mutex);
+    EXPECT_EQ(lost[2].reason, loss_reason::server_lost);
+}
+
+TEST(Events, KeyDeletedUnderTheWatchdogIsARenewalFailureThenALossOnTheWatchdogThread) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    std::atomic<loss_reason> told{loss_reason::expired};
+    auto m = client.mutex(
+        "renewed",
+        {.lease = 600ms, .watchdog = true, .on_lost_reason = [&](loss_reason why) { told = why; }});
+
+    m.lock();
+    srv.cli({"DEL", "renewed"});
+    const auto failed = events.first(event_type::renewal_failed);
+    ASSERT_TRUE(failed);
+    EXPECT_EQ(failed->reason, loss_reason::taken);
+    EXPECT_EQ(failed->name, "renewed");
+    EXPECT_EQ(failed->kind, lock_kind::mutex);
+    EXPECT_FALSE(failed->detail.empty());
+    EXPECT_NE(failed->thread, std::this_thread::get_id());
+    const auto lost = events.first(event_type::lost);
+    ASSERT_TRUE(lost);
+    EXPECT_EQ(lost->reason, loss_reason::taken);
+    EXPECT_EQ(lost->thread, failed->thread);
+    EXPECT_TRUE(eventually([&] { return told.load() == loss_reason::taken; }));
+    EXPECT_EQ(events.count(event_type::lost), 1U);
+}
+
+TEST(Events, RenewalsStuckOnAPausedServerEndInRenewalFailedThenLostExpired) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    std::atomic<loss_reason> told{loss_reason::taken};
+    auto m = client.shared_mutex(
+        "stalled",
+        {.lease = 600ms, .watchdog = true, .on_lost_reason = [&](loss_reason why) { told = why; }});
+
+    m.lock();
+    srv.pause();
+    const auto lost = events.first(event_type::lost, 3s);
+    srv.resume();
+    ASSERT_TRUE(lost);
+    EXPECT_EQ(lost->reason, loss_reason::expired);
+    EXPECT_EQ(lost->kind, lock_kind::shared_mutex_write);
+    EXPECT_GE(lost->held, 500ms);
+    EXPECT_NE(lost->thread, std::this_thread::get_id());
+    const auto failed = events.first(event_type::renewal_failed);
+    ASSERT_TRUE(failed);
+    EXPECT_EQ(failed->reason, loss_reason::expired);
+    EXPECT_EQ(failed->thread, lost->thread);  // the loss timer's, not the stuck watchdog's
+    EXPECT_TRUE(eventually([&] { return told.load() == loss_reason::expired; }));
+    EXPECT_FALSE(m.owned());
+}
+
+TEST(Events, TransientRenewalFailuresAreReportedAsRetriedAndTheLockIsKept) {
+    redis_server srv;
+    recorder events;
+    redislock::basic_client<fault_connection> client{srv.uri(), {.on_event = events.hook()}};
+    auto m = client.mutex("flaky", {.lease = 600ms, .watchdog = true});
+
+    m.lock();
+    client.connection().inject(fault::answer_error, "EVALSHA", 2,
+                               redislock::detail::scripts::mutex_extend,
+                               "LOADING Redis is loading the dataset in memory");
+    ASSERT_TRUE(eventually([&] { return client.connection().pending_faults() == 0; }, 3s));
+    ASSERT_TRUE(eventually([&] { return events.count(event_type::renewal_retried) == 2; }));
+    const auto retried = events.of(event_type::renewal_retried);
+    EXPECT_EQ(retried.front().name, "flaky");
+    EXPECT_EQ(retried.front().kind, lock_kind::mutex);
+    EXPECT_NE(retried.front().detail.find("LOADING"), std::string::npos) << retried.front().detail;
+    EXPECT_NE(retried.front().thread, std::this_thread::get_id());
+    std::this_thread::sleep_for(300ms);
+    EXPECT_TRUE(m.owned());
+    EXPECT_EQ(events.count(event_type::renewal_failed), 0U);
+    EXPECT_EQ(events.count(event_type::lost), 0U);
+    m.unlock();
+}
+
+TEST(Events, WatchdogStoppedWhileHeldIsLostAsClientShutdown) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    std::atomic<loss_reason> told{loss_reason::taken};
+    auto m = client.mutex(
+        "orphan",
+        {.lease = 300ms, .watchdog = true, .on_lost_reason = [&](loss_reason why) { told = why; }});
+
+    m.lock();
+    client.watchdog().stop();
+    const auto lost = events.first(event_type::lost);
+    ASSERT_TRUE(lost);
+    EXPECT_EQ(lost->reason, loss_reason::client_shutdown);
+    EXPECT_TRUE(eventually([&] { return told.load() == loss_reason::client_shutdown; }));
+    EXPECT_EQ(events.count(event_type::renewal_failed), 0U);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The connection
+
+TEST(Events, ScriptFlushIsHealedAndReportedAsScriptReloaded) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    auto m = client.mutex("reload", {.lease = 5s});
+
+    m.lock();
+    m.unlock();  // the first release on this server loads its script: that counts too
+    const std::size_t before = events.count(event_type::script_reloaded);
+    m.lock();
+    m.unlock();
+    EXPECT_EQ(events.count(event_type::script_reloaded), before);  // loaded now
+    srv.script_flush();
+    m.lock();
+    std::error_code ec;
+    m.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    ASSERT_EQ(events.count(event_type::script_reloaded), before + 1);
+    const auto reloaded = events.of(event_type::script_reloaded).back();
+    EXPECT_EQ(reloaded.name, "reload");
+    EXPECT_EQ(reloaded.detail, "mutex_release");
+    EXPECT_EQ(reloaded.kind, lock_kind::none);
+    EXPECT_EQ(reloaded.thread, std::this_thread::get_id());
+}
+
+TEST(Events, ClientKillIsHealedByANewConnectionAndReportedAsReconnected) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    auto m = client.mutex("reconnect", {.lease = 5s});
+
+    m.lock();
+    m.unlock();
+    EXPECT_EQ(events.count(event_type::reconnected), 0U);
+    EXPECT_GE(srv.client_kill_all(), 1);
+    std::this_thread::sleep_for(20ms);  // past the idle check's millisecond
+    m.lock();
+    m.unlock();
+    const auto reconnected = events.first(event_type::reconnected);
+    ASSERT_TRUE(reconnected);
+    EXPECT_NE(reconnected->name.find(std::to_string(srv.port())), std::string::npos)
+        << reconnected->name;
+    EXPECT_EQ(reconnected->kind, lock_kind::none);
+    EXPECT_EQ(events.count(event_type::reconnected), 1U);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The hook's rules
+
+TEST(Events, HookMayCallBackIntoTheLockOnEveryThreadWithoutDeadlock) {
+    redis_server srv;
+    std::atomic<redislock::mutex*> target{nullptr};
+    std::atomic<int> calls{0};
+    std::atomic<bool> owned_when_acquired{false};
+    std::atomic<bool> owned_when_lost{true};
+    const auto hook = [&](const lock_event& e) {
+        redislock::mutex* m = target.load();
+        if (m == nullptr) {
+            return;
+        }
+        calls.fetch_add(1);
+        switch (e.type) {
+            case event_type::acquired:
+                owned_when_acquired = m->owned();
+                (void)m->remaining();
+                (void)m->lost_token();
+                break;
+            case event_type::lost:
+                // On the loss timer's thread, about the lock's own lease: a query and a round
+                // trip through the lock.
+                owned_when_lost = m->owned();
+                try {
+                    (void)m->verify();
+                } catch (const redislock::error&) {
+                }
+                break;
+            default:
+                (void)m->owned();
+                (void)m->fencing_token();
+                break;
+        }
+    };
+    redislock::client client{srv.uri(), {.on_event = hook}};
+    auto m = client.mutex("reentrant-hook", {.lease = 250ms, .fencing = true});
+    target = &m;
+
+    m.lock();
+    EXPECT_TRUE(owned_when_acquired.load());
+    m.unlock();
+    m.lock();  // this time the lease runs out: the loss timer's thread calls the hook
+    ASSERT_TRUE(eventually([&] { return !owned_when_lost.load(); }, 5s));
+    EXPECT_FALSE(m.owned());
+    std::error_code ec;
+    m.unlock(ec);  // released or found gone, depending on the server's own expiry
+    EXPECT_TRUE(m.try_lock_for(2s));
+    m.unlock();
+    target = nullptr;
+    EXPECT_GE(calls.load(), 5);
+}
+
+TEST(Events, HookOnTheWatchdogThreadMayCallBackIntoTheLock) {
+    redis_server srv;
+    std::atomic<redislock::mutex*> target{nullptr};
+    std::atomic<int> told{0};
+    const auto hook = [&](const lock_event& e) {
+        if (redislock::mutex* m = target.load();
+            m != nullptr && (e.type == event_type::renewal_failed || e.type == event_type::lost)) {
+            (void)m->owned();
+            std::error_code ec;
+            m->unlock(ec);
+            told.fetch_add(1);
+        }
+    };
+    redislock::client client{srv.uri(), {.on_event = hook}};
+    auto m = client.mutex("watched-hook", {.lease = 600ms, .watchdog = true});
+    target = &m;
+
+    m.lock();
+    srv.cli({"DEL", "watched-hook"});
+    ASSERT_TRUE(eventually([&] { return told.load() == 2; }, 5s));
+    EXPECT_FALSE(m.owned());
+    target = nullptr;
+}
+
+TEST(Events, AThrowingHookChangesNothing) {
+    redis_server srv;
+    std::atomic<int> calls{0};
+    redislock::client client{srv.uri(), {.on_event = [&](const lock_event&) {
+                                 calls.fetch_add(1);
+                                 throw std::runtime_error{"hook failed"};
+                             }}};
+    std::atomic<int> lost{0};
+    auto m = client.mutex("throwing", {.lease = 200ms, .on_lost = [&] { lost.fetch_add(1); }});
+    auto other = client.mutex("throwing", {.lease = 200ms});
+
+    m.lock();
+    EXPECT_FALSE(other.try_lock());
+    EXPECT_TRUE(m.owned());
+    ASSERT_TRUE(eventually([&] { return lost.load() == 1; }, 5s));  // expired, told anyway
+    EXPECT_TRUE(other.try_lock_for(2s));
+    other.unlock();
+    EXPECT_GE(calls.load(), 4);  // acquired, contended, lost, acquired, released
+}
+
+TEST(Events, WithoutAHookLocksBehaveAsBefore) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    std::atomic<int> plain{0};
+    std::atomic<loss_reason> told{loss_reason::taken};
+    auto m = client.mutex("plain", {.lease = 200ms,
+                                    .on_lost = [&] { plain.fetch_add(1); },
+                                    .on_lost_reason = [&](loss_reason why) { told = why; }});
+    auto other = client.mutex("plain", {.lease = 5s});
+
+    m.lock();
+    EXPECT_FALSE(other.try_lock());
+    ASSERT_TRUE(eventually([&] { return plain.load() == 1; }, 5s));
+    EXPECT_TRUE(eventually([&] { return told.load() == loss_reason::expired; }));
+    EXPECT_TRUE(other.try_lock_for(2s));
+    std::error_code ec;
+    m.unlock(ec);
+    EXPECT_EQ(ec, errc::lock_lost);
+    EXPECT_EQ(plain.load(), 1);  // told once
+    other.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    srv.script_flush();
+    EXPECT_TRUE(m.try_lock());
+    m.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+}
+
+TEST(Events, OnLostAloneStillWorksAsAPlainCallback) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    std::atomic<int> calls{0};
+    redislock::lock_options options{.lease = 200ms};
+    options.on_lost = [&] { calls.fetch_add(1); };
+    auto m = client.mutex("compat", options);
+    m.lock();
+    EXPECT_TRUE(eventually([&] { return calls.load() == 1; }, 5s));
+}
+
+TEST(Events, NamesOfEveryEnumeratorAreSpelledOut) {
+    EXPECT_EQ(redislock::to_string(event_type::acquired), "acquired");
+    EXPECT_EQ(redislock::to_string(event_type::script_reloaded), "script_reloaded");
+    EXPECT_EQ(redislock::to_string(lock_kind::shared_mutex_read), "shared_mutex_read");
+    EXPECT_EQ(redislock::to_string(loss_reason::client_shutdown), "client_shutdown");
+    EXPECT_EQ(redislock::to_string(loss_reason::server_lost), "server_lost");
+}
+
+}  // namespace
