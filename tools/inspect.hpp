@@ -187,10 +187,14 @@ inline constexpr std::string_view release_lua = R"lua(
 if fingerprint(redis.call('TYPE', KEYS[1]).ok) ~= ARGV[1] then
     return {-1, 0}
 end
+-- Waiters are told (the ids the library's releases name) so they try again at once; with the
+-- queue gone, the first to come takes the lock.
+local waiters = redis.call('TYPE', KEYS[2]).ok == 'zset' and redis.call('ZRANGE', KEYS[2], 0, -1)
+    or {}
 local lock = redis.call('DEL', KEYS[1])
 local queue = redis.call('DEL', KEYS[2], KEYS[3])
-if lock == 1 then
-    redis.call('PUBLISH', ARGV[2], KEYS[1])
+if lock == 1 and #waiters > 0 then
+    redis.pcall('SPUBLISH', ARGV[2], table.concat(waiters, ' '))
 end
 return {lock, queue}
 )lua";
