@@ -187,10 +187,15 @@ inline constexpr std::string_view release_lua = R"lua(
 if fingerprint(redis.call('TYPE', KEYS[1]).ok) ~= ARGV[1] then
     return {-1, 0}
 end
--- Waiters are told (the ids the library's releases name) so they try again at once; with the
--- queue gone, the first to come takes the lock.
-local waiters = redis.call('TYPE', KEYS[2]).ok == 'zset' and redis.call('ZRANGE', KEYS[2], 0, -1)
-    or {}
+-- Waiters are told so they try again at once; with the queue gone, the first to come takes the
+-- lock. A 'g' waiter named plainly would take the lock for handed to it: it is named as standby
+-- ('?'), which makes it try again, like the others.
+local waiters = {}
+if redis.call('TYPE', KEYS[2]).ok == 'zset' then
+    for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+        waiters[#waiters + 1] = string.sub(id, 1, 1) == 'g' and '?' .. id or id
+    end
+end
 local lock = redis.call('DEL', KEYS[1])
 local queue = redis.call('DEL', KEYS[2], KEYS[3])
 if lock == 1 and #waiters > 0 then

@@ -213,7 +213,7 @@ public:
             return true;
         }
         if (t.no > core().size() - core().quorum()) {
-            tracker().lose(acq->tok);
+            tracker().lose(acq->tok, loss_reason::taken);
             return false;
         }
         throw core().no_quorum("extend", state_->name, outcomes);
@@ -249,7 +249,7 @@ public:
             return true;
         }
         if (t.no > core().size() - core().quorum()) {
-            tracker().lose(acq->tok);
+            tracker().lose(acq->tok, loss_reason::taken);
             return false;
         }
         throw core().no_quorum("verify", state_->name, outcomes);

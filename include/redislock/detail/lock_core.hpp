@@ -193,8 +193,8 @@ struct tracked_lease {
 
 /// Tells a loss on the calling thread: the lost event, then on_lost and on_lost_reason. The
 /// handlers may destroy the lock: nothing of `lk` is read once they run.
-template <connection C>
-void report_loss(const lock_identity<C>& lk, lock_kind kind, loss_reason reason,
+template <class State>
+void report_loss(const State& lk, lock_kind kind, loss_reason reason,
                  steady::time_point acquired_at) noexcept {
     lk.core->events.emit([&] {
         lock_event e;
@@ -209,8 +209,8 @@ void report_loss(const lock_identity<C>& lk, lock_kind kind, loss_reason reason,
 }
 
 /// Tells that an acquisition of `lk` whose lease `t` was given back ended well.
-template <connection C>
-void report_release(const lock_identity<C>& lk, const tracked_lease<C>& t,
+template <class State, class Lease>
+void report_release(const State& lk, const Lease& t,
                     std::string_view detail = {}) noexcept {
     lk.core->events.emit([&] {
         lock_event e;
@@ -224,8 +224,8 @@ void report_release(const lock_identity<C>& lk, const tracked_lease<C>& t,
 }
 
 /// Tells that a lock call of `lk` acquired after the wait `tally` counted.
-template <connection C>
-void report_acquired(const lock_identity<C>& lk, lock_kind kind, const wait_tally& tally) noexcept {
+template <class State>
+void report_acquired(const State& lk, lock_kind kind, const wait_tally& tally) noexcept {
     lk.core->events.emit([&] {
         lock_event e;
         e.type = event_type::acquired;

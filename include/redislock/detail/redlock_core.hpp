@@ -27,6 +27,7 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/event_sink.hpp>
 #include <redislock/detail/loss_timer.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/per_process.hpp>
@@ -335,6 +336,8 @@ public:
     /// The connections come before the machinery that uses them, and go after it.
     quorum_connection<C> quorum_link{*this};
     per_process<loss_timer> timer{[] { return std::make_unique<loss_timer>(); }};
+    /// No hook: Redlock locks report no events yet (the shared loss path asks for one).
+    event_sink events;
 
 private:
     // The connection to `node`, made now if there is none (outside the slot's mutex: a master
