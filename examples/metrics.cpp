@@ -108,7 +108,7 @@ private:
 int main(int argc, char** argv) {
     const std::string uri = argc > 1 ? argv[1] : "redis://127.0.0.1:6379";
     try {
-        lock_metrics metrics;  // before the client: its threads report until the client is gone
+        lock_metrics metrics;  // outlives the client and its locks, which report to it
         redislock::client client{
             uri, {.on_event = [&metrics](const redislock::lock_event& e) { metrics.record(e); }}};
 

@@ -376,7 +376,7 @@ TEST(FaultConnection, FencedAcquisitionWhoseReplyIsLostTakesBackItsKey) {
     fault_client client{srv.uri()};
     auto m = client.mutex("k", {.fencing = true});
     client.connection().inject(fault::throw_after_send, "EVALSHA", 1,
-                               scripts::mutex_acquire_fenced);
+                               scripts::mutex_acquire);
 
     EXPECT_THROW((void)m.try_lock(), redislock::connection_error);
 

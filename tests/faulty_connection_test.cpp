@@ -205,12 +205,12 @@ TEST(FaultyConnection, ScriptRuleMatchesOnlyThatScriptByNameOrSha1) {
     const std::array<std::string_view, 6> extend_argv{"EVALSHA", extend.sha1, "1", "k", "t", "100"};
     EXPECT_EQ(conn.execute(extend_argv).text(), "ERR by sha1");
     // Another script is not matched: the server answers NOSCRIPT, as nothing was loaded.
-    const std::array<std::string_view, 4> probe_argv{
-        "EVALSHA", redislock::detail::scripts::mutex_probe.sha1, "1", "k"};
-    EXPECT_TRUE(conn.execute(probe_argv).is_error_code("NOSCRIPT"));
+    const std::array<std::string_view, 4> other_argv{
+        "EVALSHA", redislock::detail::scripts::compare_and_delete.sha1, "1", "k"};
+    EXPECT_TRUE(conn.execute(other_argv).is_error_code("NOSCRIPT"));
     EXPECT_EQ(conn.log_text(), (std::vector<std::string>{"EVALSHA mutex_release [error_reply]",
                                                          "EVALSHA mutex_extend [error_reply]",
-                                                         "EVALSHA mutex_probe"}));
+                                                         "EVALSHA compare_and_delete"}));
     EXPECT_EQ(conn.count("EVALSHA", "mutex_release"), 1U);
     EXPECT_EQ(conn.count("EVALSHA", release.sha1), 1U);
 }

@@ -417,7 +417,7 @@ TEST(MutexExtendScript, KeyOfAnotherTypeIsAnErrorReply) {
     EXPECT_EQ(srv.cli({"PTTL", "lock"}), "-1");
 }
 
-// mutex_acquire without fencing, as a try (what mutex_probe.lua used to answer)
+// mutex_acquire without fencing, as a try that does not join the queue
 
 TEST(MutexAcquireScript, FreeNameIsTakenWithoutATokenWhenNotFenced) {
     redis_server srv;

@@ -22,7 +22,9 @@
 //
 // A lock's events come from its own calls, the client's watchdog and its loss timer; the
 // connection's from the hiredis adapter. An acquisition reports acquired once, then released or
-// lost once. Redlock locks (redlock_mutex) report nothing yet, and of the connections only
+// lost once. A waiting call reports contended once per attempt that joined the queue (its first
+// plain try, when it is followed at once by one that joins, is not counted). Redlock locks
+// (redlock_mutex) report nothing yet, and of the connections only
 // hiredis_connection (redislock::client) reports reconnected.
 //
 // Threads: acquired and contended come on the thread that called lock(), try_lock*() or
@@ -35,8 +37,14 @@
 // reconnected and script_reloaded on whichever thread's call did it (a lock call, the watchdog,
 // or the reaper that finishes background releases).
 //
+// Lifetime: the hook may be called as long as any lock of the client, or a release or queue
+// exit left to the background reaper, is alive: after the client itself is gone, and for a
+// few seconds after the last lock. What it captures must live that long (capture by shared_ptr,
+// or use objects that live until the process exits).
 // The hook is called with no internal lock held, so it may call back into the lock or the
-// client. It should be short: the watchdog and loss timer threads serve every lock of the
+// client; but a contended event comes while its thread holds the process's place in line for
+// that name, so a hook that locks the same name on the same thread waits behind itself. It
+// should be short: the watchdog and loss timer threads serve every lock of the
 // client. It must not throw; an exception it throws is caught and dropped. The string_views
 // in an event are valid during the call only.
 #pragma once

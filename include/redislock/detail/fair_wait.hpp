@@ -209,6 +209,9 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 }
                 return true;
             }
+            if (!join && may_wait) {
+                continue;  // a plain try, followed at once by one that joins: not reported
+            }
             events.emit([&] {
                 lock_event e;
                 e.type = event_type::contended;
