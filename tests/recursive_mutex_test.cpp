@@ -127,9 +127,9 @@ redislock::reply run_acquire(redislock::client& client, std::string_view key,
     const std::string waiter = waiter_for(owner);
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_acquire,
-        std::array<std::string_view, 4>{key, fence_key, queue_key, lapse_key},
-        std::array<std::string_view, 8>{owner, lease_ms, fencing, offered, holds_none, given_up,
-                                        waiter, keep});
+        std::array<std::string_view, 2>{key, fence_key},
+        std::array<std::string_view, 10>{owner, lease_ms, fencing, offered, holds_none, given_up,
+                                         waiter, keep, queue_key, lapse_key});
 }
 
 // `owner` tries `key` once and, refused, joins its waiting queue as waiter_for(owner).
@@ -190,8 +190,9 @@ redislock::reply run_release(redislock::client& client, std::string_view key,
     const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_release,
-        std::array<std::string_view, 3>{key, queue_key, lapse_key},
-        std::array<std::string_view, 6>{owner, entries, lease_ms, channel, acquisition, grace});
+        std::array<std::string_view, 1>{key},
+        std::array<std::string_view, 8>{owner, entries, lease_ms, channel, acquisition, grace,
+                                        queue_key, lapse_key});
 }
 
 redislock::reply run_extend(redislock::client& client, std::string_view key, std::string_view owner,
@@ -516,8 +517,9 @@ TEST(RecursiveAcquireScript, ReentryReturnsTheFirstEntrysAcquisitionId) {
     // A re-entry offering another id still joins the first acquisition.
     const auto reentry = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_acquire,
-        std::array<std::string_view, 4>{"s", "{s}:fence", "{s}:queue", "{s}:waiting"},
-        std::array<std::string_view, 8>{"o1", "60000", "0", "other-id", "0", "", "wo1", "0"});
+        std::array<std::string_view, 2>{"s", "{s}:fence"},
+        std::array<std::string_view, 10>{"o1", "60000", "0", "other-id", "0", "", "wo1", "0",
+                                         "{s}:queue", "{s}:waiting"});
     EXPECT_EQ(integers(reentry), (std::vector<std::int64_t>{2, 0}));
     EXPECT_EQ(acquisition_id(reentry), id_for("o1"));
     EXPECT_EQ(acquisition_id(run_acquire(client, "s", "o2", "60000", "0")), "");

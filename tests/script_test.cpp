@@ -36,6 +36,7 @@ using redislock::test::subscriber;
 namespace scripts = redislock::detail::scripts;
 
 using keys1 = std::array<std::string_view, 1>;
+using keys2 = std::array<std::string_view, 2>;
 using keys3 = std::array<std::string_view, 3>;
 using keys4 = std::array<std::string_view, 4>;
 using args2 = std::array<std::string_view, 2>;
@@ -63,8 +64,9 @@ reply acquire(hiredis_connection& conn, std::string_view token, std::string_view
               std::string_view fencing = "0", std::optional<std::string> waiter = std::nullopt,
               std::string_view keep = "0") {
     const std::string id = waiter.value_or("w" + std::string{token});
-    return run_script(conn, scripts::mutex_acquire, keys4{"lock", fence_key, queue_key, lapse_key},
-                      args5{token, lease, fencing, id, keep});
+    return run_script(conn, scripts::mutex_acquire, keys2{"lock", fence_key},
+                      std::array<std::string_view, 7>{token, lease, fencing, id, keep, queue_key,
+                                                      lapse_key});
 }
 
 reply acquire_fenced(hiredis_connection& conn, std::string_view token, std::string_view lease) {
@@ -79,14 +81,15 @@ reply wait_in_line(hiredis_connection& conn, std::string_view token, std::string
 }
 
 reply release(hiredis_connection& conn, std::string_view token, std::string_view grace = "2000") {
-    return run_script(conn, scripts::mutex_release, keys3{"lock", queue_key, lapse_key},
-                      args3{token, channel, grace});
+    return run_script(conn, scripts::mutex_release, keys1{"lock"},
+                      args5{token, channel, grace, queue_key, lapse_key});
 }
 
 reply leave(hiredis_connection& conn, std::string_view waiter, std::string_view grace = "2000",
             std::string_view simple = "m") {
-    return run_script(conn, scripts::queue_leave, keys3{"lock", queue_key, lapse_key},
-                      args4{waiter, channel, grace, simple});
+    return run_script(conn, scripts::queue_leave, keys1{"lock"},
+                      std::array<std::string_view, 6>{waiter, channel, grace, simple, queue_key,
+                                                      lapse_key});
 }
 
 // The ids in the waiting queue, first to last, as the server has them.
@@ -465,8 +468,9 @@ TEST(MutexAcquireScript, KeysOfOtherTypesAreWrongtypeAndNothingIsWritten) {
         const std::string lapses = "{" + key_text + "}:waiting";
         const std::string fence = "{" + key_text + "}:fence";
         // Even an attempt that would wait in line joins no queue.
-        const reply r = run_script(conn, scripts::mutex_acquire, keys4{key, fence, queue, lapses},
-                                   args5{"mine", "5000", "1", "wmine", "5000"});
+        const reply r = run_script(
+            conn, scripts::mutex_acquire, std::array<std::string_view, 2>{key, fence},
+            std::array<std::string_view, 7>{"mine", "5000", "1", "wmine", "5000", queue, lapses});
         EXPECT_TRUE(r.is_error_code("WRONGTYPE")) << key << ": " << r.text();
         EXPECT_EQ(srv.cli({"EXISTS", fence, queue, lapses}), "0") << key;
     }

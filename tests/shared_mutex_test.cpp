@@ -181,9 +181,9 @@ reply run_acquire(redislock::client& client, std::string_view name, std::string_
     const std::string waiter = waiter_for(owner, kind);
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::shared_acquire,
-        std::array<std::string_view, 4>{name, fence_key, queue_key, lapse_key},
-        std::array<std::string_view, 9>{owner, kind, lease, fencing, waiter, offered, holds_none,
-                                        given_up, queue_ms});
+        std::array<std::string_view, 2>{name, fence_key},
+        std::array<std::string_view, 11>{owner, kind, lease, fencing, waiter, offered, holds_none,
+                                         given_up, queue_ms, queue_key, lapse_key});
 }
 
 std::int64_t run_release(redislock::client& client, std::string_view name, std::string_view owner,
@@ -196,8 +196,9 @@ std::int64_t run_release(redislock::client& client, std::string_view name, std::
     const std::string acquisition = id.value_or(id_for(owner));
     const reply r = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::shared_release,
-        std::array<std::string_view, 3>{name, queue_key, lapse_key},
-        std::array<std::string_view, 6>{owner, kind, entries, channel, acquisition, grace});
+        std::array<std::string_view, 1>{name},
+        std::array<std::string_view, 8>{owner, kind, entries, channel, acquisition, grace,
+                                        queue_key, lapse_key});
     EXPECT_TRUE(r.is_integer()) << r.text();
     return r.as_integer();
 }
@@ -1915,9 +1916,9 @@ std::int64_t queue_waiter(redislock::client& client, const std::string& name, st
     const std::string lapse_key = redislock::detail::derived_key(name, "waiting");
     const reply r = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::shared_acquire,
-        std::array<std::string_view, 4>{name, fence_key, queue_key, lapse_key},
-        std::array<std::string_view, 9>{"script-owner", kind, "60000", "0", waiter, "script-id",
-                                        "1", "", "5000"});
+        std::array<std::string_view, 2>{name, fence_key},
+        std::array<std::string_view, 11>{"script-owner", kind, "60000", "0", waiter, "script-id",
+                                         "1", "", "5000", queue_key, lapse_key});
     return verdict_of(r).first;
 }
 

@@ -324,11 +324,11 @@ private:
             if (!set) {
                 auto [r, acks] = detail::run_script_acknowledged(
                     *state_->conn, detail::scripts::mutex_acquire,
-                    std::array<std::string_view, 4>{state_->name, state_->fence_key,
-                                                    state_->queue_key, state_->lapse_key},
+                    std::array<std::string_view, 2>{state_->name, state_->fence_key},
                     std::array{token.view(), state_->lease_text.view(),
                                std::string_view{opts.fencing ? "1" : "0"}, place.waiter,
-                               place.keep()},
+                               place.keep(), std::string_view{state_->queue_key},
+                               std::string_view{state_->lapse_key}},
                     how, opts.min_replicas, opts.replica_timeout, &state_->core->events);
                 replicas = acks;
                 if (r.is_error()) {
@@ -419,8 +419,9 @@ private:
         try {
             const reply r = detail::run_script(
                 st.core->connection, detail::scripts::mutex_release,
-                std::array<std::string_view, 3>{st.name, st.queue_key, st.lapse_key},
-                std::array<std::string_view, 3>{token.view(), st.channel, st.grace_text.view()},
+                std::array<std::string_view, 1>{st.name},
+                std::array<std::string_view, 5>{token.view(), st.channel, st.grace_text.view(),
+                                                st.queue_key, st.lapse_key},
                 call_context{{}, deadline}, &st.core->events);
             if (r.is_integer()) {
                 switch (r.as_integer()) {

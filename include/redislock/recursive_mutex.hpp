@@ -350,12 +350,12 @@ private:
         try {
             auto acknowledged = detail::run_script_acknowledged(
                 *state_->conn, detail::scripts::recursive_acquire,
-                std::array<std::string_view, 4>{state_->name, state_->fence_key,
-                                                state_->queue_key, state_->lapse_key},
-                std::array<std::string_view, 8>{owner, state_->lease_text.view(),
-                                                state_->options.fencing ? "1" : "0",
-                                                candidate.view(), outermost ? "1" : "0", given_up,
-                                                place.waiter, place.keep()},
+                std::array<std::string_view, 2>{state_->name, state_->fence_key},
+                std::array<std::string_view, 10>{owner, state_->lease_text.view(),
+                                                 state_->options.fencing ? "1" : "0",
+                                                 candidate.view(), outermost ? "1" : "0", given_up,
+                                                 place.waiter, place.keep(), state_->queue_key,
+                                                 state_->lapse_key},
                 attempt_how, state_->options.min_replicas, state_->options.replica_timeout,
                 &state_->core->events);
             r = std::move(acknowledged.value);
@@ -482,9 +482,10 @@ private:
         how.repeatable = entries == drop_all;  // a count change must not run twice
         reply r = detail::run_script(
             st.core->connection, detail::scripts::recursive_release,
-            std::array<std::string_view, 3>{st.name, st.queue_key, st.lapse_key},
-            std::array<std::string_view, 6>{entry.owner, count.view(), lease_text, st.channel,
-                                            entry.acquisition, st.grace_text.view()},
+            std::array<std::string_view, 1>{st.name},
+            std::array<std::string_view, 8>{entry.owner, count.view(), lease_text, st.channel,
+                                            entry.acquisition, st.grace_text.view(), st.queue_key,
+                                            st.lapse_key},
             how, &st.core->events);
         if (r.is_integer() && r.as_integer() >= 1) {
             st.core->waiting->gates.note_contention(st.name, r.as_integer() == 2);

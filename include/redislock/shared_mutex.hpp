@@ -335,12 +335,12 @@ private:
         try {
             auto acknowledged = detail::run_script_acknowledged(
                 *state_->conn, detail::scripts::shared_acquire,
-                std::array<std::string_view, 4>{state_->name, state_->fence_key,
-                                                state_->queue_key, state_->lapse_key},
-                std::array<std::string_view, 9>{
+                std::array<std::string_view, 2>{state_->name, state_->fence_key},
+                std::array<std::string_view, 11>{
                     owner, mode_text(kind), state_->lease_text.view(),
                     kind == mode::write && state_->options.fencing ? "1" : "0", place.waiter,
-                    candidate.view(), outermost ? "1" : "0", given_up, place.keep()},
+                    candidate.view(), outermost ? "1" : "0", given_up, place.keep(),
+                    state_->queue_key, state_->lapse_key},
                 attempt_how, state_->options.min_replicas, state_->options.replica_timeout,
                 &state_->core->events);
             r = std::move(acknowledged.value);
@@ -496,9 +496,10 @@ private:
         how.repeatable = entries == drop_all;  // a count change must not run twice
         reply r = detail::run_script(
             st.core->connection, detail::scripts::shared_release,
-            std::array<std::string_view, 3>{st.name, st.queue_key, st.lapse_key},
-            std::array<std::string_view, 6>{ref.owner, mode_text(ref.kind), count.view(),
-                                            st.channel, ref.acquisition, st.grace_text.view()},
+            std::array<std::string_view, 1>{st.name},
+            std::array<std::string_view, 8>{ref.owner, mode_text(ref.kind), count.view(),
+                                            st.channel, ref.acquisition, st.grace_text.view(),
+                                            st.queue_key, st.lapse_key},
             how, &st.core->events);
         if (r.is_integer() && r.as_integer() >= 1) {
             st.core->waiting->gates.note_contention(st.name, r.as_integer() == 2);

@@ -62,8 +62,9 @@ void leave_queue(const lock_identity<C>& lk, const std::string& waiter, bool sim
         try {
             const reply r =
                 run_script(core->connection, scripts::queue_leave,
-                           std::array<std::string_view, 3>{key, queue, lapses},
-                           std::array<std::string_view, 4>{waiter, channel, grace, simple ? "m" : ""},
+                           std::array<std::string_view, 1>{key},
+                           std::array<std::string_view, 6>{waiter, channel, grace,
+                                                           simple ? "m" : "", queue, lapses},
                            call_context{key, deadline}, &core->events);
             return !r.is_error() || r.is_error_code("WRONGTYPE");
         } catch (...) {
@@ -210,7 +211,9 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 return true;
             }
             if (!join && may_wait) {
-                continue;  // a plain try, followed at once by one that joins: not reported
+                // A plain try, followed at once by one that joins: the two count as one attempt.
+                --tally.attempts;
+                continue;
             }
             events.emit([&] {
                 lock_event e;

@@ -47,7 +47,9 @@ inline bool is_transient(const reply& r) {
             return true;
         }
     }
-    return false;
+    // A script that reaches a missing key of a slot being migrated (its queue, say): the slot
+    // settles within the migration.
+    return r.is_error() && r.text().find("non local key") != std::string::npos;
 }
 
 /// Throws the exception an error reply to `what` on `name` deserves.

@@ -28,13 +28,15 @@ inline constexpr script mutex_acquire{
 -- holding the token of waiter 'g<token>.<lease>' was handed to it, and its attempt takes it.
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the fencing counter (same hash slot as KEYS[1]; expires a day after its last use)
--- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
 -- ARGV[1]  our token
 -- ARGV[2]  the lease, ms
 -- ARGV[3]  '1' to draw a fencing token
 -- ARGV[4]  the waiter id of this lock() call
 -- ARGV[5]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for (the waiter comes back by then)
+-- ARGV[6]  the waiting queue; ARGV[7] its lapse times (see _queue.lua; same slot)
+-- The queue keys come last in ARGV, not in KEYS: they often do not exist, and Redis Cluster
+-- refuses (TRYAGAIN) a command whose declared keys are partly missing while their slot migrates.
 -- Returns  {1, fencing token or 0} acquired; {0, ms} not acquired: wait at most ms for a
 --          message before trying again (-1: the holder set no lease)
 -- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[2] is not a
@@ -143,6 +145,7 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'string' and kind ~= 'none' then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
@@ -154,21 +157,21 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
-local queued = redis.call('EXISTS', KEYS[3]) == 1
+local queued = redis.call('EXISTS', queue) == 1
 if queued then
-    queue_prune(KEYS[3], KEYS[4], now)
+    queue_prune(queue, lapses, now)
 end
 local holder = kind == 'string' and redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     -- This very attempt, sent again after its reply was lost: it acquired.
     if queued then
-        queue_leave(KEYS[3], KEYS[4], id)
+        queue_leave(queue, lapses, id)
     end
     return {1, ARGV[3] == '1' and tonumber(last) or 0}
 end
 -- Handed to this waiter already (its message late or lost), or kept free for it, or free.
 if (holder and holder == string.match(id, '^g(%x+)%.')) or
-    ((not holder or holder == 'queued:' .. id) and (not queued or queue_allows(KEYS[3], id))) then
+    ((not holder or holder == 'queued:' .. id) and (not queued or queue_allows(queue, id))) then
     -- Never below the server's clock in microseconds, so tokens keep growing after a FLUSHALL
     -- or a restart without persistence (as long as fewer than a million are drawn per second).
     local fence = 0
@@ -178,19 +181,19 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
     end
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     if queued then
-        queue_leave(KEYS[3], KEYS[4], id)
+        queue_leave(queue, lapses, id)
     end
     return {1, fence}
 end
 local wait = holder and redis.call('PTTL', KEYS[1]) or
-    (tonumber(redis.call('ZSCORE', KEYS[4], redis.call('ZRANGE', KEYS[3], 0, 0)[1])) or now) - now
+    (tonumber(redis.call('ZSCORE', lapses, redis.call('ZRANGE', queue, 0, 0)[1])) or now) - now
 if ARGV[5] ~= '0' then
-    queue_join(KEYS[3], KEYS[4], id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
+    queue_join(queue, lapses, id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                math.max(wait, 0) + tonumber(ARGV[5]))
 end
 return {0, wait}
 )lua",
-    "630278d03c28fbb5892cd55eede0cae35adb342b"};
+    "fbf23eacbaef5f92463ea9e83b46cd9bf2996a6e"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -212,10 +215,10 @@ inline constexpr script mutex_release{
 -- head of the queue (see queue_hand_on in _queue.lua) and the head is told. DEL comes first: Redis allows it when out of memory, and once a script
 -- has written, the rest of it may write too.
 -- KEYS[1]  the lock's key
--- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
 -- ARGV[1]  our token
 -- ARGV[2]  the release channel
 -- ARGV[3]  the grace, ms, a told waiter has to come
+-- ARGV[4]  the waiting queue; ARGV[5] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  1 released, no one waits; 2 released and a waiter told; 0 not ours (expired, or now
 --          held by someone else)
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -322,29 +325,30 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
 redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', KEYS[2]) == 0 then
+if redis.call('EXISTS', queue) == 0 then
     return 1
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-return queue_hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
+return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "60793e798ee1680ba7af923c092f891b56a69dc4"};
+    "e1833d03fc8615401fedfdb741cee8412880412e"};
 
 inline constexpr script queue_leave{
     "queue_leave",
     R"lua(-- Takes a waiter that gives up out of the queue. If the lock was kept free for it or handed to
 -- it, or it stood before others that may go now, the next waiters are told.
 -- KEYS[1]  the lock's key
--- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
 -- ARGV[1]  the waiter id
 -- ARGV[2]  the release channel
 -- ARGV[3]  the grace, ms, a told waiter has to come
 -- ARGV[4]  'm' for a simple lock (then kept free for the next head), '' for the other kinds
+-- ARGV[5]  the waiting queue; ARGV[6] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  1 left and waiters told; 0 left
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
@@ -450,7 +454,8 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
-queue_leave(KEYS[2], KEYS[3], ARGV[1])
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+queue_leave(queue, lapses, ARGV[1])
 local kind = redis.call('TYPE', KEYS[1]).ok
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -458,15 +463,15 @@ if kind == 'string' then
     local holder = redis.call('GET', KEYS[1])
     if holder == 'queued:' .. ARGV[1] or holder == string.match(ARGV[1], '^g(%x+)%.') then
         redis.call('DEL', KEYS[1])
-        return queue_hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+        return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
     end
 end
 -- Held by a writer (or a simple or reentrant holder): its release tells the queue.
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
     return 0
 end
-queue_prune(KEYS[2], KEYS[3], now)
-local run = queue_runners(KEYS[2])
+queue_prune(queue, lapses, now)
+local run = queue_runners(queue)
 if kind == 'hash' and string.sub(run[1] or 'w', 1, 1) ~= 'r' then
     return 0  -- read-held: only readers may join now
 end
@@ -474,12 +479,12 @@ if #run == 0 then
     return 0
 end
 if kind == 'none' and ARGV[4] == 'm' then
-    return queue_hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+    return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
-queue_notify(KEYS[2], KEYS[3], ARGV[2], run, now, tonumber(ARGV[3]))
+queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "528afba0d83c03cb40036b98805c57a0f7ecf3aa"};
+    "ca64885dbd0c53d611c2141922d6d7dd14aa9b81"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -495,10 +500,10 @@ inline constexpr script recursive_acquire{
 --          (a retry whose first reply was lost) or ARGV[6] (an acquisition the object already
 --          gave up, whose release may not have landed) is then taken over, not re-entered
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
--- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
 -- ARGV[7]  the waiter id of this lock() call
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
+-- ARGV[9]  the waiting queue; ARGV[10] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, ms, ''} not acquired: wait at most ms for a message before trying again
 --          (the holder's PTTL, or how long the waiter told to go has to come). fence is 0 when
@@ -609,6 +614,7 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 local function fresh()
     local fence = 0
     if ARGV[3] == '1' then
@@ -625,7 +631,7 @@ local function fresh()
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     if ARGV[8] ~= '0' then
-        queue_leave(KEYS[3], KEYS[4], ARGV[7])
+        queue_leave(queue, lapses, ARGV[7])
     end
     return {1, fence, ARGV[4]}
 end
@@ -633,7 +639,7 @@ end
 -- Not acquired: join the queue when waiting, and say how long to wait.
 local function wait(ms, now, time)
     if ARGV[8] ~= '0' then
-        queue_join(KEYS[3], KEYS[4], ARGV[7], now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
+        queue_join(queue, lapses, ARGV[7], now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                    math.max(ms, 0) + tonumber(ARGV[8]))
     end
     return {0, ms, ''}
@@ -645,18 +651,18 @@ if ARGV[3] == '1' then
     end
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'none' and redis.call('EXISTS', KEYS[3]) == 0 then
+if kind == 'none' and redis.call('EXISTS', queue) == 0 then
     return fresh()  -- free, and no one waits
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'none' then
-    queue_prune(KEYS[3], KEYS[4], now)
-    if queue_allows(KEYS[3], ARGV[7]) then
+    queue_prune(queue, lapses, now)
+    if queue_allows(queue, ARGV[7]) then
         return fresh()
     end
-    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    return wait((tonumber(redis.call('ZSCORE', KEYS[4], head)) or now) - now, now, time)
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    return wait((tonumber(redis.call('ZSCORE', lapses, head)) or now) - now, now, time)
 end
 if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1 then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
@@ -672,7 +678,7 @@ if id then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "26e95ec17360991d251f9830daf81c210d6af5f2"};
+    "41b705fb17029ca8dad8eed41751ac578662405e"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -703,8 +709,8 @@ inline constexpr script recursive_release{
 --          finished in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
--- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
 -- ARGV[6]  the grace, ms, a told waiter has to come
+-- ARGV[7]  the waiting queue; ARGV[8] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  2 released (key deleted) and a waiter told; 1 released, no one waits;
 --          0 still held (lease refreshed);
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
@@ -812,6 +818,7 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or
     redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) ~= ARGV[5] then
     return -1
@@ -827,17 +834,17 @@ if left > 0 then
     return 0
 end
 redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', KEYS[2]) == 0 then
+if redis.call('EXISTS', queue) == 0 then
     return 1
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-queue_prune(KEYS[2], KEYS[3], now)
-local run = queue_runners(KEYS[2])
-queue_notify(KEYS[2], KEYS[3], ARGV[4], run, now, tonumber(ARGV[6]))
+queue_prune(queue, lapses, now)
+local run = queue_runners(queue)
+queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return #run > 0 and 2 or 1
 )lua",
-    "96e1b4757d656b648aa964f1d1836c710e1cf016"};
+    "8d3842c92d9ac8f248048f4683b5f14dd7361251"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -849,7 +856,6 @@ inline constexpr script shared_acquire{
 --   lease in server time; fence.
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
--- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
 -- ARGV[1]  the owner id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  the lease, ms
@@ -863,6 +869,7 @@ inline constexpr script shared_acquire{
 --          separated by spaces, or '': entries of this owner with these ids are dropped
 -- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
+-- ARGV[10] the waiting queue; ARGV[11] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
 --          {0, ms, ''} must wait: at most ms for a message before trying again;
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
@@ -971,6 +978,7 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 if ARGV[2] == 'w' and ARGV[4] == '1' then
     local last = redis.call('GET', KEYS[2])
     if last and (#last > 16 or not string.match(last, '^%d+$')) then
@@ -1022,31 +1030,31 @@ if want == 'w' and mine.r and not mine.w then
 elseif mine[want] then
     result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
-local queued = redis.call('EXISTS', KEYS[3]) == 1
+local queued = redis.call('EXISTS', queue) == 1
 if queued then
-    queue_prune(KEYS[3], KEYS[4], now)
+    queue_prune(queue, lapses, now)
 end
 if not result and not retried and
     (others.w or (want == 'w' and others.r) or
-     not (want == 'r' and mine.w or not queued or queue_allows(KEYS[3], ARGV[5]))) then
+     not (want == 'r' and mine.w or not queued or queue_allows(queue, ARGV[5]))) then
     if latest > now then
         redis.call('PEXPIRE', KEYS[1], latest - now)
     elseif kind ~= 'none' then
         redis.call('DEL', KEYS[1])
     end
     if not (others.w or others.r) then
-        local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-        longest = (tonumber(redis.call('ZSCORE', KEYS[4], head)) or now) - now
+        local head = redis.call('ZRANGE', queue, 0, 0)[1]
+        longest = (tonumber(redis.call('ZSCORE', lapses, head)) or now) - now
     end
     if ARGV[9] ~= '0' then
-        queue_join(KEYS[3], KEYS[4], ARGV[5], now,
+        queue_join(queue, lapses, ARGV[5], now,
                    tonumber(time[1]) * 1000000 + tonumber(time[2]), longest + tonumber(ARGV[9]))
     end
     return {0, longest, ''}
 elseif not result then
     local fence = 0
     if queued then
-        queue_leave(KEYS[3], KEYS[4], ARGV[5])
+        queue_leave(queue, lapses, ARGV[5])
     end
     if want == 'w' then
         if ARGV[4] == '1' then
@@ -1065,7 +1073,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "d70e0fae7a0754fbb920faa8917ce5006091b557"};
+    "cc12df8286f6bd65b2457d189395a610be9bc9b3"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1108,8 +1116,8 @@ inline constexpr script shared_release{
 -- ARGV[3]  how many entries to leave (1 for unlock)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
--- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
 -- ARGV[6]  the grace, ms, a told waiter has to come
+-- ARGV[7]  the waiting queue; ARGV[8] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  2 released and waiters told; 1 released (the key is deleted when no one else holds);
 --          0 still held by outer entries; -1 not held (expired, never, or a later acquisition's)
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -1216,6 +1224,7 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
@@ -1253,17 +1262,17 @@ else
     redis.call('HSET', KEYS[1], 'mode', writer and 'write' or (holders and 'read' or 'free'))
     redis.call('PEXPIRE', KEYS[1], latest - now)
 end
-if writer or redis.call('EXISTS', KEYS[2]) == 0 then
+if writer or redis.call('EXISTS', queue) == 0 then
     return 1
 end
-queue_prune(KEYS[2], KEYS[3], now)
-local run = queue_runners(KEYS[2])
+queue_prune(queue, lapses, now)
+local run = queue_runners(queue)
 if #run == 0 or (holders and string.sub(run[1], 1, 1) ~= 'r') then
     return 1
 end
-queue_notify(KEYS[2], KEYS[3], ARGV[4], run, now, tonumber(ARGV[6]))
+queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "d7cc08abe65038bd73cfab02a93dcb63b2190ed7"};
+    "0480cbcd2f8642d5c5d7b823790d6bde799322ce"};
 
 }  // namespace redislock::detail::scripts

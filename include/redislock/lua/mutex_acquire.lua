@@ -4,18 +4,21 @@
 -- holding the token of waiter 'g<token>.<lease>' was handed to it, and its attempt takes it.
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the fencing counter (same hash slot as KEYS[1]; expires a day after its last use)
--- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
 -- ARGV[1]  our token
 -- ARGV[2]  the lease, ms
 -- ARGV[3]  '1' to draw a fencing token
 -- ARGV[4]  the waiter id of this lock() call
 -- ARGV[5]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for (the waiter comes back by then)
+-- ARGV[6]  the waiting queue; ARGV[7] its lapse times (see _queue.lua; same slot)
+-- The queue keys come last in ARGV, not in KEYS: they often do not exist, and Redis Cluster
+-- refuses (TRYAGAIN) a command whose declared keys are partly missing while their slot migrates.
 -- Returns  {1, fencing token or 0} acquired; {0, ms} not acquired: wait at most ms for a
 --          message before trying again (-1: the holder set no lease)
 -- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[2] is not a
 --          counter; nothing is written then.
 --#include _queue.lua
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'string' and kind ~= 'none' then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
@@ -27,21 +30,21 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
-local queued = redis.call('EXISTS', KEYS[3]) == 1
+local queued = redis.call('EXISTS', queue) == 1
 if queued then
-    queue_prune(KEYS[3], KEYS[4], now)
+    queue_prune(queue, lapses, now)
 end
 local holder = kind == 'string' and redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     -- This very attempt, sent again after its reply was lost: it acquired.
     if queued then
-        queue_leave(KEYS[3], KEYS[4], id)
+        queue_leave(queue, lapses, id)
     end
     return {1, ARGV[3] == '1' and tonumber(last) or 0}
 end
 -- Handed to this waiter already (its message late or lost), or kept free for it, or free.
 if (holder and holder == string.match(id, '^g(%x+)%.')) or
-    ((not holder or holder == 'queued:' .. id) and (not queued or queue_allows(KEYS[3], id))) then
+    ((not holder or holder == 'queued:' .. id) and (not queued or queue_allows(queue, id))) then
     -- Never below the server's clock in microseconds, so tokens keep growing after a FLUSHALL
     -- or a restart without persistence (as long as fewer than a million are drawn per second).
     local fence = 0
@@ -51,14 +54,14 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
     end
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     if queued then
-        queue_leave(KEYS[3], KEYS[4], id)
+        queue_leave(queue, lapses, id)
     end
     return {1, fence}
 end
 local wait = holder and redis.call('PTTL', KEYS[1]) or
-    (tonumber(redis.call('ZSCORE', KEYS[4], redis.call('ZRANGE', KEYS[3], 0, 0)[1])) or now) - now
+    (tonumber(redis.call('ZSCORE', lapses, redis.call('ZRANGE', queue, 0, 0)[1])) or now) - now
 if ARGV[5] ~= '0' then
-    queue_join(KEYS[3], KEYS[4], id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
+    queue_join(queue, lapses, id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                math.max(wait, 0) + tonumber(ARGV[5]))
 end
 return {0, wait}

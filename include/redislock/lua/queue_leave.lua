@@ -1,14 +1,15 @@
 -- Takes a waiter that gives up out of the queue. If the lock was kept free for it or handed to
 -- it, or it stood before others that may go now, the next waiters are told.
 -- KEYS[1]  the lock's key
--- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
 -- ARGV[1]  the waiter id
 -- ARGV[2]  the release channel
 -- ARGV[3]  the grace, ms, a told waiter has to come
 -- ARGV[4]  'm' for a simple lock (then kept free for the next head), '' for the other kinds
+-- ARGV[5]  the waiting queue; ARGV[6] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  1 left and waiters told; 0 left
 --#include _queue.lua
-queue_leave(KEYS[2], KEYS[3], ARGV[1])
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+queue_leave(queue, lapses, ARGV[1])
 local kind = redis.call('TYPE', KEYS[1]).ok
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -16,15 +17,15 @@ if kind == 'string' then
     local holder = redis.call('GET', KEYS[1])
     if holder == 'queued:' .. ARGV[1] or holder == string.match(ARGV[1], '^g(%x+)%.') then
         redis.call('DEL', KEYS[1])
-        return queue_hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+        return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
     end
 end
 -- Held by a writer (or a simple or reentrant holder): its release tells the queue.
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
     return 0
 end
-queue_prune(KEYS[2], KEYS[3], now)
-local run = queue_runners(KEYS[2])
+queue_prune(queue, lapses, now)
+local run = queue_runners(queue)
 if kind == 'hash' and string.sub(run[1] or 'w', 1, 1) ~= 'r' then
     return 0  -- read-held: only readers may join now
 end
@@ -32,7 +33,7 @@ if #run == 0 then
     return 0
 end
 if kind == 'none' and ARGV[4] == 'm' then
-    return queue_hand_on(KEYS[1], KEYS[2], KEYS[3], ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+    return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
-queue_notify(KEYS[2], KEYS[3], ARGV[2], run, now, tonumber(ARGV[3]))
+queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1

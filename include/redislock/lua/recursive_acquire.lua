@@ -10,10 +10,10 @@
 --          (a retry whose first reply was lost) or ARGV[6] (an acquisition the object already
 --          gave up, whose release may not have landed) is then taken over, not re-entered
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
--- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
 -- ARGV[7]  the waiter id of this lock() call
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
+-- ARGV[9]  the waiting queue; ARGV[10] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, ms, ''} not acquired: wait at most ms for a message before trying again
 --          (the holder's PTTL, or how long the waiter told to go has to come). fence is 0 when
@@ -21,6 +21,7 @@
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[2] not a fencing counter;
 --          nothing is written then.
 --#include _queue.lua
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 local function fresh()
     local fence = 0
     if ARGV[3] == '1' then
@@ -37,7 +38,7 @@ local function fresh()
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     if ARGV[8] ~= '0' then
-        queue_leave(KEYS[3], KEYS[4], ARGV[7])
+        queue_leave(queue, lapses, ARGV[7])
     end
     return {1, fence, ARGV[4]}
 end
@@ -45,7 +46,7 @@ end
 -- Not acquired: join the queue when waiting, and say how long to wait.
 local function wait(ms, now, time)
     if ARGV[8] ~= '0' then
-        queue_join(KEYS[3], KEYS[4], ARGV[7], now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
+        queue_join(queue, lapses, ARGV[7], now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                    math.max(ms, 0) + tonumber(ARGV[8]))
     end
     return {0, ms, ''}
@@ -57,18 +58,18 @@ if ARGV[3] == '1' then
     end
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'none' and redis.call('EXISTS', KEYS[3]) == 0 then
+if kind == 'none' and redis.call('EXISTS', queue) == 0 then
     return fresh()  -- free, and no one waits
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'none' then
-    queue_prune(KEYS[3], KEYS[4], now)
-    if queue_allows(KEYS[3], ARGV[7]) then
+    queue_prune(queue, lapses, now)
+    if queue_allows(queue, ARGV[7]) then
         return fresh()
     end
-    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    return wait((tonumber(redis.call('ZSCORE', KEYS[4], head)) or now) - now, now, time)
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    return wait((tonumber(redis.call('ZSCORE', lapses, head)) or now) - now, now, time)
 end
 if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1 then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')

@@ -9,12 +9,13 @@
 --          finished in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
--- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
 -- ARGV[6]  the grace, ms, a told waiter has to come
+-- ARGV[7]  the waiting queue; ARGV[8] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  2 released (key deleted) and a waiter told; 1 released, no one waits;
 --          0 still held (lease refreshed);
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
 --#include _queue.lua
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or
     redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) ~= ARGV[5] then
     return -1
@@ -30,12 +31,12 @@ if left > 0 then
     return 0
 end
 redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', KEYS[2]) == 0 then
+if redis.call('EXISTS', queue) == 0 then
     return 1
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-queue_prune(KEYS[2], KEYS[3], now)
-local run = queue_runners(KEYS[2])
-queue_notify(KEYS[2], KEYS[3], ARGV[4], run, now, tonumber(ARGV[6]))
+queue_prune(queue, lapses, now)
+local run = queue_runners(queue)
+queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return #run > 0 and 2 or 1

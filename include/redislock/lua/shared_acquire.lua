@@ -6,7 +6,6 @@
 --   lease in server time; fence.
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
--- KEYS[3]  the waiting queue; KEYS[4] its lapse times (see _queue.lua)
 -- ARGV[1]  the owner id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  the lease, ms
@@ -20,11 +19,13 @@
 --          separated by spaces, or '': entries of this owner with these ids are dropped
 -- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
+-- ARGV[10] the waiting queue; ARGV[11] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
 --          {0, ms, ''} must wait: at most ms for a message before trying again;
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
 --#include _queue.lua
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 if ARGV[2] == 'w' and ARGV[4] == '1' then
     local last = redis.call('GET', KEYS[2])
     if last and (#last > 16 or not string.match(last, '^%d+$')) then
@@ -76,31 +77,31 @@ if want == 'w' and mine.r and not mine.w then
 elseif mine[want] then
     result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
-local queued = redis.call('EXISTS', KEYS[3]) == 1
+local queued = redis.call('EXISTS', queue) == 1
 if queued then
-    queue_prune(KEYS[3], KEYS[4], now)
+    queue_prune(queue, lapses, now)
 end
 if not result and not retried and
     (others.w or (want == 'w' and others.r) or
-     not (want == 'r' and mine.w or not queued or queue_allows(KEYS[3], ARGV[5]))) then
+     not (want == 'r' and mine.w or not queued or queue_allows(queue, ARGV[5]))) then
     if latest > now then
         redis.call('PEXPIRE', KEYS[1], latest - now)
     elseif kind ~= 'none' then
         redis.call('DEL', KEYS[1])
     end
     if not (others.w or others.r) then
-        local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-        longest = (tonumber(redis.call('ZSCORE', KEYS[4], head)) or now) - now
+        local head = redis.call('ZRANGE', queue, 0, 0)[1]
+        longest = (tonumber(redis.call('ZSCORE', lapses, head)) or now) - now
     end
     if ARGV[9] ~= '0' then
-        queue_join(KEYS[3], KEYS[4], ARGV[5], now,
+        queue_join(queue, lapses, ARGV[5], now,
                    tonumber(time[1]) * 1000000 + tonumber(time[2]), longest + tonumber(ARGV[9]))
     end
     return {0, longest, ''}
 elseif not result then
     local fence = 0
     if queued then
-        queue_leave(KEYS[3], KEYS[4], ARGV[5])
+        queue_leave(queue, lapses, ARGV[5])
     end
     if want == 'w' then
         if ARGV[4] == '1' then

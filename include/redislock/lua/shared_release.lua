@@ -9,11 +9,12 @@
 -- ARGV[3]  how many entries to leave (1 for unlock)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
--- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua)
 -- ARGV[6]  the grace, ms, a told waiter has to come
+-- ARGV[7]  the waiting queue; ARGV[8] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  2 released and waiters told; 1 released (the key is deleted when no one else holds);
 --          0 still held by outer entries; -1 not held (expired, never, or a later acquisition's)
 --#include _queue.lua
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
@@ -51,13 +52,13 @@ else
     redis.call('HSET', KEYS[1], 'mode', writer and 'write' or (holders and 'read' or 'free'))
     redis.call('PEXPIRE', KEYS[1], latest - now)
 end
-if writer or redis.call('EXISTS', KEYS[2]) == 0 then
+if writer or redis.call('EXISTS', queue) == 0 then
     return 1
 end
-queue_prune(KEYS[2], KEYS[3], now)
-local run = queue_runners(KEYS[2])
+queue_prune(queue, lapses, now)
+local run = queue_runners(queue)
 if #run == 0 or (holders and string.sub(run[1], 1, 1) ~= 'r') then
     return 1
 end
-queue_notify(KEYS[2], KEYS[3], ARGV[4], run, now, tonumber(ARGV[6]))
+queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
