@@ -398,6 +398,12 @@ TEST(Waiting, ReentryAfterATransientErrorStillPassesTheLocalGate) {
     auto held = client.recursive_mutex("gate-again");
     auto waiting = client.recursive_mutex("gate-again");
     auto again = client.recursive_mutex("gate-again");
+    // Set before any other thread uses the connection; armed later through the counter.
+    std::atomic<int> failures{0};
+    *conn.fail_before = [&](redislock::command argv) {
+        return is_script(argv, redislock::detail::scripts::recursive_acquire) &&
+               failures.exchange(0) == 1;
+    };
     held.lock();
     std::thread waiter{[&] {
         if (waiting.try_lock_for(4s)) {
@@ -405,11 +411,7 @@ TEST(Waiting, ReentryAfterATransientErrorStillPassesTheLocalGate) {
         }
     }};
     ASSERT_TRUE(eventually([&] { return zcard(srv, "{gate-again}:queue") == 1; }));
-    std::atomic<int> failures{1};
-    *conn.fail_before = [&](redislock::command argv) {
-        return is_script(argv, redislock::detail::scripts::recursive_acquire) &&
-               failures.exchange(0) == 1;
-    };
+    failures = 1;
     const stopwatch watch;
     EXPECT_TRUE(again.try_lock_for(2s));
     EXPECT_LT(watch.elapsed(), 1500ms);
