@@ -366,6 +366,7 @@ public:
     /// Must not outlive the connection that started it.
     class call {
     public:
+        /// Moves the batch; the moved-from call owns nothing.
         call(call&&) noexcept = default;
         call& operator=(call&&) = delete;
         ~call() {
@@ -375,7 +376,9 @@ public:
             }
         }
 
+        /// The socket to poll(2) for readability; -1 once the call has ended.
         int fd() const noexcept { return ctx_ ? ctx_->fd : -1; }
+        /// True when bytes already read from the socket (TLS records) wait to be parsed.
         bool buffered() const noexcept { return ctx_ && tls_pending(*ctx_); }
 
         /// Reads what the socket holds (one read(2): call it when poll(2) says readable or
