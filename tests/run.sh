@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the project and runs the test suite: release (g++), the API reference (Doxygen), then
+# Builds the project and runs the test suite: the API reference (Doxygen), release (g++), then
 # clang++, then ASan+UBSan, then TSan, then against hiredis 1.x; ends with a summary of each stage.
 # Usage: tests/run.sh [--quick]    --quick: release build and tests, and the API reference, only.
 set -euo pipefail
@@ -64,6 +64,8 @@ stage_end() {
 skip_stage() {
     summary+=("$(printf '%-14s %-8s %s' "$1" skipped "$2")")
 }
+# What a stage left out on purpose, printed under the summary.
+summary_notes=()
 
 report_time() {
     local status=$?
@@ -77,6 +79,7 @@ report_time() {
     if ((${#summary[@]} > 0)); then
         printf '\n==== summary ====\n'
         printf '%s\n' "${summary[@]}"
+        ((${#summary_notes[@]} == 0)) || printf '%s\n' "${summary_notes[@]}"
     fi
     printf '\n==== %s in %s ====\n' "$verdict" "$(minutes $SECONDS)"
 }
@@ -179,8 +182,6 @@ packages+=(clang)
 
 install_missing_packages
 
-run_suite release "$warnings" -DCMAKE_BUILD_TYPE=RelWithDebInfo
-
 # The API reference from the public headers; a public name without a comment fails the stage.
 stage_begin docs
 banner "docs: API reference"
@@ -189,6 +190,10 @@ cmake --build build/docs --target redislock_docs
 echo "API reference: build/docs/api/html/index.html"
 stage_end passed
 
+# Optimised as users build it, without debug information (it would add a third to the build).
+run_suite release "$warnings" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELEASE=-O2 -DNDEBUG"
+
+
 if ((quick)); then
     for stage in clang asan tsan hiredis1; do
         skip_stage "$stage" "--quick"
@@ -196,18 +201,38 @@ if ((quick)); then
     exit 0
 fi
 
-# clang++ with the same warnings as errors: the library, tests and examples. The release stage
-# already runs the benchmarks, the package consumers and the topology tests (clusters, five
-# masters, sentinels) with g++; every later stage runs the rest, threaded and fault tests included.
-ctest_args=(--label-exclude "package|topology")
-run_suite clang "$warnings" \
+# The release stage runs every test, with the benchmarks, the package consumers and the topology
+# tests (clusters, five masters, sentinels). Each later stage runs the tests that start threads
+# or inject faults, where a compiler, a sanitizer or another hiredis can change the outcome.
+threaded_and_fault_tests=(
+    mutex_test recursive_mutex_test shared_mutex_test safety_test fault_exclusion_test
+    fault_matrix_test fault_proxy_test faulty_connection_test watchdog_test waiting_test
+    events_test hiredis_test client_test
+)
+joined() {
+    local IFS=$1
+    shift
+    echo "$*"
+}
+summary_notes+=("clang, asan, tsan: only ${threaded_and_fault_tests[*]} (all run in release)")
+only_threaded_and_fault="-DREDISLOCK_TEST_ONLY=$(joined ';' "${threaded_and_fault_tests[@]}")"
+
+# clang++ with the same warnings as errors builds the library, every test and the examples
+# (unoptimised: this stage checks the code compiles cleanly and behaves the same).
+ctest_args=(--label-exclude "package|topology"
+            --label-regex "^($(joined '|' "${threaded_and_fault_tests[@]}"))\$")
+run_suite clang "$warnings -O0" \
     -DCMAKE_CXX_COMPILER=clang++ \
-    -DCMAKE_BUILD_TYPE=Debug \
+    -DCMAKE_BUILD_TYPE= \
     -DREDISLOCK_BUILD_BENCHMARKS=OFF
 
+# The sanitizer stages build only the tests they run.
+ctest_args=(--label-exclude "package|topology")
 asan_flags="-fsanitize=address,undefined"
-run_suite asan "$warnings $asan_flags -fno-omit-frame-pointer -fno-sanitize-recover=all" \
-    -DCMAKE_BUILD_TYPE=Debug \
+run_suite asan "$warnings $asan_flags -O1 -g1 -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+    -DCMAKE_BUILD_TYPE= \
+    "$only_threaded_and_fault" \
+    -DREDISLOCK_BUILD_EXAMPLES=OFF \
     -DREDISLOCK_BUILD_BENCHMARKS=OFF \
     "-DCMAKE_EXE_LINKER_FLAGS=$asan_flags" \
     "-DCMAKE_SHARED_LINKER_FLAGS=$asan_flags" \
@@ -215,8 +240,10 @@ run_suite asan "$warnings $asan_flags -fno-omit-frame-pointer -fno-sanitize-reco
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-run_suite tsan "$warnings -fsanitize=thread -fno-omit-frame-pointer" \
-    -DCMAKE_BUILD_TYPE=Debug \
+run_suite tsan "$warnings -fsanitize=thread -O1 -g1 -fno-omit-frame-pointer" \
+    -DCMAKE_BUILD_TYPE= \
+    "$only_threaded_and_fault" \
+    -DREDISLOCK_BUILD_EXAMPLES=OFF \
     -DREDISLOCK_BUILD_BENCHMARKS=OFF \
     -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
     -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
@@ -252,9 +279,14 @@ fetch_hiredis1() {
 stage_begin "hiredis1 fetch"
 if fetch_hiredis1; then
     stage_end ok
-    run_suite hiredis1 "$warnings" \
-        -DCMAKE_BUILD_TYPE=Debug \
+    # The threaded and fault tests, and those of the adapter itself: connections, TLS, URIs.
+    hiredis1_tests=("${threaded_and_fault_tests[@]}" connection_test tls_test endpoint_test)
+    summary_notes+=("hiredis1: those and connection_test tls_test endpoint_test")
+    run_suite hiredis1 "$warnings -O0" \
+        -DCMAKE_BUILD_TYPE= \
         "-DCMAKE_PREFIX_PATH=$hiredis1_dist/prefix" \
+        "-DREDISLOCK_TEST_ONLY=$(joined ';' "${hiredis1_tests[@]}")" \
+        -DREDISLOCK_BUILD_EXAMPLES=OFF \
         -DREDISLOCK_BUILD_BENCHMARKS=OFF
 else
     stage_end "not run"
