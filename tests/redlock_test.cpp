@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -207,6 +208,71 @@ TEST_F(Redlock, ForeignHolderOnThreeMastersMakesTryLockFalseAndTheMinorityIsRele
         EXPECT_EQ(value_on(i, "contended"), "foreign") << "master " << i;
     }
     EXPECT_FALSE(m.try_lock_for(100ms));  // contention stays a false, never an exception
+}
+
+TEST_F(Redlock, EventsTellAcquiredContendedReleasedAndLostForTheLockAsAWhole) {
+    struct seen {
+        event_type type;
+        lock_kind kind;
+        std::string name;
+        std::uint32_t attempts;
+        loss_reason reason;
+    };
+    auto events = std::make_shared<std::vector<seen>>();
+    auto guard = std::make_shared<std::mutex>();
+    redlock_options options = patient();
+    options.on_event = [events, guard](const lock_event& e) {
+        std::lock_guard lock{*guard};
+        events->push_back({e.type, e.kind, std::string{e.name}, e.attempts, e.reason});
+    };
+    redlock_client rl{uris(), options};
+    auto first = rl.mutex("observed", {.lease = 10s});
+    auto second = rl.mutex("observed", {.lease = 10s});
+    const auto count = [&](event_type type) {
+        std::lock_guard lock{*guard};
+        return std::count_if(events->begin(), events->end(), [&](const seen& e) {
+            return e.type == type && e.kind == lock_kind::redlock_mutex && e.name == "observed";
+        });
+    };
+
+    ASSERT_TRUE(first.try_lock());
+    EXPECT_EQ(count(event_type::acquired), 1);
+    EXPECT_FALSE(second.try_lock());
+    EXPECT_EQ(count(event_type::contended), 1);
+    first.unlock();
+    EXPECT_EQ(count(event_type::released), 1);
+
+    // Taken behind its back on a majority: unlock() finds it lost and says so once, as taken.
+    ASSERT_TRUE(second.try_lock());
+    for (std::size_t i = 0; i < 3; ++i) {
+        raw(i, {"SET", "observed", "someone-else"});
+    }
+    std::error_code ec;
+    second.unlock(ec);
+    EXPECT_EQ(ec, errc::lock_lost);
+    EXPECT_EQ(count(event_type::acquired), 2);
+    EXPECT_EQ(count(event_type::released), 1);
+    ASSERT_EQ(count(event_type::lost), 1);
+    std::lock_guard lock{*guard};
+    const auto lost = std::find_if(events->begin(), events->end(),
+                                   [](const seen& e) { return e.type == event_type::lost; });
+    EXPECT_EQ(lost->reason, loss_reason::taken);
+    EXPECT_EQ(to_string(lost->kind), "redlock_mutex");
+}
+
+TEST_F(Redlock, AnUnrenewedLeaseIsReportedLostAsExpired) {
+    std::atomic<int> expired{0};
+    redlock_options options = fast();
+    options.on_event = [&expired](const lock_event& e) {
+        if (e.type == event_type::lost && e.reason == loss_reason::expired) {
+            ++expired;
+        }
+    };
+    redlock_client rl{uris(), options};
+    auto m = rl.mutex("short", {.lease = 300ms});
+    ASSERT_TRUE(m.try_lock());
+    EXPECT_TRUE(eventually([&] { return expired.load() == 1; }, 3s));
+    EXPECT_FALSE(m.owned());
 }
 
 TEST_F(Redlock, TwoMastersDownOneHungOneKilledStillAcquiresWithinTheNodeTimeout) {

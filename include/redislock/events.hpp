@@ -24,8 +24,9 @@
 // connection's from the hiredis adapter. An acquisition reports acquired once, then released or
 // lost once. A waiting call reports contended once per attempt that joined the queue (its first
 // plain try, when it is followed at once by one that joins, is not counted). Redlock locks
-// (redlock_mutex) report nothing yet, and of the connections only
-// hiredis_connection (redislock::client) reports reconnected.
+// (redlock_options::on_event) report acquired, contended (each round that did not win a quorum),
+// released, renewal_retried, renewal_failed and lost, about the lock as a whole, never one
+// master. Of the connections only hiredis_connection (redislock::client) reports reconnected.
 //
 // Threads: acquired and contended come on the thread that called lock(), try_lock*() or
 // lock_shared(); released on the thread that called unlock() or destroyed the lock; lost on the
@@ -75,6 +76,7 @@ enum class lock_kind {
     recursive_mutex,     ///< basic_recursive_mutex
     shared_mutex_write,  ///< basic_shared_mutex, write side
     shared_mutex_read,   ///< basic_shared_mutex, read side
+    redlock_mutex,       ///< basic_redlock_mutex (redlock_options::on_event)
 };
 
 /// Why a held lock was lost (lock_event::reason, lock_options::on_lost_reason).
@@ -154,6 +156,8 @@ constexpr std::string_view to_string(lock_kind kind) noexcept {
             return "shared_mutex_write";
         case lock_kind::shared_mutex_read:
             return "shared_mutex_read";
+        case lock_kind::redlock_mutex:
+            return "redlock_mutex";
     }
     return "unknown";
 }

@@ -41,6 +41,9 @@
 // locks of one client that fall due together go out as one batch per master, each round bounded
 // by node_timeout.
 //
+// Events (redlock_options::on_event, see events.hpp): acquired, contended (a round that won no
+// quorum), released, lost and the watchdog's renewal events, about the lock as a whole.
+//
 // Thread safety: one object may be shared by several threads, as a std::mutex is; the thread
 // that locked it holds it (or, with lock_options::owner set, the object does). lock() from the
 // holder throws std::system_error(resource_deadlock_would_occur); unlock() from another thread
@@ -78,6 +81,7 @@
 #include <redislock/detail/token.hpp>
 #include <redislock/detail/wait.hpp>
 #include <redislock/error.hpp>
+#include <redislock/events.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/quorum_error.hpp>
 
@@ -322,13 +326,33 @@ private:
         }
         // The first attempt gets the full node timeout (try_lock() makes exactly one); later
         // ones end by the caller's deadline.
-        bool first = true;
-        return detail::acquire_with_backoff(
-            [this, &stop, &first, deadline] {
-                return attempt(stop, std::exchange(first, false) ? detail::steady::time_point::max()
-                                                                 : deadline);
+        const detail::event_sink& events = state_->core->events;
+        detail::wait_tally tally;
+        if (events.observed()) {
+            tally.started = detail::steady::now();
+        }
+        const bool acquired = detail::acquire_with_backoff(
+            [&] {
+                ++tally.attempts;
+                auto ttl = attempt(stop, tally.attempts == 1 ? detail::steady::time_point::max()
+                                                             : deadline);
+                if (ttl) {
+                    events.emit([&] {
+                        lock_event e;
+                        e.type = event_type::contended;
+                        e.kind = lock_kind::redlock_mutex;
+                        e.name = state_->name;
+                        e.attempts = tally.attempts;
+                        return e;
+                    });
+                }
+                return ttl;
             },
             deadline, stop, state_->options);
+        if (acquired) {
+            detail::report_acquired(*state_, lock_kind::redlock_mutex, tally);
+        }
+        return acquired;
     }
 
     // One round on every master: std::nullopt when acquired; else an unknown holder TTL. Its
@@ -377,12 +401,15 @@ private:
             state_->holder = std::this_thread::get_id();
             state_->generation = detail::current_fork_generation();
             state_->lease.valid_until = detail::valid_until(acq->sent, state_->options.lease);
+            state_->lease.acquired_at = acq->sent;
+            state_->lease.kind = lock_kind::redlock_mutex;
             state_->lost_source = state_->lease.lost_source;
         }
         tracker().end(previous_lease);
         if (previous_held) {
             previous_lease.lost_source.request_stop();
-            detail::call_on_lost(state_->options);
+            detail::report_loss(*state_, lock_kind::redlock_mutex, loss_reason::taken,
+                                previous_lease.acquired_at);
         }
         try {
             tracker().start(acq->tok, acq->sent, &detail::scripts::mutex_extend, {state_->name},
@@ -410,12 +437,16 @@ private:
             const auto outcomes = st->core->release(g.acq);
             const detail::quorum_tally t = detail::tally(outcomes);
             if (t.yes >= masters.quorum()) {
+                if (!g.lease.lost) {
+                    detail::report_release(*st, g.lease);
+                }
                 return {};
             }
             if (t.no > masters.size() - masters.quorum()) {
                 if (!g.lease.lost) {
                     g.lease.lost_source.request_stop();
-                    detail::call_on_lost(st->options);
+                    detail::report_loss(*st, lock_kind::redlock_mutex, loss_reason::taken,
+                                        g.lease.acquired_at);
                 }
                 return errc::lock_lost;
             }

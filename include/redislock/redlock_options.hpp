@@ -3,6 +3,8 @@
 
 #include <chrono>
 
+#include <redislock/events.hpp>
+
 namespace redislock {
 
 /// Options of a redlock_client, shared by every lock it makes. An aggregate:
@@ -18,6 +20,10 @@ struct redlock_options {
     /// releases may still run. A master that stays out of reach that long keeps the key until
     /// its lease runs out.
     int release_retries = 8;
+
+    /// Called with what the client's locks do (see events.hpp; kind lock_kind::redlock_mutex),
+    /// as client_options::on_event is. Unset (the default), nothing is built or timed for it.
+    event_hook on_event{};
 };
 
 }  // namespace redislock

@@ -133,9 +133,10 @@ public:
     };
 
     redlock_core(std::vector<node_spec> nodes, redlock_options options)
-        : specs_{std::move(nodes)}, options_{options}, nodes_{[count = specs_.size()] {
-              return std::make_unique<node_table>(count);
-          }} {}
+        : events{options.on_event},
+          specs_{std::move(nodes)},
+          options_{std::move(options)},
+          nodes_{[count = specs_.size()] { return std::make_unique<node_table>(count); }} {}
 
     redlock_core(const redlock_core&) = delete;
     redlock_core& operator=(const redlock_core&) = delete;
@@ -336,7 +337,7 @@ public:
     /// The connections come before the machinery that uses them, and go after it.
     quorum_connection<C> quorum_link{*this};
     per_process<loss_timer> timer{[] { return std::make_unique<loss_timer>(); }};
-    /// No hook: Redlock locks report no events yet (the shared loss path asks for one).
+    /// Where the locks' events go (redlock_options::on_event).
     event_sink events;
 
 private:
