@@ -160,6 +160,10 @@ TEST(Events, AcquisitionAfterContentionCountsItsAttemptsAndWait) {
     EXPECT_GE(acquired->wait, 200ms);
     EXPECT_LT(acquired->wait, 3s);  // woken by the release, not by the lease running out
     waiter.unlock();
+    // The lock was handed over on release: its hold time starts then, not when the wait began.
+    const auto released = events.first(event_type::released);
+    ASSERT_TRUE(released);
+    EXPECT_LT(released->held * 2, acquired->wait);
 }
 
 TEST(Events, ContendedTryLockTellsTheHoldersRemainingLease) {

@@ -284,7 +284,8 @@ private:
                 if (detail::steady::now() >= detail::valid_until(since, state_->options.lease)) {
                     return false;
                 }
-                on_acquired(token, since, 0);
+                // Held from now: the wait before the hand-over is not hold time.
+                on_acquired(token, since, 0, detail::steady::now());
                 return true;
             });
         if (acquired) {
@@ -361,8 +362,10 @@ private:
         return std::nullopt;
     }
 
+    // `sent`: when the granting attempt was sent (the lease counts from it); `taken`: when
+    // this process came to hold it (hold times count from it).
     void on_acquired(const detail::token& token, detail::steady::time_point sent,
-                     std::int64_t fence) {
+                     std::int64_t fence, std::optional<detail::steady::time_point> taken = {}) {
         std::optional<detail::token> previous;
         detail::tracked_lease<C> previous_lease;
         {
@@ -378,7 +381,7 @@ private:
             state_->holder = std::this_thread::get_id();
             state_->generation = detail::current_fork_generation();
             state_->lease.valid_until = detail::valid_until(sent, state_->options.lease);
-            state_->lease.acquired_at = sent;
+            state_->lease.acquired_at = taken.value_or(sent);
             state_->lease.kind = lock_kind::mutex;
             state_->fence = fence;
         }

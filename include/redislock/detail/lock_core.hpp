@@ -178,7 +178,7 @@ inline std::stop_token stopped_token() {
 template <connection C>
 struct tracked_lease {
     steady::time_point valid_until{};
-    steady::time_point acquired_at{};  // its grant was sent then: hold times count from it
+    steady::time_point acquired_at{};  // held since then: hold times count from it
     lock_kind kind = lock_kind::none;  // what its events say it is
     bool lost = false;                 // told through on_lost and the stop source
     bool renewal_stopped = false;      // the watchdog stopped while it was renewed
