@@ -262,6 +262,22 @@ TEST(Events, LeaseRunningOutWithoutWatchdogIsLostAsExpiredOnTheLossTimerThread) 
     EXPECT_EQ(reason_calls.load(), 1);
 }
 
+TEST(Events, WatchdogStoppingAtMaxHoldIsToldAsSuchThenLostAsExpired) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    auto m = client.mutex("capped", {.lease = 200ms, .watchdog = true, .max_hold = 400ms});
+    m.lock();
+    const auto lost = events.first(event_type::lost, 5s);
+    ASSERT_TRUE(lost);
+    EXPECT_EQ(lost->reason, loss_reason::expired);
+    EXPECT_GE(lost->held, 400ms);
+    const auto failed = events.of(event_type::renewal_failed);
+    ASSERT_EQ(failed.size(), 1U);
+    EXPECT_EQ(failed.front().detail, "max_hold reached");
+    EXPECT_EQ(failed.front().reason, loss_reason::expired);
+}
+
 TEST(Events, KeyTakenByAnotherHolderIsLostAsTakenWhenUnlockFindsOut) {
     redis_server srv;
     recorder events;

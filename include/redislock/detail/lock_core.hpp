@@ -418,8 +418,12 @@ private:
         }
         const loss_reason reason = m.shutdown ? loss_reason::client_shutdown : loss_reason::expired;
         const auto held = hook ? micros_since(m.acquired_at) : std::chrono::microseconds{};
+        // The watchdog renews up to max_hold only: a loss past it is that limit, not a failure.
+        const auto max_hold = st.options.max_hold;
+        const bool capped = hook && max_hold > std::chrono::milliseconds::zero() && held >= max_hold;
         return [hook, on_lost = st.options.on_lost, told = st.options.on_lost_reason,
-                name = st.name, kind = m.kind, reason, held, failed = m.renewed && !m.shutdown] {
+                name = st.name, kind = m.kind, reason, held, capped,
+                failed = m.renewed && !m.shutdown] {
             if (failed) {
                 emit_to(hook, [&] {
                     lock_event e;
@@ -427,7 +431,8 @@ private:
                     e.kind = kind;
                     e.name = name;
                     e.reason = reason;
-                    e.detail = "no renewal was confirmed before the local deadline";
+                    e.detail = capped ? "max_hold reached"
+                                      : "no renewal was confirmed before the local deadline";
                     return e;
                 });
             }
