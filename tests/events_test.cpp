@@ -75,6 +75,11 @@ public:
 
     std::size_t count(event_type type) const { return of(type).size(); }
 
+    std::vector<seen> all() const {
+        std::lock_guard guard{mutex_};
+        return seen_;
+    }
+
     // The first event of `type`, waiting up to `timeout` for it.
     std::optional<seen> first(event_type type, std::chrono::milliseconds timeout = 5s) const {
         if (!eventually([&] { return count(type) > 0; }, timeout)) {
@@ -276,6 +281,50 @@ TEST(Events, WatchdogStoppingAtMaxHoldIsToldAsSuchThenLostAsExpired) {
     ASSERT_EQ(failed.size(), 1U);
     EXPECT_EQ(failed.front().detail, "max_hold reached");
     EXPECT_EQ(failed.front().reason, loss_reason::expired);
+}
+
+TEST(Events, AcquiredComesBeforeTheLossEvenWhenTheHookIsSlowerThanTheLease) {
+    redis_server srv;
+    recorder events;
+    const redislock::event_hook record = events.hook();
+    // The hook takes longer than the lease over each acquired event: the loss must still be
+    // told after it.
+    redislock::client client{srv.uri(), {.on_event = [record](const lock_event& e) {
+                                 if (e.type == event_type::acquired) {
+                                     std::this_thread::sleep_for(20ms);
+                                 }
+                                 record(e);
+                             }}};
+    auto m = client.mutex("tiny", {.lease = 10ms});
+    auto rw = client.shared_mutex("tiny-rw", {.lease = 10ms});
+    auto re = client.recursive_mutex("tiny-re", {.lease = 10ms});
+    for (int i = 0; i < 3; ++i) {
+        m.lock();
+        rw.lock_shared();
+        re.lock();
+        ASSERT_TRUE(eventually([&] { return events.count(event_type::lost) == 3U * (i + 1); }));
+        std::error_code ignored;
+        m.unlock(ignored);
+        rw.unlock_shared(ignored);
+        re.unlock(ignored);
+    }
+    // Per lock: acquired, lost, acquired, lost, ...
+    for (const char* name : {"tiny", "tiny-rw", "tiny-re"}) {
+        std::vector<event_type> order;
+        std::string told;
+        for (const seen& e : events.all()) {
+            if (e.name == name && (e.type == event_type::acquired || e.type == event_type::lost ||
+                                   e.type == event_type::released)) {
+                order.push_back(e.type);
+                told += std::string{redislock::to_string(e.type)} + " ";
+            }
+        }
+        ASSERT_EQ(order.size(), 6U) << name << ": " << told;
+        for (std::size_t i = 0; i < order.size(); ++i) {
+            EXPECT_EQ(order[i], i % 2 == 0 ? event_type::acquired : event_type::lost)
+                << name << ": " << told;
+        }
+    }
 }
 
 TEST(Events, KeyTakenByAnotherHolderIsLostAsTakenWhenUnlockFindsOut) {

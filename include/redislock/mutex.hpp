@@ -267,8 +267,7 @@ private:
             }
         }
         const lock_options& opts = state_->options;
-        detail::wait_tally tally;
-        const bool acquired = detail::acquire_in_line(
+        return detail::acquire_in_line(
             *state_,
             [this](const call_context& how, const detail::queue_place& place) {
                 return attempt(how, place);
@@ -278,20 +277,16 @@ private:
             // WAIT, in its own round trip: neither can be handed over.
             detail::line_options{.simple = true,
                                  .handed = !opts.fencing && opts.min_replicas == 0,
-                                 .kind = lock_kind::mutex,
-                                 .tally = &tally},
-            [this](const detail::token& token, detail::steady::time_point since) {
+                                 .kind = lock_kind::mutex},
+            [this](const detail::token& token, detail::steady::time_point since,
+                   const detail::wait_tally& wait) {
                 if (detail::steady::now() >= detail::valid_until(since, state_->options.lease)) {
                     return false;
                 }
                 // Held from now: the wait before the hand-over is not hold time.
-                on_acquired(token, since, 0, detail::steady::now());
+                on_acquired(token, since, 0, &wait, detail::steady::now());
                 return true;
             });
-        if (acquired) {
-            detail::report_acquired(*state_, lock_kind::mutex, tally);
-        }
-        return acquired;
     }
 
     // One acquisition attempt: std::nullopt when acquired, else how long to wait at most.
@@ -358,14 +353,16 @@ private:
             abandon(token, sent);  // granted, but its lease ran out before the reply came
             return detail::holder_ttl{0};
         }
-        on_acquired(token, sent, fence);
+        on_acquired(token, sent, fence, place.tally);
         return std::nullopt;
     }
 
-    // `sent`: when the granting attempt was sent (the lease counts from it); `taken`: when
-    // this process came to hold it (hold times count from it).
+    // `sent`: when the granting attempt was sent (the lease counts from it); `wait`: the lock
+    // call's, reported as acquired before the lease can be found lost; `taken`: when this
+    // process came to hold it (hold times count from it).
     void on_acquired(const detail::token& token, detail::steady::time_point sent,
-                     std::int64_t fence, std::optional<detail::steady::time_point> taken = {}) {
+                     std::int64_t fence, const detail::wait_tally* wait,
+                     std::optional<detail::steady::time_point> taken = {}) {
         std::optional<detail::token> previous;
         detail::tracked_lease<C> previous_lease;
         {
@@ -390,6 +387,9 @@ private:
             previous_lease.lost_source.request_stop();
             detail::report_loss(*state_, lock_kind::mutex, loss_reason::taken,
                                 previous_lease.acquired_at);
+        }
+        if (wait != nullptr) {
+            detail::report_acquired(*state_, lock_kind::mutex, *wait);
         }
         try {
             tracker().start(token, sent, &detail::scripts::mutex_extend, {state_->name},

@@ -310,28 +310,21 @@ private:
         checked();
         const std::string owner = state_->caller_owner();
         // Always a possible re-entry: the owner may hold through another object.
-        detail::wait_tally tally;
-        bool first_entry = false;
-        const bool acquired = detail::acquire_in_line(
+        return detail::acquire_in_line(
             *state_,
             [&](const call_context& how, const detail::queue_place& place) {
-                return attempt(owner, detail::token::random(), how, place, first_entry);
+                return attempt(owner, detail::token::random(), how, place);
             },
             deadline, stop,
-            detail::line_options{
-                .reentry = true, .kind = lock_kind::recursive_mutex, .tally = &tally});
-        if (acquired && first_entry) {
-            detail::report_acquired(*state_, lock_kind::recursive_mutex, tally);
-        }
-        return acquired;
+            detail::line_options{.reentry = true, .kind = lock_kind::recursive_mutex});
     }
 
-    // One attempt: std::nullopt when acquired or re-entered (`first_entry` says which), else how
-    // long to wait at most.
+    // One attempt: std::nullopt when acquired or re-entered (a first entry reports acquired),
+    // else how long to wait at most.
     std::optional<detail::holder_ttl> attempt(const std::string& owner,
                                               const detail::token& candidate,
                                               const call_context& how,
-                                              const detail::queue_place& place, bool& first_entry) {
+                                              const detail::queue_place& place) {
         bool outermost = false;
         std::string given_up;
         {
@@ -397,13 +390,15 @@ private:
             abandon(owner, acquisition, sent + state_->options.lease);  // granted too late
             return detail::holder_ttl{0};
         }
-        first_entry = on_entered(owner, status, value, acquisition, sent);
+        on_entered(owner, status, value, acquisition, sent, place.tally);
         return std::nullopt;
     }
 
-    // Counts an entry in; true when it is the first through this object.
-    bool on_entered(const std::string& owner, std::int64_t status, std::int64_t fence,
-                    const std::string& acquisition, detail::steady::time_point sent) {
+    // Counts an entry in; the first through this object reports the call's `wait` as acquired
+    // before its lease can be found lost.
+    void on_entered(const std::string& owner, std::int64_t status, std::int64_t fence,
+                    const std::string& acquisition, detail::steady::time_point sent,
+                    const detail::wait_tally* wait) {
         bool previous_lost = false;
         std::optional<std::uint64_t> first_entry;
         detail::tracked_lease<C> previous;
@@ -449,6 +444,9 @@ private:
                                 previous.acquired_at);
         }
         if (first_entry) {
+            if (wait != nullptr) {
+                detail::report_acquired(*state_, lock_kind::recursive_mutex, *wait);
+            }
             try {
                 tracker().start(*first_entry, sent, &detail::scripts::recursive_extend,
                                 {state_->name},
@@ -459,7 +457,6 @@ private:
                 throw;
             }
         }
-        return first_entry.has_value();
     }
 
     // Remembers an acquisition whose entry may be in Redis though this object does not hold it,

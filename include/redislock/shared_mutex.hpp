@@ -281,22 +281,14 @@ private:
         // A reader asking to write is refused by the script ({-1, 0}), not here: only the server
         // knows whether this owner also writes through another object (then it re-enters), which
         // makes every acquisition a possible re-entry.
-        detail::wait_tally tally;
-        bool first_entry = false;
-        const bool acquired = detail::acquire_in_line(
+        return detail::acquire_in_line(
             *state_,
             [&](const call_context& how, const detail::queue_place& place) {
-                return attempt(owner, kind, detail::token::random(), how, place, first_entry);
+                return attempt(owner, kind, detail::token::random(), how, place);
             },
             deadline, stop,
-            detail::line_options{.reader = kind == mode::read,
-                                 .reentry = true,
-                                 .kind = kind_of(kind),
-                                 .tally = &tally});
-        if (acquired && first_entry) {
-            detail::report_acquired(*state_, kind_of(kind), tally);
-        }
-        return acquired;
+            detail::line_options{
+                .reader = kind == mode::read, .reentry = true, .kind = kind_of(kind)});
     }
 
     [[noreturn]] void throw_upgrade() const {
@@ -306,13 +298,12 @@ private:
                                     "unlock_shared() first"};
     }
 
-    // One attempt: std::nullopt when acquired or re-entered (`first_entry_out` says which), else
-    // how long to wait at most.
+    // One attempt: std::nullopt when acquired or re-entered (a first entry reports acquired),
+    // else how long to wait at most.
     std::optional<detail::holder_ttl> attempt(const std::string& owner, mode kind,
                                               const detail::token& candidate,
                                               const call_context& how,
-                                              const detail::queue_place& place,
-                                              bool& first_entry_out) {
+                                              const detail::queue_place& place) {
         bool outermost = false;
         std::string given_up;
         {
@@ -435,6 +426,10 @@ private:
             detail::report_loss(*state_, kind_of(kind), loss_reason::taken, previous.acquired_at);
         }
         if (first_entry) {
+            // Before its lease can be found lost: acquired comes first.
+            if (place.tally != nullptr) {
+                detail::report_acquired(*state_, kind_of(kind), *place.tally);
+            }
             try {
                 tracker().start(*first_entry, sent, &detail::scripts::shared_extend, {state_->name},
                                 {owner, std::string{mode_text(kind)},
@@ -444,7 +439,6 @@ private:
                 throw;
             }
         }
-        first_entry_out = first_entry.has_value();
         return std::nullopt;
     }
 

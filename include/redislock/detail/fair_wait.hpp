@@ -44,6 +44,9 @@ struct queue_place {
     std::string_view waiter;
     bool join = false;
     bool waits = false;  // the call waits if this attempt fails (else it is a try_lock)
+    /// The call's wait so far, attempts counted: an attempt that acquires reports it (acquired
+    /// event) before its lease can be reported lost.
+    const wait_tally* tally = nullptr;
 
     /// The script argument saying how long a queue entry outlives the wait its reply asks for
     /// ('0': do not join).
@@ -89,12 +92,12 @@ struct line_options {
     bool simple = false;   // a simple lock (see queue_leave.lua)
     bool handed = false;   // a simple lock may be handed to this waiter (see queue_hand_on)
     lock_kind kind = lock_kind::none;  // what contended events say it is
-    wait_tally* tally = nullptr;       // where the call's attempts (and start, if observed) go
 };
 
-/// Calls the lock's `granted(token, since)` for a lock handed to it under `token`: valid for
-/// a lease counted from `since` at least (the hand-over came after the waiter joined the queue).
-/// Returns false when the lock could not take it; the next attempt then claims it.
+/// Calls the lock's `granted(token, since, tally)` for a lock handed to it under `token`: valid
+/// for a lease counted from `since` at least (the hand-over came after the waiter joined the
+/// queue); `tally` is the call's wait. Returns false when the lock could not take it; the next
+/// attempt then claims it.
 using no_hand_over = std::nullptr_t;
 
 /// Runs `attempt(how, place)` until it acquires, the deadline passes or a stop is requested,
@@ -154,8 +157,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
     bool refused = false;
     const auto grace = handoff_grace(lk.options.lease);
     const event_sink& events = lk.core->events;
-    wait_tally own_tally;
-    wait_tally& tally = line.tally != nullptr ? *line.tally : own_tally;
+    wait_tally tally;  // the call's attempts, and its start when observed
     if (events.observed()) {
         tally.started = steady::now();
     }
@@ -201,7 +203,8 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             refused = false;
             ++tally.attempts;
             ttl = attempt(attempt_context(deadline, stop),
-                          queue_place{join ? std::string_view{waiter_id()} : trying, join, may_wait});
+                          queue_place{join ? std::string_view{waiter_id()} : trying, join,
+                                      may_wait, &tally});
             refused = ttl.has_value();
             if (!ttl) {
                 acquired = true;
@@ -264,11 +267,14 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             // from the first join, is left; else the next attempt claims it afresh.
             if (line.handed && refused && woken && slot && slot->named() && first_join &&
                 valid_until(*first_join, lk.options.lease) - steady::now() > lk.options.lease / 2 &&
-                grant && granted(*grant, *first_join)) {
+                grant) {
                 ++tally.attempts;  // the hand-over is the attempt that succeeded
-                acquired = true;
-                room.gates.note_contention(lk.name, true);
-                return true;
+                if (granted(*grant, *first_join, tally)) {
+                    acquired = true;
+                    room.gates.note_contention(lk.name, true);
+                    return true;
+                }
+                --tally.attempts;
             }
         }
     }
