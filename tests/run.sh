@@ -97,10 +97,12 @@ banner() {
 jobs=$(nproc 2>/dev/null || echo 1)
 ((jobs <= 2)) || jobs=2
 
+# libgmock-dev: GoogleTest's CMake package (in libgtest-dev) checks gmock's files too. Sentinels
+# run as `redis-server --sentinel`; redis-tools brings redis-cli for the cluster set-up.
 packages=(
     g++ cmake make pkg-config
     libhiredis-dev libssl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
-    redis-server redis-tools redis-sentinel openssl doxygen
+    redis-server redis-tools openssl doxygen
 )
 
 install_missing_packages() {
