@@ -327,6 +327,34 @@ TEST(Events, AcquiredComesBeforeTheLossEvenWhenTheHookIsSlowerThanTheLease) {
     }
 }
 
+TEST(Events, RenewalsStuckBeforeMaxHoldAreAFailureNotTheCap) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    // Renewals every 100 ms; the one due at 300 ms would be the last (its successor falls past
+    // max_hold). The server hangs after the first renewal, so the lease runs out past max_hold
+    // while renewals were still due: a failure, not the cap.
+    auto m = client.mutex("stuck", {.lease = 300ms, .watchdog = true, .max_hold = 350ms});
+    const auto start = std::chrono::steady_clock::now();
+    m.lock();
+    const auto initial = m.remaining();
+    ASSERT_TRUE(eventually(
+        [&] {
+            const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(
+                std::chrono::steady_clock::now() - start);
+            return m.remaining() > initial - elapsed + 30ms;  // the deadline moved: renewed
+        },
+        1s));
+    srv.pause();
+    const auto lost = events.first(event_type::lost, 5s);
+    srv.resume();
+    ASSERT_TRUE(lost);
+    EXPECT_GE(lost->held, 350ms);
+    const auto failed = events.of(event_type::renewal_failed);
+    ASSERT_FALSE(failed.empty());
+    EXPECT_NE(failed.back().detail, "max_hold reached");
+}
+
 TEST(Events, KeyTakenByAnotherHolderIsLostAsTakenWhenUnlockFindsOut) {
     redis_server srv;
     recorder events;

@@ -275,6 +275,64 @@ TEST_F(Redlock, AnUnrenewedLeaseIsReportedLostAsExpired) {
     EXPECT_FALSE(m.owned());
 }
 
+TEST_F(Redlock, AcquiredComesBeforeLostEvenWithAHookSlowerThanTheLease) {
+    auto order = std::make_shared<std::vector<event_type>>();
+    auto guard = std::make_shared<std::mutex>();
+    std::atomic<int> reasons{0};
+    redlock_options options = fast();
+    options.on_event = [order, guard](const lock_event& e) {
+        if (e.type == event_type::acquired) {
+            std::this_thread::sleep_for(300ms);  // longer than the lease
+        }
+        if (e.type == event_type::acquired || e.type == event_type::lost) {
+            std::lock_guard lock{*guard};
+            order->push_back(e.type);
+        }
+    };
+    redlock_client rl{uris(), options};
+    auto m = rl.mutex("slow-hook", {.lease = 200ms, .on_lost_reason = [&](loss_reason why) {
+                                        if (why == loss_reason::expired) {
+                                            ++reasons;
+                                        }
+                                    }});
+    ASSERT_TRUE(m.try_lock());
+    ASSERT_TRUE(eventually([&] { return reasons.load() == 1; }, 3s));
+    std::lock_guard lock{*guard};
+    ASSERT_EQ(order->size(), 2U);
+    EXPECT_EQ(order->at(0), event_type::acquired);
+    EXPECT_EQ(order->at(1), event_type::lost);
+}
+
+TEST_F(Redlock, UnlockWithoutAQuorumOfAnswersIsReportedAsReleasedInTheBackground) {
+    auto details = std::make_shared<std::vector<std::string>>();
+    auto guard = std::make_shared<std::mutex>();
+    redlock_options options = fast();
+    options.on_event = [details, guard](const lock_event& e) {
+        if (e.type == event_type::released || e.type == event_type::lost) {
+            std::lock_guard lock{*guard};
+            details->push_back(std::string{to_string(e.type)} + ": " + std::string{e.detail});
+        }
+    };
+    redlock_client rl{uris(), options};
+    auto m = rl.mutex("unanswered", {.lease = 10s});
+    ASSERT_TRUE(m.try_lock());
+    hang(0);
+    hang(1);
+    hang(2);
+    std::error_code ec;
+    m.unlock(ec);
+    EXPECT_EQ(ec, errc::connection_failed);
+    {
+        std::lock_guard lock{*guard};
+        ASSERT_EQ(details->size(), 1U);
+        EXPECT_EQ(details->front(), "released: no answer: left to the reaper");
+    }
+    resume(0);
+    resume(1);
+    resume(2);
+    EXPECT_TRUE(eventually([&] { return gone_everywhere("unanswered"); }, 5s)) << where("unanswered");
+}
+
 TEST_F(Redlock, TwoMastersDownOneHungOneKilledStillAcquiresWithinTheNodeTimeout) {
     redlock_client rl{uris(), fast()};
     hang(0);

@@ -43,8 +43,9 @@
 // few seconds after the last lock. What it captures must live that long (capture by shared_ptr,
 // or use objects that live until the process exits).
 // The hook is called with no internal lock held, so it may call back into the lock or the
-// client; but a contended event comes while its thread holds the process's place in line for
-// that name, so a hook that locks the same name on the same thread waits behind itself. It
+// client; but contended and acquired events come while their thread holds the process's place
+// in line for that name, so a slow hook delays the process's other waiters for it, and a hook
+// that locks the same name on the same thread waits behind itself. It
 // should be short: the watchdog and loss timer threads serve every lock of the
 // client. It must not throw; an exception it throws is caught and dropped. The string_views
 // in an event are valid during the call only.

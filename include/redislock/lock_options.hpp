@@ -62,7 +62,7 @@ struct lock_options {
 
     /// As on_lost, and told why (the reason the client's lost event carries, see events.hpp).
     /// When both are set, on_lost runs first, then this, once each per loss, on the same thread
-    /// and under the same rules. Not yet called by redlock_mutex.
+    /// and under the same rules.
     std::function<void(loss_reason)> on_lost_reason{};
 };
 

@@ -334,9 +334,10 @@ private:
         const bool acquired = detail::acquire_with_backoff(
             [&] {
                 ++tally.attempts;
-                auto ttl = attempt(stop, tally.attempts == 1 ? detail::steady::time_point::max()
-                                                             : deadline);
-                if (ttl) {
+                auto ttl = attempt(stop,
+                                   tally.attempts == 1 ? detail::steady::time_point::max() : deadline,
+                                   tally);
+                if (ttl && !stop.stop_requested()) {
                     events.emit([&] {
                         lock_event e;
                         e.type = event_type::contended;
@@ -349,9 +350,6 @@ private:
                 return ttl;
             },
             deadline, stop, state_->options);
-        if (acquired) {
-            detail::report_acquired(*state_, lock_kind::redlock_mutex, tally);
-        }
         return acquired;
     }
 
@@ -359,7 +357,8 @@ private:
     // calls end by `give_up_by` if that comes before the node timeout; masters cut short that
     // way say nothing about an outage, so such a round counts as contention.
     std::optional<detail::holder_ttl> attempt(const std::stop_token& stop,
-                                              detail::steady::time_point give_up_by) {
+                                              detail::steady::time_point give_up_by,
+                                              const detail::wait_tally& tally) {
         detail::redlock_core<C>& masters = core();
         auto acq = std::make_shared<detail::redlock_acquisition>(
             state_->name, state_->options.lease, masters.size());
@@ -372,7 +371,7 @@ private:
         const detail::quorum_tally t = detail::tally(outcomes);
         const auto valid_until = detail::valid_until(acq->sent, state_->options.lease);
         if (t.yes >= masters.quorum() && detail::steady::now() < valid_until) {
-            on_acquired(acq);
+            on_acquired(acq, tally);
             return std::nullopt;
         }
         masters.release_in_background(acq);
@@ -382,7 +381,9 @@ private:
         return detail::holder_ttl{-1};
     }
 
-    void on_acquired(const acquisition_ptr& acq) {
+    // Records `acq` as held; reports the call's wait as acquired before its lease can be found
+    // lost.
+    void on_acquired(const acquisition_ptr& acq, const detail::wait_tally& tally) {
         bool previous_held = false;
         detail::tracked_lease<C> previous_lease;
         {
@@ -411,6 +412,7 @@ private:
             detail::report_loss(*state_, lock_kind::redlock_mutex, loss_reason::taken,
                                 previous_lease.acquired_at);
         }
+        detail::report_acquired(*state_, lock_kind::redlock_mutex, tally);
         try {
             tracker().start(acq->tok, acq->sent, &detail::scripts::mutex_extend, {state_->name},
                             {acq->tok.str(), std::string{state_->lease_text.view()}});
@@ -450,13 +452,22 @@ private:
                 }
                 return errc::lock_lost;
             }
+            // No quorum either way: the masters that did not answer get it in the background.
+            bool unanswered = false;
             for (const detail::node_outcome& o : outcomes) {
-                if (o.answer == detail::node_answer::failed && !o.server_error) {
-                    return errc::connection_failed;
-                }
+                unanswered = unanswered ||
+                             (o.answer == detail::node_answer::failed && !o.server_error);
             }
-            return errc::server_failed;
+            if (!g.lease.lost) {
+                detail::report_release(*st, g.lease,
+                                       unanswered ? "no answer: left to the reaper"
+                                                  : "refused: left to the reaper");
+            }
+            return unanswered ? errc::connection_failed : errc::server_failed;
         } catch (...) {
+            if (!g.lease.lost) {
+                detail::report_release(*st, g.lease, "no answer: left to the reaper");
+            }
             return errc::connection_failed;
         }
     }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -179,6 +180,7 @@ template <connection C>
 struct tracked_lease {
     steady::time_point valid_until{};
     steady::time_point acquired_at{};  // held since then: hold times count from it
+    steady::time_point renewed_from{};  // the watchdog's max_hold counts from then
     lock_kind kind = lock_kind::none;  // what its events say it is
     bool lost = false;                 // told through on_lost and the stop source
     bool renewal_stopped = false;      // the watchdog stopped while it was renewed
@@ -272,7 +274,14 @@ public:
                 let_go(std::move(st));
                 return notice;
             });
-        if (!attach(key, [&](tracked_lease<C>& t) { t.timer = timer; })) {
+        if (!attach(key, [&](tracked_lease<C>& t) {
+                t.timer = timer;
+                t.renewed_from = sent;
+                // Moved on meanwhile (a re-entry or extend() from the acquired event's hook).
+                if (t.valid_until != deadline) {
+                    core().timer->move(timer, t.valid_until);
+                }
+            })) {
             core().timer->remove(timer);
             return;
         }
@@ -356,6 +365,7 @@ public:
         lock_kind kind;
         bool renewed;   // the watchdog was renewing it
         bool shutdown;  // the watchdog had stopped while renewing it
+        bool capped;    // the watchdog had stopped at max_hold
     };
 
     /// Marks the acquisition lost and leaves the stop and the report to the caller, or returns
@@ -372,12 +382,27 @@ public:
             }
             t->lost = true;
             renewal = std::exchange(t->renewal, 0);
-            m = marked{t->lost_source, t->acquired_at, t->kind, renewal != 0, t->renewal_stopped};
+            m = marked{t->lost_source,    t->acquired_at,     t->kind,
+                       renewal != 0,      t->renewal_stopped, past_max_hold(*t)};
         }
         if (renewal != 0) {
             core().watchdog.cancel(renewal);  // never waits: the timer thread must not block
         }
         return m;
+    }
+
+    /// True when the watchdog's next renewal after the last confirmed one would have fallen past
+    /// max_hold, which it does not send (see basic_watchdog).
+    bool past_max_hold(const tracked_lease<C>& t) const {
+        const auto cap = st_->options.max_hold;
+        if (cap <= std::chrono::milliseconds::zero()) {
+            return false;
+        }
+        const auto lease = st_->options.lease;
+        const auto last_sent = t.valid_until - (valid_until(steady::time_point{}, lease) -
+                                                steady::time_point{});
+        const auto interval = std::max<steady::duration>(lease / 3, std::chrono::milliseconds{1});
+        return last_sent + interval >= t.renewed_from + cap;
     }
 
     /// Stops the timer and renewals of an acquisition that ended; `t` was taken out of the
@@ -418,11 +443,8 @@ private:
         }
         const loss_reason reason = m.shutdown ? loss_reason::client_shutdown : loss_reason::expired;
         const auto held = hook ? micros_since(m.acquired_at) : std::chrono::microseconds{};
-        // The watchdog renews up to max_hold only: a loss past it is that limit, not a failure.
-        const auto max_hold = st.options.max_hold;
-        const bool capped = hook && max_hold > std::chrono::milliseconds::zero() && held >= max_hold;
         return [hook, on_lost = st.options.on_lost, told = st.options.on_lost_reason,
-                name = st.name, kind = m.kind, reason, held, capped,
+                name = st.name, kind = m.kind, reason, held, capped = m.capped,
                 failed = m.renewed && !m.shutdown] {
             if (failed) {
                 emit_to(hook, [&] {
