@@ -615,7 +615,8 @@ local function queue_allows(q, id)
     return #ahead < 64
 end
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
-local function fresh()
+-- `taken_over`: the hash exists (an entry of ours being taken over), so a stale fence goes.
+local function fresh(taken_over)
     local fence = 0
     if ARGV[3] == '1' then
         -- Never below the server's clock in microseconds, so tokens keep growing after a
@@ -625,7 +626,7 @@ local function fresh()
         fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, floor)
         redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
         redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
-    else
+    elseif taken_over then
         redis.call('HDEL', KEYS[1], 'fence')
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
@@ -650,16 +651,16 @@ if ARGV[3] == '1' then
         return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
     end
 end
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'none' and redis.call('EXISTS', queue) == 0 then
-    return fresh()  -- free, and no one waits
+if redis.call('EXISTS', KEYS[1], queue) == 0 then
+    return fresh(false)  -- free, and no one waits
 end
+local kind = redis.call('TYPE', KEYS[1]).ok
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'none' then
     queue_prune(queue, lapses, now)
     if queue_allows(queue, ARGV[7]) then
-        return fresh()
+        return fresh(false)
     end
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
     return wait((tonumber(redis.call('ZSCORE', lapses, head)) or now) - now, now, time)
@@ -669,7 +670,7 @@ if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1 then
 end
 local id = redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
 if id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6]) then
-    return fresh()
+    return fresh(true)
 end
 if id then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
@@ -678,7 +679,7 @@ if id then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "41b705fb17029ca8dad8eed41751ac578662405e"};
+    "59b24e274645a2544adf2ddb75b3e4ba90c170f4"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -819,11 +820,12 @@ local function queue_allows(q, id)
     return #ahead < 64
 end
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or
-    redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) ~= ARGV[5] then
+-- A key of another type answers with an error: not ours either.
+local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1])
+if entry.err or entry[1] ~= ARGV[5] then
     return -1
 end
-local left = (tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0) - tonumber(ARGV[2])
+local left = (tonumber(entry[2]) or 0) - tonumber(ARGV[2])
 if left > 0 then
     local lease = tonumber(ARGV[3])
     if lease <= 0 then
@@ -844,7 +846,7 @@ local run = queue_runners(queue)
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return #run > 0 and 2 or 1
 )lua",
-    "8d3842c92d9ac8f248048f4683b5f14dd7361251"};
+    "c7eb1cfb066568849ff2dfce963a15f67f63a7f8"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -979,11 +981,32 @@ local function queue_allows(q, id)
     return #ahead < 64
 end
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
-if ARGV[2] == 'w' and ARGV[4] == '1' then
-    local last = redis.call('GET', KEYS[2])
-    if last and (#last > 16 or not string.match(last, '^%d+$')) then
-        return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
-    end
+local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local fenced = want == 'w' and ARGV[4] == '1'
+local last_fence = fenced and redis.call('GET', KEYS[2])
+if last_fence and (#last_fence > 16 or not string.match(last_fence, '^%d+$')) then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+end
+
+-- Draws a fencing token, never below the server's clock in microseconds, so tokens keep growing
+-- after a FLUSHALL or a restart without persistence.
+local function draw_fence(time)
+    local fence = math.max((tonumber(last_fence) or 0) + 1,
+                           tonumber(time[1]) * 1000000 + tonumber(time[2]))
+    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+    redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
+    return fence
+end
+
+if redis.call('EXISTS', KEYS[1], queue) == 0 then
+    -- Free, and no one waits: enter at once.
+    local time = redis.call('TIME')
+    local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+    local fence = fenced and draw_fence(time) or 0
+    redis.call('HSET', KEYS[1], want .. ':' .. me, '1 ' .. (now + lease) .. ' ' .. ARGV[6],
+               'mode', want == 'w' and 'write' or 'read')
+    redis.call('PEXPIRE', KEYS[1], lease)
+    return {1, fence, ARGV[6]}
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
 local given_up = {}
@@ -995,7 +1018,6 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 -- Drop expired entries; note ours, and who else holds or waits.
 local mine, ids, others, latest, longest = {}, {}, {}, now, 0
@@ -1056,14 +1078,8 @@ elseif not result then
     if queued then
         queue_leave(queue, lapses, ARGV[5])
     end
-    if want == 'w' then
-        if ARGV[4] == '1' then
-            -- Never below the server's clock in microseconds: see mutex_acquire.lua.
-            fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1,
-                             tonumber(time[1]) * 1000000 + tonumber(time[2]))
-            redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
-            redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
-        end
+    if fenced then
+        fence = draw_fence(time)
     end
     result = {1, fence, id}
 end
@@ -1073,7 +1089,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "cc12df8286f6bd65b2457d189395a610be9bc9b3"};
+    "b2666e0dba81a331f3a99acac4bdcbf397c0666a"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1107,8 +1123,8 @@ inline constexpr script shared_release{
     "shared_release",
     R"lua(-- Leaves a read-write lock ARGV[3] times in mode ARGV[2]; when that lets waiters in, tells the
 -- ones the queue lets go next.
--- Works when the server is out of memory: the first write (PEXPIRE or HDEL) is one Redis allows
--- there, and once a script has written Redis lets the rest of it write too.
+-- Works when the server is out of memory: the first write (PEXPIRE, DEL or HDEL) is one Redis
+-- allows there, and once a script has written Redis lets the rest of it write too.
 -- Layout: see shared_acquire.lua.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
@@ -1228,7 +1244,24 @@ local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
-local entry = redis.call('HGET', KEYS[1], field)
+
+-- One read for our entry and for what the others hold: holders set the mode and the key's lease
+-- once we are out; with no one left, the key goes.
+local fields = redis.call('HGETALL', KEYS[1])
+local entry, writer, holders, latest = nil, false, false, now
+for i = 1, #fields, 2 do
+    if fields[i] == field then
+        entry = fields[i + 1]
+    else
+        local tag = string.sub(fields[i], 1, 2)
+        local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
+        if left > now and (tag == 'r:' or tag == 'w:') then
+            latest = math.max(latest, left)
+            writer = writer or tag == 'w:'
+            holders = true
+        end
+    end
+end
 local count, expiry, id = string.match(entry or '', '^(%d+) (%d+) (%S+)$')
 if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
     return -1
@@ -1239,27 +1272,14 @@ if count > 0 then
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     return 0
 end
-redis.call('HDEL', KEYS[1], field)
-if ARGV[2] == 'w' then
-    redis.call('HDEL', KEYS[1], 'fence')
-end
-
--- What is left: holders set the mode and the key's lease; with no one left, the key goes.
-local writer, holders, latest = false, false, now
-local fields = redis.call('HGETALL', KEYS[1])
-for i = 1, #fields, 2 do
-    local tag = string.sub(fields[i], 1, 2)
-    local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
-    if left > now and (tag == 'r:' or tag == 'w:') then
-        latest = math.max(latest, left)
-        writer = writer or tag == 'w:'
-        holders = true
-    end
-end
-if latest == now then
+if not holders then
     redis.call('DEL', KEYS[1])
 else
-    redis.call('HSET', KEYS[1], 'mode', writer and 'write' or (holders and 'read' or 'free'))
+    redis.call('HDEL', KEYS[1], field)
+    if ARGV[2] == 'w' then
+        redis.call('HDEL', KEYS[1], 'fence')
+    end
+    redis.call('HSET', KEYS[1], 'mode', writer and 'write' or 'read')
     redis.call('PEXPIRE', KEYS[1], latest - now)
 end
 if writer or redis.call('EXISTS', queue) == 0 then
@@ -1273,6 +1293,6 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "0480cbcd2f8642d5c5d7b823790d6bde799322ce"};
+    "8b41614de5f71ccdc8df2427eff3e251df3cd3b9"};
 
 }  // namespace redislock::detail::scripts

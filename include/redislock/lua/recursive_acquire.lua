@@ -22,7 +22,8 @@
 --          nothing is written then.
 --#include _queue.lua
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
-local function fresh()
+-- `taken_over`: the hash exists (an entry of ours being taken over), so a stale fence goes.
+local function fresh(taken_over)
     local fence = 0
     if ARGV[3] == '1' then
         -- Never below the server's clock in microseconds, so tokens keep growing after a
@@ -32,7 +33,7 @@ local function fresh()
         fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, floor)
         redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
         redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
-    else
+    elseif taken_over then
         redis.call('HDEL', KEYS[1], 'fence')
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
@@ -57,16 +58,16 @@ if ARGV[3] == '1' then
         return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
     end
 end
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind == 'none' and redis.call('EXISTS', queue) == 0 then
-    return fresh()  -- free, and no one waits
+if redis.call('EXISTS', KEYS[1], queue) == 0 then
+    return fresh(false)  -- free, and no one waits
 end
+local kind = redis.call('TYPE', KEYS[1]).ok
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'none' then
     queue_prune(queue, lapses, now)
     if queue_allows(queue, ARGV[7]) then
-        return fresh()
+        return fresh(false)
     end
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
     return wait((tonumber(redis.call('ZSCORE', lapses, head)) or now) - now, now, time)
@@ -76,7 +77,7 @@ if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1 then
 end
 local id = redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
 if id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6]) then
-    return fresh()
+    return fresh(true)
 end
 if id then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)

@@ -16,11 +16,12 @@
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
 --#include _queue.lua
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or
-    redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) ~= ARGV[5] then
+-- A key of another type answers with an error: not ours either.
+local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1])
+if entry.err or entry[1] ~= ARGV[5] then
     return -1
 end
-local left = (tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0) - tonumber(ARGV[2])
+local left = (tonumber(entry[2]) or 0) - tonumber(ARGV[2])
 if left > 0 then
     local lease = tonumber(ARGV[3])
     if lease <= 0 then

@@ -26,11 +26,32 @@
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
 --#include _queue.lua
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
-if ARGV[2] == 'w' and ARGV[4] == '1' then
-    local last = redis.call('GET', KEYS[2])
-    if last and (#last > 16 or not string.match(last, '^%d+$')) then
-        return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
-    end
+local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local fenced = want == 'w' and ARGV[4] == '1'
+local last_fence = fenced and redis.call('GET', KEYS[2])
+if last_fence and (#last_fence > 16 or not string.match(last_fence, '^%d+$')) then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+end
+
+-- Draws a fencing token, never below the server's clock in microseconds, so tokens keep growing
+-- after a FLUSHALL or a restart without persistence.
+local function draw_fence(time)
+    local fence = math.max((tonumber(last_fence) or 0) + 1,
+                           tonumber(time[1]) * 1000000 + tonumber(time[2]))
+    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+    redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
+    return fence
+end
+
+if redis.call('EXISTS', KEYS[1], queue) == 0 then
+    -- Free, and no one waits: enter at once.
+    local time = redis.call('TIME')
+    local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+    local fence = fenced and draw_fence(time) or 0
+    redis.call('HSET', KEYS[1], want .. ':' .. me, '1 ' .. (now + lease) .. ' ' .. ARGV[6],
+               'mode', want == 'w' and 'write' or 'read')
+    redis.call('PEXPIRE', KEYS[1], lease)
+    return {1, fence, ARGV[6]}
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
 local given_up = {}
@@ -42,7 +63,6 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
 -- Drop expired entries; note ours, and who else holds or waits.
 local mine, ids, others, latest, longest = {}, {}, {}, now, 0
@@ -103,14 +123,8 @@ elseif not result then
     if queued then
         queue_leave(queue, lapses, ARGV[5])
     end
-    if want == 'w' then
-        if ARGV[4] == '1' then
-            -- Never below the server's clock in microseconds: see mutex_acquire.lua.
-            fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1,
-                             tonumber(time[1]) * 1000000 + tonumber(time[2]))
-            redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
-            redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
-        end
+    if fenced then
+        fence = draw_fence(time)
     end
     result = {1, fence, id}
 end

@@ -1,7 +1,7 @@
 -- Leaves a read-write lock ARGV[3] times in mode ARGV[2]; when that lets waiters in, tells the
 -- ones the queue lets go next.
--- Works when the server is out of memory: the first write (PEXPIRE or HDEL) is one Redis allows
--- there, and once a script has written Redis lets the rest of it write too.
+-- Works when the server is out of memory: the first write (PEXPIRE, DEL or HDEL) is one Redis
+-- allows there, and once a script has written Redis lets the rest of it write too.
 -- Layout: see shared_acquire.lua.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
@@ -18,7 +18,24 @@ local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
-local entry = redis.call('HGET', KEYS[1], field)
+
+-- One read for our entry and for what the others hold: holders set the mode and the key's lease
+-- once we are out; with no one left, the key goes.
+local fields = redis.call('HGETALL', KEYS[1])
+local entry, writer, holders, latest = nil, false, false, now
+for i = 1, #fields, 2 do
+    if fields[i] == field then
+        entry = fields[i + 1]
+    else
+        local tag = string.sub(fields[i], 1, 2)
+        local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
+        if left > now and (tag == 'r:' or tag == 'w:') then
+            latest = math.max(latest, left)
+            writer = writer or tag == 'w:'
+            holders = true
+        end
+    end
+end
 local count, expiry, id = string.match(entry or '', '^(%d+) (%d+) (%S+)$')
 if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
     return -1
@@ -29,27 +46,14 @@ if count > 0 then
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     return 0
 end
-redis.call('HDEL', KEYS[1], field)
-if ARGV[2] == 'w' then
-    redis.call('HDEL', KEYS[1], 'fence')
-end
-
--- What is left: holders set the mode and the key's lease; with no one left, the key goes.
-local writer, holders, latest = false, false, now
-local fields = redis.call('HGETALL', KEYS[1])
-for i = 1, #fields, 2 do
-    local tag = string.sub(fields[i], 1, 2)
-    local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
-    if left > now and (tag == 'r:' or tag == 'w:') then
-        latest = math.max(latest, left)
-        writer = writer or tag == 'w:'
-        holders = true
-    end
-end
-if latest == now then
+if not holders then
     redis.call('DEL', KEYS[1])
 else
-    redis.call('HSET', KEYS[1], 'mode', writer and 'write' or (holders and 'read' or 'free'))
+    redis.call('HDEL', KEYS[1], field)
+    if ARGV[2] == 'w' then
+        redis.call('HDEL', KEYS[1], 'fence')
+    end
+    redis.call('HSET', KEYS[1], 'mode', writer and 'write' or 'read')
     redis.call('PEXPIRE', KEYS[1], latest - now)
 end
 if writer or redis.call('EXISTS', queue) == 0 then
