@@ -89,6 +89,9 @@ struct lease_renewal {
     std::function<void(std::string_view why)> retried{};
     /// Called when stop() drops the lease while it is still registered: it is renewed no more.
     std::function<void()> dropped{};
+    /// Called once when max_hold stops the renewals: the lease now runs out with the grant just
+    /// confirmed (told before that grant's `renewed`), and its loss follows as `lost_because`.
+    std::function<void()> capped{};
 };
 
 /// Counters for tests and benchmarks.
@@ -537,13 +540,20 @@ private:
                 continue;
             }
             e.confirmed_at = replied;
+            const auto next = sent + e.interval;
+            const auto cap = e.renewal.max_hold;
+            const bool capped =
+                cap > std::chrono::milliseconds::zero() && next >= e.registered + cap;
+            if (capped && e.renewal.capped) {
+                // Before `renewed`, which moves the lock's deadline to this last grant: a loss
+                // found at that deadline already knows why no renewal followed.
+                calls.emplace_back(batch[i].id, std::move(e.renewal.capped));
+            }
             if (e.renewal.renewed) {
                 calls.emplace_back(batch[i].id,
                                    [renewed = e.renewal.renewed, sent] { renewed(sent); });
             }
-            const auto next = sent + e.interval;
-            const auto cap = e.renewal.max_hold;
-            if (cap > std::chrono::milliseconds::zero() && next >= e.registered + cap) {
+            if (capped) {
                 // Past max_hold: stop renewing; report the loss when this grant runs out.
                 e.expiring = true;
                 reschedule(batch[i].id, e,

@@ -10,8 +10,8 @@
 //     caller's deadline and ends at once on a stop request.
 #pragma once
 
-#include <array>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -180,10 +180,10 @@ template <connection C>
 struct tracked_lease {
     steady::time_point valid_until{};
     steady::time_point acquired_at{};  // held since then: hold times count from it
-    steady::time_point renewed_from{};  // the watchdog's max_hold counts from then
     lock_kind kind = lock_kind::none;  // what its events say it is
     bool lost = false;                 // told through on_lost and the stop source
     bool renewal_stopped = false;      // the watchdog stopped while it was renewed
+    bool renewal_capped = false;       // the watchdog stopped renewing it at max_hold
     typename basic_watchdog<C>::lease_id renewal = 0;
     loss_timer::entry_id timer = 0;
     std::stop_source lost_source{};
@@ -276,7 +276,6 @@ public:
             });
         if (!attach(key, [&](tracked_lease<C>& t) {
                 t.timer = timer;
-                t.renewed_from = sent;
                 // Moved on meanwhile (a re-entry or extend() from the acquired event's hook).
                 if (t.valid_until != deadline) {
                     core().timer->move(timer, t.valid_until);
@@ -313,6 +312,13 @@ public:
             renewal.retried = [self = self_, find = find_, key](std::string_view why) {
                 if (auto st = self.lock()) {
                     lease_tracker{st, find}.renewal_retried(key, why);
+                    let_go(std::move(st));
+                }
+            };
+            // Only the detail of the renewal_failed event that follows depends on it.
+            renewal.capped = [self = self_, find = find_, key] {
+                if (auto st = self.lock()) {
+                    lease_tracker{st, find}.renewal_capped(key);
                     let_go(std::move(st));
                 }
             };
@@ -382,27 +388,13 @@ public:
             }
             t->lost = true;
             renewal = std::exchange(t->renewal, 0);
-            m = marked{t->lost_source,    t->acquired_at,     t->kind,
-                       renewal != 0,      t->renewal_stopped, past_max_hold(*t)};
+            m = marked{t->lost_source, t->acquired_at,     t->kind,
+                       renewal != 0,   t->renewal_stopped, t->renewal_capped};
         }
         if (renewal != 0) {
             core().watchdog.cancel(renewal);  // never waits: the timer thread must not block
         }
         return m;
-    }
-
-    /// True when the watchdog's next renewal after the last confirmed one would have fallen past
-    /// max_hold, which it does not send (see basic_watchdog).
-    bool past_max_hold(const tracked_lease<C>& t) const {
-        const auto cap = st_->options.max_hold;
-        if (cap <= std::chrono::milliseconds::zero()) {
-            return false;
-        }
-        const auto lease = st_->options.lease;
-        const auto last_sent = t.valid_until - (valid_until(steady::time_point{}, lease) -
-                                                steady::time_point{});
-        const auto interval = std::max<steady::duration>(lease / 3, std::chrono::milliseconds{1});
-        return last_sent + interval >= t.renewed_from + cap;
     }
 
     /// Stops the timer and renewals of an acquisition that ended; `t` was taken out of the
@@ -514,6 +506,14 @@ private:
             e.detail = why;
             return e;
         });
+    }
+
+    // On the watchdog thread: max_hold stopped the renewals; the loss that follows says so.
+    void renewal_capped(const Key& key) {
+        std::lock_guard guard{st_->mutex};
+        if (tracked_lease<C>* t = find_(*st_, key); t && !t->lost) {
+            t->renewal_capped = true;
+        }
     }
 
     // The watchdog stopped with the lease registered: its loss, when the lease runs out, is the
