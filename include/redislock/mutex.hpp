@@ -51,6 +51,7 @@
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_handle.hpp>
 #include <redislock/detail/lock_identity.hpp>
+#include <redislock/detail/lock_release.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/scripts.hpp>
@@ -72,10 +73,16 @@ namespace detail {
 template <connection C>
 struct mutex_state : lock_identity<C> {
     using lock_identity<C>::lock_identity;
+    using lease_key = detail::token;  // an acquisition is named by its token
 
     bool caller_is_holder() const { return this->caller_is(holder); }
     // Held by the parent this process was forked from: only the parent may release it.
     bool inherited_by_fork() const { return generation != current_fork_generation(); }
+    const tracked_lease<C>* held_lease() const { return held ? &lease : nullptr; }
+    // The tracked lease of the acquisition holding `t`, if it is still held.
+    static tracked_lease<C>* find_lease(mutex_state& st, const detail::token& t) {
+        return st.held && st.token == t ? &st.lease : nullptr;
+    }
 
     mutable std::mutex mutex;  // guards the members below; never held across a round trip
     bool held = false;
@@ -111,25 +118,11 @@ public:
     /// (the server answered with an error, whose text is in the message): the release is then
     /// finished in the background by the client's reaper. Takes at most the command timeout.
     void unlock(std::error_code& ec) noexcept {
-        ec.clear();
-        if (!state_) {
-            ec = errc::not_held;
-            return;
-        }
         given_up released;
-        {
-            std::lock_guard guard{state_->mutex};
-            if (!state_->held) {
-                ec = errc::not_held;
-                return;
-            }
-            if (!state_->caller_is_holder() || state_->inherited_by_fork()) {
-                ec = errc::not_holder;
-                return;
-            }
-            released = give_up_locked(*state_);
+        ec = handle::claim([&](state& st) { released = give_up_locked(st); });
+        if (!ec) {
+            ec = release(state_, std::move(released));
         }
-        ec = release(state_, released);
     }
 
     /// Sets the lease to `lease` from now if the lock is still ours.
@@ -150,38 +143,20 @@ public:
                                            std::array{token->view(), lease_text.view()},
                                            call_context{{}, state_->core->untimed_deadline()},
                                            &state_->core->events);
-        if (r.is_integer() && r.as_integer() == 1) {
-            tracker().extended(*token, sent, lease);
-            return true;
-        }
-        throw_unless_not_ours(r, "extend");
-        tracker().lose(*token, r.is_error() ? loss_reason::server_lost : loss_reason::taken);
-        return false;
+        return tracker().extend_replied(*token, r, sent, lease);
     }
 
     /// Local, conservative estimate of how long the lock stays ours: the lease counted from when
     /// the successful attempt (or the last confirmed renewal) was sent, on the steady clock,
     /// minus a drift allowance (1% of the lease + 2 ms). Zero when not held or known lost.
-    std::chrono::milliseconds remaining() const {
-        if (!state_) {
-            return std::chrono::milliseconds::zero();
-        }
-        std::lock_guard guard{state_->mutex};
-        return state_->held ? state_->lease.remaining() : std::chrono::milliseconds::zero();
-    }
+    std::chrono::milliseconds remaining() const { return handle::held_remaining(); }
 
     /// Local: true while this object holds the lock, it is not known lost, and remaining() > 0.
     bool owned() const { return remaining() > std::chrono::milliseconds::zero(); }
 
     /// A token whose stop is requested when the current acquisition is lost (at the latest when
     /// remaining() reaches zero without a confirmed renewal). Already stopped when not held.
-    std::stop_token lost_token() const {
-        if (!state_) {
-            return detail::stopped_token();
-        }
-        std::lock_guard guard{state_->mutex};
-        return state_->held ? state_->lease.lost_source.get_token() : detail::stopped_token();
-    }
+    std::stop_token lost_token() const { return handle::held_lost_token(); }
 
     /// Asks Redis whether the key still holds our token, on a node that is still a master (ROLE:
     /// a demoted master may keep the key until it resyncs). A lock found lost calls on_lost.
@@ -199,7 +174,7 @@ public:
         if (ours && detail::serves_as_master(*state_->conn, state_->name, deadline)) {
             return true;
         }
-        throw_unless_not_ours(r, "verify");
+        detail::throw_unless_not_ours(r, "verify", state_->name);
         // Another holder's token says taken; no key, another type or a demoted master says the
         // server lost it.
         tracker().lose(*token,
@@ -210,13 +185,7 @@ public:
     /// The fencing token of the current acquisition (lock_options::fencing); 0 when fencing is
     /// off or the lock is not held. Strictly increases across acquisitions of the same name, also
     /// across FLUSHALL and restarts without persistence (see lua/mutex_acquire.lua).
-    std::int64_t fencing_token() const {
-        if (!state_) {
-            return 0;
-        }
-        std::lock_guard guard{state_->mutex};
-        return state_->held ? state_->fence : 0;
-    }
+    std::int64_t fencing_token() const { return handle::held_fence(); }
 
     /// @throws redislock::invalid_argument on a moved-from object.
     const std::string& name() const { return checked().name; }
@@ -226,26 +195,10 @@ public:
 private:
     friend class detail::timed_lockable<basic_mutex>;
     friend handle;
+    using handle::checked;
     using handle::state_;
-
-    // The tracked lease of the acquisition holding `token`, if it is still held.
-    static detail::tracked_lease<C>* find_lease(state& st, const detail::token& token) {
-        return st.held && st.token == token ? &st.lease : nullptr;
-    }
-
-    static detail::lease_tracker<C, state, detail::token> tracker_of(
-        const std::shared_ptr<state>& st) {
-        return {st, &find_lease};
-    }
-
-    detail::lease_tracker<C, state, detail::token> tracker() const { return tracker_of(state_); }
-
-    const state& checked() const {
-        if (!state_) {
-            throw invalid_argument{"redislock: use of a moved-from lock"};
-        }
-        return *state_;
-    }
+    using handle::tracker;
+    using handle::tracker_of;
 
     std::optional<detail::token> held_token() const {
         checked();
@@ -284,7 +237,7 @@ private:
                     return false;
                 }
                 // Held from now: the wait before the hand-over is not hold time.
-                on_acquired(token, since, 0, &wait, detail::steady::now());
+                on_acquired(token, {.sent = since, .wait = &wait, .taken = detail::steady::now()});
                 return true;
             });
     }
@@ -345,61 +298,52 @@ private:
             abandon(token, sent);
             throw;
         }
-        if (detail::unacknowledged(replicas, opts)) {
-            abandon(token, sent);
-            detail::throw_unacknowledged(state_->name, replicas, opts);
+        if (auto refused =
+                detail::refuse_grant(*state_, sent, replicas, [&] { abandon(token, sent); })) {
+            return refused;
         }
-        if (detail::steady::now() >= detail::valid_until(sent, opts.lease)) {
-            abandon(token, sent);  // granted, but its lease ran out before the reply came
-            return detail::holder_ttl{0};
-        }
-        on_acquired(token, sent, fence, place.tally);
+        on_acquired(token, {.sent = sent, .fence = fence, .wait = place.tally});
         return std::nullopt;
     }
 
-    // `sent`: when the granting attempt was sent (the lease counts from it); `wait`: the lock
-    // call's, reported as acquired before the lease can be found lost; `taken`: when this
-    // process came to hold it (hold times count from it).
-    void on_acquired(const detail::token& token, detail::steady::time_point sent,
-                     std::int64_t fence, const detail::wait_tally* wait,
-                     std::optional<detail::steady::time_point> taken = {}) {
-        std::optional<detail::token> previous;
+    // How an acquisition came to this object.
+    struct grant {
+        detail::steady::time_point sent;  // the granting attempt was sent then: the lease counts
+        std::int64_t fence = 0;
+        // The lock call's wait, reported as acquired before the lease can be found lost.
+        const detail::wait_tally* wait = nullptr;
+        // Handed over: when this process came to hold it (hold times count from then, not from
+        // `sent`).
+        std::optional<detail::steady::time_point> taken{};
+    };
+
+    void on_acquired(const detail::token& token, const grant& g) {
+        bool previous_live = false;
         detail::tracked_lease<C> previous_lease;
         {
             std::lock_guard guard{state_->mutex};
             // Another thread of this object still thinks it holds: its lease ran out, since we
             // could take the key. Its acquisition is lost.
-            if (state_->held && !state_->lease.lost) {
-                previous = state_->token;
-            }
+            previous_live = state_->held && !state_->lease.lost;
             previous_lease = std::exchange(state_->lease, {});
             state_->held = true;
             state_->token = token;
             state_->holder = std::this_thread::get_id();
             state_->generation = detail::current_fork_generation();
-            state_->lease.valid_until = detail::valid_until(sent, state_->options.lease);
-            state_->lease.acquired_at = taken.value_or(sent);
+            state_->lease.valid_until = detail::valid_until(g.sent, state_->options.lease);
+            state_->lease.acquired_at = g.taken.value_or(g.sent);
             state_->lease.kind = lock_kind::mutex;
-            state_->fence = fence;
+            state_->fence = g.fence;
         }
-        tracker().end(previous_lease);
-        if (previous) {
-            previous_lease.lost_source.request_stop();
-            detail::report_loss(*state_, lock_kind::mutex, loss_reason::taken,
-                                previous_lease.acquired_at);
-        }
-        if (wait != nullptr) {
-            detail::report_acquired(*state_, lock_kind::mutex, *wait);
-        }
-        try {
-            tracker().start(token, sent, &detail::scripts::mutex_extend, {state_->name},
-                            {token.str(), std::string{state_->lease_text.view()}});
-        } catch (...) {
-            // Not tracked, so not safe to hand out: give it back before reporting the failure.
-            std::error_code ignored;
-            unlock(ignored);
-            throw;
-        }
+        tracker().replaced(previous_lease, previous_live);
+        tracker().begin(
+            token, g.sent, lock_kind::mutex, g.wait,
+            [&] {
+                return detail::renewal_spec{&detail::scripts::mutex_extend,
+                                            {state_->name},
+                                            {token.str(), std::string{state_->lease_text.view()}}};
+            },
+            [this] { handle::unlock(); });
     }
 
     // An acquisition given up by unlock() or the destructor, to be released.
@@ -448,7 +392,7 @@ private:
     }
 
     // Stops the timer and renewals of `g`, then releases it.
-    static std::error_code release(const std::shared_ptr<state>& st, given_up& g) noexcept {
+    static std::error_code release(const std::shared_ptr<state>& st, given_up g) noexcept {
         tracker_of(st).end(g.lease);
         const auto outcome = release_once(*st, g.token, st->core->untimed_deadline());
         switch (outcome) {
@@ -456,30 +400,15 @@ private:
             case release_outcome::handed_on:
                 st->core->waiting->gates.note_contention(st->name,
                                                          outcome == release_outcome::handed_on);
-                if (!g.lease.lost) {
-                    detail::report_release(*st, g.lease);
-                }
-                return {};
+                return detail::end_release(*st, g.lease, detail::release_end::released);
             case release_outcome::not_ours:
-                if (!g.lease.lost) {
-                    std::stop_source source = g.lease.lost_source;
-                    source.request_stop();
-                    detail::report_loss(*st, lock_kind::mutex, loss_reason::taken,
-                                        g.lease.acquired_at);
-                }
-                return errc::lock_lost;
+                return detail::end_release(*st, g.lease, detail::release_end::lost);
             case release_outcome::unreachable:
                 hand_to_reaper(st, g.token, g.lease.valid_until + st->options.lease);
-                if (!g.lease.lost) {
-                    detail::report_release(*st, g.lease, "no answer: left to the reaper");
-                }
-                return errc::connection_failed;
+                return detail::end_release(*st, g.lease, detail::release_end::unanswered);
             case release_outcome::refused:
                 hand_to_reaper(st, g.token, g.lease.valid_until + st->options.lease);
-                if (!g.lease.lost) {
-                    detail::report_release(*st, g.lease, "refused: left to the reaper");
-                }
-                return {static_cast<int>(errc::server_failed), error_category()};
+                return detail::end_release(*st, g.lease, detail::release_end::refused);
         }
         return errc::connection_failed;
     }
@@ -491,46 +420,20 @@ private:
     }
 
     // Retries the compare-and-delete of `token` until the server answers or the lease that token
-    // may hold has surely ended. The reaper keeps the client's core, and so the connection, alive.
+    // may hold has surely ended.
     static void hand_to_reaper(const std::shared_ptr<state>& st, const detail::token& token,
                                detail::steady::time_point lease_end) noexcept {
-        try {
-            const auto give_up_at =
-                lease_end + st->options.lease / 100 + std::chrono::milliseconds{2};
-            detail::background_reaper().add(
-                [st, token](detail::steady::time_point deadline) {
-                    const auto outcome = release_once(*st, token, deadline);
-                    return outcome != release_outcome::unreachable &&
-                           outcome != release_outcome::refused;
-                },
-                give_up_at);
-        } catch (...) {
-            // Out of memory: the key expires with its lease.
-        }
-    }
-
-    // Throws for an error reply other than WRONGTYPE (which means the name now holds another
-    // type, so the lock is surely not ours).
-    void throw_unless_not_ours(const reply& r, std::string_view what) const {
-        if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
-            detail::throw_reply_error(r, what, state_->name);
-        }
+        detail::leave_to_reaper(
+            st, token, lease_end,
+            [](const state& s, const detail::token& t, detail::steady::time_point deadline) {
+                const auto outcome = release_once(s, t, deadline);
+                return outcome != release_outcome::unreachable &&
+                       outcome != release_outcome::refused;
+            });
     }
 
     static void release_on_destruction(const std::shared_ptr<state>& st) noexcept {
-        std::optional<given_up> held;
-        {
-            std::lock_guard guard{st->mutex};
-            if (st->inherited_by_fork()) {
-                return;  // the parent's keys: never released from a child
-            }
-            if (st->held) {
-                held = give_up_locked(*st);
-            }
-        }
-        if (held) {
-            (void)release(st, *held);
-        }
+        handle::release_held(st, &give_up_locked, &release);
     }
 };
 

@@ -53,7 +53,9 @@
 #include <redislock/detail/client_core.hpp>
 #include <redislock/detail/fair_wait.hpp>
 #include <redislock/detail/lock_core.hpp>
+#include <redislock/detail/lock_handle.hpp>
 #include <redislock/detail/lock_identity.hpp>
+#include <redislock/detail/lock_release.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/owner.hpp>
@@ -70,34 +72,62 @@ namespace redislock {
 template <connection C>
 class basic_client;
 
+namespace detail {
+
+// What a reentrant lock object shares with its timer and watchdog callbacks.
+template <connection C>
+struct recursive_state : lock_identity<C> {
+    using lock_identity<C>::lock_identity;
+    using lease_key = std::uint64_t;  // an outermost acquisition is named by its epoch
+
+    bool caller_is_holder() const { return this->caller_is(holder); }
+    // Held by the parent this process was forked from: only the parent may release it.
+    bool inherited_by_fork() const { return generation != current_fork_generation(); }
+    const tracked_lease<C>* held_lease() const { return depth > 0 ? &lease : nullptr; }
+    static tracked_lease<C>* find_lease(recursive_state& st, const std::uint64_t& epoch) {
+        return st.depth > 0 && st.epoch == epoch ? &st.lease : nullptr;
+    }
+
+    mutable std::mutex mutex;  // guards the members below; never held across a round trip
+    std::size_t depth = 0;     // entries made through this object by its holder
+    std::uint64_t epoch = 0;   // outermost acquisitions through this object so far
+    std::thread::id holder;
+    std::uint64_t generation = 0;  // fork generation of the first entry
+    std::string holder_owner;
+    std::string acquisition;  // id of the acquisition the entries belong to, in Redis
+    std::string given_up;     // the last acquisition this object gave up (see the script)
+    // Re-entries and releases through this object whose outcome is unknown (a lost reply):
+    // the server's count may hold this many entries more than depth says.
+    std::size_t uncertain = 0;
+    std::int64_t fence = 0;
+    tracked_lease<C> lease;
+};
+
+}  // namespace detail
+
 /// The reentrant lock: one Redis hash per name, owner -> entry count. TimedLockable; see the top
 /// of this header for owners, threads, loss and faults.
 template <connection C>
-class basic_recursive_mutex : public detail::timed_lockable<basic_recursive_mutex<C>> {
+class basic_recursive_mutex
+    : public detail::timed_lockable<basic_recursive_mutex<C>>,
+      public detail::lock_handle<basic_recursive_mutex<C>, detail::recursive_state<C>> {
+    using state = detail::recursive_state<C>;
+    using handle = detail::lock_handle<basic_recursive_mutex, state>;
+
 public:
     /// Usually made by client.recursive_mutex(name, options).
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, inconsistent backoff bounds or a max_hold below the lease.
     basic_recursive_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : state_{std::make_shared<state>(client.core_, name, std::move(options))} {}
+        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {}
 
     /// Takes over another object's lock, held or not; the moved-from object is as one never held.
     basic_recursive_mutex(basic_recursive_mutex&&) noexcept = default;
     /// Releases the lock this object holds, if any, then takes over `other`'s.
-    basic_recursive_mutex& operator=(basic_recursive_mutex&& other) noexcept {
-        if (this != &other) {
-            release_on_destruction();
-            state_ = std::move(other.state_);
-        }
-        return *this;
-    }
-    ~basic_recursive_mutex() { release_on_destruction(); }
+    basic_recursive_mutex& operator=(basic_recursive_mutex&&) noexcept = default;
 
     /// Leaves one entry. Never throws; a lock found lost calls on_lost.
-    void unlock() noexcept {
-        std::error_code ignored;
-        unlock(ignored);
-    }
+    void unlock() noexcept { handle::unlock(); }
 
     /// Leaves one entry and says how it went: no error (released, or still held by outer
     /// entries); errc::not_held or errc::not_holder (misuse: nothing is sent); errc::lock_lost
@@ -105,41 +135,30 @@ public:
     /// errc::connection_failed or errc::server_failed (the object counts the entry out anyway;
     /// a last entry is then dropped in the background). Takes at most the command timeout.
     void unlock(std::error_code& ec) noexcept {
-        ec.clear();
-        if (!state_) {
-            ec = errc::not_held;
-            return;
-        }
         held entry;
         std::size_t entries = 1;
         detail::tracked_lease<C> ended;
         bool last = false;
-        {
-            std::lock_guard guard{state_->mutex};
-            if (state_->depth == 0) {
-                ec = errc::not_held;
-                return;
-            }
-            if (!state_->caller_is_holder() || state_->inherited_by_fork()) {
-                ec = errc::not_holder;
-                return;
-            }
-            entry = current_locked();
+        ec = handle::claim([&](state& st) {
+            entry = current_of(st);
             // Counted out before the round trip, so an acquisition through this object that
             // lands right after the release never mistakes the entry for a live one.
-            if (--state_->depth == 0) {
+            if (--st.depth == 0) {
                 last = true;
-                ended = std::exchange(state_->lease, {});
+                ended = std::exchange(st.lease, {});
                 // Entries whose re-entry or release had an unknown outcome are left too: without
                 // a fault the count is then exact; after one, the key goes rather than outlive
                 // its holder (only a re-entry through another object could lose an entry).
-                entries += std::exchange(state_->uncertain, 0);
+                entries += std::exchange(st.uncertain, 0);
             }
+        });
+        if (ec) {
+            return;
         }
         if (last) {
             tracker().end(ended);
         }
-        ec = leave(entry, entries, last, ended);
+        ec = leave(state_, entry, entries, last, ended);
     }
 
     /// Sets the lease to `lease` from now if the lock is still ours.
@@ -160,36 +179,18 @@ public:
             std::array{std::string_view{state_->name}},
             std::array<std::string_view, 3>{entry->owner, lease_text.view(), entry->acquisition},
             call_context{{}, state_->core->untimed_deadline()}, &state_->core->events);
-        if (r.is_integer() && r.as_integer() == 1) {
-            tracker().extended(entry->epoch, sent, lease);
-            return true;
-        }
-        throw_unless_not_ours(r, "extend");
-        tracker().lose(entry->epoch, r.is_error() ? loss_reason::server_lost : loss_reason::taken);
-        return false;
+        return tracker().extend_replied(entry->epoch, r, sent, lease);
     }
 
     /// Local, conservative estimate of how long the lock stays ours (see basic_mutex).
-    std::chrono::milliseconds remaining() const {
-        if (!state_) {
-            return std::chrono::milliseconds::zero();
-        }
-        std::lock_guard guard{state_->mutex};
-        return state_->depth > 0 ? state_->lease.remaining() : std::chrono::milliseconds::zero();
-    }
+    std::chrono::milliseconds remaining() const { return handle::held_remaining(); }
 
     /// Local: true while this object holds the lock, not known lost, and remaining() > 0.
     bool owned() const { return remaining() > std::chrono::milliseconds::zero(); }
 
     /// A token whose stop is requested when the current acquisition is lost (see basic_mutex).
     /// Already stopped when not held.
-    std::stop_token lost_token() const {
-        if (!state_) {
-            return detail::stopped_token();
-        }
-        std::lock_guard guard{state_->mutex};
-        return state_->depth > 0 ? state_->lease.lost_source.get_token() : detail::stopped_token();
-    }
+    std::stop_token lost_token() const { return handle::held_lost_token(); }
 
     /// Entries made through this object by its current holder (0 when not held).
     std::size_t depth() const {
@@ -217,7 +218,7 @@ public:
         if (ours && detail::serves_as_master(*state_->conn, state_->name, deadline)) {
             return true;
         }
-        throw_unless_not_ours(r, "verify");
+        detail::throw_unless_not_ours(r, "verify", state_->name);
         // Another acquisition of the owner says taken; no entry, another type or a demoted
         // master says the server lost it.
         tracker().lose(entry->epoch,
@@ -226,13 +227,7 @@ public:
     }
 
     /// The fencing token of the outermost acquisition; 0 when fencing is off or not held.
-    std::int64_t fencing_token() const {
-        if (!state_) {
-            return 0;
-        }
-        std::lock_guard guard{state_->mutex};
-        return state_->depth > 0 ? state_->fence : 0;
-    }
+    std::int64_t fencing_token() const { return handle::held_fence(); }
 
     /// @throws redislock::invalid_argument on a moved-from object.
     const std::string& name() const { return checked().name; }
@@ -241,31 +236,11 @@ public:
 
 private:
     friend class detail::timed_lockable<basic_recursive_mutex>;
-
-    // Leaving this many entries drops the whole acquisition.
-    static constexpr std::size_t drop_all = std::size_t{1} << 40;
-
-    struct state : detail::lock_identity<C> {
-        using detail::lock_identity<C>::lock_identity;
-
-        bool caller_is_holder() const { return this->caller_is(holder); }
-        // Held by the parent this process was forked from: only the parent may release it.
-        bool inherited_by_fork() const { return generation != detail::current_fork_generation(); }
-
-        mutable std::mutex mutex;  // guards the members below; never held across a round trip
-        std::size_t depth = 0;     // entries made through this object by its holder
-        std::uint64_t epoch = 0;   // outermost acquisitions through this object so far
-        std::thread::id holder;
-        std::uint64_t generation = 0;  // fork generation of the first entry
-        std::string holder_owner;
-        std::string acquisition;  // id of the acquisition the entries belong to, in Redis
-        std::string given_up;     // the last acquisition this object gave up (see the script)
-        // Re-entries and releases through this object whose outcome is unknown (a lost reply):
-        // the server's count may hold this many entries more than depth says.
-        std::size_t uncertain = 0;
-        std::int64_t fence = 0;
-        detail::tracked_lease<C> lease;
-    };
+    friend handle;
+    using handle::checked;
+    using handle::state_;
+    using handle::tracker;
+    using handle::tracker_of;
 
     // The entries of one outermost acquisition: who made them, and which acquisition it was
     // (here, and in Redis).
@@ -275,26 +250,14 @@ private:
         std::string acquisition;
     };
 
-    static detail::tracked_lease<C>* find_lease(state& st, const std::uint64_t& epoch) {
-        return st.depth > 0 && st.epoch == epoch ? &st.lease : nullptr;
-    }
-
-    detail::lease_tracker<C, state, std::uint64_t> tracker() const { return {state_, &find_lease}; }
-
-    const state& checked() const {
-        if (!state_) {
-            throw invalid_argument{"redislock: use of a moved-from lock"};
-        }
-        return *state_;
-    }
-
     std::uint64_t epoch_now() const {
         std::lock_guard guard{state_->mutex};
         return state_->epoch;
     }
 
-    held current_locked() const {
-        return held{state_->holder_owner, state_->epoch, state_->acquisition};
+    // The holder's entries. Needs st.mutex.
+    static held current_of(const state& st) {
+        return held{st.holder_owner, st.epoch, st.acquisition};
     }
 
     std::optional<held> held_entry() const {
@@ -303,7 +266,7 @@ private:
         if (state_->depth == 0) {
             return std::nullopt;
         }
-        return current_locked();
+        return current_of(*state_);
     }
 
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
@@ -369,28 +332,19 @@ private:
             }
             throw;
         }
-        if (r.is_error()) {
-            detail::throw_reply_error(r, "lock", state_->name);
+        const detail::entry_reply got = detail::decode_entry(
+            r, state_->name, "redislock: unexpected reply to a reentrant acquisition");
+        if (got.status == 0) {
+            return detail::holder_ttl{got.value};
         }
-        if (!r.is_array() || r.elements().size() != 3) {
-            throw server_error{"redislock: unexpected reply to a reentrant acquisition"};
+        if (got.status == 1) {  // a new acquisition (a re-entry's entry is not given up)
+            if (auto refused = detail::refuse_grant(*state_, sent, replicas, [&] {
+                    abandon(owner, got.acquisition, sent + state_->options.lease);
+                })) {
+                return refused;
+            }
         }
-        const std::int64_t status = r.elements()[0].as_integer();
-        const std::int64_t value = r.elements()[1].as_integer();
-        const std::string& acquisition = r.elements()[2].text();
-        if (status == 0) {
-            return detail::holder_ttl{value};
-        }
-        if (status == 1 && detail::unacknowledged(replicas, state_->options)) {
-            abandon(owner, acquisition, sent + state_->options.lease);
-            detail::throw_unacknowledged(state_->name, replicas, state_->options);
-        }
-        if (status == 1 &&
-            detail::steady::now() >= detail::valid_until(sent, state_->options.lease)) {
-            abandon(owner, acquisition, sent + state_->options.lease);  // granted too late
-            return detail::holder_ttl{0};
-        }
-        on_entered(owner, status, value, acquisition, sent, place.tally);
+        on_entered(owner, got.status, got.value, got.acquisition, sent, place.tally);
         return std::nullopt;
     }
 
@@ -437,25 +391,17 @@ private:
         if (!first_entry) {
             tracker().extended(epoch_now(), sent, state_->options.lease);  // re-entry refreshed it
         }
-        tracker().end(previous);
-        if (previous_lost) {
-            previous.lost_source.request_stop();
-            detail::report_loss(*state_, lock_kind::recursive_mutex, loss_reason::taken,
-                                previous.acquired_at);
-        }
+        tracker().replaced(previous, previous_lost);
         if (first_entry) {
-            if (wait != nullptr) {
-                detail::report_acquired(*state_, lock_kind::recursive_mutex, *wait);
-            }
-            try {
-                tracker().start(*first_entry, sent, &detail::scripts::recursive_extend,
-                                {state_->name},
-                                {owner, std::string{state_->lease_text.view()}, acquisition});
-            } catch (...) {
-                std::error_code ignored;
-                unlock(ignored);
-                throw;
-            }
+            tracker().begin(
+                *first_entry, sent, lock_kind::recursive_mutex, wait,
+                [&] {
+                    return detail::renewal_spec{
+                        &detail::scripts::recursive_extend,
+                        {state_->name},
+                        {owner, std::string{state_->lease_text.view()}, acquisition}};
+                },
+                [this] { handle::unlock(); });
         }
     }
 
@@ -467,7 +413,7 @@ private:
             std::lock_guard guard{state_->mutex};
             state_->given_up = acquisition;
         }
-        hand_to_reaper(held{owner, 0, acquisition}, drop_all, lease_end);
+        hand_to_reaper(state_, held{owner, 0, acquisition}, detail::drop_all, lease_end);
     }
 
     // Sends one release of `entries` entries of `entry`, ending by `deadline`; a release that
@@ -476,7 +422,7 @@ private:
                             std::size_t entries, detail::steady::time_point deadline) {
         const detail::decimal count{static_cast<long long>(entries)};
         call_context how{{}, deadline};
-        how.repeatable = entries == drop_all;  // a count change must not run twice
+        how.repeatable = entries == detail::drop_all;  // a count change must not run twice
         reply r = detail::run_script(
             st.core->connection, detail::scripts::recursive_release,
             std::array<std::string_view, 1>{st.name},
@@ -492,63 +438,46 @@ private:
 
     // Retries leaving `entries` entries of `entry` (drop_all: the whole acquisition, for one this
     // object created and abandoned) until the server answers or the lease surely ended.
-    void hand_to_reaper(const held& entry, std::size_t entries,
-                        detail::steady::time_point lease_end) noexcept {
-        try {
-            const auto give_up_at =
-                lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
-            detail::background_reaper().add(
-                [st = state_, entry, entries](detail::steady::time_point deadline) {
-                    try {
-                        // Lease "0": a background release never extends what remains.
-                        return leave_once(*st, "0", entry, entries, deadline).is_integer();
-                    } catch (...) {
-                        return false;
-                    }
-                },
-                give_up_at);
-        } catch (...) {
-            // Out of memory: the entry expires with its lease.
-        }
+    static void hand_to_reaper(const std::shared_ptr<state>& st, const held& entry,
+                               std::size_t entries, detail::steady::time_point lease_end) noexcept {
+        detail::leave_to_reaper(
+            st, entry, lease_end,
+            [entries](const state& s, const held& e, detail::steady::time_point deadline) {
+                // Lease "0": a background release never extends what remains.
+                return leave_once(s, "0", e, entries, deadline).is_integer();
+            });
     }
 
     // Leaves `entries` entries of `entry` in Redis; the caller has already counted them out.
     // `ended` is the acquisition's lease when these are its last entries (else unused).
-    std::error_code leave(const held& entry, std::size_t entries, bool last,
-                          const detail::tracked_lease<C>& ended) noexcept {
+    static std::error_code leave(const std::shared_ptr<state>& st, const held& entry,
+                                 std::size_t entries, bool last,
+                                 const detail::tracked_lease<C>& ended) noexcept {
         reply r;
         try {
-            r = leave_once(*state_, state_->lease_text.view(), entry, entries,
-                           state_->core->untimed_deadline());
+            r = leave_once(*st, st->lease_text.view(), entry, entries,
+                           st->core->untimed_deadline());
         } catch (...) {
-            not_finished(entry, entries, last, ended.valid_until);
-            if (last && !ended.lost) {
-                detail::report_release(*state_, ended, "no answer: left to the reaper");
-            }
-            return errc::connection_failed;
+            not_finished(st, entry, entries, last, ended.valid_until);
+            return detail::end_release(*st, ended, detail::release_end::unanswered, last);
         }
         if (!r.is_integer()) {
-            not_finished(entry, entries, last, ended.valid_until);
-            if (last && !ended.lost) {
-                detail::report_release(*state_, ended, "refused: left to the reaper");
-            }
+            not_finished(st, entry, entries, last, ended.valid_until);
+            (void)detail::end_release(*st, ended, detail::release_end::refused, last);
             return detail::server_failure(r);
         }
         if (r.as_integer() >= 0) {
-            if (last && !ended.lost) {
-                detail::report_release(*state_, ended);
-            }
-            return {};
+            return detail::end_release(*st, ended, detail::release_end::released, last);
         }
         // The entries were gone: every entry of that acquisition is lost.
         if (!last) {
-            tracker().lose(entry.epoch, loss_reason::taken);
-            std::lock_guard guard{state_->mutex};
-            if (state_->epoch == entry.epoch && state_->depth > 0) {
-                state_->depth = 0;
+            tracker_of(st).lose(entry.epoch, loss_reason::taken);
+            std::lock_guard guard{st->mutex};
+            if (st->epoch == entry.epoch && st->depth > 0) {
+                st->depth = 0;
             }
         } else if (!ended.lost) {
-            detail::report_loss(*state_, lock_kind::recursive_mutex, loss_reason::taken,
+            detail::report_loss(*st, lock_kind::recursive_mutex, loss_reason::taken,
                                 ended.acquired_at);
         }
         return errc::lock_lost;
@@ -556,56 +485,44 @@ private:
 
     // A release whose outcome is unknown: an inner entry makes the count uncertain; the last one
     // is retried in the background, and the object's next lock() takes its entry over.
-    void not_finished(const held& entry, std::size_t entries, bool last,
-                      detail::steady::time_point valid_until) {
+    static void not_finished(const std::shared_ptr<state>& st, const held& entry,
+                             std::size_t entries, bool last,
+                             detail::steady::time_point valid_until) {
         if (last) {
             {
-                std::lock_guard guard{state_->mutex};
-                state_->given_up = entry.acquisition;
+                std::lock_guard guard{st->mutex};
+                st->given_up = entry.acquisition;
             }
-            hand_to_reaper(entry, entries, valid_until + state_->options.lease);
+            hand_to_reaper(st, entry, entries, valid_until + st->options.lease);
             return;
         }
-        std::lock_guard guard{state_->mutex};
-        if (state_->epoch == entry.epoch) {
-            ++state_->uncertain;
+        std::lock_guard guard{st->mutex};
+        if (st->epoch == entry.epoch) {
+            ++st->uncertain;
         }
     }
 
-    // An error reply (LOADING, BUSY, READONLY...) says nothing about ownership, except WRONGTYPE:
-    // the name now holds a key of another type, so our entry is gone.
-    void throw_unless_not_ours(const reply& r, std::string_view what) const {
-        if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
-            detail::throw_reply_error(r, what, state_->name);
-        }
-    }
-
-    void release_on_destruction() noexcept {
-        if (!state_) {
-            return;
-        }
+    static void release_on_destruction(const std::shared_ptr<state>& st) noexcept {
         held entry;
         std::size_t entries = 0;
         detail::tracked_lease<C> ended;
         {
-            std::lock_guard guard{state_->mutex};
-            if (state_->depth > 0 && state_->inherited_by_fork()) {
+            std::lock_guard guard{st->mutex};
+            if (st->depth > 0 && st->inherited_by_fork()) {
                 return;  // the parent's entries: never left from a child
             }
-            entries = std::exchange(state_->depth, 0);
+            entries = std::exchange(st->depth, 0);
             if (entries > 0) {
-                entries += std::exchange(state_->uncertain, 0);
+                entries += std::exchange(st->uncertain, 0);
             }
-            entry = current_locked();
-            ended = std::exchange(state_->lease, {});
+            entry = current_of(*st);
+            ended = std::exchange(st->lease, {});
         }
-        tracker().end(ended);
+        tracker_of(st).end(ended);
         if (entries > 0) {
-            (void)leave(entry, entries, true, ended);
+            (void)leave(st, entry, entries, true, ended);
         }
     }
-
-    std::shared_ptr<state> state_;  // shared with timer and watchdog callbacks, weakly
 };
 
 }  // namespace redislock

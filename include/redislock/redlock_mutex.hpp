@@ -73,6 +73,7 @@
 #include <redislock/connection.hpp>
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_handle.hpp>
+#include <redislock/detail/lock_release.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/quorum_round.hpp>
@@ -95,6 +96,9 @@ namespace detail {
 // What a redlock lock object shares with its timer and watchdog callbacks.
 template <connection C>
 struct redlock_state {
+    using connection_type = C;
+    using lease_key = token;  // an acquisition is named by its token
+
     redlock_state(std::shared_ptr<redlock_core<C>> client, std::string_view lock_name,
                   lock_options opts)
         : core{std::move(client)},
@@ -125,6 +129,11 @@ struct redlock_state {
     }
     // Held by the parent this process was forked from: only the parent may release it.
     bool inherited_by_fork() const { return generation != current_fork_generation(); }
+    const tracked_lease<C>* held_lease() const { return held ? &lease : nullptr; }
+    // The tracked lease of the acquisition holding `t`, if it is still held.
+    static tracked_lease<C>* find_lease(redlock_state& st, const token& t) {
+        return st.held && st.acq && st.acq->tok == t ? &st.lease : nullptr;
+    }
 
     std::shared_ptr<redlock_core<C>> core;
     std::string name;
@@ -174,25 +183,11 @@ public:
     /// (redlock_options::release_retries) while the lease may still run; past that their key is
     /// left to expire.
     void unlock(std::error_code& ec) noexcept {
-        ec.clear();
-        if (!state_) {
-            ec = errc::not_held;
-            return;
-        }
         given_up released;
-        {
-            std::lock_guard guard{state_->mutex};
-            if (!state_->held) {
-                ec = errc::not_held;
-                return;
-            }
-            if (!state_->caller_is_holder() || state_->inherited_by_fork()) {
-                ec = errc::not_holder;
-                return;
-            }
-            released = give_up_locked(*state_);
+        ec = handle::claim([&](state& st) { released = give_up_locked(st); });
+        if (!ec) {
+            ec = release(state_, std::move(released));
         }
-        ec = release(state_, std::move(released));
     }
 
     /// Sets the lease to `lease` from now on every master that still holds our token.
@@ -226,13 +221,7 @@ public:
     /// Local, conservative estimate of how long the lock stays ours: the lease counted from when
     /// the last round a quorum confirmed was sent, minus a drift allowance (1% of the lease +
     /// 2 ms). Zero when not held or known lost.
-    std::chrono::milliseconds remaining() const {
-        if (!state_) {
-            return std::chrono::milliseconds::zero();
-        }
-        std::lock_guard guard{state_->mutex};
-        return state_->held ? state_->lease.remaining() : std::chrono::milliseconds::zero();
-    }
+    std::chrono::milliseconds remaining() const { return handle::held_remaining(); }
 
     /// Local: true while this object holds the lock, it is not known lost, and remaining() > 0.
     bool owned() const { return remaining() > std::chrono::milliseconds::zero(); }
@@ -278,7 +267,10 @@ public:
 private:
     friend class detail::timed_lockable<basic_redlock_mutex>;
     friend handle;
+    using handle::checked;
     using handle::state_;
+    using handle::tracker;
+    using handle::tracker_of;
     using acquisition_ptr = std::shared_ptr<detail::redlock_acquisition>;
 
     // An acquisition given up by unlock() or the destructor, to be released.
@@ -287,26 +279,7 @@ private:
         detail::tracked_lease<C> lease;
     };
 
-    const state& checked() const {
-        if (!state_) {
-            throw invalid_argument{"redislock: use of a moved-from lock"};
-        }
-        return *state_;
-    }
-
     detail::redlock_core<C>& core() const { return *checked().core; }
-
-    // The tracked lease of the acquisition holding `token`, if it is still held.
-    static detail::tracked_lease<C>* find_lease(state& st, const detail::token& token) {
-        return st.held && st.acq && st.acq->tok == token ? &st.lease : nullptr;
-    }
-
-    static detail::lease_tracker<C, state, detail::token> tracker_of(
-        const std::shared_ptr<state>& st) {
-        return {st, &find_lease};
-    }
-
-    detail::lease_tracker<C, state, detail::token> tracker() const { return tracker_of(state_); }
 
     acquisition_ptr held_acquisition() const {
         checked();
@@ -384,7 +357,7 @@ private:
     // Records `acq` as held; reports the call's wait as acquired before its lease can be found
     // lost.
     void on_acquired(const acquisition_ptr& acq, const detail::wait_tally& tally) {
-        bool previous_held = false;
+        bool previous_live = false;
         detail::tracked_lease<C> previous_lease;
         {
             std::lock_guard guard{state_->mutex};
@@ -392,7 +365,7 @@ private:
             // a quorum let us in. That acquisition is lost. One made by the parent this process
             // was forked from is the parent's business.
             if (!state_->inherited_by_fork()) {
-                previous_held = state_->held && !state_->lease.lost;
+                previous_live = state_->held && !state_->lease.lost;
                 previous_lease = std::exchange(state_->lease, {});
             } else {
                 state_->lease = {};
@@ -406,22 +379,16 @@ private:
             state_->lease.kind = lock_kind::redlock_mutex;
             state_->lost_source = state_->lease.lost_source;
         }
-        tracker().end(previous_lease);
-        if (previous_held) {
-            previous_lease.lost_source.request_stop();
-            detail::report_loss(*state_, lock_kind::redlock_mutex, loss_reason::taken,
-                                previous_lease.acquired_at);
-        }
-        detail::report_acquired(*state_, lock_kind::redlock_mutex, tally);
-        try {
-            tracker().start(acq->tok, acq->sent, &detail::scripts::mutex_extend, {state_->name},
-                            {acq->tok.str(), std::string{state_->lease_text.view()}});
-        } catch (...) {
-            // Not tracked, so not safe to hand out: give it back before reporting the failure.
-            std::error_code ignored;
-            unlock(ignored);
-            throw;
-        }
+        tracker().replaced(previous_lease, previous_live);
+        tracker().begin(
+            acq->tok, acq->sent, lock_kind::redlock_mutex, &tally,
+            [&] {
+                return detail::renewal_spec{
+                    &detail::scripts::mutex_extend,
+                    {state_->name},
+                    {acq->tok.str(), std::string{state_->lease_text.view()}}};
+            },
+            [this] { handle::unlock(); });
     }
 
     // Marks the current acquisition as no longer held. Needs st.mutex.
@@ -439,18 +406,10 @@ private:
             const auto outcomes = st->core->release(g.acq);
             const detail::quorum_tally t = detail::tally(outcomes);
             if (t.yes >= masters.quorum()) {
-                if (!g.lease.lost) {
-                    detail::report_release(*st, g.lease);
-                }
-                return {};
+                return detail::end_release(*st, g.lease, detail::release_end::released);
             }
             if (t.no > masters.size() - masters.quorum()) {
-                if (!g.lease.lost) {
-                    g.lease.lost_source.request_stop();
-                    detail::report_loss(*st, lock_kind::redlock_mutex, loss_reason::taken,
-                                        g.lease.acquired_at);
-                }
-                return errc::lock_lost;
+                return detail::end_release(*st, g.lease, detail::release_end::lost);
             }
             // No quorum either way: the masters that did not answer get it in the background.
             bool unanswered = false;
@@ -458,30 +417,16 @@ private:
                 unanswered = unanswered ||
                              (o.answer == detail::node_answer::failed && !o.server_error);
             }
-            if (!g.lease.lost) {
-                detail::report_release(*st, g.lease,
-                                       unanswered ? "no answer: left to the reaper"
-                                                  : "refused: left to the reaper");
-            }
-            return unanswered ? errc::connection_failed : errc::server_failed;
+            return detail::end_release(
+                *st, g.lease,
+                unanswered ? detail::release_end::unanswered : detail::release_end::refused);
         } catch (...) {
-            if (!g.lease.lost) {
-                detail::report_release(*st, g.lease, "no answer: left to the reaper");
-            }
-            return errc::connection_failed;
+            return detail::end_release(*st, g.lease, detail::release_end::unanswered);
         }
     }
 
     static void release_on_destruction(const std::shared_ptr<state>& st) noexcept {
-        std::optional<given_up> held;
-        {
-            std::lock_guard guard{st->mutex};
-            if (!st->held || st->inherited_by_fork()) {
-                return;  // nothing held, or the parent's keys: never released from a child
-            }
-            held = give_up_locked(*st);
-        }
-        (void)release(st, std::move(*held));
+        handle::release_held(st, &give_up_locked, &release);
     }
 };
 

@@ -68,7 +68,9 @@
 #include <redislock/detail/client_core.hpp>
 #include <redislock/detail/fair_wait.hpp>
 #include <redislock/detail/lock_core.hpp>
+#include <redislock/detail/lock_handle.hpp>
 #include <redislock/detail/lock_identity.hpp>
+#include <redislock/detail/lock_release.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/owner.hpp>
@@ -85,35 +87,95 @@ namespace redislock {
 template <connection C>
 class basic_client;
 
+namespace detail {
+
+enum class shared_mode : char { read = 'r', write = 'w' };
+
+// One owner's entries in one mode, made through one read-write lock object.
+template <connection C>
+struct shared_hold {
+    std::string owner;
+    shared_mode kind = shared_mode::read;
+    std::size_t depth = 0;
+    // Re-entries and releases whose outcome is unknown (a lost reply): the server's count
+    // may hold this many entries more than depth says; the last release leaves them too.
+    std::size_t uncertain = 0;
+    std::int64_t fence = 0;
+    tracked_lease<C> lease;
+    std::uint64_t generation = 0;  // fork generation of the first entry
+    std::uint64_t epoch = 0;       // which acquisition: renewals and releases name it
+    std::string acquisition{};     // the acquisition's id in Redis
+
+    // Held by the parent this process was forked from: only the parent may release it.
+    bool inherited_by_fork() const { return generation != current_fork_generation(); }
+};
+
+// What a release or a renewal callback knows of the hold it acts for.
+struct shared_hold_ref {
+    std::string owner;
+    shared_mode kind;
+    std::uint64_t epoch = 0;
+    std::string acquisition;
+    bool reported = false;  // its loss was already reported through on_lost
+};
+
+// What a read-write lock object shares with its timer and watchdog callbacks.
+template <connection C>
+struct shared_state : lock_identity<C> {
+    using lock_identity<C>::lock_identity;
+    using lease_key = shared_hold_ref;
+
+    shared_hold<C>* find(const std::string& owner, shared_mode kind) {
+        for (shared_hold<C>& h : holds) {
+            if (h.owner == owner && h.kind == kind) {
+                return &h;
+            }
+        }
+        return nullptr;
+    }
+    // The hold `ref` names, if it is still the same acquisition and held.
+    shared_hold<C>* find(const shared_hold_ref& ref) {
+        shared_hold<C>* h = find(ref.owner, ref.kind);
+        return h && h->epoch == ref.epoch && h->depth > 0 ? h : nullptr;
+    }
+    static tracked_lease<C>* find_lease(shared_state& st, const shared_hold_ref& ref) {
+        shared_hold<C>* h = st.find(ref);
+        return h ? &h->lease : nullptr;
+    }
+
+    mutable std::mutex mutex;  // guards the members below; never held across a round trip
+    std::vector<shared_hold<C>> holds;
+    std::uint64_t last_epoch = 0;
+    // Acquisitions this object gave up whose entries may still be in Redis (see the script).
+    std::vector<std::string> given_up;
+};
+
+}  // namespace detail
+
 /// The read-write lock: one Redis hash per name, each holder with its own lease. TimedLockable
 /// and SharedTimedLockable; see the state table at the top of this header.
 template <connection C>
-class basic_shared_mutex : public detail::timed_lockable<basic_shared_mutex<C>>,
-                           public detail::shared_timed_lockable<basic_shared_mutex<C>> {
+class basic_shared_mutex
+    : public detail::timed_lockable<basic_shared_mutex<C>>,
+      public detail::shared_timed_lockable<basic_shared_mutex<C>>,
+      public detail::lock_handle<basic_shared_mutex<C>, detail::shared_state<C>> {
+    using state = detail::shared_state<C>;
+    using handle = detail::lock_handle<basic_shared_mutex, state>;
+
 public:
     /// Usually made by client.shared_mutex(name, options).
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, or inconsistent backoff bounds.
     basic_shared_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : state_{std::make_shared<state>(client.core_, name, std::move(options))} {}
+        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {}
 
     /// Takes over another object's lock, held or not; the moved-from object is as one never held.
     basic_shared_mutex(basic_shared_mutex&&) noexcept = default;
     /// Releases the lock this object holds, if any, then takes over `other`'s.
-    basic_shared_mutex& operator=(basic_shared_mutex&& other) noexcept {
-        if (this != &other) {
-            release_on_destruction();
-            state_ = std::move(other.state_);
-        }
-        return *this;
-    }
-    ~basic_shared_mutex() { release_on_destruction(); }
+    basic_shared_mutex& operator=(basic_shared_mutex&&) noexcept = default;
 
     /// Leaves one write entry. Never throws; a lock found lost calls on_lost.
-    void unlock() noexcept {
-        std::error_code ignored;
-        unlock(ignored);
-    }
+    void unlock() noexcept { handle::unlock(); }
     /// As unlock(), saying how it went (see basic_recursive_mutex::unlock(std::error_code&)).
     void unlock(std::error_code& ec) noexcept { ec = leave_one(mode::write); }
 
@@ -147,9 +209,9 @@ public:
         }
         const std::string owner = state_->caller_owner();
         std::lock_guard guard{state_->mutex};
-        const hold* h = find(owner, mode::write);
+        const hold* h = state_->find(owner, mode::write);
         if (h == nullptr || h->depth == 0) {
-            h = find(owner, mode::read);
+            h = state_->find(owner, mode::read);
         }
         return h != nullptr && h->depth > 0 ? h->lease.lost_source.get_token()
                                             : detail::stopped_token();
@@ -184,7 +246,7 @@ public:
         }
         const std::string owner = state_->caller_owner();
         std::lock_guard guard{state_->mutex};
-        const hold* h = find(owner, mode::write);
+        const hold* h = state_->find(owner, mode::write);
         return h ? h->fence : 0;
     }
 
@@ -196,62 +258,14 @@ public:
 private:
     friend class detail::timed_lockable<basic_shared_mutex>;
     friend class detail::shared_timed_lockable<basic_shared_mutex>;
-
-    enum class mode : char { read = 'r', write = 'w' };
-
-    // One owner's entries in one mode, made through this object.
-    struct hold {
-        std::string owner;
-        mode kind = mode::read;
-        std::size_t depth = 0;
-        // Re-entries and releases whose outcome is unknown (a lost reply): the server's count
-        // may hold this many entries more than depth says; the last release leaves them too.
-        std::size_t uncertain = 0;
-        std::int64_t fence = 0;
-        detail::tracked_lease<C> lease;
-        std::uint64_t generation = 0;  // fork generation of the first entry
-        std::uint64_t epoch = 0;       // which acquisition: renewals and releases name it
-        std::string acquisition{};     // the acquisition's id in Redis
-
-        // Held by the parent this process was forked from: only the parent may release it.
-        bool inherited_by_fork() const { return generation != detail::current_fork_generation(); }
-    };
-
-    // What a release or a renewal callback knows of the hold it acts for.
-    struct hold_ref {
-        std::string owner;
-        mode kind;
-        std::uint64_t epoch = 0;
-        std::string acquisition;
-        bool reported = false;  // its loss was already reported through on_lost
-    };
-
-    struct state : detail::lock_identity<C> {
-        using detail::lock_identity<C>::lock_identity;
-
-        mutable std::mutex mutex;  // guards the members below; never held across a round trip
-        std::vector<hold> holds;
-        std::uint64_t last_epoch = 0;
-        // Acquisitions this object gave up whose entries may still be in Redis (see the script).
-        std::vector<std::string> given_up;
-    };
-
-    hold* find(const std::string& owner, mode kind) const { return find_in(*state_, owner, kind); }
-
-    static hold* find_in(state& st, const std::string& owner, mode kind) {
-        for (hold& h : st.holds) {
-            if (h.owner == owner && h.kind == kind) {
-                return &h;
-            }
-        }
-        return nullptr;
-    }
-
-    // The hold `ref` names, if it is still the same acquisition and held.
-    static hold* find_in(state& st, const hold_ref& ref) {
-        hold* h = find_in(st, ref.owner, ref.kind);
-        return h && h->epoch == ref.epoch && h->depth > 0 ? h : nullptr;
-    }
+    friend handle;
+    using handle::checked;
+    using handle::state_;
+    using handle::tracker;
+    using handle::tracker_of;
+    using mode = detail::shared_mode;
+    using hold = detail::shared_hold<C>;
+    using hold_ref = detail::shared_hold_ref;
 
     static std::string_view mode_text(mode kind) {
         return kind == mode::read ? std::string_view{"r"} : std::string_view{"w"};
@@ -266,13 +280,6 @@ private:
     }
     bool acquire_shared_until(detail::steady::time_point deadline, const std::stop_token& stop) {
         return acquire(mode::read, deadline, stop);
-    }
-
-    const state& checked() const {
-        if (!state_) {
-            throw invalid_argument{"redislock: use of a moved-from lock"};
-        }
-        return *state_;
     }
 
     bool acquire(mode kind, detail::steady::time_point deadline, const std::stop_token& stop) {
@@ -308,7 +315,7 @@ private:
         std::string given_up;
         {
             std::lock_guard guard{state_->mutex};
-            const hold* h = find(owner, kind);
+            const hold* h = state_->find(owner, kind);
             outermost = h == nullptr || h->depth == 0 || h->lease.lost;
             for (const std::string& id : state_->given_up) {
                 given_up.append(given_up.empty() ? "" : " ").append(id);
@@ -343,42 +350,32 @@ private:
                 // this call takes it over by its id; the reaper drops it otherwise); a re-entry
                 // whose count is now unknown is dropped with the hold's last release.
                 if (outermost) {
-                    abandon(hold_ref{owner, kind, 0, candidate.str(), false}, drop_all,
-                            sent + state_->options.lease);
+                    abandon(state_, hold_ref{owner, kind, 0, candidate.str(), false},
+                            detail::drop_all, sent + state_->options.lease);
                 } else {
                     std::lock_guard guard{state_->mutex};
-                    if (hold* h = find(owner, kind)) {
+                    if (hold* h = state_->find(owner, kind)) {
                         ++h->uncertain;
                     }
                 }
             }
             throw;
         }
-        if (r.is_error()) {
-            detail::throw_reply_error(r, "lock", state_->name);
-        }
-        if (!r.is_array() || r.elements().size() != 3) {
-            throw server_error{"redislock: unexpected reply to a read-write acquisition"};
-        }
-        const std::int64_t status = r.elements()[0].as_integer();
-        const std::int64_t value = r.elements()[1].as_integer();
-        const std::string& acquisition = r.elements()[2].text();
-        if (status == -1) {
+        const detail::entry_reply got = detail::decode_entry(
+            r, state_->name, "redislock: unexpected reply to a read-write acquisition");
+        if (got.status == -1) {
             throw_upgrade();
         }
-        if (status == 0) {
-            return detail::holder_ttl{value};
+        if (got.status == 0) {
+            return detail::holder_ttl{got.value};
         }
-        if (status == 1 && detail::unacknowledged(replicas, state_->options)) {
-            abandon(hold_ref{owner, kind, 0, acquisition, false}, drop_all,
-                    sent + state_->options.lease);
-            detail::throw_unacknowledged(state_->name, replicas, state_->options);
-        }
-        if (status == 1 &&
-            detail::steady::now() >= detail::valid_until(sent, state_->options.lease)) {
-            abandon(hold_ref{owner, kind, 0, acquisition, false}, drop_all,
-                    sent + state_->options.lease);
-            return detail::holder_ttl{0};  // granted, but its lease ran out before the reply came
+        if (got.status == 1) {  // a new acquisition (a re-entry's entry is not given up)
+            if (auto refused = detail::refuse_grant(*state_, sent, replicas, [&] {
+                    abandon(state_, hold_ref{owner, kind, 0, got.acquisition, false},
+                            detail::drop_all, sent + state_->options.lease);
+                })) {
+                return refused;
+            }
         }
         std::optional<hold_ref> first_entry;
         std::optional<hold_ref> reentered;
@@ -386,7 +383,7 @@ private:
         detail::tracked_lease<C> previous;
         {
             std::lock_guard guard{state_->mutex};
-            hold* h = find(owner, kind);
+            hold* h = state_->find(owner, kind);
             if (!h) {
                 h = &state_->holds.emplace_back();
                 h->owner = owner;
@@ -395,7 +392,7 @@ private:
             // A new acquisition, or a re-entry into another acquisition of this owner, while
             // entries are still counted here means Redis lost them: their lease ran out, or they
             // were deleted.
-            if (h->depth > 0 && (status == 1 || h->acquisition != acquisition)) {
+            if (h->depth > 0 && (got.status == 1 || h->acquisition != got.acquisition)) {
                 previous_lost = !h->lease.lost;
                 h->depth = 0;
             }
@@ -406,88 +403,64 @@ private:
                 h->lease.kind = kind_of(kind);
                 h->depth = 0;
                 h->uncertain = 0;
-                h->fence = value;
+                h->fence = got.value;
                 h->generation = detail::current_fork_generation();
                 h->epoch = ++state_->last_epoch;
-                h->acquisition = acquisition;
-                first_entry = hold_ref{owner, kind, h->epoch, acquisition, false};
+                h->acquisition = got.acquisition;
+                first_entry = hold_ref{owner, kind, h->epoch, got.acquisition, false};
             }
             ++h->depth;
             if (!first_entry) {
-                reentered = hold_ref{owner, kind, h->epoch, acquisition, false};
+                reentered = hold_ref{owner, kind, h->epoch, got.acquisition, false};
             }
         }
         if (reentered) {
             tracker().extended(*reentered, sent, state_->options.lease);  // re-entry refreshed it
         }
-        tracker().end(previous);
-        if (previous_lost) {
-            previous.lost_source.request_stop();
-            detail::report_loss(*state_, kind_of(kind), loss_reason::taken, previous.acquired_at);
-        }
+        tracker().replaced(previous, previous_lost);
         if (first_entry) {
-            // Before its lease can be found lost: acquired comes first.
-            if (place.tally != nullptr) {
-                detail::report_acquired(*state_, kind_of(kind), *place.tally);
-            }
-            try {
-                tracker().start(*first_entry, sent, &detail::scripts::shared_extend, {state_->name},
-                                {owner, std::string{mode_text(kind)},
-                                 std::string{state_->lease_text.view()}, acquisition});
-            } catch (...) {
-                (void)leave_one(kind);
-                throw;
-            }
+            tracker().begin(
+                *first_entry, sent, kind_of(kind), place.tally,
+                [&] {
+                    return detail::renewal_spec{
+                        &detail::scripts::shared_extend,
+                        {state_->name},
+                        {owner, std::string{mode_text(kind)},
+                         std::string{state_->lease_text.view()}, got.acquisition}};
+                },
+                [&] { (void)leave_one(kind); });
         }
         return std::nullopt;
     }
 
-    static detail::tracked_lease<C>* find_lease(state& st, const hold_ref& ref) {
-        hold* h = find_in(st, ref);
-        return h ? &h->lease : nullptr;
-    }
-
-    detail::lease_tracker<C, state, hold_ref> tracker() const { return {state_, &find_lease}; }
-
     // Remembers an acquisition whose entry may be in Redis though this object does not hold it
     // (the owner's next acquisition through this object drops it), and has the reaper leave
     // `entries` of its entries (drop_all for one this object created and abandoned).
-    void abandon(const hold_ref& ref, std::size_t entries,
-                 detail::steady::time_point lease_end) noexcept {
+    static void abandon(const std::shared_ptr<state>& st, const hold_ref& ref, std::size_t entries,
+                        detail::steady::time_point lease_end) noexcept {
         try {
-            {
-                std::lock_guard guard{state_->mutex};
-                auto& ids = state_->given_up;
-                if (ids.size() >= 4) {
-                    ids.erase(ids.begin());  // the oldest is surely gone by now or reaped
-                }
-                ids.push_back(ref.acquisition);
+            std::lock_guard guard{st->mutex};
+            auto& ids = st->given_up;
+            if (ids.size() >= 4) {
+                ids.erase(ids.begin());  // the oldest is surely gone by now or reaped
             }
-            const auto give_up_at =
-                lease_end + state_->options.lease / 100 + std::chrono::milliseconds{2};
-            detail::background_reaper().add(
-                [st = state_, ref, entries](detail::steady::time_point deadline) {
-                    try {
-                        return leave_once(*st, ref, entries, deadline).is_integer();
-                    } catch (...) {
-                        return false;
-                    }
-                },
-                give_up_at);
+            ids.push_back(ref.acquisition);
         } catch (...) {
-            // Out of memory: the entry expires with its lease.
+            return;  // Out of memory: the entry expires with its lease.
         }
+        detail::leave_to_reaper(
+            st, ref, lease_end,
+            [entries](const state& s, const hold_ref& r, detail::steady::time_point deadline) {
+                return leave_once(s, r, entries, deadline).is_integer();
+            });
     }
-
-    // Leaving this many entries drops the whole hold.
-    static constexpr std::size_t drop_all = std::size_t{1} << 40;
 
     // Sends one release; one that lets waiters in tells them.
     static reply leave_once(const state& st, const hold_ref& ref, std::size_t entries,
                             detail::steady::time_point deadline) {
         const detail::decimal count{static_cast<long long>(entries)};
         call_context how{{}, deadline};
-        how.repeatable = entries == drop_all;  // a count change must not run twice
+        how.repeatable = entries == detail::drop_all;  // a count change must not run twice
         reply r = detail::run_script(
             st.core->connection, detail::scripts::shared_release,
             std::array<std::string_view, 1>{st.name},
@@ -517,7 +490,7 @@ private:
         std::size_t count = 1;
         {
             std::lock_guard guard{state_->mutex};
-            hold* h = find(owner, kind);
+            hold* h = state_->find(owner, kind);
             if (!h || h->depth == 0) {
                 return held_by_other_owner(kind) ? errc::not_holder : errc::not_held;
             }
@@ -532,17 +505,17 @@ private:
                 last = true;
                 entries += std::exchange(h->uncertain, 0);
                 ended = std::exchange(h->lease, {});
-                erase_released();
+                erase_released(*state_);
             }
             count = entries;
         }
         tracker().end(ended);
-        return leave(ref, count, last, ended);
+        return leave(state_, ref, count, last, ended);
     }
 
-    // Drops holds with no entries left. Needs state_->mutex.
-    void erase_released() {
-        std::erase_if(state_->holds, [](const hold& h) { return h.depth == 0; });
+    // Drops holds with no entries left. Needs st.mutex.
+    static void erase_released(state& st) {
+        std::erase_if(st.holds, [](const hold& h) { return h.depth == 0; });
     }
 
     bool held_by_other_owner(mode kind) const {
@@ -555,51 +528,43 @@ private:
     // lost cannot keep it alive. A release whose outcome is unknown is given up: the reaper
     // finishes it (an inner entry stays counted until the hold's last release). `last_lease` is
     // the hold's lease when these are its last entries (else unused).
-    std::error_code leave(const hold_ref& ref, std::size_t entries, bool last,
-                          const detail::tracked_lease<C>& last_lease) noexcept {
-        const bool tell_release = last && !ref.reported;
+    static std::error_code leave(const std::shared_ptr<state>& st, const hold_ref& ref,
+                                 std::size_t entries, bool last,
+                                 const detail::tracked_lease<C>& last_lease) noexcept {
         reply r;
         try {
-            r = leave_once(*state_, ref, entries, state_->core->untimed_deadline());
+            r = leave_once(*st, ref, entries, st->core->untimed_deadline());
         } catch (...) {
-            not_finished(ref, entries, last, last_lease.valid_until);
-            if (tell_release) {
-                detail::report_release(*state_, last_lease, "no answer: left to the reaper");
-            }
-            return errc::connection_failed;
+            not_finished(st, ref, entries, last, last_lease.valid_until);
+            return detail::end_release(*st, last_lease, detail::release_end::unanswered, last);
         }
         // An error reply says nothing about ownership, except WRONGTYPE: the name now holds
         // another type, so our entries are gone.
         if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
-            not_finished(ref, entries, last, last_lease.valid_until);
-            if (tell_release) {
-                detail::report_release(*state_, last_lease, "refused: left to the reaper");
-            }
+            not_finished(st, ref, entries, last, last_lease.valid_until);
+            (void)detail::end_release(*st, last_lease, detail::release_end::refused, last);
             return detail::server_failure(r);
         }
         if (r.is_integer() && r.as_integer() >= 0) {
-            if (tell_release) {
-                detail::report_release(*state_, last_lease);
-            }
-            return {};
+            return detail::end_release(*st, last_lease, detail::release_end::released, last);
         }
         // The entries were gone: every entry of that acquisition is lost.
         bool notify = !ref.reported;
         auto acquired_at = last_lease.acquired_at;
         detail::tracked_lease<C> ended;
         {
-            std::lock_guard guard{state_->mutex};
-            if (hold* h = find_in(*state_, ref)) {
+            std::lock_guard guard{st->mutex};
+            if (hold* h = st->find(ref)) {
                 notify = notify && !h->lease.lost;
                 h->depth = 0;
                 acquired_at = h->lease.acquired_at;
                 ended = std::exchange(h->lease, {});
-                erase_released();
+                erase_released(*st);
             }
         }
-        tracker().end(ended);
+        tracker_of(st).end(ended);
         if (notify) {
-            detail::report_loss(*state_, kind_of(ref.kind),
+            detail::report_loss(*st, kind_of(ref.kind),
                                 r.is_error() ? loss_reason::server_lost : loss_reason::taken,
                                 acquired_at);
         }
@@ -608,14 +573,15 @@ private:
 
     // A release whose outcome is unknown: an inner entry makes the hold's count uncertain; the
     // last one is given up (retried in the background, dropped by the owner's next acquisition).
-    void not_finished(const hold_ref& ref, std::size_t entries, bool last,
-                      detail::steady::time_point valid_until) noexcept {
+    static void not_finished(const std::shared_ptr<state>& st, const hold_ref& ref,
+                             std::size_t entries, bool last,
+                             detail::steady::time_point valid_until) noexcept {
         if (last) {
-            abandon(ref, entries, valid_until + state_->options.lease);
+            abandon(st, ref, entries, valid_until + st->options.lease);
             return;
         }
-        std::lock_guard guard{state_->mutex};
-        if (hold* h = find_in(*state_, ref)) {
+        std::lock_guard guard{st->mutex};
+        if (hold* h = st->find(ref)) {
             ++h->uncertain;
         }
     }
@@ -654,28 +620,16 @@ private:
                 std::array<std::string_view, 4>{ref.owner, mode_text(ref.kind), lease_text.view(),
                                                 ref.acquisition},
                 call_context{{}, state_->core->untimed_deadline()}, &state_->core->events);
-            if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
-                detail::throw_reply_error(r, "check", state_->name);
-            }
-            const bool held = r.is_integer() && r.as_integer() == 1;
-            all_held = all_held && held;
-            if (held && lease > std::chrono::milliseconds::zero()) {
-                tracker().extended(ref, sent, lease);
-            } else if (!held) {
-                tracker().lose(ref, r.is_error() ? loss_reason::server_lost : loss_reason::taken);
-            }
+            all_held = tracker().extend_replied(ref, r, sent, lease, "check") && all_held;
         }
         return all_held;
     }
 
-    void release_on_destruction() noexcept {
-        if (!state_) {
-            return;
-        }
+    static void release_on_destruction(const std::shared_ptr<state>& st) noexcept {
         std::vector<std::tuple<hold_ref, std::size_t, detail::tracked_lease<C>>> releases;
         {
-            std::lock_guard guard{state_->mutex};
-            for (hold& h : state_->holds) {
+            std::lock_guard guard{st->mutex};
+            for (hold& h : st->holds) {
                 if (h.depth == 0 || h.inherited_by_fork()) {
                     continue;  // nothing held, or the parent's entries: never left from a child
                 }
@@ -684,15 +638,13 @@ private:
                     h.depth + std::exchange(h.uncertain, 0), std::exchange(h.lease, {}));
                 h.depth = 0;
             }
-            erase_released();
+            erase_released(*st);
         }
         for (auto& [ref, entries, ended] : releases) {
-            tracker().end(ended);
-            (void)leave(ref, entries, true, ended);
+            tracker_of(st).end(ended);
+            (void)leave(st, ref, entries, true, ended);
         }
     }
-
-    std::shared_ptr<state> state_;  // shared with timer and watchdog callbacks, weakly
 };
 
 }  // namespace redislock

@@ -5,7 +5,8 @@
 //     whatever a blocked round trip is doing; its watchdog renewal; the stop source of
 //     lost_token(); whether its loss was already told;
 //   - lease_tracker: starts, renews, loses and ends a tracked_lease for one lock object, and
-//     tells its loss (the lost event, on_lost, on_lost_reason) and its renewals' troubles;
+//     tells its acquisition, its loss (the lost event, on_lost, on_lost_reason) and its
+//     renewals' troubles;
 //   - the acquisition loop (acquire_until) that rides out transient failures within the
 //     caller's deadline and ends at once on a stop request.
 #pragma once
@@ -64,6 +65,15 @@ inline bool is_transient(const reply& r) {
     throw server_error{message};
 }
 
+/// Throws for an error reply to `what` on `name` other than WRONGTYPE, which means the name now
+/// holds another type, so the lock is surely not ours; other error replies (LOADING, BUSY,
+/// READONLY...) say nothing about ownership.
+inline void throw_unless_not_ours(const reply& r, std::string_view what, std::string_view name) {
+    if (r.is_error() && !r.is_error_code("WRONGTYPE")) {
+        throw_reply_error(r, what, name);
+    }
+}
+
 /// errc::server_failed for a release or renewal answered with `r`, an error reply; the reply's
 /// text becomes the code's message on this thread.
 inline std::error_code server_failure(const reply& r) noexcept {
@@ -100,6 +110,46 @@ inline bool unacknowledged(std::int64_t replicas, const lock_options& options) {
         " of the " + std::to_string(options.min_replicas) +
         " replicas asked for acknowledged it within " +
         std::to_string(options.replica_timeout.count()) + " ms; the acquisition was undone"};
+}
+
+/// Gives up, with `abandon()`, a grant of `lk` sent at `sent` that cannot stand: too few of the
+/// replicas asked for acknowledged it (throws replication_error), or its lease ran out before
+/// the reply came (returns holder_ttl{0}: it counts as a failed attempt). std::nullopt when the
+/// grant stands.
+template <class State, class Abandon>
+std::optional<holder_ttl> refuse_grant(const State& lk, steady::time_point sent,
+                                       std::int64_t replicas, Abandon abandon) {
+    if (unacknowledged(replicas, lk.options)) {
+        abandon();
+        throw_unacknowledged(lk.name, replicas, lk.options);
+    }
+    if (steady::now() >= valid_until(sent, lk.options.lease)) {
+        abandon();  // granted, but its lease ran out before the reply came
+        return holder_ttl{0};
+    }
+    return std::nullopt;
+}
+
+/// What a reentrant or read-write acquisition script answers: its status (0: not acquired, then
+/// `value` is the holder's TTL; 1: a new acquisition; 2: a re-entry...), `value` (the fencing
+/// token when acquired) and the id of the acquisition the entry belongs to.
+struct entry_reply {
+    std::int64_t status = 0;
+    std::int64_t value = 0;
+    std::string acquisition;
+};
+
+/// Decodes `r`, the reply of an entry script acquiring `name`.
+/// @throws what throw_reply_error() throws for an error reply; redislock::server_error saying
+///         `unexpected` for a reply of another shape.
+inline entry_reply decode_entry(const reply& r, std::string_view name, const char* unexpected) {
+    if (r.is_error()) {
+        throw_reply_error(r, "lock", name);
+    }
+    if (!r.is_array() || r.elements().size() != 3) {
+        throw server_error{unexpected};
+    }
+    return {r.elements()[0].as_integer(), r.elements()[1].as_integer(), r.elements()[2].text()};
 }
 
 /// True for failures a wait with time left rides out (then throws the last of them).
@@ -241,32 +291,70 @@ void report_acquired(const State& lk, lock_kind kind, const wait_tally& tally) n
     });
 }
 
-/// Starts, renews, loses and ends tracked leases for one lock object whose state has a
-/// `std::mutex mutex`. `Find` maps an acquisition key to its tracked_lease (or nullptr when that
-/// acquisition is no longer held), called with the mutex held. Timer and watchdog callbacks hold
-/// the state weakly: a lock destroyed while one of them runs is never touched after it is gone.
-/// Losses and renewal troubles are told with no lock held, on the thread that found them.
-template <connection C, class State, class Key>
+/// How the watchdog renews one acquisition: its kind's compare-and-PEXPIRE script, run over
+/// `keys` and `args`.
+struct renewal_spec {
+    const script* renew_script = nullptr;
+    std::vector<std::string> keys;
+    std::vector<std::string> args;
+};
+
+/// Starts, renews, loses and ends tracked leases for one lock object. Its State has a
+/// `std::mutex mutex`, `connection_type` (the C of its tracked_lease<C>), `lease_key` (what names
+/// one acquisition) and `static tracked_lease<C>* find_lease(State&, const lease_key&)`, which
+/// maps a key to its lease, or nullptr when that acquisition is no longer held; it is called with
+/// the mutex held. Timer and watchdog callbacks hold the state weakly: a lock destroyed while
+/// one of them runs is never touched after it is gone. Losses and renewal troubles are told with
+/// no lock held, on the thread that found them.
+template <class State>
 class lease_tracker {
 public:
-    using find_function = tracked_lease<C>* (*)(State&, const Key&);
+    using tracked = tracked_lease<typename State::connection_type>;
+    using key_type = typename State::lease_key;
 
-    lease_tracker(const std::shared_ptr<State>& st, find_function find)
-        : st_{st.get()}, self_{st}, find_{find} {}
+    explicit lease_tracker(const std::shared_ptr<State>& st) : st_{st.get()}, self_{st} {}
+
+    /// Ends the tracking of `previous`, the lease a fresh acquisition replaced in the state, and
+    /// tells its loss when `live` (still held here: the fresh grant proves its lease ran out).
+    void replaced(tracked& previous, bool live) {
+        end(previous);
+        if (live) {
+            previous.lost_source.request_stop();
+            report_loss(*st_, previous.kind, loss_reason::taken, previous.acquired_at);
+        }
+    }
+
+    /// Tells the lock call's `wait` (when there is one) as acquired, then start()s tracking the
+    /// fresh acquisition `key` of `kind`: acquired is thus told before its lease can be found
+    /// lost. When tracking cannot start, `give_back()` releases the acquisition before the
+    /// failure propagates: an untracked lease is not safe to hand out. `renewal()` makes the
+    /// renewal_spec.
+    template <class Renewal, class GiveBack>
+    void begin(const key_type& key, steady::time_point sent, lock_kind kind, const wait_tally* wait,
+               Renewal renewal, GiveBack give_back) {
+        if (wait != nullptr) {
+            report_acquired(*st_, kind, *wait);
+        }
+        try {
+            start(key, sent, renewal());
+        } catch (...) {
+            give_back();
+            throw;
+        }
+    }
 
     /// Registers a fresh acquisition whose grant was sent at `sent`: the loss timer and, with
-    /// lock_options::watchdog, renewals by `renew_script` over `keys` and `args`.
-    void start(const Key& key, steady::time_point sent, const script* renew_script,
-               std::vector<std::string> keys, std::vector<std::string> args) {
+    /// lock_options::watchdog, renewals as `renewal` says.
+    void start(const key_type& key, steady::time_point sent, renewal_spec renewal) {
         const auto deadline = valid_until(sent, st_->options.lease);
         const auto timer = core().timer->add(
-            deadline, [self = self_, find = find_, key]() -> loss_timer::loss_notice {
+            deadline, [self = self_, key]() -> loss_timer::loss_notice {
                 // On the timer thread: mark the loss at once; the stop and the report are run by
                 // the timer after every due lease was marked.
                 auto st = self.lock();
                 loss_timer::loss_notice notice;
                 if (st) {
-                    if (auto m = lease_tracker{st, find}.mark_only(key)) {
+                    if (auto m = lease_tracker{st}.mark_only(key)) {
                         notice.source = m->source;
                         notice.handler = deferred_report(*st, *m);
                     }
@@ -274,7 +362,7 @@ public:
                 let_go(std::move(st));
                 return notice;
             });
-        if (!attach(key, [&](tracked_lease<C>& t) {
+        if (!attach(key, [&](tracked& t) {
                 t.timer = timer;
                 // Moved on meanwhile (a re-entry or extend() from the acquired event's hook).
                 if (t.valid_until != deadline) {
@@ -287,53 +375,52 @@ public:
         if (!st_->options.watchdog) {
             return;
         }
-        lease_renewal renewal{renew_script,
-                              std::move(keys),
-                              std::move(args),
+        lease_renewal watched{renewal.renew_script,
+                              std::move(renewal.keys),
+                              std::move(renewal.args),
                               st_->options.lease,
                               st_->options.max_hold,
-                              [self = self_, find = find_, key](steady::time_point renewed_at) {
+                              [self = self_, key](steady::time_point renewed_at) {
                                   if (auto st = self.lock()) {
-                                      lease_tracker{st, find}.renewed(key, renewed_at);
+                                      lease_tracker{st}.renewed(key, renewed_at);
                                       let_go(std::move(st));
                                   }
                               },
                               {},
                               st_->options.min_replicas,
                               st_->options.replica_timeout};
-        renewal.lost_because = [self = self_, find = find_, key](loss_reason reason,
-                                                                 std::string_view why) {
+        watched.lost_because = [self = self_, key](loss_reason reason, std::string_view why) {
             if (auto st = self.lock()) {
-                lease_tracker{st, find}.renewal_failed(key, reason, why);
+                lease_tracker{st}.renewal_failed(key, reason, why);
                 let_go(std::move(st));
             }
         };
         if (core().events.observed()) {
-            renewal.retried = [self = self_, find = find_, key](std::string_view why) {
+            watched.retried = [self = self_, key](std::string_view why) {
                 if (auto st = self.lock()) {
-                    lease_tracker{st, find}.renewal_retried(key, why);
+                    lease_tracker{st}.renewal_retried(key, why);
                     let_go(std::move(st));
                 }
             };
             // Only the detail of the renewal_failed event that follows depends on it.
-            renewal.capped = [self = self_, find = find_, key] {
+            watched.capped = [self = self_, key] {
                 if (auto st = self.lock()) {
-                    lease_tracker{st, find}.renewal_capped(key);
+                    lease_tracker{st}.renewal_capped(key);
                     let_go(std::move(st));
                 }
             };
         }
         if (core().events.observed() || st_->options.on_lost_reason) {
             // Only the reason of the loss that follows depends on it.
-            renewal.dropped = [self = self_, find = find_, key] {
+            watched.dropped = [self = self_, key] {
                 if (auto st = self.lock()) {
-                    lease_tracker{st, find}.renewal_dropped(key);
+                    lease_tracker{st}.renewal_dropped(key);
                     let_go(std::move(st));
                 }
             };
         }
-        const auto id = core().watchdog.add(std::move(renewal), sent);
-        if (!attach(key, [&](tracked_lease<C>& t) {
+        const auto id = core().watchdog.add(std::move(watched), sent);
+        if (!attach(key, [&](tracked& t) {
                 t.renewal = id;
                 t.renewal_stopped = id == 0;  // the watchdog had stopped: nothing renews it
             })) {
@@ -342,21 +429,39 @@ public:
     }
 
     /// A renewal sent at `renewed_at` was confirmed: the local deadline moves.
-    void renewed(const Key& key, steady::time_point renewed_at) {
+    void renewed(const key_type& key, steady::time_point renewed_at) {
         std::lock_guard guard{st_->mutex};
-        if (tracked_lease<C>* t = find_(*st_, key); t && !t->lost) {
+        if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
             t->valid_until = valid_until(renewed_at, st_->options.lease);
             core().timer->move(t->timer, t->valid_until);
         }
     }
 
     /// An extend() of `lease` sent at `sent` succeeded.
-    void extended(const Key& key, steady::time_point sent, std::chrono::milliseconds lease) {
+    void extended(const key_type& key, steady::time_point sent, std::chrono::milliseconds lease) {
         renewed_for(key, sent, lease);
     }
 
+    /// What an extend() (or, with a zero `lease`, a check) of `key` sent at `sent` learns from
+    /// its script's reply `r` (1: still ours; 0 or WRONGTYPE: no longer): true when still ours,
+    /// the local deadline moved for `lease`; false when not, the loss told.
+    /// @throws what throw_reply_error() throws for another error reply to `what`, which says
+    ///         nothing about ownership.
+    bool extend_replied(const key_type& key, const reply& r, steady::time_point sent,
+                        std::chrono::milliseconds lease, std::string_view what = "extend") {
+        if (r.is_integer() && r.as_integer() == 1) {
+            if (lease > std::chrono::milliseconds::zero()) {
+                extended(key, sent, lease);
+            }
+            return true;
+        }
+        throw_unless_not_ours(r, what, st_->name);
+        lose(key, r.is_error() ? loss_reason::server_lost : loss_reason::taken);
+        return false;
+    }
+
     /// Marks the acquisition lost and tells it (stop source, lost event, on_lost), once.
-    void lose(const Key& key, loss_reason reason) {
+    void lose(const key_type& key, loss_reason reason) {
         if (auto m = mark_only(key)) {
             // Outside the mutex: stop callbacks run inside request_stop() and may call the lock.
             m->source.request_stop();
@@ -377,12 +482,12 @@ public:
     /// Marks the acquisition lost and leaves the stop and the report to the caller, or returns
     /// nothing when it was already lost or gone. Its renewals stop: renewing a lost lease could
     /// only revive it behind a rival's back. Runs no user code.
-    std::optional<marked> mark_only(const Key& key) {
-        typename basic_watchdog<C>::lease_id renewal = 0;
+    std::optional<marked> mark_only(const key_type& key) {
+        decltype(tracked::renewal) renewal = 0;
         marked m{};
         {
             std::lock_guard guard{st_->mutex};
-            tracked_lease<C>* t = find_(*st_, key);
+            tracked* t = State::find_lease(*st_, key);
             if (t == nullptr || t->lost) {
                 return std::nullopt;
             }
@@ -400,7 +505,7 @@ public:
     /// Stops the timer and renewals of an acquisition that ended; `t` was taken out of the
     /// state with the mutex held (its ids are this acquisition's alone). Never waits for a
     /// renewal in flight: its callbacks find the acquisition gone.
-    void end(tracked_lease<C>& t) {
+    void end(tracked& t) {
         const auto renewal = std::exchange(t.renewal, 0);
         const auto timer = std::exchange(t.timer, 0);
         if (t.generation != current_fork_generation()) {
@@ -469,7 +574,7 @@ private:
     }
 
     // On the watchdog thread: a renewal found the lease gone or gave it up.
-    void renewal_failed(const Key& key, loss_reason reason, std::string_view why) {
+    void renewal_failed(const key_type& key, loss_reason reason, std::string_view why) {
         auto m = mark_only(key);
         if (!m) {
             return;
@@ -488,11 +593,11 @@ private:
     }
 
     // On the watchdog thread: a renewal failed and will be sent again.
-    void renewal_retried(const Key& key, std::string_view why) {
+    void renewal_retried(const key_type& key, std::string_view why) {
         lock_kind kind = lock_kind::none;
         {
             std::lock_guard guard{st_->mutex};
-            tracked_lease<C>* t = find_(*st_, key);
+            tracked* t = State::find_lease(*st_, key);
             if (t == nullptr || t->lost) {
                 return;
             }
@@ -509,26 +614,26 @@ private:
     }
 
     // On the watchdog thread: max_hold stopped the renewals; the loss that follows says so.
-    void renewal_capped(const Key& key) {
+    void renewal_capped(const key_type& key) {
         std::lock_guard guard{st_->mutex};
-        if (tracked_lease<C>* t = find_(*st_, key); t && !t->lost) {
+        if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
             t->renewal_capped = true;
         }
     }
 
     // The watchdog stopped with the lease registered: its loss, when the lease runs out, is the
     // client's shutdown.
-    void renewal_dropped(const Key& key) {
+    void renewal_dropped(const key_type& key) {
         std::lock_guard guard{st_->mutex};
-        if (tracked_lease<C>* t = find_(*st_, key); t && !t->lost) {
+        if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
             t->renewal = 0;
             t->renewal_stopped = true;
         }
     }
 
-    void renewed_for(const Key& key, steady::time_point sent, std::chrono::milliseconds lease) {
+    void renewed_for(const key_type& key, steady::time_point sent, std::chrono::milliseconds lease) {
         std::lock_guard guard{st_->mutex};
-        if (tracked_lease<C>* t = find_(*st_, key); t && !t->lost) {
+        if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
             t->valid_until = valid_until(sent, lease);
             core().timer->move(t->timer, t->valid_until);
         }
@@ -536,9 +641,9 @@ private:
 
     // Stores an id in a live, not yet lost acquisition; false when it is gone or lost.
     template <class Set>
-    bool attach(const Key& key, Set set) {
+    bool attach(const key_type& key, Set set) {
         std::lock_guard guard{st_->mutex};
-        tracked_lease<C>* t = find_(*st_, key);
+        tracked* t = State::find_lease(*st_, key);
         if (t == nullptr || t->lost) {
             return false;
         }
@@ -551,7 +656,6 @@ private:
 
     State* st_;
     std::weak_ptr<State> self_;
-    find_function find_;
 };
 
 }  // namespace redislock::detail

@@ -1,16 +1,29 @@
 // detail::lock_handle<Derived, State>: what every lock object is besides its kind's own
 // members: a movable handle on a state shared with callbacks, which gives up what it holds when
-// destroyed or assigned over, and unlock() without an error code.
+// destroyed or assigned over, unlock() without an error code, the tracker of its leases, and the
+// queries every kind answers alike about the acquisition it holds.
 //
 // Derived provides `void unlock(std::error_code&) noexcept` (and brings this unlock() into
 // scope with a using-declaration) and `static void release_on_destruction(const
 // std::shared_ptr<State>&) noexcept`, static because it runs from this base's destructor, when
 // Derived's members are already gone. A moved-from handle holds no state.
+//
+// The queries (held_remaining(), held_lost_token(), held_fence()) need State to have
+// `const tracked_lease<C>* held_lease() const`, the lease of the acquisition held now or
+// nullptr, called with its mutex held; tracker() needs what lease_tracker needs of State. A kind
+// whose holds depend on the caller (the read-write lock) answers its queries itself.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
+#include <mutex>
+#include <stop_token>
 #include <system_error>
 #include <utility>
+
+#include <redislock/detail/lock_core.hpp>
+#include <redislock/error.hpp>
 
 namespace redislock::detail {
 
@@ -34,6 +47,85 @@ protected:
         return *this;
     }
     ~lock_handle() { give_up(); }
+
+    /// The state, for calls that a moved-from object refuses.
+    /// @throws redislock::invalid_argument on a moved-from object.
+    const State& checked() const {
+        if (!state_) {
+            throw invalid_argument{"redislock: use of a moved-from lock"};
+        }
+        return *state_;
+    }
+
+    /// The tracker of `st`'s leases (static: for release paths that run without the object).
+    static lease_tracker<State> tracker_of(const std::shared_ptr<State>& st) {
+        return lease_tracker<State>{st};
+    }
+    lease_tracker<State> tracker() const { return tracker_of(state_); }
+
+    /// errc::not_held or errc::not_holder when the caller cannot release through this object
+    /// (nothing is sent then); else gives the acquisition up with `take(state&)`, called with
+    /// the mutex held (State::caller_is_holder(), inherited_by_fork()), and returns no error.
+    template <class Take>
+    std::error_code claim(Take take) noexcept {
+        if (!state_) {
+            return errc::not_held;
+        }
+        std::lock_guard guard{state_->mutex};
+        if (state_->held_lease() == nullptr) {
+            return errc::not_held;
+        }
+        if (!state_->caller_is_holder() || state_->inherited_by_fork()) {
+            return errc::not_holder;
+        }
+        take(*state_);
+        return {};
+    }
+
+    /// For release_on_destruction(): gives up the acquisition `st` holds with `take(state&)`,
+    /// called with the mutex held, then releases it with `release(st, taken)`; nothing when
+    /// none is held or it is the parent's this process was forked from (never released from a
+    /// child).
+    template <class Take, class Release>
+    static void release_held(const std::shared_ptr<State>& st, Take take,
+                             Release release) noexcept {
+        std::unique_lock guard{st->mutex};
+        if (st->held_lease() == nullptr || st->inherited_by_fork()) {
+            return;
+        }
+        auto taken = take(*st);
+        guard.unlock();
+        (void)release(st, std::move(taken));
+    }
+
+    /// remaining() of the acquisition held now; zero when none is (or moved from).
+    std::chrono::milliseconds held_remaining() const {
+        if (!state_) {
+            return std::chrono::milliseconds::zero();
+        }
+        std::lock_guard guard{state_->mutex};
+        const auto* lease = state_->held_lease();
+        return lease != nullptr ? lease->remaining() : std::chrono::milliseconds::zero();
+    }
+
+    /// The lost token of the acquisition held now; an already stopped one when none is.
+    std::stop_token held_lost_token() const {
+        if (!state_) {
+            return stopped_token();
+        }
+        std::lock_guard guard{state_->mutex};
+        const auto* lease = state_->held_lease();
+        return lease != nullptr ? lease->lost_source.get_token() : stopped_token();
+    }
+
+    /// The fencing token of the acquisition held now (State::fence); 0 when none is.
+    std::int64_t held_fence() const {
+        if (!state_) {
+            return 0;
+        }
+        std::lock_guard guard{state_->mutex};
+        return state_->held_lease() != nullptr ? state_->fence : 0;
+    }
 
     std::shared_ptr<State> state_;  // null once moved from
 

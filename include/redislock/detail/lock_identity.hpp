@@ -18,6 +18,8 @@ namespace redislock::detail {
 
 template <connection C>
 struct lock_identity {
+    using connection_type = C;
+
     /// @throws redislock::invalid_argument for a bad name or options.
     lock_identity(std::shared_ptr<client_core<C>> client, std::string_view lock_name,
                   lock_options opts)
