@@ -175,6 +175,17 @@ public:
         return state_->injected;
     }
 
+    /// Faults the rules with a finite count have still to inject.
+    std::size_t pending_faults() const { return pending([](const fault_rule&) { return true; }); }
+
+    /// As pending_faults(), for the rules on exactly `command` and `script` (empty: any).
+    std::size_t pending_faults(std::string_view command, std::string_view script) const {
+        const std::string wanted_script = resolve_script(script);
+        return pending([&](const fault_rule& rule) {
+            return detail::same_name(rule.command, command) && rule.script == wanted_script;
+        });
+    }
+
     /// Every command seen, in order (pipelined ones one by one).
     std::vector<seen_command> log() const {
         std::lock_guard guard{state_->mutex};
@@ -243,6 +254,19 @@ private:
         std::vector<seen_command> log;
         std::size_t injected = 0;
     };
+
+    template <class Which>
+    std::size_t pending(Which which) const {
+        std::lock_guard guard{state_->mutex};
+        std::size_t left = 0;
+        for (const auto& [rule, matched] : state_->rules) {
+            if (rule.times >= 0 && which(rule)) {
+                left += static_cast<std::size_t>(
+                    std::max(0, std::min(rule.times, rule.first + rule.times - 1 - matched)));
+            }
+        }
+        return left;
+    }
 
     // A rule's script as it is logged: the name of an embedded script, else the text given.
     static std::string resolve_script(std::string_view script) {

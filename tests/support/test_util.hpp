@@ -33,6 +33,7 @@
 
 #include <redislock/redislock.hpp>
 
+#include "support/faulty_connection.hpp"
 #include "support/redis_server.hpp"
 
 namespace redislock::test {
@@ -237,125 +238,60 @@ enum class fault {
     answer_error,       ///< answer the rule's error text without forwarding
 };
 
-/// A connection double: forwards every command to a real hiredis_connection, except those that
-/// match an injected rule. Rules match a command name (case-sensitive, as the library sends it)
-/// and, for EVALSHA, optionally one script. Thread-safe like the connection it wraps.
+/// A connection double with a smaller interface than faulty_connection<hiredis_connection>,
+/// which it forwards to: rules are "the next `times` commands named `name` (running `script`)",
+/// each taking the commands its earlier rules for the same commands leave; the log holds no
+/// fault marks. It models only execute(argv) (neither contextual nor pipelining), so the
+/// watchdog sends its renewals one by one and waiters poll. Thread-safe like the connection it
+/// wraps.
 class fault_connection {
 public:
-    explicit fault_connection(std::string_view uri) : inner_{uri} {}
+    explicit fault_connection(std::string_view uri) : faulty_{uri} {}
 
-    /// The next `times` commands named `name` (and, when `script` is given, running it) get
-    /// `what` instead of their normal outcome.
+    /// The next `times` commands named `name` (and, when `script` is given, running it) that no
+    /// earlier rule takes get `what` instead of their normal outcome.
     void inject(fault what, std::string_view name, int times = 1,
                 std::optional<redislock::script> script = std::nullopt,
                 std::string error_text = "ERR injected") {
-        std::lock_guard guard{mutex_};
-        rules_.push_back(rule{what, std::string{name},
-                              script ? std::string{script->sha1} : std::string{}, times,
-                              std::move(error_text)});
+        const std::string sha1 = script ? std::string{script->sha1} : std::string{};
+        std::lock_guard guard{mutex_};  // one rule added at a time: each sees the ones before
+        // After what the earlier rules for the same commands have still to take.
+        const auto taken = static_cast<int>(faulty_.pending_faults(name, sha1));
+        faulty_.add(fault_rule{
+            .command = std::string{name},
+            .script = sha1,
+            .action = what == fault::throw_before_send  ? fault_action::throw_before_send
+                      : what == fault::throw_after_send ? fault_action::throw_after_send
+                                                        : fault_action::error_reply,
+            .first = 1 + taken,
+            .times = times,
+            .error_text = what == fault::answer_noscript
+                              ? "NOSCRIPT No matching script. Please use EVAL."
+                              : std::move(error_text)});
     }
 
-    reply execute(command argv) {
-        std::optional<rule> hit;
-        {
-            std::lock_guard guard{mutex_};
-            log_.push_back(describe(argv));
-            for (auto& r : rules_) {
-                if (r.times > 0 && matches(r, argv)) {
-                    --r.times;
-                    hit = r;
-                    break;
-                }
-            }
-        }
-        if (!hit) {
-            return inner_.execute(argv);
-        }
-        switch (hit->what) {
-            case fault::throw_before_send:
-                throw connection_error{"injected: connection lost before sending"};
-            case fault::throw_after_send:
-                (void)inner_.execute(argv);
-                throw connection_error{"injected: connection lost before the reply"};
-            case fault::answer_noscript:
-                return reply::error("NOSCRIPT No matching script. Please use EVAL.");
-            case fault::answer_error:
-                return reply::error(hit->error_text);
-        }
-        throw std::logic_error{"unknown fault"};
-    }
+    reply execute(command argv) { return faulty_.execute(argv); }
 
     /// Every command seen so far: its name, and for EVALSHA the script's name.
     std::vector<std::string> log() const {
-        std::lock_guard guard{mutex_};
-        return log_;
+        std::vector<std::string> out;
+        for (const seen_command& c : faulty_.log()) {
+            out.push_back(c.script.empty() ? c.name : c.name + " " + c.script);
+        }
+        return out;
     }
 
-    void clear_log() {
-        std::lock_guard guard{mutex_};
-        log_.clear();
-    }
+    void clear_log() { faulty_.clear_log(); }
 
     /// Rules not used up yet.
-    int pending_faults() const {
-        std::lock_guard guard{mutex_};
-        int left = 0;
-        for (const auto& r : rules_) {
-            left += std::max(r.times, 0);
-        }
-        return left;
-    }
+    int pending_faults() const { return static_cast<int>(faulty_.pending_faults()); }
 
-    hiredis_connection& inner() { return inner_; }
+    hiredis_connection& inner() { return faulty_.inner(); }
 
 private:
-    struct rule {
-        fault what;
-        std::string name;
-        std::string sha1;
-        int times;
-        std::string error_text;
-    };
-
-    static bool matches(const rule& r, command argv) {
-        if (argv.empty() || argv[0] != r.name) {
-            return false;
-        }
-        return r.sha1.empty() || (argv.size() > 1 && argv[1] == r.sha1);
-    }
-
-    static std::string describe(command argv);
-
-    hiredis_connection inner_;
-    mutable std::mutex mutex_;
-    std::vector<rule> rules_;
-    std::vector<std::string> log_;
+    faulty_connection<hiredis_connection> faulty_;
+    std::mutex mutex_;
 };
-
-/// Names the embedded scripts for fault_connection's log.
-inline std::string script_name_of(std::string_view sha1) {
-    for (const auto& s :
-         {redislock::detail::scripts::mutex_acquire, redislock::detail::scripts::mutex_extend,
-          redislock::detail::scripts::mutex_release, redislock::detail::scripts::queue_leave}) {
-        if (s.sha1 == sha1) {
-            return std::string{s.name};
-        }
-    }
-    return std::string{sha1};
-}
-
-inline std::string fault_connection::describe(command argv) {
-    if (argv.empty()) {
-        return {};
-    }
-    std::string text{argv[0]};
-    if (argv[0] == "EVALSHA" && argv.size() > 1) {
-        text += " " + script_name_of(argv[1]);
-    } else if (argv[0] == "SCRIPT" && argv.size() > 1) {
-        text += " " + std::string{argv[1]};
-    }
-    return text;
-}
 
 /// Waits for child `pid` for at most `timeout`; kills it if it overruns. Returns its wait
 /// status, or std::nullopt if it had to be killed.
