@@ -42,6 +42,12 @@
 // group or ASKING pair), in total and per node; map_refreshes() counts slot-map reads, and
 // moved_redirections() and ask_redirections() the redirections followed.
 //
+// Reconnections: each node's pool replaces a connection that broke as hiredis_connection does,
+// and tells the reconnect handler (set_reconnect_handler) with the node's address, which a
+// cluster_client turns into a reconnected event. Only replacements count: opening the first
+// connection to a node (one used for the first time, or new after a failover or resharding) is
+// not reported.
+//
 // Failover caveat: Redis replicates asynchronously. A lock acquired on a master that dies before
 // the write reached its replica is lost when the replica is promoted, and another client may
 // then take it while the first still believes it holds it. A graceful CLUSTER FAILOVER does not
@@ -59,6 +65,7 @@
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -76,6 +83,7 @@
 #include <redislock/detail/cluster_command.hpp>
 #include <redislock/detail/cluster_map.hpp>
 #include <redislock/detail/cluster_slot.hpp>
+#include <redislock/detail/reconnect_relay.hpp>
 #include <redislock/detail/wait.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
@@ -89,8 +97,10 @@ namespace detail {
 /// One node of the cluster: where it is, and its pool of connections once one was needed.
 class cluster_node {
 public:
-    explicit cluster_node(endpoint config)
-        : config_{std::move(config)}, address_{config_.describe()} {}
+    /// `relay`, when given, hears of every connection the node's pool opens in place of one that
+    /// broke; it must outlive the node.
+    explicit cluster_node(endpoint config, const reconnect_relay* relay = nullptr)
+        : config_{std::move(config)}, address_{config_.describe()}, relay_{relay} {}
 
     const std::string& address() const noexcept { return address_; }
     const endpoint& config() const noexcept { return config_; }
@@ -103,7 +113,12 @@ public:
         }
         std::lock_guard lock{open_mutex_};
         if (!owned_) {
-            owned_ = std::make_unique<hiredis_connection>(config_);
+            auto pool = std::make_unique<hiredis_connection>(config_);
+            if (relay_ != nullptr) {
+                // Before the pool is published: no other thread can be using it yet.
+                pool->set_reconnect_handler(relay_->forward());
+            }
+            owned_ = std::move(pool);
             ready_.store(owned_.get(), std::memory_order_release);
         }
         return *owned_;
@@ -114,6 +129,7 @@ public:
 private:
     endpoint config_;
     std::string address_;
+    const reconnect_relay* relay_;
     std::mutex open_mutex_;
     std::unique_ptr<hiredis_connection> owned_;
     std::atomic<hiredis_connection*> ready_{nullptr};
@@ -325,6 +341,18 @@ public:
     /// The options every node's pool uses.
     const endpoint& config() const noexcept { return state_->options; }
 
+    /// Calls `handler` with a node's address ("host:port") each time that node's pool opens a
+    /// connection to replace one that broke (a failed or timed-out call, or one the node closed
+    /// while idle), on the thread whose call opened it, with no internal lock held. It reaches
+    /// every node's pool: those already open, and those opened later (a node first used, or
+    /// learnt from a redirection or a slot-map read). The first connection to a node is not a
+    /// reconnection, so a failover or a resharding that moves slots to other nodes is not
+    /// reported here (see moved_redirections() and map_refreshes()). May be called at any time,
+    /// from any thread; an empty handler stops the reports. What it throws is dropped.
+    void set_reconnect_handler(std::function<void(std::string_view server)> handler) {
+        state_->reconnect.set(std::move(handler));
+    }
+
     /// The node that serves `channel`: sharded pub/sub follows the channel's slot, so waiters
     /// subscribe on that node (see subscriber.hpp).
     std::string subscriber_node(std::string_view channel) const { return node_for_key(channel); }
@@ -360,6 +388,9 @@ private:
 
     struct state {
         endpoint options;
+
+        // Before the nodes, whose pools report to it until they close.
+        detail::reconnect_relay reconnect;
 
         mutable std::mutex nodes_mutex;
         // Never erased while the connection lives: the slot table points into it.
@@ -417,7 +448,7 @@ private:
         std::lock_guard lock{state_->nodes_mutex};
         auto& slot = state_->nodes[address];
         if (!slot) {
-            slot = std::make_unique<detail::cluster_node>(std::move(config));
+            slot = std::make_unique<detail::cluster_node>(std::move(config), &state_->reconnect);
         }
         return *slot;
     }

@@ -26,6 +26,17 @@
 // is safe. A pipeline is retried only when each of its commands is. Scripts of your own sent
 // through this connection are retried too: they must be safe to run twice.
 //
+// Reconnections: the reconnect handler (set_reconnect_handler), which a sentinel_client turns
+// into a reconnected event, is told the master's address ("host:port") when
+// - the master's pool opens a connection to replace one that broke (as hiredis_connection does);
+// - the connection opens a pool to the master in place of an earlier one: a switch to a new
+//   master (one per address change, as counted by switches()), or the same master confirmed
+//   again after no sentinel could confirm it and its pool was dropped. Finding the first master,
+//   in the constructor, is not a reconnection.
+// Connections to the sentinels themselves (the queries and the +switch-master subscription,
+// which is reopened on another sentinel whenever it fails) are never reported: a sentinel that
+// restarts or hangs would flood the handler with events that say nothing about the master.
+//
 // What this does not do: a failover loses writes the old master had not yet replicated, and
 // clients of other processes learn of a switch at slightly different times, so for a moment
 // two masters may both accept a lock. Only replica acknowledgement narrows that.
@@ -48,6 +59,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -61,6 +73,7 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/reconnect_relay.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
@@ -200,6 +213,18 @@ public:
     /// The settings the connection was made with.
     const sentinel_endpoint& config() const noexcept { return state_->config; }
 
+    /// Calls `handler` with the master's address ("host:port") each time the connection
+    /// reconnects to the master: its pool replaced a connection that broke, or a pool was opened
+    /// to a new master (or to the same one, after it had been dropped) in place of the earlier
+    /// one; see "Reconnections" at the top of this header. Called with no internal lock held, on
+    /// the thread whose call opened the connection or the pool: a caller's, or the subscription
+    /// thread when it follows a switch. Connections to the sentinels are not reported. May be
+    /// called at any time, from any thread; an empty handler stops the reports. What it throws
+    /// is dropped.
+    void set_reconnect_handler(std::function<void(std::string_view server)> handler) {
+        state_->reconnect.set(std::move(handler));
+    }
+
 private:
     using clock = std::chrono::steady_clock;
     using pool_ptr = std::shared_ptr<hiredis_connection>;
@@ -255,6 +280,9 @@ private:
 
         sentinel_endpoint config;
 
+        // Before the master's pool, which reports to it until it closes.
+        detail::reconnect_relay reconnect;
+
         std::mutex mutex;  // guards master, generation, watcher, fork_seen
         pool_ptr master;
         std::uint64_t generation = 0;  // bumped whenever `master` is replaced or dropped
@@ -297,21 +325,31 @@ private:
             }
         }
 
-        // Each round trip is bounded by `deadline` too; a caller whose deadline passes while
-        // another thread resolves stops waiting for it.
+        // Finds the master again; a new pool in place of an earlier master's is reported as a
+        // reconnection, once no lock of ours is held.
         void resolve(std::uint64_t seen, clock::time_point deadline) {
+            const std::string reopened = resolve_serially(seen, deadline);
+            if (!reopened.empty()) {
+                reconnect.report(reopened);
+            }
+        }
+
+        // Each round trip is bounded by `deadline` too; a caller whose deadline passes while
+        // another thread resolves stops waiting for it. Returns the master's address when a new
+        // pool replaced an earlier master's (not for the first master found), else "".
+        std::string resolve_serially(std::uint64_t seen, clock::time_point deadline) {
             std::unique_lock serial{resolve_mutex, std::defer_lock};
             if (deadline == clock::time_point::max()) {
                 serial.lock();
             } else if (!serial.try_lock_until(deadline)) {
-                return;
+                return {};
             }
             const call_context bound{.deadline = deadline};
             pool_ptr kept;
             {
                 std::lock_guard lock{mutex};
                 if (generation != seen) {
-                    return;
+                    return {};
                 }
                 kept = master;
             }
@@ -334,6 +372,8 @@ private:
                         ep.port = view.port;
                         ep.unix_socket.clear();
                         pool = std::make_shared<hiredis_connection>(std::move(ep));
+                        // Before the pool is published: no other thread can be using it yet.
+                        pool->set_reconnect_handler(reconnect.forward());
                     }
                     const std::array<std::string_view, 1> role{"ROLE"};
                     const reply r = pool->execute(role, bound);
@@ -343,15 +383,17 @@ private:
                         continue;
                     }
                     std::lock_guard lock{mutex};
-                    if (!last_master.empty() && last_master != address) {
+                    const bool first = last_master.empty();
+                    if (!first && last_master != address) {
                         switches.fetch_add(1, std::memory_order_relaxed);
                     }
                     last_master = address;
-                    if (master != pool) {
-                        master = std::move(pool);
-                        ++generation;
+                    if (master == pool) {
+                        return {};
                     }
-                    return;
+                    master = std::move(pool);
+                    ++generation;
+                    return first ? std::string{} : master->config().describe();
                 } catch (const error& e) {
                     why += std::string{" "} + e.what() + ";";
                 }
