@@ -14,19 +14,35 @@
 //                    | refused, unconfirmed until its deadline, or |
 //                    | max_hold reached; a lost event follows      |
 //   lost             | a held lock was found lost                  | name, kind, held, reason
-//   reconnected      | the hiredis adapter opened a new connection | name (the server)
-//                    | to replace one that broke                   |
+//   reconnected      | a connection was opened to replace one that | name (the server)
+//                    | broke (on any node of a Cluster), or a      |
+//                    | Sentinel client opened a pool to the master |
+//                    | in place of an earlier one (a switch)       |
 //   script_reloaded  | NOSCRIPT was answered with SCRIPT LOAD: the | name (the key it ran for),
 //                    | script's first use on a server, or after a  | detail (the script)
 //                    | restart, SCRIPT FLUSH or failover           |
 //
 // A lock's events come from its own calls, the client's watchdog and its loss timer; the
-// connection's from the hiredis adapter. An acquisition reports acquired once, then released or
-// lost once. A waiting call reports contended once per attempt that joined the queue (its first
-// plain try, when it is followed at once by one that joins, is not counted). Redlock locks
-// (redlock_options::on_event) report acquired, contended (each round that did not win a quorum),
-// released, renewal_retried, renewal_failed and lost, about the lock as a whole, never one
-// master. Of the connections only hiredis_connection (redislock::client) reports reconnected.
+// connection's from the connection (see below). An acquisition reports acquired once, then
+// released or lost once. A waiting call reports contended once per attempt that joined the queue
+// (its first plain try, when it is followed at once by one that joins, is not counted). Redlock
+// locks (redlock_options::on_event) report acquired, contended (each round that did not win a
+// quorum), released, renewal_retried, renewal_failed and lost, about the lock as a whole, never
+// one master.
+//
+// Who reports reconnected, always naming the server as "host:port" (or its socket path):
+// - hiredis_connection (redislock::client): a context opened to replace one that broke (a failed
+//   or timed-out call, or one the server closed while idle: restart, CLIENT KILL, idle timeout).
+// - hiredis_cluster_connection (cluster_client): the same on each node's pool, naming the node.
+//   The first connection to a node is not a reconnection, so a failover or resharding that moves
+//   slots to other nodes is not reported (moved_redirections() and map_refreshes() count those).
+// - sentinel_connection (sentinel_client): the same on the master's pool, and also a pool opened
+//   to the master in place of an earlier one: a switch to a new master (named), or the same master
+//   confirmed again after no sentinel could confirm it. Finding the first master is not one, and
+//   connections to the sentinels themselves are never reported.
+// Subscriber links (notified waiting), opened anew when one is lost, are not reported. Redlock
+// clients do not report reconnected. A connection type of your own reports it when it has
+// set_reconnect_handler(std::function<void(std::string_view)>).
 //
 // Threads: acquired and contended come on the thread that called lock(), try_lock*() or
 // lock_shared(); released on the thread that called unlock() or destroyed the lock; lost on the
@@ -36,7 +52,8 @@
 // the watchdog thread, renewal_failed on the watchdog thread or, for a lease whose renewals went
 // unconfirmed until its deadline, on the loss timer thread just before its lost event;
 // reconnected and script_reloaded on whichever thread's call did it (a lock call, the watchdog,
-// or the reaper that finishes background releases).
+// or the reaper that finishes background releases); a Sentinel switch that the
+// sentinel_connection's subscription thread follows is reported on that thread.
 //
 // Lifetime: the hook may be called as long as any lock of the client, or a release or queue
 // exit left to the background reaper, is alive: after the client itself is gone, and for a
@@ -66,7 +83,7 @@ enum class event_type {
     renewal_retried,  ///< a watchdog renewal failed and will be sent again
     renewal_failed,   ///< a lease the watchdog renewed was given up
     lost,             ///< a held lock was found lost
-    reconnected,      ///< the hiredis adapter replaced a broken connection
+    reconnected,      ///< a broken connection was replaced, or a Sentinel master switched
     script_reloaded,  ///< NOSCRIPT was answered with SCRIPT LOAD
 };
 
@@ -100,7 +117,8 @@ struct lock_event {
     event_type type{};
     /// Which kind of lock; lock_kind::none for events about the connection.
     lock_kind kind = lock_kind::none;
-    /// The lock's name; for reconnected the server, for script_reloaded the key it ran for.
+    /// The lock's name; for reconnected the server ("host:port": the node, or the Sentinel
+    /// master), for script_reloaded the key it ran for.
     std::string_view name{};
     /// acquired: from the call to the grant, waiting in line and between attempts included.
     std::chrono::microseconds wait{};
