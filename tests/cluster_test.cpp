@@ -20,6 +20,7 @@
 #include <redislock/redislock.hpp>
 
 #include "support/fake_redis_node.hpp"
+#include "support/reconnect_log.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/test_util.hpp"
 
@@ -780,6 +781,103 @@ TEST_F(ClusterConnection, OddNamesWorkForEveryLockKind) {
             ADD_FAILURE() << "shared_mutex: " << e.what();
         }
     }
+}
+
+// For each master, a lock name whose slot it serves.
+std::map<int, std::string> name_per_master(const std::vector<int>& masters,
+                                           int (*owner_of)(std::string_view)) {
+    std::map<int, std::string> out;
+    for (int i = 0; out.size() < masters.size() && i < 1000; ++i) {
+        std::string name = "reconnect:" + std::to_string(i);
+        const int owner = owner_of(name);
+        if (!out.contains(owner)) {
+            out.emplace(owner, std::move(name));
+        }
+    }
+    return out;
+}
+
+// The client's connections on one master are killed: the next lock call on a name of that
+// master opens a new one there, and the hook hears of it as reconnected, naming that master
+// only. The other masters, whose connections were left alone, are not named.
+TEST_F(ClusterConnection, ClientKillOnOneMasterIsReportedAsReconnectedNamingThatMaster) {
+    redislock::test::reconnect_log log;
+    redislock::cluster_client cc{cluster_->uri(), {.on_event = log.hook()}};
+    const auto names = name_per_master(masters_, &owner_of);
+    ASSERT_EQ(names.size(), masters_.size());
+    for (const auto& [port, name] : names) {
+        auto m = cc.mutex(name, {.lease = 10s});
+        m.lock();
+        m.unlock();
+    }
+    EXPECT_EQ(log.count(), 0U) << "first connections to each master are no reconnection";
+
+    const int victim = masters_.back();
+    EXPECT_GE(std::stoi(cluster_->cli(victim, {"CLIENT", "KILL", "TYPE", "normal"})), 1);
+    std::this_thread::sleep_for(20ms);  // past the idle check's millisecond
+    for (const auto& [port, name] : names) {
+        auto m = cc.mutex(name, {.lease = 10s});
+        m.lock();
+        EXPECT_TRUE(exists_on_owner(name)) << name;
+        m.unlock();
+    }
+    ASSERT_TRUE(redislock::test::eventually([&] { return log.count() >= 1; }, 5s));
+    for (const std::string& server : log.servers()) {
+        EXPECT_EQ(server, address(victim));
+    }
+    EXPECT_EQ(log.about_a_lock(), 0U);
+}
+
+// The handler reaches every node's pool: the seed's, opened by the constructor before the
+// handler was set, and those opened afterwards, concurrently, by threads that sent the first
+// command to the other masters (learnt from the slot map) while the handler was being set.
+TEST_F(ClusterConnection, ReconnectHandlerReachesPoolsOpenedBeforeAndAfterItWasSet) {
+    redislock::test::reconnect_log log;
+    const int seed = masters_.front();
+    hiredis_cluster_connection conn{cluster_->uri_of(seed)};
+    const auto names = name_per_master(masters_, &owner_of);
+    ASSERT_EQ(names.size(), masters_.size());
+    const auto get_on_every_master = [&] {
+        std::vector<std::thread> threads;
+        for (const auto& entry : names) {
+            const std::string key = entry.second;  // clang 14: no captured structured bindings
+            threads.emplace_back([&conn, key] {
+                for (int i = 0; i < 20; ++i) {
+                    EXPECT_TRUE(get(conn, key).is_nil()) << key;
+                }
+            });
+        }
+        return threads;
+    };
+    {
+        auto threads = get_on_every_master();
+        conn.set_reconnect_handler(log.handler());
+        for (auto& t : threads) {
+            t.join();
+        }
+    }
+    EXPECT_EQ(log.count(), 0U);
+
+    for (int port : masters_) {
+        EXPECT_GE(std::stoi(cluster_->cli(port, {"CLIENT", "KILL", "TYPE", "normal"})), 1) << port;
+    }
+    std::this_thread::sleep_for(20ms);
+    for (auto& t : get_on_every_master()) {
+        t.join();
+    }
+    std::size_t on_masters = 0;
+    for (int port : masters_) {
+        EXPECT_GE(log.count(address(port)), 1U) << address(port);
+        on_masters += log.count(address(port));
+    }
+    EXPECT_EQ(on_masters, log.count()) << "only the masters were used";
+
+    conn.set_reconnect_handler(nullptr);  // an empty handler stops the reports
+    const std::size_t before = log.count();
+    EXPECT_GE(std::stoi(cluster_->cli(seed, {"CLIENT", "KILL", "TYPE", "normal"})), 1);
+    std::this_thread::sleep_for(20ms);
+    EXPECT_TRUE(get(conn, names.at(seed)).is_nil());
+    EXPECT_EQ(log.count(), before);
 }
 
 TEST_F(ClusterConnection, WatchdogRenewsAThousandLocksWithOneBatchPerMasterPerPeriod) {

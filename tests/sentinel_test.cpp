@@ -20,6 +20,7 @@
 #include <redislock/redislock.hpp>
 
 #include "support/exclusion.hpp"
+#include "support/reconnect_log.hpp"
 #include "support/redis_sentinel.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_util.hpp"
@@ -201,6 +202,75 @@ TEST(Sentinel, SkipsASentinelThatIsDownAndFollowsAFailoverWithoutLoad) {
     auto m = client.mutex("s:after", {.lease = 10s});
     std::unique_lock guard{m};
     EXPECT_EQ(topo.node(new_master).cli({"EXISTS", "s:after"}), "1");
+}
+
+// The hook hears of reconnections to the master: its connections killed, then a failover (told
+// by the subscription thread, before any call). Connections to the sentinels, killed and
+// reopened on the way (the query links during the failover, then the subscription), are never
+// reported.
+TEST(Sentinel, ReconnectionsToTheMasterAndASwitchAreReportedAsReconnected) {
+    using redislock::test::eventually;
+    redis_sentinel topo;
+    redislock::test::reconnect_log log;
+    redislock::sentinel_client client{topo.uri(), {.on_event = log.hook()}};
+    const int old_master = topo.master_port();
+    const std::string old_address = "127.0.0.1:" + std::to_string(old_master);
+    auto m = client.mutex("s:reconnect", {.lease = 10s});
+    m.lock();
+    m.unlock();
+    EXPECT_EQ(log.count(), 0U) << "finding the first master is no reconnection";
+
+    // The master's pool replaces the connections it lost.
+    EXPECT_GE(topo.node(old_master).client_kill_all(), 1);
+    std::this_thread::sleep_for(20ms);  // past the idle check's millisecond
+    m.lock();
+    m.unlock();
+    ASSERT_TRUE(eventually([&] { return log.count() >= 1; }, 5s));
+    for (const std::string& server : log.servers()) {
+        EXPECT_EQ(server, old_address);
+    }
+
+    // A switch: a pool to the new master, named. The query links to the sentinels, killed
+    // first, are reopened by the resolution that follows the switch.
+    for (int port : topo.sentinel_ports()) {
+        (void)redis_sentinel::cli(port, {"CLIENT", "KILL", "TYPE", "normal"});
+    }
+    topo.failover();
+    const int new_master = topo.wait_agreed_master([&](int p) { return p != old_master; });
+    const std::string new_address = "127.0.0.1:" + std::to_string(new_master);
+    EXPECT_TRUE(eventually([&] { return log.count(new_address) >= 1; }, 10s))
+        << "no reconnected event named the new master " << new_address;
+    EXPECT_EQ(client.connection().switches(), 1U);
+    m.lock();
+    EXPECT_EQ(topo.node(new_master).cli({"EXISTS", "s:reconnect"}), "1");
+    m.unlock();
+
+    // The subscription: killed, it moves to a sentinel, checks the master there, and nothing
+    // is reported.
+    const std::size_t after_switch = log.count();
+    for (int port : topo.sentinel_ports()) {
+        (void)redis_sentinel::cli(port, {"CLIENT", "KILL", "TYPE", "pubsub"});
+    }
+    ASSERT_TRUE(eventually(
+        [&] {
+            for (int port : topo.sentinel_ports()) {
+                if (!redis_sentinel::cli(port, {"CLIENT", "LIST", "TYPE", "pubsub"}).empty()) {
+                    return true;
+                }
+            }
+            return false;
+        },
+        10s))
+        << "the subscription came back";
+    std::this_thread::sleep_for(500ms);  // its check of the master
+    m.lock();
+    m.unlock();
+    EXPECT_EQ(log.count(), after_switch);
+    EXPECT_EQ(client.connection().switches(), 1U);
+    for (const std::string& server : log.servers()) {
+        EXPECT_TRUE(server == old_address || server == new_address) << server;
+    }
+    EXPECT_EQ(log.about_a_lock(), 0U);
 }
 
 #if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
