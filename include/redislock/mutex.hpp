@@ -84,6 +84,49 @@ struct mutex_state : lock_identity<C> {
         return st.held && st.token == t ? &st.lease : nullptr;
     }
 
+    // How an acquisition came to this object.
+    struct grant {
+        steady::time_point sent;  // the granting attempt was sent then: the lease counts
+        std::int64_t fence = 0;
+        // The lock call's wait, reported as acquired before the lease can be found lost.
+        const wait_tally* wait = nullptr;
+        // Handed over: when this process came to hold it (hold times count from then, not from
+        // `sent`).
+        std::optional<steady::time_point> taken{};
+    };
+
+    // The books below need the mutex.
+
+    // Records the acquisition `t`, granted as `g` says, as held by the calling thread; returns
+    // the lease it replaces, `live` when that one was still held.
+    tracked_lease<C> take(const detail::token& t, const grant& g, bool& live) {
+        // Another thread of this object still thinks it holds: its lease ran out, since we could
+        // take the key. Its acquisition is lost.
+        live = held && !lease.lost;
+        tracked_lease<C> previous = std::exchange(lease, {});
+        held = true;
+        token = t;
+        holder = std::this_thread::get_id();
+        generation = current_fork_generation();
+        lease.valid_until = valid_until(g.sent, this->options.lease);
+        lease.acquired_at = g.taken.value_or(g.sent);
+        lease.kind = lock_kind::mutex;
+        fence = g.fence;
+        return previous;
+    }
+
+    // An acquisition given up by unlock() or the destructor, to be released.
+    struct given_up {
+        detail::token token;
+        tracked_lease<C> lease;
+    };
+
+    // Marks the current acquisition as no longer held.
+    given_up give_up() {
+        held = false;
+        return {token, std::exchange(lease, {})};
+    }
+
     mutable std::mutex mutex;  // guards the members below; never held across a round trip
     bool held = false;
     detail::token token;
@@ -306,34 +349,12 @@ private:
         return std::nullopt;
     }
 
-    // How an acquisition came to this object.
-    struct grant {
-        detail::steady::time_point sent;  // the granting attempt was sent then: the lease counts
-        std::int64_t fence = 0;
-        // The lock call's wait, reported as acquired before the lease can be found lost.
-        const detail::wait_tally* wait = nullptr;
-        // Handed over: when this process came to hold it (hold times count from then, not from
-        // `sent`).
-        std::optional<detail::steady::time_point> taken{};
-    };
-
-    void on_acquired(const detail::token& token, const grant& g) {
+    void on_acquired(const detail::token& token, const typename state::grant& g) {
         bool previous_live = false;
         detail::tracked_lease<C> previous_lease;
         {
             std::lock_guard guard{state_->mutex};
-            // Another thread of this object still thinks it holds: its lease ran out, since we
-            // could take the key. Its acquisition is lost.
-            previous_live = state_->held && !state_->lease.lost;
-            previous_lease = std::exchange(state_->lease, {});
-            state_->held = true;
-            state_->token = token;
-            state_->holder = std::this_thread::get_id();
-            state_->generation = detail::current_fork_generation();
-            state_->lease.valid_until = detail::valid_until(g.sent, state_->options.lease);
-            state_->lease.acquired_at = g.taken.value_or(g.sent);
-            state_->lease.kind = lock_kind::mutex;
-            state_->fence = g.fence;
+            previous_lease = state_->take(token, g, previous_live);
         }
         tracker().replaced(previous_lease, previous_live);
         tracker().begin(
@@ -346,17 +367,9 @@ private:
             [this] { handle::unlock(); });
     }
 
-    // An acquisition given up by unlock() or the destructor, to be released.
-    struct given_up {
-        detail::token token;
-        detail::tracked_lease<C> lease;
-    };
+    using given_up = typename state::given_up;
 
-    // Marks the current acquisition as no longer held. Needs st.mutex.
-    static given_up give_up_locked(state& st) {
-        st.held = false;
-        return {st.token, std::exchange(st.lease, {})};
-    }
+    static given_up give_up_locked(state& st) { return st.give_up(); }
 
     enum class release_outcome { released, handed_on, not_ours, unreachable, refused };
 

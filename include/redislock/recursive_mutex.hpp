@@ -74,6 +74,14 @@ class basic_client;
 
 namespace detail {
 
+// The entries of one outermost acquisition: who made them, and which acquisition it was (here,
+// and in Redis).
+struct recursive_entry {
+    std::string owner;
+    std::uint64_t epoch = 0;
+    std::string acquisition;
+};
+
 // What a reentrant lock object shares with its timer and watchdog callbacks.
 template <connection C>
 struct recursive_state : lock_identity<C> {
@@ -86,6 +94,97 @@ struct recursive_state : lock_identity<C> {
     const tracked_lease<C>* held_lease() const { return depth > 0 ? &lease : nullptr; }
     static tracked_lease<C>* find_lease(recursive_state& st, const std::uint64_t& epoch) {
         return st.depth > 0 && st.epoch == epoch ? &st.lease : nullptr;
+    }
+
+    // The books below need the mutex.
+
+    // The holder's entries.
+    recursive_entry current() const { return {holder_owner, epoch, acquisition}; }
+
+    // Whether `owner`'s next entry is an outermost one, with the acquisition it names as given
+    // up in `given_up_id`.
+    bool outermost(const std::string& owner, std::string& given_up_id) const {
+        given_up_id = given_up;
+        if (depth > 0 && lease.lost && holder_owner == owner) {
+            given_up_id = acquisition;  // lost here: its entries are taken over, not kept
+        }
+        return depth == 0 || holder_owner != owner || lease.lost;
+    }
+
+    // What counting an entry in found.
+    struct entered {
+        std::optional<std::uint64_t> first_entry;  // an outermost one: its epoch
+        tracked_lease<C> previous;                 // the lease it replaced
+        bool previous_lost = false;                // which was still live
+    };
+
+    // Counts in an entry of `owner` that `got` granted to an attempt sent at `sent`.
+    entered enter(const std::string& owner, const entry_reply& got, steady::time_point sent) {
+        entered e;
+        // Entries still counted here (unlock counts them out before its round trip) that Redis
+        // no longer has: a new acquisition, an entry by another owner, or a re-entry into
+        // another acquisition of this owner means their lease ran out or they were deleted.
+        if (depth > 0 &&
+            (got.status == 1 || holder_owner != owner || acquisition != got.acquisition)) {
+            e.previous_lost = !lease.lost;
+            depth = 0;
+        }
+        // A re-entry into an acquisition already reported lost starts afresh here: it gets its
+        // own deadline and renewals (the lost one has neither).
+        if (depth == 0 || lease.lost) {
+            depth = 0;
+            if (got.status == 1) {
+                given_up.clear();  // taken over or created anew: nothing left behind
+            }
+            e.first_entry = ++epoch;
+            e.previous = std::exchange(lease, {});
+            holder = std::this_thread::get_id();
+            generation = current_fork_generation();
+            holder_owner = owner;
+            acquisition = got.acquisition;
+            uncertain = 0;
+            fence = got.value;
+            lease.valid_until = valid_until(sent, this->options.lease);
+            lease.acquired_at = sent;
+            lease.kind = lock_kind::recursive_mutex;
+        }
+        ++depth;
+        return e;
+    }
+
+    // What counting entries out gives the release.
+    struct left {
+        recursive_entry entry;
+        std::size_t entries = 0;
+        bool last = false;
+        tracked_lease<C> ended;  // the acquisition's lease when these are its last entries
+    };
+
+    // Counts one entry out (unlock).
+    left count_out() {
+        left out{current(), 1, false, {}};
+        // Counted out before the round trip, so an acquisition through this object that lands
+        // right after the release never mistakes the entry for a live one.
+        if (--depth == 0) {
+            out.last = true;
+            out.ended = std::exchange(lease, {});
+            // Entries whose re-entry or release had an unknown outcome are left too: without a
+            // fault the count is then exact; after one, the key goes rather than outlive its
+            // holder (only a re-entry through another object could lose an entry).
+            out.entries += std::exchange(uncertain, 0);
+        }
+        return out;
+    }
+
+    // Counts every entry out (the object is going away); none when none is held.
+    left give_up_all() {
+        left out{{}, std::exchange(depth, 0), true, {}};
+        if (out.entries > 0) {
+            out.entries += std::exchange(uncertain, 0);
+        }
+        out.entry = current();
+        out.ended = std::exchange(lease, {});
+        return out;
     }
 
     mutable std::mutex mutex;  // guards the members below; never held across a round trip
@@ -135,30 +234,15 @@ public:
     /// errc::connection_failed or errc::server_failed (the object counts the entry out anyway;
     /// a last entry is then dropped in the background). Takes at most the command timeout.
     void unlock(std::error_code& ec) noexcept {
-        held entry;
-        std::size_t entries = 1;
-        detail::tracked_lease<C> ended;
-        bool last = false;
-        ec = handle::claim([&](state& st) {
-            entry = current_of(st);
-            // Counted out before the round trip, so an acquisition through this object that
-            // lands right after the release never mistakes the entry for a live one.
-            if (--st.depth == 0) {
-                last = true;
-                ended = std::exchange(st.lease, {});
-                // Entries whose re-entry or release had an unknown outcome are left too: without
-                // a fault the count is then exact; after one, the key goes rather than outlive
-                // its holder (only a re-entry through another object could lose an entry).
-                entries += std::exchange(st.uncertain, 0);
-            }
-        });
+        typename state::left out;
+        ec = handle::claim([&](state& st) { out = st.count_out(); });
         if (ec) {
             return;
         }
-        if (last) {
-            tracker().end(ended);
+        if (out.last) {
+            tracker().end(out.ended);
         }
-        ec = leave(state_, entry, entries, last, ended);
+        ec = leave(state_, out.entry, out.entries, out.last, out.ended);
     }
 
     /// Sets the lease to `lease` from now if the lock is still ours.
@@ -242,22 +326,11 @@ private:
     using handle::tracker;
     using handle::tracker_of;
 
-    // The entries of one outermost acquisition: who made them, and which acquisition it was
-    // (here, and in Redis).
-    struct held {
-        std::string owner;
-        std::uint64_t epoch = 0;
-        std::string acquisition;
-    };
+    using held = detail::recursive_entry;
 
     std::uint64_t epoch_now() const {
         std::lock_guard guard{state_->mutex};
         return state_->epoch;
-    }
-
-    // The holder's entries. Needs st.mutex.
-    static held current_of(const state& st) {
-        return held{st.holder_owner, st.epoch, st.acquisition};
     }
 
     std::optional<held> held_entry() const {
@@ -266,7 +339,7 @@ private:
         if (state_->depth == 0) {
             return std::nullopt;
         }
-        return current_of(*state_);
+        return state_->current();
     }
 
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
@@ -292,11 +365,7 @@ private:
         std::string given_up;
         {
             std::lock_guard guard{state_->mutex};
-            outermost = state_->depth == 0 || state_->holder_owner != owner || state_->lease.lost;
-            given_up = state_->given_up;
-            if (state_->depth > 0 && state_->lease.lost && state_->holder_owner == owner) {
-                given_up = state_->acquisition;  // lost here: its entries are taken over, not kept
-            }
+            outermost = state_->outermost(owner, given_up);
         }
         call_context attempt_how = how;
         attempt_how.repeatable = outermost;  // a re-entry's count change must not run twice
@@ -344,62 +413,31 @@ private:
                 return refused;
             }
         }
-        on_entered(owner, got.status, got.value, got.acquisition, sent, place.tally);
+        on_entered(owner, got, sent, place.tally);
         return std::nullopt;
     }
 
     // Counts an entry in; the first through this object reports the call's `wait` as acquired
     // before its lease can be found lost.
-    void on_entered(const std::string& owner, std::int64_t status, std::int64_t fence,
-                    const std::string& acquisition, detail::steady::time_point sent,
-                    const detail::wait_tally* wait) {
-        bool previous_lost = false;
-        std::optional<std::uint64_t> first_entry;
-        detail::tracked_lease<C> previous;
+    void on_entered(const std::string& owner, const detail::entry_reply& got,
+                    detail::steady::time_point sent, const detail::wait_tally* wait) {
+        typename state::entered e;
         {
             std::lock_guard guard{state_->mutex};
-            // Entries still counted here (unlock counts them out before its round trip) that
-            // Redis no longer has: a new acquisition, an entry by another owner, or a re-entry
-            // into another acquisition of this owner means their lease ran out or they were
-            // deleted.
-            if (state_->depth > 0 && (status == 1 || state_->holder_owner != owner ||
-                                      state_->acquisition != acquisition)) {
-                previous_lost = !state_->lease.lost;
-                state_->depth = 0;
-            }
-            // A re-entry into an acquisition already reported lost starts afresh here: it gets
-            // its own deadline and renewals (the lost one has neither).
-            if (state_->depth == 0 || state_->lease.lost) {
-                state_->depth = 0;
-                if (status == 1) {
-                    state_->given_up.clear();  // taken over or created anew: nothing left behind
-                }
-                first_entry = ++state_->epoch;
-                previous = std::exchange(state_->lease, {});
-                state_->holder = std::this_thread::get_id();
-                state_->generation = detail::current_fork_generation();
-                state_->holder_owner = owner;
-                state_->acquisition = acquisition;
-                state_->uncertain = 0;
-                state_->fence = fence;
-                state_->lease.valid_until = detail::valid_until(sent, state_->options.lease);
-                state_->lease.acquired_at = sent;
-                state_->lease.kind = lock_kind::recursive_mutex;
-            }
-            ++state_->depth;
+            e = state_->enter(owner, got, sent);
         }
-        if (!first_entry) {
+        if (!e.first_entry) {
             tracker().extended(epoch_now(), sent, state_->options.lease);  // re-entry refreshed it
         }
-        tracker().replaced(previous, previous_lost);
-        if (first_entry) {
+        tracker().replaced(e.previous, e.previous_lost);
+        if (e.first_entry) {
             tracker().begin(
-                *first_entry, sent, lock_kind::recursive_mutex, wait,
+                *e.first_entry, sent, lock_kind::recursive_mutex, wait,
                 [&] {
                     return detail::renewal_spec{
                         &detail::scripts::recursive_extend,
                         {state_->name},
-                        {owner, std::string{state_->lease_text.view()}, acquisition}};
+                        {owner, std::string{state_->lease_text.view()}, got.acquisition}};
                 },
                 [this] { handle::unlock(); });
         }
@@ -503,24 +541,17 @@ private:
     }
 
     static void release_on_destruction(const std::shared_ptr<state>& st) noexcept {
-        held entry;
-        std::size_t entries = 0;
-        detail::tracked_lease<C> ended;
+        typename state::left out;
         {
             std::lock_guard guard{st->mutex};
             if (st->depth > 0 && st->inherited_by_fork()) {
                 return;  // the parent's entries: never left from a child
             }
-            entries = std::exchange(st->depth, 0);
-            if (entries > 0) {
-                entries += std::exchange(st->uncertain, 0);
-            }
-            entry = current_of(*st);
-            ended = std::exchange(st->lease, {});
+            out = st->give_up_all();
         }
-        tracker_of(st).end(ended);
-        if (entries > 0) {
-            (void)leave(st, entry, entries, true, ended);
+        tracker_of(st).end(out.ended);
+        if (out.entries > 0) {
+            (void)leave(st, out.entry, out.entries, true, out.ended);
         }
     }
 };

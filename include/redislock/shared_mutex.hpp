@@ -60,7 +60,6 @@
 #include <string>
 #include <string_view>
 #include <system_error>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -90,6 +89,11 @@ class basic_client;
 namespace detail {
 
 enum class shared_mode : char { read = 'r', write = 'w' };
+
+// What events say a hold of `kind` is.
+inline lock_kind shared_lock_kind(shared_mode kind) {
+    return kind == shared_mode::read ? lock_kind::shared_mutex_read : lock_kind::shared_mutex_write;
+}
 
 // One owner's entries in one mode, made through one read-write lock object.
 template <connection C>
@@ -141,6 +145,165 @@ struct shared_state : lock_identity<C> {
     static tracked_lease<C>* find_lease(shared_state& st, const shared_hold_ref& ref) {
         shared_hold<C>* h = st.find(ref);
         return h ? &h->lease : nullptr;
+    }
+
+    // The books below need the mutex.
+
+    // The lease `owner`'s lost_token() follows: its write hold's when it has both.
+    const tracked_lease<C>* lease_of(const std::string& owner) {
+        const shared_hold<C>* h = find(owner, shared_mode::write);
+        if (h == nullptr || h->depth == 0) {
+            h = find(owner, shared_mode::read);
+        }
+        return h != nullptr && h->depth > 0 ? &h->lease : nullptr;
+    }
+
+    // The shortest remaining() of `owner`'s holds; zero when it holds none.
+    std::chrono::milliseconds remaining_of(const std::string& owner) const {
+        std::optional<std::chrono::milliseconds> shortest;
+        for (const shared_hold<C>& h : holds) {
+            if (h.owner == owner) {
+                const auto left = h.lease.remaining();
+                shortest = shortest ? std::min(*shortest, left) : left;
+            }
+        }
+        return shortest.value_or(std::chrono::milliseconds::zero());
+    }
+
+    // Whether `owner`'s next entry in `kind` is an outermost one, with the acquisitions it
+    // names as given up (space-separated) in `given_up_ids`.
+    bool outermost(const std::string& owner, shared_mode kind, std::string& given_up_ids) {
+        const shared_hold<C>* h = find(owner, kind);
+        for (const std::string& id : given_up) {
+            given_up_ids.append(given_up_ids.empty() ? "" : " ").append(id);
+        }
+        if (h != nullptr && h->depth > 0 && h->lease.lost) {
+            // Lost here: its entries are dropped and the acquisition made anew.
+            given_up_ids.append(given_up_ids.empty() ? "" : " ").append(h->acquisition);
+        }
+        return h == nullptr || h->depth == 0 || h->lease.lost;
+    }
+
+    // What counting an entry in found.
+    struct entered {
+        std::optional<shared_hold_ref> first_entry;  // an outermost one: its hold starts afresh
+        std::optional<shared_hold_ref> reentered;    // else the hold it re-entered
+        tracked_lease<C> previous;                   // the lease a fresh hold replaced
+        bool previous_lost = false;                  // which was still live
+    };
+
+    // Counts in an entry of `owner` in `kind` that `got` granted to an attempt sent at `sent`.
+    entered enter(const std::string& owner, shared_mode kind, const entry_reply& got,
+                  steady::time_point sent) {
+        entered e;
+        shared_hold<C>* h = find(owner, kind);
+        if (!h) {
+            h = &holds.emplace_back();
+            h->owner = owner;
+            h->kind = kind;
+        }
+        // A new acquisition, or a re-entry into another acquisition of this owner, while
+        // entries are still counted here means Redis lost them: their lease ran out, or they
+        // were deleted.
+        if (h->depth > 0 && (got.status == 1 || h->acquisition != got.acquisition)) {
+            e.previous_lost = !h->lease.lost;
+            h->depth = 0;
+        }
+        if (h->depth == 0 || h->lease.lost) {
+            e.previous = std::exchange(h->lease, {});
+            h->lease.valid_until = valid_until(sent, this->options.lease);
+            h->lease.acquired_at = sent;
+            h->lease.kind = shared_lock_kind(kind);
+            h->depth = 0;
+            h->uncertain = 0;
+            h->fence = got.value;
+            h->generation = current_fork_generation();
+            h->epoch = ++last_epoch;
+            h->acquisition = got.acquisition;
+            e.first_entry = shared_hold_ref{owner, kind, h->epoch, got.acquisition, false};
+        }
+        ++h->depth;
+        if (!e.first_entry) {
+            e.reentered = shared_hold_ref{owner, kind, h->epoch, got.acquisition, false};
+        }
+        return e;
+    }
+
+    // What counting an entry out gives the release.
+    struct left {
+        shared_hold_ref ref;
+        std::size_t entries = 1;
+        bool last = false;
+        tracked_lease<C> ended;  // the hold's lease when these are its last entries
+    };
+
+    // Counts out one entry of `owner` in `kind` into `out`, or says why it cannot.
+    std::error_code count_out(const std::string& owner, shared_mode kind, left& out) {
+        shared_hold<C>* h = find(owner, kind);
+        if (!h || h->depth == 0) {
+            return held_by_other_owner(kind) ? errc::not_holder : errc::not_held;
+        }
+        if (h->inherited_by_fork()) {
+            return errc::not_holder;
+        }
+        out.ref = {owner, kind, h->epoch, h->acquisition, h->lease.lost};
+        // Counted out before the round trip, so an acquisition that lands right after the
+        // release never mistakes the entry for a live one.
+        if (--h->depth == 0) {
+            out.last = true;
+            out.entries += std::exchange(h->uncertain, 0);
+            out.ended = std::exchange(h->lease, {});
+            erase_released();
+        }
+        return {};
+    }
+
+    bool held_by_other_owner(shared_mode kind) const {
+        return std::any_of(holds.begin(), holds.end(), [kind](const shared_hold<C>& h) {
+            return h.kind == kind && h.depth > 0;
+        });
+    }
+
+    // Drops holds with no entries left.
+    void erase_released() {
+        std::erase_if(holds, [](const shared_hold<C>& h) { return h.depth == 0; });
+    }
+
+    // Remembers an acquisition whose entry may be in Redis though this object does not hold it
+    // (the owner's next acquisition through this object drops it).
+    void remember_given_up(const std::string& acquisition) {
+        if (given_up.size() >= 4) {
+            given_up.erase(given_up.begin());  // the oldest is surely gone by now or reaped
+        }
+        given_up.push_back(acquisition);
+    }
+
+    // Every hold `owner` has.
+    std::vector<shared_hold_ref> refs_of(const std::string& owner) const {
+        std::vector<shared_hold_ref> refs;
+        for (const shared_hold<C>& h : holds) {
+            if (h.owner == owner && h.depth > 0) {
+                refs.push_back({h.owner, h.kind, h.epoch, h.acquisition, h.lease.lost});
+            }
+        }
+        return refs;
+    }
+
+    // Gives up every hold (the object is going away), but the parent's this process was
+    // forked from: their entries are never left from a child.
+    std::vector<left> give_up_all() {
+        std::vector<left> given;
+        for (shared_hold<C>& h : holds) {
+            if (h.depth == 0 || h.inherited_by_fork()) {
+                continue;
+            }
+            given.push_back({shared_hold_ref{h.owner, h.kind, h.epoch, h.acquisition, h.lease.lost},
+                             h.depth + std::exchange(h.uncertain, 0), true,
+                             std::exchange(h.lease, {})});
+            h.depth = 0;
+        }
+        erase_released();
+        return given;
     }
 
     mutable std::mutex mutex;  // guards the members below; never held across a round trip
@@ -204,35 +367,18 @@ public:
     /// is lost, at the latest at its local conservative deadline. Already stopped when the
     /// caller holds nothing.
     std::stop_token lost_token() const {
-        if (!state_) {
-            return detail::stopped_token();
-        }
-        const std::string owner = state_->caller_owner();
-        std::lock_guard guard{state_->mutex};
-        const hold* h = state_->find(owner, mode::write);
-        if (h == nullptr || h->depth == 0) {
-            h = state_->find(owner, mode::read);
-        }
-        return h != nullptr && h->depth > 0 ? h->lease.lost_source.get_token()
-                                            : detail::stopped_token();
+        return of_caller(detail::stopped_token(), [](state& st, const std::string& owner) {
+            const auto* lease = st.lease_of(owner);
+            return lease != nullptr ? lease->lost_source.get_token() : detail::stopped_token();
+        });
     }
 
     /// Local, conservative estimate of how long the caller's holds last (the shortest of them);
     /// zero when the caller holds none or one is known lost.
     std::chrono::milliseconds remaining() const {
-        if (!state_) {
-            return std::chrono::milliseconds::zero();
-        }
-        const std::string owner = state_->caller_owner();
-        std::lock_guard guard{state_->mutex};
-        std::optional<std::chrono::milliseconds> shortest;
-        for (const hold& h : state_->holds) {
-            if (h.owner == owner) {
-                const auto left = h.lease.remaining();
-                shortest = shortest ? std::min(*shortest, left) : left;
-            }
-        }
-        return shortest.value_or(std::chrono::milliseconds::zero());
+        return of_caller(
+            std::chrono::milliseconds::zero(),
+            [](state& st, const std::string& owner) { return st.remaining_of(owner); });
     }
 
     /// Local: true while the caller holds the lock in some mode and remaining() > 0.
@@ -241,13 +387,10 @@ public:
     /// The fencing token of the caller's write acquisition; 0 when fencing is off or the caller
     /// does not hold the write lock.
     std::int64_t fencing_token() const {
-        if (!state_) {
-            return 0;
-        }
-        const std::string owner = state_->caller_owner();
-        std::lock_guard guard{state_->mutex};
-        const hold* h = state_->find(owner, mode::write);
-        return h ? h->fence : 0;
+        return of_caller(std::int64_t{0}, [](state& st, const std::string& owner) {
+            const hold* h = st.find(owner, mode::write);
+            return h ? h->fence : 0;
+        });
     }
 
     /// @throws redislock::invalid_argument on a moved-from object.
@@ -271,8 +414,17 @@ private:
         return kind == mode::read ? std::string_view{"r"} : std::string_view{"w"};
     }
 
-    static lock_kind kind_of(mode kind) {
-        return kind == mode::read ? lock_kind::shared_mutex_read : lock_kind::shared_mutex_write;
+    static lock_kind kind_of(mode kind) { return detail::shared_lock_kind(kind); }
+
+    // `query(state, caller's owner id)` with the mutex held; `none` for a moved-from object.
+    template <class T, class Query>
+    T of_caller(T none, Query query) const {
+        if (!state_) {
+            return none;
+        }
+        const std::string owner = state_->caller_owner();
+        std::lock_guard guard{state_->mutex};
+        return query(*state_, owner);
     }
 
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
@@ -315,15 +467,7 @@ private:
         std::string given_up;
         {
             std::lock_guard guard{state_->mutex};
-            const hold* h = state_->find(owner, kind);
-            outermost = h == nullptr || h->depth == 0 || h->lease.lost;
-            for (const std::string& id : state_->given_up) {
-                given_up.append(given_up.empty() ? "" : " ").append(id);
-            }
-            if (h != nullptr && h->depth > 0 && h->lease.lost) {
-                // Lost here: its entries are dropped and the acquisition made anew.
-                given_up.append(given_up.empty() ? "" : " ").append(h->acquisition);
-            }
+            outermost = state_->outermost(owner, kind, given_up);
         }
         call_context attempt_how = how;
         attempt_how.repeatable = outermost;  // a re-entry's count change must not run twice
@@ -377,50 +521,18 @@ private:
                 return refused;
             }
         }
-        std::optional<hold_ref> first_entry;
-        std::optional<hold_ref> reentered;
-        bool previous_lost = false;
-        detail::tracked_lease<C> previous;
+        typename state::entered e;
         {
             std::lock_guard guard{state_->mutex};
-            hold* h = state_->find(owner, kind);
-            if (!h) {
-                h = &state_->holds.emplace_back();
-                h->owner = owner;
-                h->kind = kind;
-            }
-            // A new acquisition, or a re-entry into another acquisition of this owner, while
-            // entries are still counted here means Redis lost them: their lease ran out, or they
-            // were deleted.
-            if (h->depth > 0 && (got.status == 1 || h->acquisition != got.acquisition)) {
-                previous_lost = !h->lease.lost;
-                h->depth = 0;
-            }
-            if (h->depth == 0 || h->lease.lost) {
-                previous = std::exchange(h->lease, {});
-                h->lease.valid_until = detail::valid_until(sent, state_->options.lease);
-                h->lease.acquired_at = sent;
-                h->lease.kind = kind_of(kind);
-                h->depth = 0;
-                h->uncertain = 0;
-                h->fence = got.value;
-                h->generation = detail::current_fork_generation();
-                h->epoch = ++state_->last_epoch;
-                h->acquisition = got.acquisition;
-                first_entry = hold_ref{owner, kind, h->epoch, got.acquisition, false};
-            }
-            ++h->depth;
-            if (!first_entry) {
-                reentered = hold_ref{owner, kind, h->epoch, got.acquisition, false};
-            }
+            e = state_->enter(owner, kind, got, sent);
         }
-        if (reentered) {
-            tracker().extended(*reentered, sent, state_->options.lease);  // re-entry refreshed it
+        if (e.reentered) {
+            tracker().extended(*e.reentered, sent, state_->options.lease);  // re-entry refreshed it
         }
-        tracker().replaced(previous, previous_lost);
-        if (first_entry) {
+        tracker().replaced(e.previous, e.previous_lost);
+        if (e.first_entry) {
             tracker().begin(
-                *first_entry, sent, kind_of(kind), place.tally,
+                *e.first_entry, sent, kind_of(kind), place.tally,
                 [&] {
                     return detail::renewal_spec{
                         &detail::scripts::shared_extend,
@@ -440,11 +552,7 @@ private:
                         detail::steady::time_point lease_end) noexcept {
         try {
             std::lock_guard guard{st->mutex};
-            auto& ids = st->given_up;
-            if (ids.size() >= 4) {
-                ids.erase(ids.begin());  // the oldest is surely gone by now or reaped
-            }
-            ids.push_back(ref.acquisition);
+            st->remember_given_up(ref.acquisition);
         } catch (...) {
             return;  // Out of memory: the entry expires with its lease.
         }
@@ -484,43 +592,15 @@ private:
         } catch (...) {
             return std::make_error_code(std::errc::not_enough_memory);
         }
-        hold_ref ref;
-        detail::tracked_lease<C> ended;
-        bool last = false;
-        std::size_t count = 1;
+        typename state::left out;
         {
             std::lock_guard guard{state_->mutex};
-            hold* h = state_->find(owner, kind);
-            if (!h || h->depth == 0) {
-                return held_by_other_owner(kind) ? errc::not_holder : errc::not_held;
+            if (const std::error_code ec = state_->count_out(owner, kind, out)) {
+                return ec;
             }
-            if (h->inherited_by_fork()) {
-                return errc::not_holder;
-            }
-            ref = {owner, kind, h->epoch, h->acquisition, h->lease.lost};
-            // Counted out before the round trip, so an acquisition that lands right after the
-            // release never mistakes the entry for a live one.
-            std::size_t entries = 1;
-            if (--h->depth == 0) {
-                last = true;
-                entries += std::exchange(h->uncertain, 0);
-                ended = std::exchange(h->lease, {});
-                erase_released(*state_);
-            }
-            count = entries;
         }
-        tracker().end(ended);
-        return leave(state_, ref, count, last, ended);
-    }
-
-    // Drops holds with no entries left. Needs st.mutex.
-    static void erase_released(state& st) {
-        std::erase_if(st.holds, [](const hold& h) { return h.depth == 0; });
-    }
-
-    bool held_by_other_owner(mode kind) const {
-        return std::any_of(state_->holds.begin(), state_->holds.end(),
-                           [kind](const hold& h) { return h.kind == kind && h.depth > 0; });
+        tracker().end(out.ended);
+        return leave(state_, out.ref, out.entries, out.last, out.ended);
     }
 
     // Leaves `entries` entries, already counted out locally, of the hold `ref` in Redis. A
@@ -559,7 +639,7 @@ private:
                 h->depth = 0;
                 acquired_at = h->lease.acquired_at;
                 ended = std::exchange(h->lease, {});
-                erase_released(*st);
+                st->erase_released();
             }
         }
         tracker_of(st).end(ended);
@@ -592,11 +672,7 @@ private:
         std::vector<hold_ref> refs;
         {
             std::lock_guard guard{state_->mutex};
-            for (const hold& h : state_->holds) {
-                if (h.owner == owner && h.depth > 0) {
-                    refs.push_back({h.owner, h.kind, h.epoch, h.acquisition, h.lease.lost});
-                }
-            }
+            refs = state_->refs_of(owner);
         }
         if (refs.empty()) {
             return false;
@@ -626,23 +702,14 @@ private:
     }
 
     static void release_on_destruction(const std::shared_ptr<state>& st) noexcept {
-        std::vector<std::tuple<hold_ref, std::size_t, detail::tracked_lease<C>>> releases;
+        std::vector<typename state::left> given;
         {
             std::lock_guard guard{st->mutex};
-            for (hold& h : st->holds) {
-                if (h.depth == 0 || h.inherited_by_fork()) {
-                    continue;  // nothing held, or the parent's entries: never left from a child
-                }
-                releases.emplace_back(
-                    hold_ref{h.owner, h.kind, h.epoch, h.acquisition, h.lease.lost},
-                    h.depth + std::exchange(h.uncertain, 0), std::exchange(h.lease, {}));
-                h.depth = 0;
-            }
-            erase_released(*st);
+            given = st->give_up_all();
         }
-        for (auto& [ref, entries, ended] : releases) {
-            tracker_of(st).end(ended);
-            (void)leave(st, ref, entries, true, ended);
+        for (auto& g : given) {
+            tracker_of(st).end(g.ended);
+            (void)leave(st, g.ref, g.entries, true, g.ended);
         }
     }
 };
