@@ -367,10 +367,13 @@ public:
     /// is lost, at the latest at its local conservative deadline. Already stopped when the
     /// caller holds nothing.
     std::stop_token lost_token() const {
-        return of_caller(detail::stopped_token(), [](state& st, const std::string& owner) {
-            const auto* lease = st.lease_of(owner);
-            return lease != nullptr ? lease->lost_source.get_token() : detail::stopped_token();
-        });
+        const auto held =
+            of_caller(std::optional<std::stop_token>{}, [](state& st, const std::string& owner) {
+                const auto* lease = st.lease_of(owner);
+                return lease != nullptr ? std::optional{lease->lost_source.get_token()}
+                                        : std::nullopt;
+            });
+        return held ? *held : detail::stopped_token();
     }
 
     /// Local, conservative estimate of how long the caller's holds last (the shortest of them);

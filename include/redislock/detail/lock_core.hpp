@@ -1,5 +1,7 @@
 // The machinery every lock kind shares, so that each safety rule is written once:
-//   - reply_failure(): what an error reply means (transient, or a real failure);
+//   - what a reply means: an error reply transient or a real failure (is_transient,
+//     throw_reply_error), one that says the lock is not ours (throw_unless_not_ours), a grant
+//     that cannot stand (refuse_grant), an entry script's answer (decode_entry);
 //   - tracked_lease: what a held acquisition keeps besides its kind's own fields — its local
 //     deadline, registered with the client's loss timer so the loss is told at that moment
 //     whatever a blocked round trip is doing; its watchdog renewal; the stop source of
