@@ -503,6 +503,62 @@ TEST(Safety, AcquisitionWhoseReplyOutlivesTheLeaseIsAFailedAttempt) {
         all_gone(srv, {"safety:slow:mutex", "safety:slow:recursive", "safety:slow:shared"}, 3s));
 }
 
+// A release that finds the lock already gone tells the loss the way every other discovery does:
+// on_lost and the stop request of the lost_token() taken while it was held, for every kind, for
+// an inner entry of a reentrant lock as for the last one.
+TEST(Safety, LossFoundByAReleaseStopsTheLostToken) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    std::atomic<int> lost{0};
+    const lock_options counted{.lease = 30s, .on_lost = [&] { ++lost; }};
+    std::error_code ec;
+
+    auto m = client.mutex("safety:gone:mutex", counted);
+    m.lock();
+    const std::stop_token m_lost = m.lost_token();
+    ASSERT_EQ(srv.cli({"DEL", "safety:gone:mutex"}), "1");
+    m.unlock(ec);
+    EXPECT_EQ(ec, errc::lock_lost);
+    EXPECT_TRUE(m_lost.stop_requested());
+    EXPECT_EQ(lost.exchange(0), 1);
+
+    auto r = client.recursive_mutex("safety:gone:recursive", counted);
+    r.lock();
+    const std::stop_token r_lost = r.lost_token();
+    ASSERT_EQ(srv.cli({"DEL", "safety:gone:recursive"}), "1");
+    r.unlock(ec);
+    EXPECT_EQ(ec, errc::lock_lost);
+    EXPECT_TRUE(r_lost.stop_requested());
+    EXPECT_EQ(lost.exchange(0), 1);
+
+    r.lock();
+    r.lock();
+    const std::stop_token inner_lost = r.lost_token();
+    ASSERT_EQ(srv.cli({"DEL", "safety:gone:recursive"}), "1");
+    r.unlock(ec);
+    EXPECT_EQ(ec, errc::lock_lost);
+    EXPECT_TRUE(inner_lost.stop_requested());
+    EXPECT_EQ(r.depth(), 0u);
+    EXPECT_EQ(lost.exchange(0), 1);
+
+    auto s = client.shared_mutex("safety:gone:shared", counted);
+    s.lock();
+    const std::stop_token w_lost = s.lost_token();
+    ASSERT_EQ(srv.cli({"DEL", "safety:gone:shared"}), "1");
+    s.unlock(ec);
+    EXPECT_EQ(ec, errc::lock_lost);
+    EXPECT_TRUE(w_lost.stop_requested());
+    EXPECT_EQ(lost.exchange(0), 1);
+
+    s.lock_shared();
+    const std::stop_token r_shared_lost = s.lost_token();
+    ASSERT_EQ(srv.cli({"DEL", "safety:gone:shared"}), "1");
+    s.unlock_shared(ec);
+    EXPECT_EQ(ec, errc::lock_lost);
+    EXPECT_TRUE(r_shared_lost.stop_requested());
+    EXPECT_EQ(lost.exchange(0), 1);
+}
+
 // Old: 1 to 3 ms leases were accepted and "acquired" locks were already gone.
 TEST(Safety, LeasesTooShortToMeanAnythingAreRejected) {
     redis_server srv;

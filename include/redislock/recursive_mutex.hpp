@@ -514,11 +514,9 @@ private:
             if (st->epoch == entry.epoch && st->depth > 0) {
                 st->depth = 0;
             }
-        } else if (!ended.lost) {
-            detail::report_loss(*st, lock_kind::recursive_mutex, loss_reason::taken,
-                                ended.acquired_at);
+            return errc::lock_lost;
         }
-        return errc::lock_lost;
+        return detail::end_release(*st, ended, detail::release_end::lost);
     }
 
     // A release whose outcome is unknown: an inner entry makes the count uncertain; the last one

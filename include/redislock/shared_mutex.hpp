@@ -647,6 +647,9 @@ private:
         }
         tracker_of(st).end(ended);
         if (notify) {
+            // Work watching lost_token() stops, as for a loss found any other way.
+            std::stop_source source = last ? last_lease.lost_source : ended.lost_source;
+            source.request_stop();
             detail::report_loss(*st, kind_of(ref.kind),
                                 r.is_error() ? loss_reason::server_lost : loss_reason::taken,
                                 acquired_at);
