@@ -11,14 +11,14 @@
 //                               hiredis_cluster_connection::execute(): the routing layer alone
 //   hiredis_connection_set_evalsha  the same through the single-node hiredis_connection to that
 //                               master: the adapter's share of the difference
-//   raw_hiredis_publish         raw_hiredis whose compare-and-delete also PUBLISHes on a channel,
-//                               as the locks' release scripts do; a cluster broadcasts every
-//                               PUBLISH to every node
+//   raw_hiredis_publish         raw_hiredis whose compare-and-delete also PUBLISHes on a channel;
+//                               a cluster broadcasts every PUBLISH to every node, which is why
+//                               the locks' release scripts use SPUBLISH, and only for waiters
 //   raw_hiredis_spublish        the same with SPUBLISH, which stays on the slot's shard
 //   cluster_mutex_lock_unlock   redislock::cluster_mutex lock() + unlock() through
 //                               redislock::cluster_client, on a name in the same slot (its
-//                               release script also PUBLISHes for waiters, which a cluster
-//                               broadcasts to every node)
+//                               release script publishes, with SPUBLISH, only when someone
+//                               waits, which no one does here)
 //   cluster_mutex_fenced_lock_unlock  the same with lock_options::fencing
 // Repetitions run in random interleaving (10 by default). After Google Benchmark's table:
 //   ratio <name>: <median real time of raw_hiredis / median real time of the variant>

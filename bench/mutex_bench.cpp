@@ -6,7 +6,8 @@
 //                             compare-and-delete script (loaded once), a fresh random token per
 //                             iteration; the floor any simple lock over hiredis can reach
 //   mutex_lock_unlock         redislock::mutex lock() + unlock() through redislock::client; its
-//                             release script also PUBLISHes for waiters, the raw one does not
+//                             release script also checks the waiting queue (one EXISTS), and
+//                             publishes only when someone waits, which no one does here
 //   mutex_try_lock_unlock     try_lock() + unlock()
 //   mutex_fenced_lock_unlock  lock() + unlock() with lock_options::fencing (a script, not a SET)
 //

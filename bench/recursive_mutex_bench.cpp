@@ -8,7 +8,8 @@
 //                                         mutex_bench; the floor any lock over hiredis can reach
 //   recursive_mutex_outermost_lock_unlock lock() + unlock() from depth 0: the acquire script
 //                                         creates the hash, the release script deletes it and
-//                                         PUBLISHes for waiters
+//                                         checks the waiting queue (it publishes only when
+//                                         someone waits, which no one does here)
 //   recursive_mutex_reentry_lock_unlock   the lock is held once by this thread before the loop
 //                                         (and left after it); each iteration lock() + unlock()
 //                                         at depth 1: a re-entry and its leave, each a script
