@@ -90,7 +90,7 @@ struct lease_renewal {
     /// Called when stop() drops the lease while it is still registered: it is renewed no more.
     std::function<void()> dropped{};
     /// Called once when max_hold stops the renewals: the lease now runs out with the grant just
-    /// confirmed (told before that grant's `renewed`), and its loss follows as `lost_because`.
+    /// confirmed (told right after that grant's `renewed`), and its loss follows as `lost_because`.
     std::function<void()> capped{};
 };
 
@@ -544,14 +544,15 @@ private:
             const auto cap = e.renewal.max_hold;
             const bool capped =
                 cap > std::chrono::milliseconds::zero() && next >= e.registered + cap;
-            if (capped && e.renewal.capped) {
-                // Before `renewed`, which moves the lock's deadline to this last grant: a loss
-                // found at that deadline already knows why no renewal followed.
-                calls.emplace_back(batch[i].id, std::move(e.renewal.capped));
-            }
             if (e.renewal.renewed) {
                 calls.emplace_back(batch[i].id,
                                    [renewed = e.renewal.renewed, sent] { renewed(sent); });
+            }
+            if (capped && e.renewal.capped) {
+                // After `renewed`: told before it, a loss at the deadline this grant replaces
+                // (its confirmation came too late) would be taken for max_hold. The deadline it
+                // sets is a lease away, long after this call.
+                calls.emplace_back(batch[i].id, std::move(e.renewal.capped));
             }
             if (capped) {
                 // Past max_hold: stop renewing; report the loss when this grant runs out.

@@ -52,8 +52,10 @@ inline bool is_transient(const reply& r) {
         }
     }
     // A script that reaches a missing key of a slot being migrated (its queue, say): the slot
-    // settles within the migration.
-    return r.is_error() && r.text().find("non local key") != std::string::npos;
+    // settles within the migration. Redis 7.0 says "non local key"; later versions say the
+    // undeclared keys were accessed "during rehashing of the slot".
+    return r.is_error() && (r.text().find("non local key") != std::string::npos ||
+                            r.text().find("rehashing of the slot") != std::string::npos);
 }
 
 /// Throws the exception an error reply to `what` on `name` deserves.

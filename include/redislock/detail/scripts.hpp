@@ -651,7 +651,8 @@ if ARGV[3] == '1' then
         return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
     end
 end
-if redis.call('EXISTS', KEYS[1], queue) == 0 then
+-- One key per call: a slot being migrated refuses a call over a present and a missing key.
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
     return fresh(false)  -- free, and no one waits
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
@@ -679,7 +680,7 @@ if id then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "59b24e274645a2544adf2ddb75b3e4ba90c170f4"};
+    "3311ce7d919a1b6e47f1085205054e440d8c7aa8"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -998,7 +999,8 @@ local function draw_fence(time)
     return fence
 end
 
-if redis.call('EXISTS', KEYS[1], queue) == 0 then
+-- One key per call: a slot being migrated refuses a call over a present and a missing key.
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
     -- Free, and no one waits: enter at once.
     local time = redis.call('TIME')
     local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -1089,7 +1091,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "b2666e0dba81a331f3a99acac4bdcbf397c0666a"};
+    "66ac091079f30d87ea3f0f6491fc6936853d3c91"};
 
 inline constexpr script shared_extend{
     "shared_extend",

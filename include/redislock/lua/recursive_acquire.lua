@@ -58,7 +58,8 @@ if ARGV[3] == '1' then
         return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
     end
 end
-if redis.call('EXISTS', KEYS[1], queue) == 0 then
+-- One key per call: a slot being migrated refuses a call over a present and a missing key.
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
     return fresh(false)  -- free, and no one waits
 end
 local kind = redis.call('TYPE', KEYS[1]).ok

@@ -43,7 +43,8 @@ local function draw_fence(time)
     return fence
 end
 
-if redis.call('EXISTS', KEYS[1], queue) == 0 then
+-- One key per call: a slot being migrated refuses a call over a present and a missing key.
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
     -- Free, and no one waits: enter at once.
     local time = redis.call('TIME')
     local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
