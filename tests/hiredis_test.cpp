@@ -390,6 +390,44 @@ TEST(HiredisConnection, ReconnectsAfterClientKill) {
     EXPECT_EQ(conn.connections_opened(), opened + 1);
 }
 
+// The reconnect handler is told as the call that reconnected ends, once its connection is back
+// in the pool: with pool_size 1, a handler that sends a command of its own gets the connection
+// at once (plain and bounded calls, and a pipeline) rather than waiting for the caller's.
+TEST(HiredisConnection, ReconnectHandlerMayUseTheConnectionWithPoolSizeOne) {
+    redis_server srv;
+    hiredis_connection conn{
+        with_query(srv, "pool_size=1&connect_timeout=2000&command_timeout=2000")};
+    std::vector<reply> answers;
+    conn.set_reconnect_handler([&](std::string_view) {
+        try {
+            answers.push_back(run(conn, {"PING"}));
+        } catch (const redislock::error& e) {
+            answers.push_back(reply::error(e.what()));
+        }
+    });
+    const auto kill_and_wait = [&] {
+        EXPECT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "normal"}), "0");
+        std::this_thread::sleep_for(20ms);  // past the idle check's millisecond
+    };
+    ASSERT_EQ(run(conn, {"SET", "k", "v"}), reply::status("OK"));
+
+    kill_and_wait();
+    stopwatch watch;
+    EXPECT_EQ(run(conn, {"GET", "k"}), reply::string("v"));
+    kill_and_wait();
+    const std::array<std::string_view, 2> get{"GET", "k"};
+    EXPECT_EQ(conn.execute(get, {.deadline = std::chrono::steady_clock::now() + 5s}),
+              reply::string("v"));
+    kill_and_wait();
+    const std::array<command, 1> batch{command{get}};
+    EXPECT_EQ(conn.execute_pipeline(batch).at(0), reply::string("v"));
+    EXPECT_LT(watch.elapsed(), 1500ms) << "a handler waited for the caller's connection";
+    ASSERT_EQ(answers.size(), 3U);
+    for (const reply& answer : answers) {
+        EXPECT_EQ(answer, reply::status("PONG"));
+    }
+}
+
 TEST(HiredisConnection, ReconnectsAfterServerRestart) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};

@@ -289,7 +289,8 @@ public:
     /// @throws redislock::connection_error, redislock::timeout_error
     reply execute(command argv) {
         pool& p = this_pool();
-        auto ctx = take();
+        reconnect_notice notice{*this};
+        auto ctx = take(notice);
         detail::argv_buffer args{argv};
         detail::hiredis_reply_ptr raw{
             redisCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths())};
@@ -339,7 +340,8 @@ public:
             return results;
         }
         results.reserve(commands.size());
-        auto ctx = take();
+        reconnect_notice notice{*this};
+        auto ctx = take(notice);
         for (command argv : commands) {
             detail::argv_buffer args{argv};
             if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
@@ -493,26 +495,46 @@ public:
 
     /// Calls `handler` with the server's description each time the pool opens a context to
     /// replace one that broke (a failed or timed-out call, or one the server closed while idle),
-    /// on the thread whose call opened it, with no internal lock held. Set it before the
-    /// connection is shared between threads. What it throws is dropped.
+    /// on the thread whose call opened it, as that call ends (returns or throws): with no
+    /// internal lock held and the call's connection given back, so the handler may call into
+    /// this connection, even with pool_size 1. Set it before the connection is shared between
+    /// threads. What it throws is dropped.
     void set_reconnect_handler(std::function<void(std::string_view server)> handler) {
         on_reconnect_ = std::move(handler);
     }
 
 private:
-    // A context from the pool; tells the reconnect handler when it replaces a broken one.
-    detail::context_ptr take(std::chrono::steady_clock::time_point deadline =
-                                 std::chrono::steady_clock::time_point::max(),
-                             const std::stop_token* stop = nullptr) {
-        bool reopened = false;
-        auto ctx = this_pool().acquire(deadline, stop, &reopened);
-        if (reopened && on_reconnect_) {
+    // Tells the reconnect handler, when the call's context replaced a broken one, as the call
+    // ends: declared before the context, it reports after the context went back to the pool (or
+    // was closed), so a handler that calls into this connection finds a free slot even with
+    // pool_size 1.
+    class reconnect_notice {
+    public:
+        explicit reconnect_notice(const hiredis_connection& owner) noexcept : owner_{owner} {}
+        reconnect_notice(const reconnect_notice&) = delete;
+        reconnect_notice& operator=(const reconnect_notice&) = delete;
+        ~reconnect_notice() {
+            if (!reopened || !owner_.on_reconnect_) {
+                return;
+            }
             try {
-                on_reconnect_(this_pool().config.describe());
+                owner_.on_reconnect_(owner_.this_pool().config.describe());
             } catch (...) {
             }
         }
-        return ctx;
+
+        bool reopened = false;
+
+    private:
+        const hiredis_connection& owner_;
+    };
+
+    // A context from the pool; `notice` learns whether it replaces a broken one.
+    detail::context_ptr take(reconnect_notice& notice,
+                             std::chrono::steady_clock::time_point deadline =
+                                 std::chrono::steady_clock::time_point::max(),
+                             const std::stop_token* stop = nullptr) {
+        return this_pool().acquire(deadline, stop, &notice.reopened);
     }
 
     static bool bounded(const call_context& how) noexcept {
@@ -529,7 +551,8 @@ private:
         const auto deadline =
             std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
         check_stop(how);
-        auto ctx = take(deadline, how.stop);
+        reconnect_notice notice{*this};
+        auto ctx = take(notice, deadline, how.stop);
         for (command argv : commands) {
             detail::argv_buffer args{argv};
             if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
