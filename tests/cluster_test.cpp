@@ -6,6 +6,8 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -878,6 +880,41 @@ TEST_F(ClusterConnection, ReconnectHandlerReachesPoolsOpenedBeforeAndAfterItWasS
     std::this_thread::sleep_for(20ms);
     EXPECT_TRUE(get(conn, names.at(seed)).is_nil());
     EXPECT_EQ(log.count(), before);
+}
+
+// A node's pool that reconnects while the slot map is read (its idle connection was closed by
+// the node, and CLUSTER SHARDS is the first command that needs one) reports once the read is
+// over: a handler that reads the map again itself does not wait for the read it is called from.
+TEST_F(ClusterConnection, ReconnectHandlerMayRefreshTheMapFromAReconnectionDuringARefresh) {
+    const int seed = masters_.front();
+    hiredis_cluster_connection conn{cluster_->uri_of(seed)};
+    std::atomic<int> told{0};
+    std::atomic<int> refreshed{0};
+    conn.set_reconnect_handler([&](std::string_view) {
+        ++told;
+        if (conn.refresh_map()) {
+            ++refreshed;
+        }
+    });
+    // Every master's pool holds an idle connection, whichever the refresh asks first.
+    for (const auto& entry : name_per_master(masters_, &owner_of)) {
+        EXPECT_TRUE(get(conn, entry.second).is_nil());
+    }
+    ASSERT_EQ(told.load(), 0);
+
+    for (int port : masters_) {
+        (void)cluster_->cli(port, {"CLIENT", "KILL", "TYPE", "normal"});
+    }
+    std::this_thread::sleep_for(20ms);  // past the idle check's millisecond
+    auto refresh = std::async(std::launch::async, [&] { return conn.refresh_map(); });
+    if (refresh.wait_for(10s) != std::future_status::ready) {
+        ADD_FAILURE() << "refresh_map() did not return: the handler waits for the refresh it "
+                         "was called from";
+        std::abort();  // the stuck thread cannot be joined
+    }
+    EXPECT_TRUE(refresh.get());
+    EXPECT_GE(told.load(), 1);
+    EXPECT_EQ(refreshed.load(), told.load());
 }
 
 TEST_F(ClusterConnection, WatchdogRenewsAThousandLocksWithOneBatchPerMasterPerPeriod) {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <mutex>
 #include <shared_mutex>
@@ -204,6 +205,15 @@ TEST(Sentinel, SkipsASentinelThatIsDownAndFollowsAFailoverWithoutLoad) {
     EXPECT_EQ(topo.node(new_master).cli({"EXISTS", "s:after"}), "1");
 }
 
+// ROLE commands a data node has answered: the connection's resolutions send one to each node
+// they confirm, and nothing else the tests do sends it.
+long role_calls(redis_sentinel& topo, int port) {
+    const std::string stats = topo.node(port).cli({"INFO", "commandstats"});
+    const std::string field = "cmdstat_role:calls=";
+    const auto at = stats.find(field);
+    return at == std::string::npos ? 0 : std::stol(stats.substr(at + field.size()));
+}
+
 // The hook hears of reconnections to the master: its connections killed, then a failover (told
 // by the subscription thread, before any call). Connections to the sentinels, killed and
 // reopened on the way (the query links during the failover, then the subscription), are never
@@ -248,6 +258,7 @@ TEST(Sentinel, ReconnectionsToTheMasterAndASwitchAreReportedAsReconnected) {
     // The subscription: killed, it moves to a sentinel, checks the master there, and nothing
     // is reported.
     const std::size_t after_switch = log.count();
+    const long roles_before = role_calls(topo, new_master);
     for (int port : topo.sentinel_ports()) {
         (void)redis_sentinel::cli(port, {"CLIENT", "KILL", "TYPE", "pubsub"});
     }
@@ -262,7 +273,10 @@ TEST(Sentinel, ReconnectionsToTheMasterAndASwitchAreReportedAsReconnected) {
         },
         10s))
         << "the subscription came back";
-    std::this_thread::sleep_for(500ms);  // its check of the master
+    // Its check of the master ends with ROLE there; what it would report comes right after.
+    ASSERT_TRUE(eventually([&] { return role_calls(topo, new_master) > roles_before; }, 10s))
+        << "the subscription checked the master";
+    std::this_thread::sleep_for(100ms);
     m.lock();
     m.unlock();
     EXPECT_EQ(log.count(), after_switch);
@@ -271,6 +285,64 @@ TEST(Sentinel, ReconnectionsToTheMasterAndASwitchAreReportedAsReconnected) {
         EXPECT_TRUE(server == old_address || server == new_address) << server;
     }
     EXPECT_EQ(log.about_a_lock(), 0U);
+}
+
+// The subscription, killed, resubscribes and checks the master with ROLE over the master's
+// pool, whose only connection the master had closed: the reconnection is reported once the
+// check is over and its connection given back, so a handler that calls into the connection
+// gets its answer (it neither waits for the connection the check holds nor for the check).
+TEST(Sentinel, ReconnectHandlerMayCallIntoTheConnectionDuringACheckOfTheMaster) {
+    using redislock::test::eventually;
+    redis_sentinel topo;
+    std::mutex answers_mutex;
+    std::vector<std::string> answers;
+    redislock::sentinel_connection conn{topo.uri("pool_size=1")};
+    conn.set_reconnect_handler([&](std::string_view) {
+        const std::array<std::string_view, 1> ping{"PING"};
+        std::string answer;
+        try {
+            answer = conn.execute(ping).text();
+        } catch (const std::exception& e) {
+            answer = e.what();
+        }
+        std::lock_guard lock{answers_mutex};
+        answers.push_back(answer);
+    });
+    const auto told = [&] {
+        std::lock_guard lock{answers_mutex};
+        return answers.size();
+    };
+    const int master = topo.master_port();
+    const std::array<std::string_view, 1> ping{"PING"};
+    EXPECT_EQ(conn.execute(ping).text(), "PONG");
+    ASSERT_TRUE(eventually(
+        [&] {
+            for (int port : topo.sentinel_ports()) {
+                if (!redis_sentinel::cli(port, {"CLIENT", "LIST", "TYPE", "pubsub"}).empty()) {
+                    return true;
+                }
+            }
+            return false;
+        },
+        10s))
+        << "the subscription is up";
+    ASSERT_EQ(told(), 0U);
+
+    const long roles_before = role_calls(topo, master);
+    EXPECT_GE(topo.node(master).client_kill_all(), 1);
+    for (int port : topo.sentinel_ports()) {
+        (void)redis_sentinel::cli(port, {"CLIENT", "KILL", "TYPE", "pubsub"});
+    }
+    if (!eventually([&] { return told() >= 1; }, 10s)) {
+        ADD_FAILURE() << "the handler did not finish; ROLE calls on the master: "
+                      << role_calls(topo, master) - roles_before;
+        std::abort();  // the subscription thread is stuck: the connection cannot be destroyed
+    }
+    EXPECT_GT(role_calls(topo, master), roles_before);
+    std::lock_guard lock{answers_mutex};
+    for (const std::string& answer : answers) {
+        EXPECT_EQ(answer, "PONG");
+    }
 }
 
 #if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS

@@ -347,8 +347,11 @@ public:
     /// every node's pool: those already open, and those opened later (a node first used, or
     /// learnt from a redirection or a slot-map read). The first connection to a node is not a
     /// reconnection, so a failover or a resharding that moves slots to other nodes is not
-    /// reported here (see moved_redirections() and map_refreshes()). May be called at any time,
-    /// from any thread; an empty handler stops the reports. What it throws is dropped.
+    /// reported here (see moved_redirections() and map_refreshes()). A reconnection made while
+    /// the slot map is read is reported once the read is over, so the handler may call back into
+    /// the connection (refresh_map(), a command). May be called at any time, from any thread; an
+    /// empty handler stops the reports, but a report already under way when set() returns may
+    /// still run the handler it replaced. What it throws is dropped.
     void set_reconnect_handler(std::function<void(std::string_view server)> handler) {
         state_->reconnect.set(std::move(handler));
     }
@@ -779,7 +782,10 @@ private:
     }
 
     // Reads the map again unless another thread did since `seen` or the last read is recent.
+    // A node's pool that reconnects during the read reports once refresh_mutex is released (the
+    // deferral is opened before the lock), so a reconnect handler may call back into the client.
     void refresh_after_trouble(std::uint64_t seen) {
+        const auto deferred = state_->reconnect.defer();
         std::lock_guard lock{state_->refresh_mutex};
         if (state_->generation.load(std::memory_order_acquire) != seen ||
             steady::now() - state_->last_refresh < refresh_interval) {
@@ -789,6 +795,7 @@ private:
     }
 
     bool refresh_now() {
+        const auto deferred = state_->reconnect.defer();
         std::lock_guard lock{state_->refresh_mutex};
         return refresh_locked();
     }

@@ -28,11 +28,17 @@
 //
 // Reconnections: the reconnect handler (set_reconnect_handler), which a sentinel_client turns
 // into a reconnected event, is told the master's address ("host:port") when
-// - the master's pool opens a connection to replace one that broke (as hiredis_connection does);
+// - the master's pool opens a connection to replace one that broke (as hiredis_connection does),
+//   while that pool is still the master's: a caller that took the pool before a switch and
+//   reconnects to the old, demoted master afterwards is not reported;
 // - the connection opens a pool to the master in place of an earlier one: a switch to a new
 //   master (one per address change, as counted by switches()), or the same master confirmed
 //   again after no sentinel could confirm it and its pool was dropped. Finding the first master,
 //   in the constructor, is not a reconnection.
+// The handler runs with no internal lock held (a report made while the master is being resolved
+// waits until the resolution ends), on the thread whose call opened the connection or the pool:
+// a caller's, or the subscription thread when a check it makes after +switch-master (or after
+// resubscribing) opens a pool to a new master or reopens a connection of the master's pool.
 // Connections to the sentinels themselves (the queries and the +switch-master subscription,
 // which is reopened on another sentinel whenever it fails) are never reported: a sentinel that
 // restarts or hangs would flood the handler with events that say nothing about the master.
@@ -216,11 +222,12 @@ public:
     /// Calls `handler` with the master's address ("host:port") each time the connection
     /// reconnects to the master: its pool replaced a connection that broke, or a pool was opened
     /// to a new master (or to the same one, after it had been dropped) in place of the earlier
-    /// one; see "Reconnections" at the top of this header. Called with no internal lock held, on
-    /// the thread whose call opened the connection or the pool: a caller's, or the subscription
-    /// thread when it follows a switch. Connections to the sentinels are not reported. May be
-    /// called at any time, from any thread; an empty handler stops the reports. What it throws
-    /// is dropped.
+    /// one; see "Reconnections" at the top of this header. Called with no internal lock held, so
+    /// it may call back into the connection, on the thread whose call opened the connection or
+    /// the pool: a caller's, or the subscription thread when one of its checks did. Connections
+    /// to the sentinels are not reported. May be called at any time, from any thread; an empty
+    /// handler stops the reports, but a report already under way when set() returns may still
+    /// run the handler it replaced. What it throws is dropped.
     void set_reconnect_handler(std::function<void(std::string_view server)> handler) {
         state_->reconnect.set(std::move(handler));
     }
@@ -326,12 +333,30 @@ private:
         }
 
         // Finds the master again; a new pool in place of an earlier master's is reported as a
-        // reconnection, once no lock of ours is held.
+        // reconnection, and so is a connection the kept pool reopened while confirming it, once
+        // resolve_mutex is released (the deferral ends after it).
         void resolve(std::uint64_t seen, clock::time_point deadline) {
+            const auto deferred = reconnect.defer();
             const std::string reopened = resolve_serially(seen, deadline);
             if (!reopened.empty()) {
                 reconnect.report(reopened);
             }
+        }
+
+        // The reconnect handler of a master's pool: reports only while the pool is the master's.
+        // A caller that took a pool before a switch may reopen a connection to the old, demoted
+        // master afterwards; that is not a reconnection to the master.
+        std::function<void(std::string_view)> forward_while_current(
+            const hiredis_connection* pool) {
+            return [this, pool](std::string_view server) {
+                {
+                    std::lock_guard lock{mutex};
+                    if (master.get() != pool) {
+                        return;
+                    }
+                }
+                reconnect.report(server);
+            };
         }
 
         // Each round trip is bounded by `deadline` too; a caller whose deadline passes while
@@ -373,7 +398,7 @@ private:
                         ep.unix_socket.clear();
                         pool = std::make_shared<hiredis_connection>(std::move(ep));
                         // Before the pool is published: no other thread can be using it yet.
-                        pool->set_reconnect_handler(reconnect.forward());
+                        pool->set_reconnect_handler(forward_while_current(pool.get()));
                     }
                     const std::array<std::string_view, 1> role{"ROLE"};
                     const reply r = pool->execute(role, bound);
