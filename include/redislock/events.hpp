@@ -36,10 +36,15 @@
 // - hiredis_cluster_connection (cluster_client): the same on each node's pool, naming the node.
 //   The first connection to a node is not a reconnection, so a failover or resharding that moves
 //   slots to other nodes is not reported (moved_redirections() and map_refreshes() count those).
-// - sentinel_connection (sentinel_client): the same on the master's pool, and also a pool opened
-//   to the master in place of an earlier one: a switch to a new master (named), or the same master
-//   confirmed again after no sentinel could confirm it. Finding the first master is not one, and
-//   connections to the sentinels themselves are never reported.
+// - sentinel_connection (sentinel_client): the same on the master's pool (while it is the
+//   master's: a call that took the pool before a switch and reconnects to the demoted master is
+//   not reported), and also a pool opened to the master in place of an earlier one: a switch to
+//   a new master (named), or the same master confirmed again after no sentinel could confirm it
+//   and its pool was dropped. Finding the first master is not one, and connections to the
+//   sentinels themselves are never reported.
+// A reconnection is reported as the call that made it ends, once it holds no internal lock and
+// gave its connection back (one made while a Cluster's slot map is read, or while a Sentinel
+// master is resolved, is reported when that is over).
 // Subscriber links (notified waiting), opened anew when one is lost, are not reported. Redlock
 // clients do not report reconnected. A connection type of your own reports it when it has
 // set_reconnect_handler(std::function<void(std::string_view)>).
@@ -52,8 +57,10 @@
 // the watchdog thread, renewal_failed on the watchdog thread or, for a lease whose renewals went
 // unconfirmed until its deadline, on the loss timer thread just before its lost event;
 // reconnected and script_reloaded on whichever thread's call did it (a lock call, the watchdog,
-// or the reaper that finishes background releases); a Sentinel switch that the
-// sentinel_connection's subscription thread follows is reported on that thread.
+// or the reaper that finishes background releases); what the sentinel_connection's subscription
+// thread finds when it checks the master (after +switch-master, or after it subscribed again) is
+// reported on that thread: a pool opened to a new master, or a connection of the master's pool
+// reopened.
 //
 // Lifetime: the hook may be called as long as any lock of the client, or a release or queue
 // exit left to the background reaper, is alive: after the client itself is gone, and for a
