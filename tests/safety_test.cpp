@@ -511,52 +511,32 @@ TEST(Safety, LossFoundByAReleaseStopsTheLostToken) {
     redislock::client client{srv.uri()};
     std::atomic<int> lost{0};
     const lock_options counted{.lease = 30s, .on_lost = [&] { ++lost; }};
-    std::error_code ec;
+    // Takes `lock` with `take`, deletes its key behind its back, and releases with `give`.
+    const auto expect_told = [&](auto& lock, const char* key, auto take, auto give) {
+        SCOPED_TRACE(key);
+        take(lock);
+        const std::stop_token token = lock.lost_token();
+        ASSERT_EQ(srv.cli({"DEL", key}), "1");
+        std::error_code ec;
+        give(lock, ec);
+        EXPECT_EQ(ec, errc::lock_lost);
+        EXPECT_TRUE(token.stop_requested());
+        EXPECT_EQ(lost.exchange(0), 1);
+    };
+    const auto lock = [](auto& l) { l.lock(); };
+    const auto unlock = [](auto& l, std::error_code& ec) { l.unlock(ec); };
 
     auto m = client.mutex("safety:gone:mutex", counted);
-    m.lock();
-    const std::stop_token m_lost = m.lost_token();
-    ASSERT_EQ(srv.cli({"DEL", "safety:gone:mutex"}), "1");
-    m.unlock(ec);
-    EXPECT_EQ(ec, errc::lock_lost);
-    EXPECT_TRUE(m_lost.stop_requested());
-    EXPECT_EQ(lost.exchange(0), 1);
-
+    expect_told(m, "safety:gone:mutex", lock, unlock);
     auto r = client.recursive_mutex("safety:gone:recursive", counted);
-    r.lock();
-    const std::stop_token r_lost = r.lost_token();
-    ASSERT_EQ(srv.cli({"DEL", "safety:gone:recursive"}), "1");
-    r.unlock(ec);
-    EXPECT_EQ(ec, errc::lock_lost);
-    EXPECT_TRUE(r_lost.stop_requested());
-    EXPECT_EQ(lost.exchange(0), 1);
-
-    r.lock();
-    r.lock();
-    const std::stop_token inner_lost = r.lost_token();
-    ASSERT_EQ(srv.cli({"DEL", "safety:gone:recursive"}), "1");
-    r.unlock(ec);
-    EXPECT_EQ(ec, errc::lock_lost);
-    EXPECT_TRUE(inner_lost.stop_requested());
-    EXPECT_EQ(r.depth(), 0u);
-    EXPECT_EQ(lost.exchange(0), 1);
-
+    expect_told(r, "safety:gone:recursive", lock, unlock);
+    expect_told(r, "safety:gone:recursive", [](auto& l) { l.lock(); l.lock(); }, unlock);
+    EXPECT_EQ(r.depth(), 0u);  // an inner entry found gone ends them all
     auto s = client.shared_mutex("safety:gone:shared", counted);
-    s.lock();
-    const std::stop_token w_lost = s.lost_token();
-    ASSERT_EQ(srv.cli({"DEL", "safety:gone:shared"}), "1");
-    s.unlock(ec);
-    EXPECT_EQ(ec, errc::lock_lost);
-    EXPECT_TRUE(w_lost.stop_requested());
-    EXPECT_EQ(lost.exchange(0), 1);
-
-    s.lock_shared();
-    const std::stop_token r_shared_lost = s.lost_token();
-    ASSERT_EQ(srv.cli({"DEL", "safety:gone:shared"}), "1");
-    s.unlock_shared(ec);
-    EXPECT_EQ(ec, errc::lock_lost);
-    EXPECT_TRUE(r_shared_lost.stop_requested());
-    EXPECT_EQ(lost.exchange(0), 1);
+    expect_told(s, "safety:gone:shared", lock, unlock);
+    expect_told(
+        s, "safety:gone:shared", [](auto& l) { l.lock_shared(); },
+        [](auto& l, std::error_code& ec) { l.unlock_shared(ec); });
 }
 
 // Old: 1 to 3 ms leases were accepted and "acquired" locks were already gone.
