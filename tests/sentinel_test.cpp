@@ -205,6 +205,43 @@ TEST(Sentinel, SkipsASentinelThatIsDownAndFollowsAFailoverWithoutLoad) {
     EXPECT_EQ(topo.node(new_master).cli({"EXISTS", "s:after"}), "1");
 }
 
+// A forced failover (SENTINEL FAILOVER) followed through a sentinel that does not lead it: its
+// +switch-master comes while the leader still shows the new config epoch with the old master's
+// address, and the old master, not yet demoted, still answers ROLE as a master. The client
+// takes the address the other sentinels name and follows the new master at once, rather than
+// keeping the old one until a call there is refused.
+TEST(Sentinel, FollowsAForcedFailoverAnnouncedByASentinelThatDoesNotLeadIt) {
+    using redislock::test::eventually;
+    redis_sentinel topo;
+    redislock::sentinel_client client{topo.uri()};
+    const int old_master = topo.master_port();
+    EXPECT_EQ(client.connection().master().port, old_master);
+    const std::vector<int> sentinels = topo.sentinel_ports();
+    const auto subscribed_at = [&](int port) {
+        return !redis_sentinel::cli(port, {"CLIENT", "LIST", "TYPE", "pubsub"}).empty();
+    };
+    // The subscription starts on the first sentinel, the one topo.failover() asks to lead:
+    // move it to another.
+    ASSERT_TRUE(eventually([&] { return subscribed_at(sentinels[0]); }, 10s));
+    (void)redis_sentinel::cli(sentinels[0], {"CLIENT", "KILL", "TYPE", "pubsub"});
+    ASSERT_TRUE(eventually(
+        [&] {
+            return !subscribed_at(sentinels[0]) &&
+                   std::any_of(sentinels.begin() + 1, sentinels.end(), subscribed_at);
+        },
+        10s))
+        << "the subscription moved to a sentinel that will not lead the failover";
+
+    topo.failover();
+    const int new_master = topo.wait_agreed_master([&](int p) { return p != old_master; });
+    EXPECT_TRUE(eventually([&] { return client.connection().master().port == new_master; }, 5s))
+        << "the client still uses the old master " << old_master;
+    EXPECT_EQ(client.connection().switches(), 1U);
+    auto m = client.mutex("s:forced", {.lease = 10s});
+    std::unique_lock guard{m};
+    EXPECT_EQ(topo.node(new_master).cli({"EXISTS", "s:forced"}), "1");
+}
+
 // ROLE commands a data node has answered: the connection's resolutions send one to each node
 // they confirm, and nothing else the tests do sends it.
 long role_calls(redis_sentinel& topo, int port) {

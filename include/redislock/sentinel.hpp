@@ -128,6 +128,9 @@ struct master_view {
     std::string host;
     int port = 0;
     long long epoch = -1;  ///< -1: not known (GET-MASTER-ADDR-BY-NAME)
+    /// The sentinel leads a failover of this master: until it ends, it may show the new config
+    /// epoch with the old master's address while the others already name the new master.
+    bool failover_in_progress = false;
 };
 
 }  // namespace detail
@@ -439,7 +442,10 @@ private:
                                    " named a reachable master '" + config.master_name + "':" + why};
         }
 
-        // Every reachable sentinel's view, the newest config epoch first.
+        // Every reachable sentinel's view, the newest config epoch first; on a tie, views of a
+        // sentinel that is not leading a failover come first (a leader shows the new epoch with
+        // the old address until its failover ends, while the others already name the new master
+        // it announced, and a forced failover's old master still answers ROLE as a master).
         std::vector<detail::master_view> ask_sentinels(std::string& why,
                                                        const call_context& bound) {
             std::vector<detail::master_view> views;
@@ -459,8 +465,12 @@ private:
                     why += " sentinel " + name + ": " + e.what() + ";";
                 }
             }
-            std::stable_sort(views.begin(), views.end(),
-                             [](const auto& a, const auto& b) { return a.epoch > b.epoch; });
+            std::stable_sort(views.begin(), views.end(), [](const auto& a, const auto& b) {
+                if (a.epoch != b.epoch) {
+                    return a.epoch > b.epoch;
+                }
+                return !a.failover_in_progress && b.failover_in_progress;
+            });
             return views;
         }
 
@@ -485,6 +495,9 @@ private:
                         view.port = std::atoi(value.c_str());
                     } else if (key == "config-epoch") {
                         view.epoch = std::atoll(value.c_str());
+                    } else if (key == "flags") {
+                        view.failover_in_progress =
+                            value.find("failover_in_progress") != std::string::npos;
                     }
                 }
                 if (!view.host.empty() && view.port > 0) {
