@@ -428,6 +428,38 @@ TEST(HiredisConnection, ReconnectHandlerMayUseTheConnectionWithPoolSizeOne) {
     }
 }
 
+// A call made by start() that reconnected tells the handler as it ends (here: its reply read),
+// not while it still holds its connection: with pool_size 1 the handler's own command gets the
+// connection at once.
+TEST(HiredisConnection, ReconnectHandlerIsToldWhenAStartedCallEnds) {
+    redis_server srv;
+    hiredis_connection conn{
+        with_query(srv, "pool_size=1&connect_timeout=2000&command_timeout=2000")};
+    std::vector<reply> answers;
+    conn.set_reconnect_handler([&](std::string_view) {
+        try {
+            answers.push_back(run(conn, {"PING"}));
+        } catch (const redislock::error& e) {
+            answers.push_back(reply::error(e.what()));
+        }
+    });
+    ASSERT_EQ(run(conn, {"SET", "k", "v"}), reply::status("OK"));
+    EXPECT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "normal"}), "0");
+    std::this_thread::sleep_for(20ms);  // past the idle check's millisecond
+
+    const std::array<std::string_view, 2> get{"GET", "k"};
+    const std::array<command, 1> batch{command{get}};
+    auto started = conn.start(batch, {.deadline = std::chrono::steady_clock::now() + 5s});
+    EXPECT_TRUE(answers.empty()) << "told while the call still held the connection";
+    stopwatch watch;
+    while (!started.read()) {
+    }
+    EXPECT_EQ(started.take().at(0), reply::string("v"));
+    EXPECT_LT(watch.elapsed(), 1500ms) << "the handler waited for the call's connection";
+    ASSERT_EQ(answers.size(), 1U);
+    EXPECT_EQ(answers.front(), reply::status("PONG"));
+}
+
 TEST(HiredisConnection, ReconnectsAfterServerRestart) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};

@@ -365,17 +365,26 @@ public:
     /// A batch sent by start(): see fanout_connection in connection.hpp. It holds one context
     /// of the pool until its last reply is read (the context then goes back to the pool), it
     /// fails, or it is destroyed (the context is then closed: its late replies are never read).
-    /// Must not outlive the connection that started it.
+    /// When that context replaced a broken one, the reconnect handler is told as the call ends
+    /// in one of these ways, once the context is back or closed. Must not outlive the
+    /// connection that started it.
     class call {
     public:
         /// Moves the batch; the moved-from call owns nothing.
-        call(call&&) noexcept = default;
+        call(call&& other) noexcept
+            : pool_{other.pool_},
+              ctx_{std::move(other.ctx_)},
+              expected_{other.expected_},
+              replies_{std::move(other.replies_)},
+              error_{std::move(other.error_)},
+              reopened_by_{std::exchange(other.reopened_by_, nullptr)} {}
         call& operator=(call&&) = delete;
         ~call() {
             if (ctx_) {
                 ctx_.reset();
                 pool_->discard(true);  // unanswered: its late replies must never be read
             }
+            report_reopened();
         }
 
         /// The socket to poll(2) for readability; -1 once the call has ended.
@@ -407,6 +416,7 @@ public:
                 if (replies_.size() == expected_) {
                     pool_->release(std::move(ctx_));
                     pool_->round_trips.fetch_add(1, std::memory_order_relaxed);
+                    report_reopened();
                     return true;
                 }
             }
@@ -429,8 +439,10 @@ public:
     private:
         friend class hiredis_connection;
 
-        call(pool& p, detail::context_ptr ctx, std::size_t expected)
-            : pool_{&p}, ctx_{std::move(ctx)}, expected_{expected} {
+        // `reopened_by`: the connection to tell when the context replaced a broken one.
+        call(pool& p, detail::context_ptr ctx, std::size_t expected,
+             const hiredis_connection* reopened_by)
+            : pool_{&p}, ctx_{std::move(ctx)}, expected_{expected}, reopened_by_{reopened_by} {
             replies_.reserve(expected);
         }
 
@@ -440,6 +452,20 @@ public:
             pool_->discard(true);
             error_ = "redislock: connection to " + pool_->config.describe() +
                      " failed: " + (why.empty() ? "connection closed" : why);
+            report_reopened();
+        }
+
+        // Tells the reconnect handler, once, that the call's context replaced a broken one.
+        // Called when the context is no longer held.
+        void report_reopened() noexcept {
+            const hiredis_connection* owner = std::exchange(reopened_by_, nullptr);
+            if (owner == nullptr || !owner->on_reconnect_) {
+                return;
+            }
+            try {
+                owner->on_reconnect_(pool_->config.describe());
+            } catch (...) {
+            }
         }
 
         pool* pool_;
@@ -447,11 +473,13 @@ public:
         std::size_t expected_;
         std::vector<reply> replies_;
         std::string error_;
+        const hiredis_connection* reopened_by_;  // null once told, or when nothing to tell
     };
 
     /// Sends every command on one context of the pool and returns without waiting for a reply
     /// (fanout_connection). Waiting for a free context, connecting and writing end by
-    /// how.deadline, or when *how.stop is requested.
+    /// how.deadline, or when *how.stop is requested. A context opened to replace a broken one
+    /// is reported when the returned call ends (see call), or as start() throws.
     /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
     call start(std::span<const command> commands, const call_context& how) {
         using clock = std::chrono::steady_clock;
@@ -461,7 +489,8 @@ public:
         const auto deadline =
             std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
         check_stop(how);
-        auto ctx = this_pool().acquire(deadline, how.stop);
+        reconnect_notice notice{*this};  // reports only when start() throws
+        auto ctx = take(notice, deadline, how.stop);
         for (command argv : commands) {
             detail::argv_buffer args{argv};
             if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
@@ -474,7 +503,10 @@ public:
                 fail(std::move(ctx));
             }
         }
-        return call{this_pool(), std::move(ctx), commands.size()};
+        // From here the call reports, when its context is no longer held.
+        const hiredis_connection* reopened_by =
+            std::exchange(notice.reopened, false) ? this : nullptr;
+        return call{this_pool(), std::move(ctx), commands.size(), reopened_by};
     }
 
     /// The endpoint the connection was made for.
@@ -495,8 +527,9 @@ public:
 
     /// Calls `handler` with the server's description each time the pool opens a context to
     /// replace one that broke (a failed or timed-out call, or one the server closed while idle),
-    /// on the thread whose call opened it, as that call ends (returns or throws): with no
-    /// internal lock held and the call's connection given back, so the handler may call into
+    /// on the thread whose call opened it, as that call ends (returns or throws; for start(),
+    /// as the returned call ends: its last reply read, its failure, or its destruction): with
+    /// no internal lock held and the call's connection given back, so the handler may call into
     /// this connection, even with pool_size 1. Set it before the connection is shared between
     /// threads. What it throws is dropped.
     void set_reconnect_handler(std::function<void(std::string_view server)> handler) {
