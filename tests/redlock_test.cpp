@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <iostream>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -258,6 +259,52 @@ TEST_F(Redlock, EventsTellAcquiredContendedReleasedAndLostForTheLockAsAWhole) {
                                    [](const seen& e) { return e.type == event_type::lost; });
     EXPECT_EQ(lost->reason, loss_reason::taken);
     EXPECT_EQ(to_string(lost->kind), "redlock_mutex");
+}
+
+// A master's connection closed by the server (CLIENT KILL) is replaced by the next round and
+// reported as reconnected, naming that master, once the round is over: with another master hung,
+// the round lasts the whole node timeout, so a report made inside it would come sooner.
+TEST_F(Redlock, ReconnectedNamesTheMasterWhoseConnectionWasReplacedOnceTheRoundIsOver) {
+    using clock = std::chrono::steady_clock;
+    struct seen {
+        event_type type;
+        std::string name;
+        clock::time_point at;
+    };
+    auto events = std::make_shared<std::vector<seen>>();
+    auto guard = std::make_shared<std::mutex>();
+    redlock_options options{.node_timeout = 500ms};
+    options.on_event = [events, guard](const lock_event& e) {
+        std::lock_guard lock{*guard};
+        events->push_back({e.type, std::string{e.name}, clock::now()});
+    };
+    redlock_client rl{uris(), options};
+    auto m = rl.mutex("reconnecting", {.lease = 10s});
+    const auto reconnections = [&] {
+        std::lock_guard lock{*guard};
+        std::vector<seen> out;
+        std::copy_if(events->begin(), events->end(), std::back_inserter(out),
+                     [](const seen& e) { return e.type == event_type::reconnected; });
+        return out;
+    };
+    ASSERT_TRUE(m.try_lock());
+    m.unlock();
+    EXPECT_TRUE(reconnections().empty()) << "a first connection is not a reconnection";
+
+    EXPECT_GT(server(2).client_kill_all(), 0);
+    std::this_thread::sleep_for(20ms);  // past the pool's idle check
+    hang(4);
+    const auto started = clock::now();
+    ASSERT_TRUE(m.try_lock());
+    const auto returned = clock::now();
+    const std::vector<seen> reported = reconnections();
+    ASSERT_EQ(reported.size(), 1U);
+    EXPECT_EQ(reported.front().name, server(2).host() + ":" + port_of(2));
+    EXPECT_GE(reported.front().at, started + options.node_timeout)
+        << "reported while the round still waited for the hung master";
+    EXPECT_LE(reported.front().at, returned) << "not reported by the call that reconnected";
+    resume(4);
+    m.unlock();
 }
 
 TEST_F(Redlock, AnUnrenewedLeaseIsReportedLostAsExpired) {

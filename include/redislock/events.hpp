@@ -15,9 +15,10 @@
 //                    | max_hold reached; a lost event follows      |
 //   lost             | a held lock was found lost                  | name, kind, held, reason
 //   reconnected      | a connection was opened to replace one that | name (the server)
-//                    | broke (on any node of a Cluster), or a      |
-//                    | Sentinel client opened a pool to the master |
-//                    | in place of an earlier one (a switch)       |
+//                    | broke (on any node of a Cluster, any master |
+//                    | of a Redlock client), or a Sentinel client  |
+//                    | opened a pool to the master in place of an  |
+//                    | earlier one (a switch)                      |
 //   script_reloaded  | NOSCRIPT was answered with SCRIPT LOAD: the | name (the key it ran for),
 //                    | script's first use on a server, or after a  | detail (the script)
 //                    | restart, SCRIPT FLUSH or failover           |
@@ -28,7 +29,7 @@
 // (its first plain try, when it is followed at once by one that joins, is not counted). Redlock
 // locks (redlock_options::on_event) report acquired, contended (each round that did not win a
 // quorum), released, renewal_retried, renewal_failed and lost, about the lock as a whole, never
-// one master.
+// one master; the Redlock client reports reconnected, naming one master (see below).
 //
 // Who reports reconnected, always naming the server as "host:port" (or its socket path):
 // - hiredis_connection (redislock::client): a context opened to replace one that broke (a failed
@@ -42,11 +43,15 @@
 //   a new master (named), or the same master confirmed again after no sentinel could confirm it
 //   and its pool was dropped. Finding the first master is not one, and connections to the
 //   sentinels themselves are never reported.
+// - redlock_client (redlock_options::on_event): the same on each master's connection, naming
+//   that master. The first connection to a master is not a reconnection.
 // A reconnection is reported as the call that made it ends, once it holds no internal lock and
 // gave its connection back (one made while a Cluster's slot map is read, or while a Sentinel
-// master is resolved, is reported when that is over).
-// Subscriber links (notified waiting), opened anew when one is lost, are not reported. Redlock
-// clients do not report reconnected. A connection type of your own reports it when it has
+// master is resolved, is reported when that is over; one made during a Redlock round, when the
+// round is over: every master answered or the node timeout passed, so the hook never runs
+// inside a round, whose length counts against the lock's validity).
+// Subscriber links (notified waiting), opened anew when one is lost, are not reported. A
+// connection type of your own reports it when it has
 // set_reconnect_handler(std::function<void(std::string_view)>).
 //
 // Threads: acquired and contended come on the thread that called lock(), try_lock*() or

@@ -42,7 +42,8 @@
 // by node_timeout.
 //
 // Events (redlock_options::on_event, see events.hpp): acquired, contended (a round that won no
-// quorum), released, lost and the watchdog's renewal events, about the lock as a whole.
+// quorum), released, lost and the watchdog's renewal events, about the lock as a whole; the
+// client's reconnected events name one master.
 //
 // Thread safety: one object may be shared by several threads, as a std::mutex is; the thread
 // that locked it holds it (or, with lock_options::owner set, the object does). lock() from the

@@ -22,7 +22,9 @@ struct redlock_options {
     int release_retries = 8;
 
     /// Called with what the client's locks do (see events.hpp; kind lock_kind::redlock_mutex),
-    /// as client_options::on_event is. Unset (the default), nothing is built or timed for it.
+    /// as client_options::on_event is, and with reconnected when a master's connection was
+    /// replaced (naming the master, once the round that replaced it is over). Unset (the
+    /// default), nothing is built or timed for it.
     event_hook on_event{};
 };
 

@@ -6,6 +6,11 @@
 // to every master's socket, then polls all of them until every master answered or the node
 // timeout passed. Releases that could not reach a master are finished by the process's reaper.
 //
+// A master's connection that can report reconnections (reconnect_reporting) reports them, when
+// the client has an event hook, as reconnected events naming the master; what a round reports
+// is held back until the round is over (detail/reconnect_relay.hpp), so the hook never runs
+// between the moment a round starts and the moment its answers are in.
+//
 // Locks hold the core by shared_ptr, so a lock that outlives its client still releases. The
 // connections, the loss timer and the watchdog are per process (detail/per_process.hpp): a
 // forked child makes its own and never touches its parent's sockets or threads.
@@ -27,12 +32,14 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/client_core.hpp>
 #include <redislock/detail/event_sink.hpp>
 #include <redislock/detail/loss_timer.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/per_process.hpp>
 #include <redislock/detail/quorum_round.hpp>
 #include <redislock/detail/reaper.hpp>
+#include <redislock/detail/reconnect_relay.hpp>
 #include <redislock/detail/scripts.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/detail/wait.hpp>
@@ -136,7 +143,21 @@ public:
         : events{options.on_event},
           specs_{std::move(nodes)},
           options_{std::move(options)},
-          nodes_{[count = specs_.size()] { return std::make_unique<node_table>(count); }} {}
+          nodes_{[count = specs_.size()] { return std::make_unique<node_table>(count); }} {
+        if constexpr (reconnect_reporting<C>) {
+            if (events.observed()) {
+                // The connections report through reconnects_, which the core outlives.
+                reconnects_.set([this](std::string_view server) {
+                    events.emit([&] {
+                        lock_event e;
+                        e.type = event_type::reconnected;
+                        e.name = server;
+                        return e;
+                    });
+                });
+            }
+        }
+    }
 
     redlock_core(const redlock_core&) = delete;
     redlock_core& operator=(const redlock_core&) = delete;
@@ -149,10 +170,12 @@ public:
     /// Sends `op` for `acq` to every master it concerns (all for an acquisition, those that may
     /// hold the key otherwise; the others count as `no`) and returns each master's answer,
     /// once every master answered, `deadline` passed or `stop` was requested. `extend_lease` is
-    /// the new lease for node_op::extend.
+    /// the new lease for node_op::extend. Reconnections made during the round are reported as
+    /// it returns.
     std::vector<node_outcome> round(node_op op, redlock_acquisition& acq,
                                     clock::time_point deadline, const std::stop_token& stop = {},
                                     std::string_view extend_lease = {}) {
+        const auto reconnects_held = reconnects_.defer();
         std::vector<node_outcome> outcomes(size());
         std::vector<bool> ask(size(), op == node_op::acquire);
         if (op != node_op::acquire) {
@@ -352,6 +375,11 @@ private:
             }
         }
         auto made = std::make_unique<C>(specs_[node].make_connection());
+        if constexpr (reconnect_reporting<C>) {
+            if (events.observed()) {
+                made->set_reconnect_handler(reconnects_.forward());  // before any call is made
+            }
+        }
         std::lock_guard guard{slot.mutex};
         if (!slot.connection) {
             slot.connection = std::move(made);
@@ -362,6 +390,9 @@ private:
     std::vector<node_replies> run(const std::vector<bool>& ask,
                                   std::span<const fanout_command> batch, std::string_view key,
                                   clock::time_point deadline, const std::stop_token& stop) {
+        // Every fan-out (a renewal, a background release too) reports its reconnections once
+        // all of its calls are over, not between two masters' answers.
+        const auto reconnects_held = reconnects_.defer();
         node_table& table = nodes_.get();
         // Masters that answered last time first: one slow to connect delays only those after it.
         std::vector<std::size_t> order;
@@ -487,6 +518,9 @@ private:
         return nodes.empty();
     }
 
+    // Where the masters' connections report reconnections; declared before them, so it
+    // outlives them.
+    reconnect_relay reconnects_;
     std::vector<node_spec> specs_;
     redlock_options options_;
     per_process<node_table> nodes_;
