@@ -48,8 +48,10 @@
 // A reconnection is reported as the call that made it ends, once it holds no internal lock and
 // gave its connection back (one made while a Cluster's slot map is read, or while a Sentinel
 // master is resolved, is reported when that is over; one made during a Redlock round, when the
-// round is over: every master answered or the node timeout passed, so the hook never runs
-// inside a round, whose length counts against the lock's validity).
+// round is over, so the hook never delays reading the other masters' answers). The hook's time
+// still counts against a Redlock lock's validity, which is checked after it: a hook slower than
+// the lease turns a won round into a failed attempt, or a watchdog renewal into a loss, both on
+// the side of giving the lock up.
 // Subscriber links (notified waiting), opened anew when one is lost, are not reported. A
 // connection type of your own reports it when it has
 // set_reconnect_handler(std::function<void(std::string_view)>).
