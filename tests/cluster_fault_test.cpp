@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -418,20 +419,29 @@ TEST_F(ClusterMasterKilled, ClientsRecoverAfterThePromotion) {
     std::atomic<bool> stop{false};
     std::atomic<int> errors{0};
     std::atomic<int> sections{0};
+    std::string first_error;  // written by other_masters, read after it is joined
+    std::chrono::milliseconds longest_wait{};  // the same
     std::thread other_masters{[&] {
-        // Names on the masters still alive keep working during the failover.
+        // Names on the masters still alive keep working during the failover. Until the replica
+        // is promoted every master answers CLUSTERDOWN (cluster-require-full-coverage is on by
+        // default); a wait longer than the promotion rides that out instead of failing.
         int i = 0;
         while (!stop) {
             const std::string& name = elsewhere[static_cast<std::size_t>(i++) % elsewhere.size()];
+            const auto began = std::chrono::steady_clock::now();
             try {
                 auto m = cc.mutex(name, {.lease = 5s});
-                if (m.try_lock_for(1s)) {
+                if (m.try_lock_for(10s)) {
                     ++sections;
                     m.unlock();
                 }
-            } catch (const redislock::error&) {
-                ++errors;
+            } catch (const redislock::error& e) {
+                if (errors++ == 0) {
+                    first_error = e.what();
+                }
             }
+            longest_wait = std::max(longest_wait, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                      std::chrono::steady_clock::now() - began));
         }
     }};
 
@@ -467,12 +477,12 @@ TEST_F(ClusterMasterKilled, ClientsRecoverAfterThePromotion) {
     std::printf(
         "[ kill -9  ] lock on the killed master's slots works again %lld ms after the kill "
         "(%d calls failed meanwhile); %d of %zu locks taken just before the kill survived the "
-        "promotion; other masters: %d sections, %d errors\n",
+        "promotion; other masters: %d sections, %d errors, longest lock+unlock %lld ms\n",
         static_cast<long long>(recovered.count()), failed_calls, survived, on_victim.size(),
-        sections.load(), errors.load());
+        sections.load(), errors.load(), static_cast<long long>(longest_wait.count()));
     EXPECT_LT(recovered, 10s) << "node-timeout 2 s: promotion takes about 4 s";
     EXPECT_GT(sections.load(), 100) << "names on the other masters kept working";
-    EXPECT_EQ(errors.load(), 0);
+    EXPECT_EQ(errors.load(), 0) << first_error;
     for (auto& m : held) {
         m.unlock();  // never throws; a lock lost with the master says so through its state
     }
