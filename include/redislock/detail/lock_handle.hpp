@@ -11,7 +11,8 @@
 // The queries (held_remaining(), held_lost_token(), held_fence()) need State to have
 // `const tracked_lease<C>* held_lease() const`, the lease of the acquisition held now or
 // nullptr, called with its mutex held; tracker() needs what lease_tracker needs of State. A kind
-// whose holds depend on the caller (the read-write lock) answers its queries itself.
+// whose holds depend on the caller (the read-write lock) answers its queries itself, through
+// of_caller().
 #pragma once
 
 #include <chrono>
@@ -19,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <stop_token>
+#include <string>
 #include <system_error>
 #include <utility>
 
@@ -125,6 +127,17 @@ protected:
         }
         std::lock_guard guard{state_->mutex};
         return state_->held_lease() != nullptr ? state_->fence : 0;
+    }
+
+    /// `query(state, caller's owner id)` with the mutex held; `none` when moved from.
+    template <class T, class Query>
+    T of_caller(T none, Query query) const {
+        if (!state_) {
+            return none;
+        }
+        const std::string owner = state_->caller_owner();
+        std::lock_guard guard{state_->mutex};
+        return query(*state_, owner);
     }
 
     std::shared_ptr<State> state_;  // null once moved from

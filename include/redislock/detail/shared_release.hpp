@@ -1,0 +1,145 @@
+// detail::shared_release: how a read-write lock object (basic_shared_mutex) leaves its holds in
+// Redis: the release script's round trip, what its answer means (entries gone: the hold is lost),
+// and a release or an abandoned acquisition that could not be finished, remembered as given up
+// and handed to the client's reaper. Static functions on the object's shared_state, which the
+// reaper keeps alive while it retries; each takes the state's mutex only between round trips.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string_view>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/entry_release.hpp>
+#include <redislock/detail/lock_core.hpp>
+#include <redislock/detail/lock_release.hpp>
+#include <redislock/detail/names.hpp>
+#include <redislock/detail/scripts.hpp>
+#include <redislock/detail/shared_state.hpp>
+#include <redislock/error.hpp>
+#include <redislock/events.hpp>
+#include <redislock/reply.hpp>
+#include <redislock/script.hpp>
+
+namespace redislock::detail {
+
+template <connection C>
+struct shared_release {
+    using state = shared_state<C>;
+    using hold = shared_hold<C>;
+    using hold_ref = shared_hold_ref;
+
+    static lease_tracker<state> tracker_of(const std::shared_ptr<state>& st) {
+        return lease_tracker<state>{st};
+    }
+
+    // Remembers an acquisition whose entry may be in Redis though this object does not hold it
+    // (the owner's next acquisition through this object drops it), and has the reaper leave
+    // `entries` of its entries (drop_all for one this object created and abandoned).
+    static void abandon(const std::shared_ptr<state>& st, const hold_ref& ref, std::size_t entries,
+                        steady::time_point lease_end) noexcept {
+        try {
+            std::lock_guard guard{st->mutex};
+            st->remember_given_up(ref.acquisition);
+        } catch (...) {
+            return;  // Out of memory: the entry expires with its lease.
+        }
+        leave_to_reaper(st, ref, lease_end,
+                        [entries](const state& s, const hold_ref& r, steady::time_point deadline) {
+                            return leave_once(s, r, entries, deadline).is_integer();
+                        });
+    }
+
+    // Sends one release; one that lets waiters in tells them.
+    static reply leave_once(const state& st, const hold_ref& ref, std::size_t entries,
+                            steady::time_point deadline) {
+        const decimal count{static_cast<long long>(entries)};
+        return send_release(st, scripts::shared_release,
+                            std::array<std::string_view, 8>{
+                                ref.owner, shared_mode_text(ref.kind), count.view(), st.channel,
+                                ref.acquisition, st.grace_text.view(), st.queue_key, st.lapse_key},
+                            entries, deadline);
+    }
+
+    // Leaves `entries` entries, already counted out locally, of the hold `ref` in Redis. A
+    // hold's last release drops every entry of its acquisition, so a re-entry whose reply was
+    // lost cannot keep it alive. A release whose outcome is unknown is given up: the reaper
+    // finishes it (an inner entry stays counted until the hold's last release). `last_lease` is
+    // the hold's lease when these are its last entries (else unused).
+    static std::error_code leave(const std::shared_ptr<state>& st, const hold_ref& ref,
+                                 std::size_t entries, bool last,
+                                 const tracked_lease<C>& last_lease) noexcept {
+        // An error reply says nothing about ownership, except WRONGTYPE: the name now holds
+        // another type, so our entries are gone.
+        return leave_entries(
+            *st, last_lease, last,
+            [&] { return leave_once(*st, ref, entries, st->core->untimed_deadline()); },
+            [](const reply& r) { return !r.is_error() || r.is_error_code("WRONGTYPE"); },
+            [&] { not_finished(st, ref, entries, last, last_lease.valid_until); },
+            [&](const reply& r) { return gone(st, ref, last, last_lease, r); });
+    }
+
+    // The entries `ref` names were gone, answered `r`: every entry of that acquisition is lost.
+    static std::error_code gone(const std::shared_ptr<state>& st, const hold_ref& ref, bool last,
+                                const tracked_lease<C>& last_lease, const reply& r) {
+        bool notify = !ref.reported;
+        auto acquired_at = last_lease.acquired_at;
+        tracked_lease<C> ended;
+        {
+            std::lock_guard guard{st->mutex};
+            if (hold* h = st->find(ref)) {
+                notify = notify && !h->lease.lost;
+                h->depth = 0;
+                acquired_at = h->lease.acquired_at;
+                ended = std::exchange(h->lease, {});
+                st->erase_released();
+            }
+        }
+        tracker_of(st).end(ended);
+        if (notify) {
+            // Work watching lost_token() stops, as for a loss found any other way.
+            std::stop_source source = last ? last_lease.lost_source : ended.lost_source;
+            source.request_stop();
+            report_loss(*st, shared_lock_kind(ref.kind),
+                        r.is_error() ? loss_reason::server_lost : loss_reason::taken, acquired_at);
+        }
+        return errc::lock_lost;
+    }
+
+    // A release whose outcome is unknown: an inner entry makes the hold's count uncertain; the
+    // last one is given up (retried in the background, dropped by the owner's next acquisition).
+    static void not_finished(const std::shared_ptr<state>& st, const hold_ref& ref,
+                             std::size_t entries, bool last,
+                             steady::time_point valid_until) noexcept {
+        if (last) {
+            abandon(st, ref, entries, valid_until + st->options.lease);
+            return;
+        }
+        std::lock_guard guard{st->mutex};
+        if (hold* h = st->find(ref)) {
+            ++h->uncertain;
+        }
+    }
+
+    // Leaves every hold (the object is going away), but the parent's this process was forked
+    // from: their entries are never left from a child.
+    static void leave_all(const std::shared_ptr<state>& st) noexcept {
+        std::vector<typename state::left> given;
+        {
+            std::lock_guard guard{st->mutex};
+            given = st->give_up_all();
+        }
+        for (auto& g : given) {
+            tracker_of(st).end(g.ended);
+            (void)leave(st, g.ref, g.entries, true, g.ended);
+        }
+    }
+};
+
+}  // namespace redislock::detail
