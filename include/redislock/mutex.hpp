@@ -53,6 +53,8 @@
 #include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/lock_release.hpp>
 #include <redislock/detail/lockable.hpp>
+#include <redislock/detail/mutex_release.hpp>
+#include <redislock/detail/mutex_state.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/scripts.hpp>
 #include <redislock/detail/token.hpp>
@@ -66,77 +68,6 @@ namespace redislock {
 
 template <connection C>
 class basic_client;
-
-namespace detail {
-
-// What a simple lock object shares with its timer and watchdog callbacks.
-template <connection C>
-struct mutex_state : lock_identity<C> {
-    using lock_identity<C>::lock_identity;
-    using lease_key = detail::token;  // an acquisition is named by its token
-
-    bool caller_is_holder() const { return this->caller_is(holder); }
-    // Held by the parent this process was forked from: only the parent may release it.
-    bool inherited_by_fork() const { return generation != current_fork_generation(); }
-    const tracked_lease<C>* held_lease() const { return held ? &lease : nullptr; }
-    // The tracked lease of the acquisition holding `t`, if it is still held.
-    static tracked_lease<C>* find_lease(mutex_state& st, const detail::token& t) {
-        return st.held && st.token == t ? &st.lease : nullptr;
-    }
-
-    // How an acquisition came to this object.
-    struct grant {
-        steady::time_point sent;  // the granting attempt was sent then: the lease counts
-        std::int64_t fence = 0;
-        // The lock call's wait, reported as acquired before the lease can be found lost.
-        const wait_tally* wait = nullptr;
-        // Handed over: when this process came to hold it (hold times count from then, not from
-        // `sent`).
-        std::optional<steady::time_point> taken{};
-    };
-
-    // The books below need the mutex.
-
-    // Records the acquisition `t`, granted as `g` says, as held by the calling thread; returns
-    // the lease it replaces, `live` when that one was still held.
-    tracked_lease<C> take(const detail::token& t, const grant& g, bool& live) {
-        // Another thread of this object still thinks it holds: its lease ran out, since we could
-        // take the key. Its acquisition is lost.
-        live = held && !lease.lost;
-        tracked_lease<C> previous = std::exchange(lease, {});
-        held = true;
-        token = t;
-        holder = std::this_thread::get_id();
-        generation = current_fork_generation();
-        lease.valid_until = valid_until(g.sent, this->options.lease);
-        lease.acquired_at = g.taken.value_or(g.sent);
-        lease.kind = lock_kind::mutex;
-        fence = g.fence;
-        return previous;
-    }
-
-    // An acquisition given up by unlock() or the destructor, to be released.
-    struct given_up {
-        detail::token token;
-        tracked_lease<C> lease;
-    };
-
-    // Marks the current acquisition as no longer held.
-    given_up give_up() {
-        held = false;
-        return {token, std::exchange(lease, {})};
-    }
-
-    mutable std::mutex mutex;  // guards the members below; never held across a round trip
-    bool held = false;
-    detail::token token;
-    std::thread::id holder;
-    std::uint64_t generation = 0;  // fork generation of the acquisition
-    std::int64_t fence = 0;
-    tracked_lease<C> lease;
-};
-
-}  // namespace detail
 
 /// The simple lock: one Redis string per name, taken with SET NX PX and a random token.
 /// TimedLockable; see the top of this header for threads, loss and faults.
@@ -164,7 +95,7 @@ public:
         given_up released;
         ec = handle::claim([&](state& st) { released = give_up_locked(st); });
         if (!ec) {
-            ec = release(state_, std::move(released));
+            ec = release::leave(state_, std::move(released));
         }
     }
 
@@ -241,7 +172,7 @@ private:
     using handle::checked;
     using handle::state_;
     using handle::tracker;
-    using handle::tracker_of;
+    using release = detail::mutex_release<C>;
 
     std::optional<detail::token> held_token() const {
         checked();
@@ -371,82 +302,14 @@ private:
 
     static given_up give_up_locked(state& st) { return st.give_up(); }
 
-    enum class release_outcome { released, handed_on, not_ours, unreachable, refused };
-
-    // One compare-and-delete of `token`, ending by `deadline`; tells the next waiter, if any.
-    static release_outcome release_once(const state& st, const detail::token& token,
-                                        detail::steady::time_point deadline) noexcept {
-        try {
-            const reply r = detail::run_script(
-                st.core->connection, detail::scripts::mutex_release,
-                std::array<std::string_view, 1>{st.name},
-                std::array<std::string_view, 5>{token.view(), st.channel, st.grace_text.view(),
-                                                st.queue_key, st.lapse_key},
-                call_context{{}, deadline}, &st.core->events);
-            if (r.is_integer()) {
-                switch (r.as_integer()) {
-                    case 1:
-                        return release_outcome::released;
-                    case 2:
-                        return release_outcome::handed_on;
-                    default:
-                        return release_outcome::not_ours;
-                }
-            }
-            // Another type at the name is surely not our lock; other errors say nothing.
-            if (r.is_error_code("WRONGTYPE")) {
-                return release_outcome::not_ours;
-            }
-            (void)detail::server_failure(r);
-            return release_outcome::refused;
-        } catch (...) {
-            return release_outcome::unreachable;
-        }
-    }
-
-    // Stops the timer and renewals of `g`, then releases it.
-    static std::error_code release(const std::shared_ptr<state>& st, given_up g) noexcept {
-        tracker_of(st).end(g.lease);
-        const auto outcome = release_once(*st, g.token, st->core->untimed_deadline());
-        switch (outcome) {
-            case release_outcome::released:
-            case release_outcome::handed_on:
-                st->core->waiting->gates.note_contention(st->name,
-                                                         outcome == release_outcome::handed_on);
-                return detail::end_release(*st, g.lease, detail::release_end::released);
-            case release_outcome::not_ours:
-                return detail::end_release(*st, g.lease, detail::release_end::lost);
-            case release_outcome::unreachable:
-                hand_to_reaper(st, g.token, g.lease.valid_until + st->options.lease);
-                return detail::end_release(*st, g.lease, detail::release_end::unanswered);
-            case release_outcome::refused:
-                hand_to_reaper(st, g.token, g.lease.valid_until + st->options.lease);
-                return detail::end_release(*st, g.lease, detail::release_end::refused);
-        }
-        return errc::connection_failed;
-    }
-
     // An attempt whose outcome is unknown, or known too late: its key, if it landed, is ours to
     // delete, in the background.
     void abandon(const detail::token& token, detail::steady::time_point sent) noexcept {
-        hand_to_reaper(state_, token, sent + state_->options.lease);
-    }
-
-    // Retries the compare-and-delete of `token` until the server answers or the lease that token
-    // may hold has surely ended.
-    static void hand_to_reaper(const std::shared_ptr<state>& st, const detail::token& token,
-                               detail::steady::time_point lease_end) noexcept {
-        detail::leave_to_reaper(
-            st, token, lease_end,
-            [](const state& s, const detail::token& t, detail::steady::time_point deadline) {
-                const auto outcome = release_once(s, t, deadline);
-                return outcome != release_outcome::unreachable &&
-                       outcome != release_outcome::refused;
-            });
+        release::hand_to_reaper(state_, token, sent + state_->options.lease);
     }
 
     static void release_on_destruction(const std::shared_ptr<state>& st) noexcept {
-        handle::release_held(st, &give_up_locked, &release);
+        handle::release_held(st, &give_up_locked, &release::leave);
     }
 };
 

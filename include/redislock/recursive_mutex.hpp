@@ -51,6 +51,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/detail/entry_acquire.hpp>
 #include <redislock/detail/fair_wait.hpp>
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_handle.hpp>
@@ -59,6 +60,8 @@
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/owner.hpp>
+#include <redislock/detail/recursive_release.hpp>
+#include <redislock/detail/recursive_state.hpp>
 #include <redislock/detail/scripts.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/error.hpp>
@@ -71,138 +74,6 @@ namespace redislock {
 
 template <connection C>
 class basic_client;
-
-namespace detail {
-
-// The entries of one outermost acquisition: who made them, and which acquisition it was (here,
-// and in Redis).
-struct recursive_entry {
-    std::string owner;
-    std::uint64_t epoch = 0;
-    std::string acquisition;
-};
-
-// What a reentrant lock object shares with its timer and watchdog callbacks.
-template <connection C>
-struct recursive_state : lock_identity<C> {
-    using lock_identity<C>::lock_identity;
-    using lease_key = std::uint64_t;  // an outermost acquisition is named by its epoch
-
-    bool caller_is_holder() const { return this->caller_is(holder); }
-    // Held by the parent this process was forked from: only the parent may release it.
-    bool inherited_by_fork() const { return generation != current_fork_generation(); }
-    const tracked_lease<C>* held_lease() const { return depth > 0 ? &lease : nullptr; }
-    static tracked_lease<C>* find_lease(recursive_state& st, const std::uint64_t& epoch) {
-        return st.depth > 0 && st.epoch == epoch ? &st.lease : nullptr;
-    }
-
-    // The books below need the mutex.
-
-    // The holder's entries.
-    recursive_entry current() const { return {holder_owner, epoch, acquisition}; }
-
-    // Whether `owner`'s next entry is an outermost one, with the acquisition it names as given
-    // up in `given_up_id`.
-    bool outermost(const std::string& owner, std::string& given_up_id) const {
-        given_up_id = given_up;
-        if (depth > 0 && lease.lost && holder_owner == owner) {
-            given_up_id = acquisition;  // lost here: its entries are taken over, not kept
-        }
-        return depth == 0 || holder_owner != owner || lease.lost;
-    }
-
-    // What counting an entry in found.
-    struct entered {
-        std::optional<std::uint64_t> first_entry;  // an outermost one: its epoch
-        tracked_lease<C> previous;                 // the lease it replaced
-        bool previous_lost = false;                // which was still live
-    };
-
-    // Counts in an entry of `owner` that `got` granted to an attempt sent at `sent`.
-    entered enter(const std::string& owner, const entry_reply& got, steady::time_point sent) {
-        entered e;
-        // Entries still counted here (unlock counts them out before its round trip) that Redis
-        // no longer has: a new acquisition, an entry by another owner, or a re-entry into
-        // another acquisition of this owner means their lease ran out or they were deleted.
-        if (depth > 0 &&
-            (got.status == 1 || holder_owner != owner || acquisition != got.acquisition)) {
-            e.previous_lost = !lease.lost;
-            depth = 0;
-        }
-        // A re-entry into an acquisition already reported lost starts afresh here: it gets its
-        // own deadline and renewals (the lost one has neither).
-        if (depth == 0 || lease.lost) {
-            depth = 0;
-            if (got.status == 1) {
-                given_up.clear();  // taken over or created anew: nothing left behind
-            }
-            e.first_entry = ++epoch;
-            e.previous = std::exchange(lease, {});
-            holder = std::this_thread::get_id();
-            generation = current_fork_generation();
-            holder_owner = owner;
-            acquisition = got.acquisition;
-            uncertain = 0;
-            fence = got.value;
-            lease.valid_until = valid_until(sent, this->options.lease);
-            lease.acquired_at = sent;
-            lease.kind = lock_kind::recursive_mutex;
-        }
-        ++depth;
-        return e;
-    }
-
-    // What counting entries out gives the release.
-    struct left {
-        recursive_entry entry;
-        std::size_t entries = 0;
-        bool last = false;
-        tracked_lease<C> ended;  // the acquisition's lease when these are its last entries
-    };
-
-    // Counts one entry out (unlock).
-    left count_out() {
-        left out{current(), 1, false, {}};
-        // Counted out before the round trip, so an acquisition through this object that lands
-        // right after the release never mistakes the entry for a live one.
-        if (--depth == 0) {
-            out.last = true;
-            out.ended = std::exchange(lease, {});
-            // Entries whose re-entry or release had an unknown outcome are left too: without a
-            // fault the count is then exact; after one, the key goes rather than outlive its
-            // holder (only a re-entry through another object could lose an entry).
-            out.entries += std::exchange(uncertain, 0);
-        }
-        return out;
-    }
-
-    // Counts every entry out (the object is going away); none when none is held.
-    left give_up_all() {
-        left out{{}, std::exchange(depth, 0), true, {}};
-        if (out.entries > 0) {
-            out.entries += std::exchange(uncertain, 0);
-        }
-        out.entry = current();
-        out.ended = std::exchange(lease, {});
-        return out;
-    }
-
-    mutable std::mutex mutex;  // guards the members below; never held across a round trip
-    std::size_t depth = 0;     // entries made through this object by its holder
-    std::uint64_t epoch = 0;   // outermost acquisitions through this object so far
-    std::thread::id holder;
-    std::uint64_t generation = 0;  // fork generation of the first entry
-    std::string holder_owner;
-    std::string acquisition;  // id of the acquisition the entries belong to, in Redis
-    std::string given_up;     // the last acquisition this object gave up (see the script)
-    // Re-entries and releases through this object whose outcome is unknown (a lost reply):
-    // the server's count may hold this many entries more than depth says.
-    std::size_t uncertain = 0;
-    std::int64_t fence = 0;
-    tracked_lease<C> lease;
-};
-
-}  // namespace detail
 
 /// The reentrant lock: one Redis hash per name, owner -> entry count. TimedLockable; see the top
 /// of this header for owners, threads, loss and faults.
@@ -242,7 +113,7 @@ public:
         if (out.last) {
             tracker().end(out.ended);
         }
-        ec = leave(state_, out.entry, out.entries, out.last, out.ended);
+        ec = release::leave(state_, out.entry, out.entries, out.last, out.ended);
     }
 
     /// Sets the lease to `lease` from now if the lock is still ours.
@@ -324,9 +195,9 @@ private:
     using handle::checked;
     using handle::state_;
     using handle::tracker;
-    using handle::tracker_of;
 
     using held = detail::recursive_entry;
+    using release = detail::recursive_release<C>;
 
     std::uint64_t epoch_now() const {
         std::lock_guard guard{state_->mutex};
@@ -367,48 +238,31 @@ private:
             std::lock_guard guard{state_->mutex};
             outermost = state_->outermost(owner, given_up);
         }
-        call_context attempt_how = how;
-        attempt_how.repeatable = outermost;  // a re-entry's count change must not run twice
         const auto sent = detail::steady::now();
-        reply r;
-        std::int64_t replicas = -1;
-        try {
-            auto acknowledged = detail::run_script_acknowledged(
-                *state_->conn, detail::scripts::recursive_acquire,
-                std::array<std::string_view, 2>{state_->name, state_->fence_key},
-                std::array<std::string_view, 10>{owner, state_->lease_text.view(),
-                                                 state_->options.fencing ? "1" : "0",
-                                                 candidate.view(), outermost ? "1" : "0", given_up,
-                                                 place.waiter, place.keep(), state_->queue_key,
-                                                 state_->lapse_key},
-                attempt_how, state_->options.min_replicas, state_->options.replica_timeout,
-                &state_->core->events);
-            r = std::move(acknowledged.value);
-            replicas = acknowledged.replicas;
-        } catch (const error& e) {
-            if (!dynamic_cast<const connection_error*>(&e) &&
-                !dynamic_cast<const cancelled_error*>(&e)) {
-                throw;
-            }
-            // The entry may have landed: a new acquisition is given up (the next attempt of this
-            // call takes it over by its id; the reaper drops it otherwise), a re-entry makes the
-            // count uncertain.
-            if (outermost) {
-                abandon(owner, candidate.str(), sent + state_->options.lease);
-            } else {
-                std::lock_guard guard{state_->mutex};
-                ++state_->uncertain;
-            }
-            throw;
-        }
-        const detail::entry_reply got = detail::decode_entry(
-            r, state_->name, "redislock: unexpected reply to a reentrant acquisition");
+        const detail::entry_grant grant = detail::send_entry(
+            *state_, detail::scripts::recursive_acquire,
+            std::array<std::string_view, 10>{owner, state_->lease_text.view(),
+                                             state_->options.fencing ? "1" : "0", candidate.view(),
+                                             outermost ? "1" : "0", given_up, place.waiter,
+                                             place.keep(), state_->queue_key, state_->lapse_key},
+            how, outermost, "redislock: unexpected reply to a reentrant acquisition", [&] {
+                // The entry may have landed: a new acquisition is given up (the next attempt of
+                // this call takes it over by its id; the reaper drops it otherwise), a re-entry
+                // makes the count uncertain.
+                if (outermost) {
+                    release::abandon(state_, owner, candidate.str(), sent + state_->options.lease);
+                } else {
+                    std::lock_guard guard{state_->mutex};
+                    ++state_->uncertain;
+                }
+            });
+        const detail::entry_reply& got = grant.got;
         if (got.status == 0) {
             return detail::holder_ttl{got.value};
         }
         if (got.status == 1) {  // a new acquisition (a re-entry's entry is not given up)
-            if (auto refused = detail::refuse_grant(*state_, sent, replicas, [&] {
-                    abandon(owner, got.acquisition, sent + state_->options.lease);
+            if (auto refused = detail::refuse_grant(*state_, sent, grant.replicas, [&] {
+                    release::abandon(state_, owner, got.acquisition, sent + state_->options.lease);
                 })) {
                 return refused;
             }
@@ -443,114 +297,8 @@ private:
         }
     }
 
-    // Remembers an acquisition whose entry may be in Redis though this object does not hold it,
-    // and has the reaper drop it.
-    void abandon(const std::string& owner, const std::string& acquisition,
-                 detail::steady::time_point lease_end) {
-        {
-            std::lock_guard guard{state_->mutex};
-            state_->given_up = acquisition;
-        }
-        hand_to_reaper(state_, held{owner, 0, acquisition}, detail::drop_all, lease_end);
-    }
-
-    // Sends one release of `entries` entries of `entry`, ending by `deadline`; a release that
-    // frees the lock tells the next waiter, if any.
-    static reply leave_once(const state& st, std::string_view lease_text, const held& entry,
-                            std::size_t entries, detail::steady::time_point deadline) {
-        const detail::decimal count{static_cast<long long>(entries)};
-        call_context how{{}, deadline};
-        how.repeatable = entries == detail::drop_all;  // a count change must not run twice
-        reply r = detail::run_script(
-            st.core->connection, detail::scripts::recursive_release,
-            std::array<std::string_view, 1>{st.name},
-            std::array<std::string_view, 8>{entry.owner, count.view(), lease_text, st.channel,
-                                            entry.acquisition, st.grace_text.view(), st.queue_key,
-                                            st.lapse_key},
-            how, &st.core->events);
-        if (r.is_integer() && r.as_integer() >= 1) {
-            st.core->waiting->gates.note_contention(st.name, r.as_integer() == 2);
-        }
-        return r;
-    }
-
-    // Retries leaving `entries` entries of `entry` (drop_all: the whole acquisition, for one this
-    // object created and abandoned) until the server answers or the lease surely ended.
-    static void hand_to_reaper(const std::shared_ptr<state>& st, const held& entry,
-                               std::size_t entries, detail::steady::time_point lease_end) noexcept {
-        detail::leave_to_reaper(
-            st, entry, lease_end,
-            [entries](const state& s, const held& e, detail::steady::time_point deadline) {
-                // Lease "0": a background release never extends what remains.
-                return leave_once(s, "0", e, entries, deadline).is_integer();
-            });
-    }
-
-    // Leaves `entries` entries of `entry` in Redis; the caller has already counted them out.
-    // `ended` is the acquisition's lease when these are its last entries (else unused).
-    static std::error_code leave(const std::shared_ptr<state>& st, const held& entry,
-                                 std::size_t entries, bool last,
-                                 const detail::tracked_lease<C>& ended) noexcept {
-        reply r;
-        try {
-            r = leave_once(*st, st->lease_text.view(), entry, entries,
-                           st->core->untimed_deadline());
-        } catch (...) {
-            not_finished(st, entry, entries, last, ended.valid_until);
-            return detail::end_release(*st, ended, detail::release_end::unanswered, last);
-        }
-        if (!r.is_integer()) {
-            not_finished(st, entry, entries, last, ended.valid_until);
-            (void)detail::end_release(*st, ended, detail::release_end::refused, last);
-            return detail::server_failure(r);
-        }
-        if (r.as_integer() >= 0) {
-            return detail::end_release(*st, ended, detail::release_end::released, last);
-        }
-        // The entries were gone: every entry of that acquisition is lost.
-        if (!last) {
-            tracker_of(st).lose(entry.epoch, loss_reason::taken);
-            std::lock_guard guard{st->mutex};
-            if (st->epoch == entry.epoch && st->depth > 0) {
-                st->depth = 0;
-            }
-            return errc::lock_lost;
-        }
-        return detail::end_release(*st, ended, detail::release_end::lost);
-    }
-
-    // A release whose outcome is unknown: an inner entry makes the count uncertain; the last one
-    // is retried in the background, and the object's next lock() takes its entry over.
-    static void not_finished(const std::shared_ptr<state>& st, const held& entry,
-                             std::size_t entries, bool last,
-                             detail::steady::time_point valid_until) {
-        if (last) {
-            {
-                std::lock_guard guard{st->mutex};
-                st->given_up = entry.acquisition;
-            }
-            hand_to_reaper(st, entry, entries, valid_until + st->options.lease);
-            return;
-        }
-        std::lock_guard guard{st->mutex};
-        if (st->epoch == entry.epoch) {
-            ++st->uncertain;
-        }
-    }
-
     static void release_on_destruction(const std::shared_ptr<state>& st) noexcept {
-        typename state::left out;
-        {
-            std::lock_guard guard{st->mutex};
-            if (st->depth > 0 && st->inherited_by_fork()) {
-                return;  // the parent's entries: never left from a child
-            }
-            out = st->give_up_all();
-        }
-        tracker_of(st).end(out.ended);
-        if (out.entries > 0) {
-            (void)leave(st, out.entry, out.entries, true, out.ended);
-        }
+        release::leave_all(st);
     }
 };
 

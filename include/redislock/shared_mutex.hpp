@@ -184,7 +184,6 @@ private:
     using handle::of_caller;
     using handle::state_;
     using handle::tracker;
-    using handle::tracker_of;
     using mode = detail::shared_mode;
     using hold = detail::shared_hold<C>;
     using hold_ref = detail::shared_hold_ref;
@@ -250,9 +249,7 @@ private:
                                      detail::drop_all, sent + state_->options.lease);
                 } else {
                     std::lock_guard guard{state_->mutex};
-                    if (hold* h = state_->find(owner, kind)) {
-                        ++h->uncertain;
-                    }
+                    state_->count_uncertain(owner, kind);
                 }
             });
         const detail::entry_reply& got = grant.got;

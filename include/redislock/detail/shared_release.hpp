@@ -35,10 +35,6 @@ struct shared_release {
     using hold = shared_hold<C>;
     using hold_ref = shared_hold_ref;
 
-    static lease_tracker<state> tracker_of(const std::shared_ptr<state>& st) {
-        return lease_tracker<state>{st};
-    }
-
     // Remembers an acquisition whose entry may be in Redis though this object does not hold it
     // (the owner's next acquisition through this object drops it), and has the reaper leave
     // `entries` of its entries (drop_all for one this object created and abandoned).
@@ -101,7 +97,7 @@ struct shared_release {
                 st->erase_released();
             }
         }
-        tracker_of(st).end(ended);
+        lease_tracker<state>{st}.end(ended);
         if (notify) {
             // Work watching lost_token() stops, as for a loss found any other way.
             std::stop_source source = last ? last_lease.lost_source : ended.lost_source;
@@ -136,7 +132,7 @@ struct shared_release {
             given = st->give_up_all();
         }
         for (auto& g : given) {
-            tracker_of(st).end(g.ended);
+            lease_tracker<state>{st}.end(g.ended);
             (void)leave(st, g.ref, g.entries, true, g.ended);
         }
     }

@@ -207,6 +207,14 @@ struct shared_state : lock_identity<C> {
         });
     }
 
+    // A re-entry of `owner` in `kind` whose outcome is unknown: the server's count may hold one
+    // entry more than depth says.
+    void count_uncertain(const std::string& owner, shared_mode kind) {
+        if (shared_hold<C>* h = find(owner, kind)) {
+            ++h->uncertain;
+        }
+    }
+
     // Drops holds with no entries left.
     void erase_released() {
         std::erase_if(holds, [](const shared_hold<C>& h) { return h.depth == 0; });

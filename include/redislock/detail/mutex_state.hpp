@@ -1,0 +1,89 @@
+// detail::mutex_state: what a simple lock object (basic_mutex) keeps about its acquisition and
+// shares with its timer and watchdog callbacks: whether it is held, its token, holder thread,
+// lease and fencing token. Its books are kept under its own mutex, which is never held across a
+// round trip; lease_tracker finds the lease through find_lease().
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/lock_core.hpp>
+#include <redislock/detail/lock_identity.hpp>
+#include <redislock/detail/token.hpp>
+#include <redislock/detail/wait.hpp>
+#include <redislock/events.hpp>
+
+namespace redislock::detail {
+
+// What a simple lock object shares with its timer and watchdog callbacks.
+template <connection C>
+struct mutex_state : lock_identity<C> {
+    using lock_identity<C>::lock_identity;
+    using lease_key = detail::token;  // an acquisition is named by its token
+
+    bool caller_is_holder() const { return this->caller_is(holder); }
+    // Held by the parent this process was forked from: only the parent may release it.
+    bool inherited_by_fork() const { return generation != current_fork_generation(); }
+    const tracked_lease<C>* held_lease() const { return held ? &lease : nullptr; }
+    // The tracked lease of the acquisition holding `t`, if it is still held.
+    static tracked_lease<C>* find_lease(mutex_state& st, const detail::token& t) {
+        return st.held && st.token == t ? &st.lease : nullptr;
+    }
+
+    // How an acquisition came to this object.
+    struct grant {
+        steady::time_point sent;  // the granting attempt was sent then: the lease counts
+        std::int64_t fence = 0;
+        // The lock call's wait, reported as acquired before the lease can be found lost.
+        const wait_tally* wait = nullptr;
+        // Handed over: when this process came to hold it (hold times count from then, not from
+        // `sent`).
+        std::optional<steady::time_point> taken{};
+    };
+
+    // The books below need the mutex.
+
+    // Records the acquisition `t`, granted as `g` says, as held by the calling thread; returns
+    // the lease it replaces, `live` when that one was still held.
+    tracked_lease<C> take(const detail::token& t, const grant& g, bool& live) {
+        // Another thread of this object still thinks it holds: its lease ran out, since we could
+        // take the key. Its acquisition is lost.
+        live = held && !lease.lost;
+        tracked_lease<C> previous = std::exchange(lease, {});
+        held = true;
+        token = t;
+        holder = std::this_thread::get_id();
+        generation = current_fork_generation();
+        lease.valid_until = valid_until(g.sent, this->options.lease);
+        lease.acquired_at = g.taken.value_or(g.sent);
+        lease.kind = lock_kind::mutex;
+        fence = g.fence;
+        return previous;
+    }
+
+    // An acquisition given up by unlock() or the destructor, to be released.
+    struct given_up {
+        detail::token token;
+        tracked_lease<C> lease;
+    };
+
+    // Marks the current acquisition as no longer held.
+    given_up give_up() {
+        held = false;
+        return {token, std::exchange(lease, {})};
+    }
+
+    mutable std::mutex mutex;  // guards the members below; never held across a round trip
+    bool held = false;
+    detail::token token;
+    std::thread::id holder;
+    std::uint64_t generation = 0;  // fork generation of the acquisition
+    std::int64_t fence = 0;
+    tracked_lease<C> lease;
+};
+
+}  // namespace redislock::detail

@@ -1,0 +1,133 @@
+// detail::recursive_release: how a reentrant lock object (basic_recursive_mutex) leaves its
+// entries in Redis: the release script's round trip, what its answer means (entries gone: the
+// acquisition is lost), and a release or an abandoned acquisition that could not be finished,
+// remembered as given up and handed to the client's reaper. Static functions on the object's
+// recursive_state, which the reaper keeps alive while it retries; each takes the state's mutex
+// only between round trips.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <system_error>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/entry_release.hpp>
+#include <redislock/detail/lock_core.hpp>
+#include <redislock/detail/lock_release.hpp>
+#include <redislock/detail/names.hpp>
+#include <redislock/detail/recursive_state.hpp>
+#include <redislock/detail/scripts.hpp>
+#include <redislock/error.hpp>
+#include <redislock/events.hpp>
+#include <redislock/reply.hpp>
+
+namespace redislock::detail {
+
+template <connection C>
+struct recursive_release {
+    using state = recursive_state<C>;
+    using held = recursive_entry;
+
+    // Remembers an acquisition whose entry may be in Redis though this object does not hold it,
+    // and has the reaper drop it.
+    static void abandon(const std::shared_ptr<state>& st, const std::string& owner,
+                        const std::string& acquisition, steady::time_point lease_end) {
+        {
+            std::lock_guard guard{st->mutex};
+            st->given_up = acquisition;
+        }
+        hand_to_reaper(st, held{owner, 0, acquisition}, drop_all, lease_end);
+    }
+
+    // Sends one release of `entries` entries of `entry`, ending by `deadline`; a release that
+    // frees the lock tells the next waiter, if any.
+    static reply leave_once(const state& st, std::string_view lease_text, const held& entry,
+                            std::size_t entries, steady::time_point deadline) {
+        const decimal count{static_cast<long long>(entries)};
+        return send_release(
+            st, scripts::recursive_release,
+            std::array<std::string_view, 8>{entry.owner, count.view(), lease_text, st.channel,
+                                            entry.acquisition, st.grace_text.view(), st.queue_key,
+                                            st.lapse_key},
+            entries, deadline);
+    }
+
+    // Retries leaving `entries` entries of `entry` (drop_all: the whole acquisition, for one this
+    // object created and abandoned) until the server answers or the lease surely ended.
+    static void hand_to_reaper(const std::shared_ptr<state>& st, const held& entry,
+                               std::size_t entries, steady::time_point lease_end) noexcept {
+        leave_to_reaper(st, entry, lease_end,
+                        [entries](const state& s, const held& e, steady::time_point deadline) {
+                            // Lease "0": a background release never extends what remains.
+                            return leave_once(s, "0", e, entries, deadline).is_integer();
+                        });
+    }
+
+    // Leaves `entries` entries of `entry` in Redis; the caller has already counted them out.
+    // `ended` is the acquisition's lease when these are its last entries (else unused).
+    static std::error_code leave(const std::shared_ptr<state>& st, const held& entry,
+                                 std::size_t entries, bool last,
+                                 const tracked_lease<C>& ended) noexcept {
+        return leave_entries(
+            *st, ended, last,
+            [&] {
+                return leave_once(*st, st->lease_text.view(), entry, entries,
+                                  st->core->untimed_deadline());
+            },
+            [](const reply& r) { return r.is_integer(); },
+            [&] { not_finished(st, entry, entries, last, ended.valid_until); },
+            [&](const reply&) {
+                // The entries were gone: every entry of that acquisition is lost.
+                if (!last) {
+                    lease_tracker<state>{st}.lose(entry.epoch, loss_reason::taken);
+                    std::lock_guard guard{st->mutex};
+                    if (st->epoch == entry.epoch && st->depth > 0) {
+                        st->depth = 0;
+                    }
+                    return std::error_code{errc::lock_lost};
+                }
+                return end_release(*st, ended, release_end::lost);
+            });
+    }
+
+    // A release whose outcome is unknown: an inner entry makes the count uncertain; the last one
+    // is retried in the background, and the object's next lock() takes its entry over.
+    static void not_finished(const std::shared_ptr<state>& st, const held& entry,
+                             std::size_t entries, bool last, steady::time_point valid_until) {
+        if (last) {
+            {
+                std::lock_guard guard{st->mutex};
+                st->given_up = entry.acquisition;
+            }
+            hand_to_reaper(st, entry, entries, valid_until + st->options.lease);
+            return;
+        }
+        std::lock_guard guard{st->mutex};
+        if (st->epoch == entry.epoch) {
+            ++st->uncertain;
+        }
+    }
+
+    // Leaves every entry (the object is going away), but the parent's this process was forked
+    // from: their entries are never left from a child.
+    static void leave_all(const std::shared_ptr<state>& st) noexcept {
+        typename state::left out;
+        {
+            std::lock_guard guard{st->mutex};
+            if (st->depth > 0 && st->inherited_by_fork()) {
+                return;
+            }
+            out = st->give_up_all();
+        }
+        lease_tracker<state>{st}.end(out.ended);
+        if (out.entries > 0) {
+            (void)leave(st, out.entry, out.entries, true, out.ended);
+        }
+    }
+};
+
+}  // namespace redislock::detail
