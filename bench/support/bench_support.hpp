@@ -8,7 +8,8 @@
 // SET key token NX PX 30000, then EVALSHA of a plain compare-and-delete script (loaded once), a
 // fresh random token per iteration; the floor any simple lock over hiredis can reach.
 // Defaults: repetitions in random interleaving (10 of them), so drift of the machine spreads
-// over all variants alike; flags given on the command line override them.
+// over all variants alike; flags given on the command line override them. Paired variants
+// (suite::add_paired) go further and time the raw pair and the variant within each iteration.
 #pragma once
 
 #include <hiredis/hiredis.h>
