@@ -20,6 +20,8 @@
 //                               release script publishes, with SPUBLISH, only when someone
 //                               waits, which no one does here)
 //   cluster_mutex_fenced_lock_unlock  the same with lock_options::fencing
+//   cluster_mutex_lock_unlock_paired  cluster_mutex_lock_unlock and raw_hiredis in turn within each
+//                               iteration (see paired_with_raw in support/bench_support.hpp)
 // Repetitions run in random interleaving (10 by default). After Google Benchmark's table:
 //   ratio <name>: <median real time of raw_hiredis / median real time of the variant>
 // Then the watchdog: --locks locks (default 10,000) spread over the masters, held with
@@ -228,6 +230,16 @@ int run(int argc, char** argv) {
             redislock::bench::lock_unlock(state, m);
         })->UseRealTime();
     }
+    // The same lock timed against raw_hiredis within each iteration (see paired_with_raw).
+    const std::string paired_name{"cluster_mutex_lock_unlock_paired"};
+    reporter.expect_paired(paired_name);
+    benchmark::RegisterBenchmark(
+        paired_name.c_str(),
+        [&raw, m = cc.mutex("{bench:raw}:paired")](benchmark::State& state) mutable {
+            redislock::bench::paired_with_raw(
+                state, raw, [&m] { return redislock::bench::lock_unlock_once(m); });
+        })
+        ->UseRealTime();
     benchmark::RunSpecifiedBenchmarks(&reporter);
     benchmark::Shutdown();
     if (locks > 0) {

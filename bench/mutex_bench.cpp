@@ -57,6 +57,9 @@ void register_variants(redislock::bench::suite& suite) {
     suite.add("mutex_fenced_lock_unlock",
               [m = client.mutex("bench:fenced", {.fencing = true})](
                   benchmark::State& state) mutable { redislock::bench::lock_unlock(state, m); });
+    suite.add_paired("mutex_lock_unlock_paired", [m = client.mutex("bench:paired")]() mutable {
+        return redislock::bench::lock_unlock_once(m);
+    });
 }
 
 }  // namespace

@@ -54,6 +54,10 @@ void register_variants(redislock::bench::suite& suite) {
     suite.add("recursive_mutex_reentry_lock_unlock",
               [m = client.recursive_mutex("bench:recursive_reentry")](
                   benchmark::State& state) mutable { bench_reentry(state, m); });
+    suite.add_paired("recursive_mutex_outermost_paired",
+                     [m = client.recursive_mutex("bench:recursive_paired")]() mutable {
+                         return redislock::bench::lock_unlock_once(m);
+                     });
 }
 
 }  // namespace

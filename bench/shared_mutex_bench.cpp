@@ -69,6 +69,17 @@ void register_variants(redislock::bench::suite& suite) {
               [m = client.shared_mutex("bench:shared_write")](benchmark::State& state) mutable {
                   redislock::bench::lock_unlock(state, m);
               });
+    suite.add_paired("shared_mutex_read_paired",
+                     [m = client.shared_mutex("bench:shared_paired_read")]() mutable {
+                         std::error_code ec;
+                         m.lock_shared();
+                         m.unlock_shared(ec);
+                         return !ec;
+                     });
+    suite.add_paired("shared_mutex_write_paired",
+                     [m = client.shared_mutex("bench:shared_paired_write")]() mutable {
+                         return redislock::bench::lock_unlock_once(m);
+                     });
     // Created once, before any run: Google Benchmark calls this one function object from all
     // reader threads.
     suite

@@ -4,6 +4,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <memory>
@@ -66,6 +67,20 @@ redislock::reply run(redislock::hiredis_connection& conn,
     return conn.execute(redislock::command{argv.begin(), argv.size()});
 }
 
+// The fastest of `count` PINGs on `conn`. A delay the proxy adds is in every sample, while a
+// scheduling pause of a loaded machine (the sanitizer stages run two tests at a time on two
+// cores) lands in one sample at most: a single sample compared with a few tens of milliseconds
+// can fail although no delay is left.
+std::chrono::milliseconds fastest_ping(redislock::hiredis_connection& conn, int count = 5) {
+    auto fastest = std::chrono::milliseconds::max();
+    for (int i = 0; i < count; ++i) {
+        const stopwatch watch;
+        EXPECT_EQ(run(conn, {"PING"}).text(), "PONG");
+        fastest = std::min(fastest, watch.elapsed());
+    }
+    return fastest;
+}
+
 TEST(FaultProxy, ForwardsCommandsBothWays) {
     redis_server srv;
     fault_proxy proxy{srv};
@@ -91,9 +106,7 @@ TEST(FaultProxy, DelayAddsLatencyInEachDirection) {
         EXPECT_LT(watch.elapsed(), 1000ms);
     }
     proxy.delay(0ms);
-    const stopwatch watch;
-    EXPECT_EQ(run(conn, {"PING"}).text(), "PONG");
-    EXPECT_LT(watch.elapsed(), 60ms);
+    EXPECT_LT(fastest_ping(conn), 60ms);
 }
 
 TEST(FaultProxy, DelayLongerThanTheCommandTimeoutTimesOut) {
@@ -241,9 +254,10 @@ TEST(FaultProxy, HealTurnsEveryFaultOff) {
     proxy.drop_replies(true);
     proxy.heal();
     redislock::hiredis_connection conn{uri_with_timeout(proxy)};
-    const stopwatch watch;
+    // With the refusal, the stall, the lost replies or the 500 ms delay (longer than the 200 ms
+    // command timeout) still on, the first PING would fail.
     EXPECT_EQ(run(conn, {"PING"}).text(), "PONG");
-    EXPECT_LT(watch.elapsed(), 100ms);
+    EXPECT_LT(fastest_ping(conn), 100ms);
 }
 
 TEST(FaultProxy, TargetDownClosesTheClientConnection) {

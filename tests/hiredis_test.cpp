@@ -390,6 +390,18 @@ TEST(HiredisConnection, ReconnectsAfterClientKill) {
     EXPECT_EQ(conn.connections_opened(), opened + 1);
 }
 
+// Sets a reconnect handler that sends PING through `conn` itself and keeps each answer (or the
+// error it threw) in `answers`.
+void ping_from_reconnect_handler(hiredis_connection& conn, std::vector<reply>& answers) {
+    conn.set_reconnect_handler([&conn, &answers](std::string_view) {
+        try {
+            answers.push_back(run(conn, {"PING"}));
+        } catch (const redislock::error& e) {
+            answers.push_back(reply::error(e.what()));
+        }
+    });
+}
+
 // The reconnect handler is told as the call that reconnected ends, once its connection is back
 // in the pool: with pool_size 1, a handler that sends a command of its own gets the connection
 // at once (plain and bounded calls, and a pipeline) rather than waiting for the caller's.
@@ -398,13 +410,7 @@ TEST(HiredisConnection, ReconnectHandlerMayUseTheConnectionWithPoolSizeOne) {
     hiredis_connection conn{
         with_query(srv, "pool_size=1&connect_timeout=2000&command_timeout=2000")};
     std::vector<reply> answers;
-    conn.set_reconnect_handler([&](std::string_view) {
-        try {
-            answers.push_back(run(conn, {"PING"}));
-        } catch (const redislock::error& e) {
-            answers.push_back(reply::error(e.what()));
-        }
-    });
+    ping_from_reconnect_handler(conn, answers);
     const auto kill_and_wait = [&] {
         EXPECT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "normal"}), "0");
         std::this_thread::sleep_for(20ms);  // past the idle check's millisecond
@@ -436,13 +442,7 @@ TEST(HiredisConnection, ReconnectHandlerIsToldWhenAStartedCallEnds) {
     hiredis_connection conn{
         with_query(srv, "pool_size=1&connect_timeout=2000&command_timeout=2000")};
     std::vector<reply> answers;
-    conn.set_reconnect_handler([&](std::string_view) {
-        try {
-            answers.push_back(run(conn, {"PING"}));
-        } catch (const redislock::error& e) {
-            answers.push_back(reply::error(e.what()));
-        }
-    });
+    ping_from_reconnect_handler(conn, answers);
     ASSERT_EQ(run(conn, {"SET", "k", "v"}), reply::status("OK"));
     EXPECT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "normal"}), "0");
     std::this_thread::sleep_for(20ms);  // past the idle check's millisecond

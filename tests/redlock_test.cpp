@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <memory>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -147,6 +149,23 @@ redlock_options fast() {
 redlock_options patient() {
     return redlock_options{.node_timeout = 2s};
 }
+
+// When `token` was requested, on `clock`, as read by the thread that requested it (a
+// stop_callback runs there): a test thread polling stop_requested() would add its own sleep and
+// wake-up to the time measured, a few milliseconds on a loaded machine, where the bounds below
+// leave only the drift allowance (lease / 100 + 2 ms).
+class request_time {
+public:
+    request_time(const std::stop_token& token, const stopwatch& clock)
+        : callback_{token, [this, &clock] { at_ms_ = clock.elapsed().count(); }} {}
+
+    bool known() const { return at_ms_.load() >= 0; }
+    std::chrono::milliseconds get() const { return std::chrono::milliseconds{at_ms_.load()}; }
+
+private:
+    std::atomic<long long> at_ms_{-1};  // before callback_: the callback may run at once
+    std::stop_callback<std::function<void()>> callback_;
+};
 
 TEST_F(Redlock, QuorumAcquisitionSetsOneTokenOnEveryMasterAndUnlockRemovesItEverywhere) {
     redlock_client rl{uris(), patient()};
@@ -607,13 +626,16 @@ TEST_F(Redlock, LostTokenIsRequestedAtTheLocalDeadlineWhileRenewalsHangOnAQuorum
     ASSERT_TRUE(m.try_lock());
     stopwatch since_acquired;
     const std::stop_token token = m.lost_token();
+    const request_time requested{token, since_acquired};
     hang(0);
     hang(1);
     hang(2);
-    ASSERT_TRUE(eventually([&] { return token.stop_requested(); }, 3s));
-    const auto when = since_acquired.elapsed();
+    ASSERT_TRUE(eventually([&] { return requested.known(); }, 3s));
+    const auto when = requested.get();
     EXPECT_LE(when, lease);  // never later than the lease, whatever the renewal rounds are doing
     EXPECT_GE(when, lease / 2);
+    // on_lost is called after the loss is marked (lost_token() requested), not before.
+    EXPECT_TRUE(eventually([&] { return lost.calls.load() > 0; }, 2s));
     EXPECT_EQ(lost.calls.load(), 1);
     EXPECT_FALSE(m.owned());
     EXPECT_EQ(m.remaining(), 0ms);
@@ -626,9 +648,13 @@ TEST_F(Redlock, LockWithoutWatchdogIsReportedLostWhenItsValidityRunsOut) {
     ASSERT_TRUE(m.try_lock());
     const std::stop_token token = m.lost_token();
     stopwatch since_acquired;
-    ASSERT_TRUE(eventually([&] { return token.stop_requested(); }, 2s));
-    EXPECT_LE(since_acquired.elapsed(), 300ms);
-    EXPECT_GE(since_acquired.elapsed(), 200ms);
+    const request_time requested{token, since_acquired};
+    ASSERT_TRUE(eventually([&] { return requested.known(); }, 2s));
+    EXPECT_TRUE(token.stop_requested());
+    EXPECT_LE(requested.get(), 300ms);
+    EXPECT_GE(requested.get(), 200ms);
+    // on_lost is called after the loss is marked (lost_token() requested), not before.
+    EXPECT_TRUE(eventually([&] { return lost.calls.load() > 0; }, 2s));
     EXPECT_EQ(lost.calls.load(), 1);
     EXPECT_FALSE(m.owned());
 }
@@ -659,9 +685,12 @@ TEST_F(Redlock, MaxHoldStopsRenewalsAndTheLossIsReported) {
     ASSERT_TRUE(m.try_lock());
     stopwatch held;
     const std::stop_token token = m.lost_token();
-    ASSERT_TRUE(eventually([&] { return token.stop_requested(); }, 3s));
-    EXPECT_GE(held.elapsed(), 600ms);   // renewed up to max_hold
-    EXPECT_LE(held.elapsed(), 1000ms);  // then the lease ran out
+    const request_time requested{token, held};
+    ASSERT_TRUE(eventually([&] { return requested.known(); }, 3s));
+    EXPECT_GE(requested.get(), 600ms);   // renewed up to max_hold
+    EXPECT_LE(requested.get(), 1000ms);  // then the lease ran out
+    // on_lost is called after the loss is marked (lost_token() requested), not before.
+    EXPECT_TRUE(eventually([&] { return lost.calls.load() > 0; }, 2s));
     EXPECT_EQ(lost.calls.load(), 1);
 }
 

@@ -205,6 +205,16 @@ TEST(Sentinel, SkipsASentinelThatIsDownAndFollowsAFailoverWithoutLoad) {
     EXPECT_EQ(topo.node(new_master).cli({"EXISTS", "s:after"}), "1");
 }
 
+// Whether the sentinel on `port` has a subscriber (the client's +switch-master subscription).
+bool subscribed_at(int port) {
+    return !redis_sentinel::cli(port, {"CLIENT", "LIST", "TYPE", "pubsub"}).empty();
+}
+
+bool subscribed_anywhere(redis_sentinel& topo) {
+    const std::vector<int> ports = topo.sentinel_ports();
+    return std::any_of(ports.begin(), ports.end(), subscribed_at);
+}
+
 // A forced failover (SENTINEL FAILOVER) followed through a sentinel that does not lead it: its
 // +switch-master comes while the leader still shows the new config epoch with the old master's
 // address, and the old master, not yet demoted, still answers ROLE as a master. The client
@@ -217,9 +227,6 @@ TEST(Sentinel, FollowsAForcedFailoverAnnouncedByASentinelThatDoesNotLeadIt) {
     const int old_master = topo.master_port();
     EXPECT_EQ(client.connection().master().port, old_master);
     const std::vector<int> sentinels = topo.sentinel_ports();
-    const auto subscribed_at = [&](int port) {
-        return !redis_sentinel::cli(port, {"CLIENT", "LIST", "TYPE", "pubsub"}).empty();
-    };
     // The subscription starts on the first sentinel, the one topo.failover() asks to lead:
     // move it to another.
     ASSERT_TRUE(eventually([&] { return subscribed_at(sentinels[0]); }, 10s));
@@ -299,16 +306,7 @@ TEST(Sentinel, ReconnectionsToTheMasterAndASwitchAreReportedAsReconnected) {
     for (int port : topo.sentinel_ports()) {
         (void)redis_sentinel::cli(port, {"CLIENT", "KILL", "TYPE", "pubsub"});
     }
-    ASSERT_TRUE(eventually(
-        [&] {
-            for (int port : topo.sentinel_ports()) {
-                if (!redis_sentinel::cli(port, {"CLIENT", "LIST", "TYPE", "pubsub"}).empty()) {
-                    return true;
-                }
-            }
-            return false;
-        },
-        10s))
+    ASSERT_TRUE(eventually([&] { return subscribed_anywhere(topo); }, 10s))
         << "the subscription came back";
     // Its check of the master ends with ROLE there; what it would report comes right after.
     ASSERT_TRUE(eventually([&] { return role_calls(topo, new_master) > roles_before; }, 10s))
@@ -352,16 +350,7 @@ TEST(Sentinel, ReconnectHandlerMayCallIntoTheConnectionDuringACheckOfTheMaster) 
     const int master = topo.master_port();
     const std::array<std::string_view, 1> ping{"PING"};
     EXPECT_EQ(conn.execute(ping).text(), "PONG");
-    ASSERT_TRUE(eventually(
-        [&] {
-            for (int port : topo.sentinel_ports()) {
-                if (!redis_sentinel::cli(port, {"CLIENT", "LIST", "TYPE", "pubsub"}).empty()) {
-                    return true;
-                }
-            }
-            return false;
-        },
-        10s))
+    ASSERT_TRUE(eventually([&] { return subscribed_anywhere(topo); }, 10s))
         << "the subscription is up";
     ASSERT_EQ(told(), 0U);
 

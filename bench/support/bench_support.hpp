@@ -8,7 +8,8 @@
 // SET key token NX PX 30000, then EVALSHA of a plain compare-and-delete script (loaded once), a
 // fresh random token per iteration; the floor any simple lock over hiredis can reach.
 // Defaults: repetitions in random interleaving (10 of them), so drift of the machine spreads
-// over all variants alike; flags given on the command line override them.
+// over all variants alike; flags given on the command line override them. Paired variants
+// (suite::add_paired) go further and time the raw pair and the variant within each iteration.
 #pragma once
 
 #include <hiredis/hiredis.h>
@@ -18,6 +19,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -114,21 +116,68 @@ inline raw_baseline connect_raw(int port) {
     return raw;
 }
 
-inline void bench_raw(benchmark::State& state, raw_baseline& raw) {
+// One raw SET NX PX + compare-and-delete; false if either did not succeed.
+inline bool raw_pair(raw_baseline& raw, raw_token& tokens) {
     constexpr std::string_view key = "bench:raw";
+    const std::string_view token = tokens.next();
+    const reply_ptr set = command(
+        raw.ctx.get(), std::array<std::string_view, 6>{"SET", key, token, "NX", "PX", "30000"});
+    const reply_ptr del = command(
+        raw.ctx.get(), std::array<std::string_view, 5>{"EVALSHA", raw.sha, "1", key, token});
+    return set && set->type == REDIS_REPLY_STATUS && del && del->type == REDIS_REPLY_INTEGER &&
+           del->integer == 1;
+}
+
+inline void bench_raw(benchmark::State& state, raw_baseline& raw) {
     raw_token tokens;
     for (auto _ : state) {
-        const std::string_view token = tokens.next();
-        const reply_ptr set = command(
-            raw.ctx.get(), std::array<std::string_view, 6>{"SET", key, token, "NX", "PX", "30000"});
-        const reply_ptr del = command(
-            raw.ctx.get(), std::array<std::string_view, 5>{"EVALSHA", raw.sha, "1", key, token});
-        if (!set || set->type != REDIS_REPLY_STATUS || !del || del->type != REDIS_REPLY_INTEGER ||
-            del->integer != 1) {
+        if (!raw_pair(raw, tokens)) {
             state.SkipWithError("raw SET NX / compare-and-delete did not succeed");
             break;
         }
     }
+}
+
+// The counter a paired variant reports: raw time / variant time over the run.
+inline constexpr std::string_view paired_counter = "paired_ratio";
+
+// Each iteration runs one raw pair and one `op()` back to back, alternating which goes first,
+// and times each: both see the same moment of the machine, so its drift (which moves separate
+// runs by more than the difference measured) cancels out. The run's time is that of both.
+template <class Op>
+void paired_with_raw(benchmark::State& state, raw_baseline& raw, Op&& op) {
+    using clock = std::chrono::steady_clock;
+    raw_token tokens;
+    clock::duration raw_time{};
+    clock::duration op_time{};
+    bool raw_first = false;
+    for (auto _ : state) {
+        raw_first = !raw_first;
+        const auto t0 = clock::now();
+        const bool first_ok = raw_first ? raw_pair(raw, tokens) : op();
+        const auto t1 = clock::now();
+        const bool second_ok = raw_first ? op() : raw_pair(raw, tokens);
+        const auto t2 = clock::now();
+        if (!first_ok || !second_ok) {
+            state.SkipWithError("a paired raw or variant operation did not succeed");
+            break;
+        }
+        raw_time += raw_first ? t1 - t0 : t2 - t1;
+        op_time += raw_first ? t2 - t1 : t1 - t0;
+    }
+    if (op_time.count() > 0) {
+        state.counters[std::string{paired_counter}] =
+            static_cast<double>(raw_time.count()) / static_cast<double>(op_time.count());
+    }
+}
+
+// One lock() + unlock() of any of the library's locks; false if the release failed.
+template <class Lock>
+bool lock_unlock_once(Lock& lock) {
+    std::error_code ec;
+    lock.lock();
+    lock.unlock(ec);
+    return !ec;
 }
 
 // lock() + unlock() per iteration, for any of the library's locks.
@@ -155,7 +204,8 @@ inline void count_rate(benchmark::State& state) {
 
 // Prints Google Benchmark's table as usual, then one line per expected variant, in the order
 // they were expected: `ratio <name>: <raw median / variant median>` for a ratio variant,
-// `<label> <median of rate_counter>` for a throughput one.
+// `<label> <median of rate_counter>` for a throughput one, `paired ratio <name>: <median of
+// paired_counter>` for a paired one.
 class ratio_reporter : public benchmark::ConsoleReporter {
 public:
     using benchmark::ConsoleReporter::ConsoleReporter;
@@ -167,15 +217,22 @@ public:
                 continue;
             }
             const auto rate = run.counters.find(std::string{rate_counter});
+            const auto paired = run.counters.find(std::string{paired_counter});
             if (run.run_type == Run::RT_Aggregate && run.aggregate_name == "median") {
                 times_[name].median = run.GetAdjustedRealTime();
                 if (rate != run.counters.end()) {
                     rates_[name].median = rate->second.value;
                 }
+                if (paired != run.counters.end()) {
+                    paired_[name].median = paired->second.value;
+                }
             } else if (run.run_type == Run::RT_Iteration) {
                 times_[name].samples.push_back(run.GetAdjustedRealTime());
                 if (rate != run.counters.end()) {
                     rates_[name].samples.push_back(rate->second.value);
+                }
+                if (paired != run.counters.end()) {
+                    paired_[name].samples.push_back(paired->second.value);
                 }
             }
         }
@@ -194,7 +251,16 @@ public:
                 continue;
             }
             char line[160];
-            if (!e.label.empty()) {
+            if (e.paired) {
+                const double ratio = median_of(paired_, e.name);
+                if (ratio > 0) {
+                    std::snprintf(line, sizeof line, "paired ratio %s: %.3f", e.name.c_str(),
+                                  ratio);
+                } else {
+                    std::snprintf(line, sizeof line, "paired ratio %s: n/a (no successful run)",
+                                  e.name.c_str());
+                }
+            } else if (!e.label.empty()) {
                 const double rate = median_of(rates_, e.name);
                 if (rate > 0) {
                     std::snprintf(line, sizeof line, "%s %.0f", e.label.c_str(), rate);
@@ -216,15 +282,17 @@ public:
         out.flush();
     }
 
-    void expect(std::string name) { expected_.push_back({std::move(name), {}}); }
+    void expect(std::string name) { expected_.push_back({std::move(name), {}, false}); }
     void expect_rate(std::string name, std::string label) {
-        expected_.push_back({std::move(name), std::move(label)});
+        expected_.push_back({std::move(name), std::move(label), false});
     }
+    void expect_paired(std::string name) { expected_.push_back({std::move(name), {}, true}); }
 
 private:
     struct expected {
         std::string name;
         std::string label;  // empty: a ratio line
+        bool paired;        // a `paired ratio` line, from paired_with_raw()
     };
 
     struct metric {
@@ -253,6 +321,7 @@ private:
     std::vector<expected> expected_;
     std::map<std::string, metric> times_;
     std::map<std::string, metric> rates_;
+    std::map<std::string, metric> paired_;
 };
 
 // What a bench's register function gets: a client on the private server, and a way to add
@@ -260,8 +329,8 @@ private:
 // Registered functions (and whatever locks they captured) live until the runs are over.
 class suite {
 public:
-    suite(redislock::client& client, ratio_reporter& reporter)
-        : client_{client}, reporter_{reporter} {}
+    suite(redislock::client& client, ratio_reporter& reporter, raw_baseline& raw)
+        : client_{client}, reporter_{reporter}, raw_{raw} {}
 
     redislock::client& client() noexcept { return client_; }
 
@@ -283,9 +352,24 @@ public:
         return benchmark::RegisterBenchmark(text.c_str(), std::forward<Fn>(fn))->UseRealTime();
     }
 
+    // A variant timed against raw_hiredis within each iteration (paired_with_raw()): one
+    // `paired ratio <name>: ...` line. `op` does one operation and returns false if it failed.
+    template <class Op>
+    benchmark::internal::Benchmark* add_paired(std::string_view name, Op op) {
+        const std::string text{name};
+        reporter_.expect_paired(text);
+        return benchmark::RegisterBenchmark(
+                   text.c_str(),
+                   [this, op = std::move(op)](benchmark::State& state) mutable {
+                       paired_with_raw(state, raw_, op);
+                   })
+            ->UseRealTime();
+    }
+
 private:
     redislock::client& client_;
     ratio_reporter& reporter_;
+    raw_baseline& raw_;
 };
 
 namespace detail {
@@ -333,7 +417,7 @@ int run(int argc, char** argv, Register& register_fn) {
     benchmark::RegisterBenchmark(std::string{raw_name}.c_str(), [&raw](benchmark::State& state) {
         bench_raw(state, raw);
     })->UseRealTime();
-    suite s{client, reporter};
+    suite s{client, reporter, raw};
     register_fn(s);
 
     benchmark::RunSpecifiedBenchmarks(&reporter);

@@ -81,14 +81,8 @@ struct client_core {
         if constexpr (reconnect_reporting<C>) {
             if (events.observed()) {
                 // The connection is a member: it never calls the handler once this is gone.
-                connection.set_reconnect_handler([this](std::string_view server) {
-                    events.emit([&] {
-                        lock_event e;
-                        e.type = event_type::reconnected;
-                        e.name = server;
-                        return e;
-                    });
-                });
+                connection.set_reconnect_handler(
+                    [this](std::string_view server) { events.reconnected(server); });
             }
         }
     }

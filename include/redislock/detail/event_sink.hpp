@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string_view>
 #include <utility>
 
 #include <redislock/events.hpp>
@@ -38,6 +39,16 @@ public:
     template <class Make>
     void emit(Make&& make) const noexcept {
         emit_to(hook_, std::forward<Make>(make));
+    }
+
+    /// Tells a reconnected event: `server` opened a connection in place of one that broke.
+    void reconnected(std::string_view server) const noexcept {
+        emit([&] {
+            lock_event e;
+            e.type = event_type::reconnected;
+            e.name = server;
+            return e;
+        });
     }
 
     /// The hook itself, for a closure that outlives the call (the loss timer's report).

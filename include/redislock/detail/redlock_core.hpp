@@ -147,14 +147,7 @@ public:
         if constexpr (reconnect_reporting<C>) {
             if (events.observed()) {
                 // The connections report through reconnects_, which the core outlives.
-                reconnects_.set([this](std::string_view server) {
-                    events.emit([&] {
-                        lock_event e;
-                        e.type = event_type::reconnected;
-                        e.name = server;
-                        return e;
-                    });
-                });
+                reconnects_.set([this](std::string_view server) { events.reconnected(server); });
             }
         }
     }

@@ -212,8 +212,9 @@ return 0
 inline constexpr script mutex_release{
     "mutex_release",
     R"lua(-- Releases a simple lock if it still holds our token. When someone waits, the lock goes to the
--- head of the queue (see queue_hand_on in _queue.lua) and the head is told. DEL comes first: Redis allows it when out of memory, and once a script
--- has written, the rest of it may write too.
+-- head of the queue (see queue_hand_on in _queue.lua) and the head is told. DEL comes first:
+-- Redis allows it when out of memory, and once a script has written, the rest of it may write
+-- too.
 -- KEYS[1]  the lock's key
 -- ARGV[1]  our token
 -- ARGV[2]  the release channel
@@ -221,6 +222,16 @@ inline constexpr script mutex_release{
 -- ARGV[4]  the waiting queue; ARGV[5] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  1 released, no one waits; 2 released and a waiter told; 0 not ours (expired, or now
 --          held by someone else)
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return 0
+end
+redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', queue) == 0 then
+    return 1
+end
+-- A queue exists: only now are its helpers defined (a script's functions are made anew
+-- on every run, which the common case above need not pay for).
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
@@ -325,19 +336,11 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-    return 0
-end
-redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', queue) == 0 then
-    return 1
-end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "e1833d03fc8615401fedfdb741cee8412880412e"};
+    "828e3d96398a63601889f62a1dc180e40a62b662"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -510,6 +513,49 @@ inline constexpr script recursive_acquire{
 --          none was drawn.
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[2] not a fencing counter;
 --          nothing is written then.
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- A new acquisition's entry. `taken_over`: the hash exists (an entry of ours being taken over),
+-- so a stale fence goes.
+local function fresh(taken_over)
+    local fence = 0
+    if ARGV[3] == '1' then
+        -- Never below the server's clock in microseconds, so tokens keep growing after a
+        -- FLUSHALL or a restart without persistence.
+        local time = redis.call('TIME')
+        local floor = tonumber(time[1]) * 1000000 + tonumber(time[2])
+        fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, floor)
+        redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+        redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
+    elseif taken_over then
+        redis.call('HDEL', KEYS[1], 'fence')
+    end
+    redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, fence, ARGV[4]}
+end
+if ARGV[3] == '1' then
+    local last = redis.call('GET', KEYS[2])
+    if last and (#last > 16 or not string.match(last, '^%d+$')) then
+        return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+    end
+end
+-- One key per call: a slot being migrated refuses a call over a present and a missing key.
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
+    return fresh(false)  -- free, and no queue to leave (its lapse times go with it)
+end
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1) then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
+end
+local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
+local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
+if id and not taken_over then
+    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+end
+-- Taken over, free with waiters, or held by another owner: only now are the queue's helpers
+-- defined (see mutex_release.lua).
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
@@ -614,27 +660,14 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
--- `taken_over`: the hash exists (an entry of ours being taken over), so a stale fence goes.
-local function fresh(taken_over)
-    local fence = 0
-    if ARGV[3] == '1' then
-        -- Never below the server's clock in microseconds, so tokens keep growing after a
-        -- FLUSHALL or a restart without persistence.
-        local time = redis.call('TIME')
-        local floor = tonumber(time[1]) * 1000000 + tonumber(time[2])
-        fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, floor)
-        redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
-        redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
-    elseif taken_over then
-        redis.call('HDEL', KEYS[1], 'fence')
-    end
-    redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+
+-- A new acquisition that leaves the queue, if it was in it.
+local function enter(over)
+    local entered = fresh(over)
     if ARGV[8] ~= '0' then
         queue_leave(queue, lapses, ARGV[7])
     end
-    return {1, fence, ARGV[4]}
+    return entered
 end
 
 -- Not acquired: join the queue when waiting, and say how long to wait.
@@ -645,42 +678,22 @@ local function wait(ms, now, time)
     end
     return {0, ms, ''}
 end
-if ARGV[3] == '1' then
-    local last = redis.call('GET', KEYS[2])
-    if last and (#last > 16 or not string.match(last, '^%d+$')) then
-        return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
-    end
+if taken_over then
+    return enter(true)
 end
--- One key per call: a slot being migrated refuses a call over a present and a missing key.
-if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
-    return fresh(false)  -- free, and no one waits
-end
-local kind = redis.call('TYPE', KEYS[1]).ok
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'none' then
     queue_prune(queue, lapses, now)
     if queue_allows(queue, ARGV[7]) then
-        return fresh(false)
+        return enter(false)
     end
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
     return wait((tonumber(redis.call('ZSCORE', lapses, head)) or now) - now, now, time)
 end
-if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1 then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
-end
-local id = redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-if id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6]) then
-    return fresh(true)
-end
-if id then
-    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
-end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "3311ce7d919a1b6e47f1085205054e440d8c7aa8"};
+    "cdf72edc7253a7d956097a8c83ae55fb1ed14ba5"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -716,6 +729,27 @@ inline constexpr script recursive_release{
 -- Returns  2 released (key deleted) and a waiter told; 1 released, no one waits;
 --          0 still held (lease refreshed);
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- A key of another type answers with an error: not ours either.
+local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1])
+if entry.err or entry[1] ~= ARGV[5] then
+    return -1
+end
+local left = (tonumber(entry[2]) or 0) - tonumber(ARGV[2])
+if left > 0 then
+    local lease = tonumber(ARGV[3])
+    if lease <= 0 then
+        lease = math.max(redis.call('PTTL', KEYS[1]), 1)
+    end
+    redis.call('PEXPIRE', KEYS[1], lease)
+    redis.call('HSET', KEYS[1], ARGV[1], left)
+    return 0
+end
+redis.call('DEL', KEYS[1])
+if redis.call('EXISTS', queue) == 0 then
+    return 1
+end
+-- A queue exists: only now are its helpers defined (see mutex_release.lua).
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
@@ -820,26 +854,6 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
--- A key of another type answers with an error: not ours either.
-local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1])
-if entry.err or entry[1] ~= ARGV[5] then
-    return -1
-end
-local left = (tonumber(entry[2]) or 0) - tonumber(ARGV[2])
-if left > 0 then
-    local lease = tonumber(ARGV[3])
-    if lease <= 0 then
-        lease = math.max(redis.call('PTTL', KEYS[1]), 1)
-    end
-    redis.call('PEXPIRE', KEYS[1], lease)
-    redis.call('HSET', KEYS[1], ARGV[1], left)
-    return 0
-end
-redis.call('DEL', KEYS[1])
-if redis.call('EXISTS', queue) == 0 then
-    return 1
-end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 queue_prune(queue, lapses, now)
@@ -847,7 +861,7 @@ local run = queue_runners(queue)
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return #run > 0 and 2 or 1
 )lua",
-    "c7eb1cfb066568849ff2dfce963a15f67f63a7f8"};
+    "ac4d5a97135ac21d945deffe792da660eb6d2864"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -877,6 +891,36 @@ inline constexpr script shared_acquire{
 --          {0, ms, ''} must wait: at most ms for a message before trying again;
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local fenced = want == 'w' and ARGV[4] == '1'
+local last_fence = fenced and redis.call('GET', KEYS[2])
+if last_fence and (#last_fence > 16 or not string.match(last_fence, '^%d+$')) then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+end
+
+-- Draws a fencing token, never below the server's clock in microseconds, so tokens keep growing
+-- after a FLUSHALL or a restart without persistence.
+local function draw_fence(time)
+    local fence = math.max((tonumber(last_fence) or 0) + 1,
+                           tonumber(time[1]) * 1000000 + tonumber(time[2]))
+    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+    redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
+    return fence
+end
+
+-- One key per call: a slot being migrated refuses a call over a present and a missing key.
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
+    -- Free, and no one waits: enter at once.
+    local time = redis.call('TIME')
+    local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+    local fence = fenced and draw_fence(time) or 0
+    redis.call('HSET', KEYS[1], want .. ':' .. me, '1 ' .. (now + lease) .. ' ' .. ARGV[6],
+               'mode', want == 'w' and 'write' or 'read')
+    redis.call('PEXPIRE', KEYS[1], lease)
+    return {1, fence, ARGV[6]}
+end
+-- Held, or a queue exists: only now are its helpers defined (see mutex_release.lua).
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
@@ -980,35 +1024,6 @@ local function queue_allows(q, id)
         end
     end
     return #ahead < 64
-end
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
-local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local fenced = want == 'w' and ARGV[4] == '1'
-local last_fence = fenced and redis.call('GET', KEYS[2])
-if last_fence and (#last_fence > 16 or not string.match(last_fence, '^%d+$')) then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
-end
-
--- Draws a fencing token, never below the server's clock in microseconds, so tokens keep growing
--- after a FLUSHALL or a restart without persistence.
-local function draw_fence(time)
-    local fence = math.max((tonumber(last_fence) or 0) + 1,
-                           tonumber(time[1]) * 1000000 + tonumber(time[2]))
-    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
-    redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
-    return fence
-end
-
--- One key per call: a slot being migrated refuses a call over a present and a missing key.
-if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
-    -- Free, and no one waits: enter at once.
-    local time = redis.call('TIME')
-    local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-    local fence = fenced and draw_fence(time) or 0
-    redis.call('HSET', KEYS[1], want .. ':' .. me, '1 ' .. (now + lease) .. ' ' .. ARGV[6],
-               'mode', want == 'w' and 'write' or 'read')
-    redis.call('PEXPIRE', KEYS[1], lease)
-    return {1, fence, ARGV[6]}
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
 local given_up = {}
@@ -1091,7 +1106,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "66ac091079f30d87ea3f0f6491fc6936853d3c91"};
+    "9ca1089882f0cdf3394671262ce7baa579399516"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1138,6 +1153,52 @@ inline constexpr script shared_release{
 -- ARGV[7]  the waiting queue; ARGV[8] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  2 released and waiters told; 1 released (the key is deleted when no one else holds);
 --          0 still held by outer entries; -1 not held (expired, never, or a later acquisition's)
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local field = ARGV[2] .. ':' .. ARGV[1]
+
+-- One read for our entry and for what the others hold: holders set the mode and the key's lease
+-- once we are out; with no one left, the key goes.
+local fields = redis.call('HGETALL', KEYS[1])
+local entry, writer, holders, latest = nil, false, false, now
+for i = 1, #fields, 2 do
+    if fields[i] == field then
+        entry = fields[i + 1]
+    else
+        local tag = string.sub(fields[i], 1, 2)
+        local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
+        if left > now and (tag == 'r:' or tag == 'w:') then
+            latest = math.max(latest, left)
+            writer = writer or tag == 'w:'
+            holders = true
+        end
+    end
+end
+local count, expiry, id = string.match(entry or '', '^(%d+) (%d+) (%S+)$')
+if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
+    return -1
+end
+count = tonumber(count) - tonumber(ARGV[3])
+if count > 0 then
+    redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), 1))
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
+    return 0
+end
+if not holders then
+    redis.call('DEL', KEYS[1])
+else
+    redis.call('HDEL', KEYS[1], field)
+    if ARGV[2] == 'w' then
+        redis.call('HDEL', KEYS[1], 'fence')
+    end
+    redis.call('HSET', KEYS[1], 'mode', writer and 'write' or 'read')
+    redis.call('PEXPIRE', KEYS[1], latest - now)
+end
+if writer or redis.call('EXISTS', queue) == 0 then
+    return 1
+end
+-- A queue exists: only now are its helpers defined (see mutex_release.lua).
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
@@ -1242,51 +1303,6 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local field = ARGV[2] .. ':' .. ARGV[1]
-
--- One read for our entry and for what the others hold: holders set the mode and the key's lease
--- once we are out; with no one left, the key goes.
-local fields = redis.call('HGETALL', KEYS[1])
-local entry, writer, holders, latest = nil, false, false, now
-for i = 1, #fields, 2 do
-    if fields[i] == field then
-        entry = fields[i + 1]
-    else
-        local tag = string.sub(fields[i], 1, 2)
-        local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
-        if left > now and (tag == 'r:' or tag == 'w:') then
-            latest = math.max(latest, left)
-            writer = writer or tag == 'w:'
-            holders = true
-        end
-    end
-end
-local count, expiry, id = string.match(entry or '', '^(%d+) (%d+) (%S+)$')
-if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
-    return -1
-end
-count = tonumber(count) - tonumber(ARGV[3])
-if count > 0 then
-    redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), 1))
-    redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
-    return 0
-end
-if not holders then
-    redis.call('DEL', KEYS[1])
-else
-    redis.call('HDEL', KEYS[1], field)
-    if ARGV[2] == 'w' then
-        redis.call('HDEL', KEYS[1], 'fence')
-    end
-    redis.call('HSET', KEYS[1], 'mode', writer and 'write' or 'read')
-    redis.call('PEXPIRE', KEYS[1], latest - now)
-end
-if writer or redis.call('EXISTS', queue) == 0 then
-    return 1
-end
 queue_prune(queue, lapses, now)
 local run = queue_runners(queue)
 if #run == 0 or (holders and string.sub(run[1], 1, 1) ~= 'r') then
@@ -1295,6 +1311,6 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "8b41614de5f71ccdc8df2427eff3e251df3cd3b9"};
+    "a04deb80cb1b485baa58c04750e6975bbf59612d"};
 
 }  // namespace redislock::detail::scripts

@@ -20,9 +20,9 @@
 --          none was drawn.
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[2] not a fencing counter;
 --          nothing is written then.
---#include _queue.lua
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
--- `taken_over`: the hash exists (an entry of ours being taken over), so a stale fence goes.
+-- A new acquisition's entry. `taken_over`: the hash exists (an entry of ours being taken over),
+-- so a stale fence goes.
 local function fresh(taken_over)
     local fence = 0
     if ARGV[3] == '1' then
@@ -38,10 +38,40 @@ local function fresh(taken_over)
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, fence, ARGV[4]}
+end
+if ARGV[3] == '1' then
+    local last = redis.call('GET', KEYS[2])
+    if last and (#last > 16 or not string.match(last, '^%d+$')) then
+        return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+    end
+end
+-- One key per call: a slot being migrated refuses a call over a present and a missing key.
+if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
+    return fresh(false)  -- free, and no queue to leave (its lapse times go with it)
+end
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1) then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
+end
+local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
+local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
+if id and not taken_over then
+    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+end
+-- Taken over, free with waiters, or held by another owner: only now are the queue's helpers
+-- defined (see mutex_release.lua).
+--#include _queue.lua
+
+-- A new acquisition that leaves the queue, if it was in it.
+local function enter(over)
+    local entered = fresh(over)
     if ARGV[8] ~= '0' then
         queue_leave(queue, lapses, ARGV[7])
     end
-    return {1, fence, ARGV[4]}
+    return entered
 end
 
 -- Not acquired: join the queue when waiting, and say how long to wait.
@@ -52,37 +82,17 @@ local function wait(ms, now, time)
     end
     return {0, ms, ''}
 end
-if ARGV[3] == '1' then
-    local last = redis.call('GET', KEYS[2])
-    if last and (#last > 16 or not string.match(last, '^%d+$')) then
-        return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
-    end
+if taken_over then
+    return enter(true)
 end
--- One key per call: a slot being migrated refuses a call over a present and a missing key.
-if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
-    return fresh(false)  -- free, and no one waits
-end
-local kind = redis.call('TYPE', KEYS[1]).ok
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'none' then
     queue_prune(queue, lapses, now)
     if queue_allows(queue, ARGV[7]) then
-        return fresh(false)
+        return enter(false)
     end
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
     return wait((tonumber(redis.call('ZSCORE', lapses, head)) or now) - now, now, time)
-end
-if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1 then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
-end
-local id = redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-if id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6]) then
-    return fresh(true)
-end
-if id then
-    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)

@@ -14,7 +14,6 @@
 -- Returns  2 released (key deleted) and a waiter told; 1 released, no one waits;
 --          0 still held (lease refreshed);
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
---#include _queue.lua
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 -- A key of another type answers with an error: not ours either.
 local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1])
@@ -35,6 +34,8 @@ redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', queue) == 0 then
     return 1
 end
+-- A queue exists: only now are its helpers defined (see mutex_release.lua).
+--#include _queue.lua
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 queue_prune(queue, lapses, now)

@@ -24,7 +24,6 @@
 --          {0, ms, ''} must wait: at most ms for a message before trying again;
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
---#include _queue.lua
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fenced = want == 'w' and ARGV[4] == '1'
@@ -54,6 +53,8 @@ if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
     redis.call('PEXPIRE', KEYS[1], lease)
     return {1, fence, ARGV[6]}
 end
+-- Held, or a queue exists: only now are its helpers defined (see mutex_release.lua).
+--#include _queue.lua
 local kind = redis.call('TYPE', KEYS[1]).ok
 local given_up = {}
 for id in string.gmatch(ARGV[8] or '', '%S+') do

@@ -13,7 +13,6 @@
 -- ARGV[7]  the waiting queue; ARGV[8] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  2 released and waiters told; 1 released (the key is deleted when no one else holds);
 --          0 still held by outer entries; -1 not held (expired, never, or a later acquisition's)
---#include _queue.lua
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -59,6 +58,8 @@ end
 if writer or redis.call('EXISTS', queue) == 0 then
     return 1
 end
+-- A queue exists: only now are its helpers defined (see mutex_release.lua).
+--#include _queue.lua
 queue_prune(queue, lapses, now)
 local run = queue_runners(queue)
 if #run == 0 or (holders and string.sub(run[1], 1, 1) ~= 'r') then
