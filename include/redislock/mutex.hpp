@@ -42,7 +42,6 @@
 #include <string>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <utility>
 
 #include <redislock/connection.hpp>

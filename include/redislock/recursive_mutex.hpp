@@ -46,7 +46,6 @@
 #include <string>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <utility>
 
 #include <redislock/connection.hpp>

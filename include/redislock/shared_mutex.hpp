@@ -48,10 +48,8 @@
 // unlock() and unlock_shared() never throw.
 #pragma once
 
-#include <algorithm>
 #include <array>
 #include <chrono>
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>

@@ -39,7 +39,7 @@ entry_grant send_entry(const State& lk, const script& s,
     reply r;
     std::int64_t replicas = -1;
     try {
-        auto acknowledged = run_script_acknowledged(
+        auto acknowledged = detail::run_script_acknowledged(
             *lk.conn, s, std::array<std::string_view, 2>{lk.name, lk.fence_key}, args, attempt_how,
             lk.options.min_replicas, lk.options.replica_timeout, &lk.core->events);
         r = std::move(acknowledged.value);

@@ -25,7 +25,7 @@ reply send_release(const State& st, const script& s,
                    steady::time_point deadline) {
     call_context how{{}, deadline};
     how.repeatable = entries == drop_all;  // a count change must not run twice
-    reply r = run_script(st.core->connection, s, std::array<std::string_view, 1>{st.name}, args,
+    reply r = detail::run_script(st.core->connection, s, std::array<std::string_view, 1>{st.name}, args,
                          how, &st.core->events);
     if (r.is_integer() && r.as_integer() >= 1) {
         st.core->waiting->gates.note_contention(st.name, r.as_integer() == 2);

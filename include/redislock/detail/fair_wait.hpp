@@ -64,7 +64,7 @@ void leave_queue(const lock_identity<C>& lk, const std::string& waiter, bool sim
                         simple](steady::time_point deadline) {
         try {
             const reply r =
-                run_script(core->connection, scripts::queue_leave,
+                detail::run_script(core->connection, scripts::queue_leave,
                            std::array<std::string_view, 1>{key},
                            std::array<std::string_view, 6>{waiter, channel, grace,
                                                            simple ? "m" : "", queue, lapses},

@@ -33,7 +33,7 @@ struct mutex_release {
     static release_outcome release_once(const state& st, const detail::token& token,
                                         steady::time_point deadline) noexcept {
         try {
-            const reply r = run_script(
+            const reply r = detail::run_script(
                 st.core->connection, scripts::mutex_release,
                 std::array<std::string_view, 1>{st.name},
                 std::array<std::string_view, 5>{token.view(), st.channel, st.grace_text.view(),
