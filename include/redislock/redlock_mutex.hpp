@@ -59,7 +59,6 @@
 #pragma once
 
 #include <chrono>
-#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -74,11 +73,12 @@
 #include <redislock/connection.hpp>
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_handle.hpp>
-#include <redislock/detail/lock_release.hpp>
 #include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/quorum_round.hpp>
 #include <redislock/detail/redlock_core.hpp>
+#include <redislock/detail/redlock_release.hpp>
+#include <redislock/detail/redlock_state.hpp>
 #include <redislock/detail/scripts.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/detail/wait.hpp>
@@ -92,67 +92,6 @@ namespace redislock {
 template <connection C>
 class basic_redlock_client;
 
-namespace detail {
-
-// What a redlock lock object shares with its timer and watchdog callbacks.
-template <connection C>
-struct redlock_state {
-    using connection_type = C;
-    using lease_key = token;  // an acquisition is named by its token
-
-    redlock_state(std::shared_ptr<redlock_core<C>> client, std::string_view lock_name,
-                  lock_options opts)
-        : core{std::move(client)},
-          name{lock_name},
-          options{std::move(opts)},
-          lease_text{options.lease.count()} {
-        check_options(name, options);
-        const auto node_timeout = core->options().node_timeout;
-        if (options.lease <= node_timeout + options.lease / 100 + std::chrono::milliseconds{2}) {
-            throw invalid_argument{
-                "redislock: a redlock lease must exceed redlock_options::node_timeout (" +
-                std::to_string(node_timeout.count()) +
-                " ms) plus the drift allowance, or no acquisition could ever be valid"};
-        }
-        if (options.fencing) {
-            throw invalid_argument{
-                "redislock: a redlock lock cannot offer fencing tokens: no single counter "
-                "orders acquisitions made on independent masters, so the tokens would not "
-                "reliably grow (use a single-master client for '" +
-                name + "')"};
-        }
-        options.min_replicas = 0;  // independent masters have no replicas to wait for
-        channel = derived_key(name, "released");
-    }
-
-    bool caller_is_holder() const {
-        return !options.owner.empty() || holder == std::this_thread::get_id();
-    }
-    // Held by the parent this process was forked from: only the parent may release it.
-    bool inherited_by_fork() const { return generation != current_fork_generation(); }
-    const tracked_lease<C>* held_lease() const { return held ? &lease : nullptr; }
-    // The tracked lease of the acquisition holding `t`, if it is still held.
-    static tracked_lease<C>* find_lease(redlock_state& st, const token& t) {
-        return st.held && st.acq && st.acq->tok == t ? &st.lease : nullptr;
-    }
-
-    std::shared_ptr<redlock_core<C>> core;
-    std::string name;
-    lock_options options;
-    decimal lease_text;
-    std::string channel;
-
-    mutable std::mutex mutex;  // guards the members below; never held across a round
-    bool held = false;
-    std::shared_ptr<redlock_acquisition> acq;
-    std::thread::id holder;
-    std::uint64_t generation = 0;
-    tracked_lease<C> lease;
-    // The last acquisition's, kept after unlock(): see lost_token().
-    std::stop_source lost_source;
-};
-
-}  // namespace detail
 
 /// A simple lock held on a quorum of independent masters (Redlock). TimedLockable; see the top
 /// of this header for validity, loss and faults.
@@ -162,6 +101,7 @@ class basic_redlock_mutex
       public detail::lock_handle<basic_redlock_mutex<C>, detail::redlock_state<C>> {
     using state = detail::redlock_state<C>;
     using handle = detail::lock_handle<basic_redlock_mutex, state>;
+    using release = detail::redlock_release<C>;
 
 public:
     /// Usually made by redlock_client.mutex(name, options). lock_options::min_replicas is
@@ -187,7 +127,7 @@ public:
         given_up released;
         ec = handle::claim([&](state& st) { released = give_up_locked(st); });
         if (!ec) {
-            ec = release(state_, std::move(released));
+            ec = release::leave(state_, std::move(released));
         }
     }
 
@@ -207,16 +147,11 @@ public:
         const auto outcomes =
             core().round(detail::node_op::extend, *acq, sent + core().options().node_timeout, {},
                          lease_text.view());
-        const detail::quorum_tally t = detail::tally(outcomes);
-        if (t.yes >= core().quorum()) {
-            tracker().extended(acq->tok, sent, lease);
-            return true;
-        }
-        if (t.no > core().size() - core().quorum()) {
-            tracker().lose(acq->tok, loss_reason::taken);
+        if (!quorum_holds(*acq, outcomes, "extend")) {
             return false;
         }
-        throw core().no_quorum("extend", state_->name, outcomes);
+        tracker().extended(acq->tok, sent, lease);
+        return true;
     }
 
     /// Local, conservative estimate of how long the lock stays ours: the lease counted from when
@@ -238,15 +173,7 @@ public:
         }
         const auto outcomes = core().round(detail::node_op::verify, *acq,
                                            detail::steady::now() + core().options().node_timeout);
-        const detail::quorum_tally t = detail::tally(outcomes);
-        if (t.yes >= core().quorum()) {
-            return true;
-        }
-        if (t.no > core().size() - core().quorum()) {
-            tracker().lose(acq->tok, loss_reason::taken);
-            return false;
-        }
-        throw core().no_quorum("verify", state_->name, outcomes);
+        return quorum_holds(*acq, outcomes, "verify");
     }
 
     /// Requested when the current (or, once released, the last) acquisition is lost: found
@@ -271,14 +198,7 @@ private:
     using handle::checked;
     using handle::state_;
     using handle::tracker;
-    using handle::tracker_of;
     using acquisition_ptr = std::shared_ptr<detail::redlock_acquisition>;
-
-    // An acquisition given up by unlock() or the destructor, to be released.
-    struct given_up {
-        acquisition_ptr acq;
-        detail::tracked_lease<C> lease;
-    };
 
     detail::redlock_core<C>& core() const { return *checked().core; }
 
@@ -286,6 +206,22 @@ private:
         checked();
         std::lock_guard guard{state_->mutex};
         return state_->held && !state_->inherited_by_fork() ? state_->acq : nullptr;
+    }
+
+    // What a round on `acq` says: true when a quorum still holds it; false, with the loss
+    // reported, when more than N - quorum masters no longer do.
+    // @throws quorum_error naming `what` when too few answered to tell.
+    bool quorum_holds(const detail::redlock_acquisition& acq,
+                      const std::vector<detail::node_outcome>& outcomes, std::string_view what) {
+        const detail::quorum_tally t = detail::tally(outcomes);
+        if (t.yes >= core().quorum()) {
+            return true;
+        }
+        if (t.no > core().size() - core().quorum()) {
+            tracker().lose(acq.tok, loss_reason::taken);
+            return false;
+        }
+        throw core().no_quorum(what, state_->name, outcomes);
     }
 
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
@@ -392,42 +328,12 @@ private:
             [this] { handle::unlock(); });
     }
 
-    // Marks the current acquisition as no longer held. Needs st.mutex.
-    static given_up give_up_locked(state& st) {
-        st.held = false;
-        return {std::move(st.acq), std::exchange(st.lease, {})};
-    }
+    using given_up = typename state::given_up;
 
-    static std::error_code release(const std::shared_ptr<state>& st, given_up g) noexcept {
-        try {
-            tracker_of(st).end(g.lease);
-            const detail::redlock_core<C>& masters = *st->core;
-            // Every master, not just a quorum: a process that exits right after unlock() must
-            // not leave its key on a minority until the lease runs out.
-            const auto outcomes = st->core->release(g.acq);
-            const detail::quorum_tally t = detail::tally(outcomes);
-            if (t.yes >= masters.quorum()) {
-                return detail::end_release(*st, g.lease, detail::release_end::released);
-            }
-            if (t.no > masters.size() - masters.quorum()) {
-                return detail::end_release(*st, g.lease, detail::release_end::lost);
-            }
-            // No quorum either way: the masters that did not answer get it in the background.
-            bool unanswered = false;
-            for (const detail::node_outcome& o : outcomes) {
-                unanswered = unanswered ||
-                             (o.answer == detail::node_answer::failed && !o.server_error);
-            }
-            return detail::end_release(
-                *st, g.lease,
-                unanswered ? detail::release_end::unanswered : detail::release_end::refused);
-        } catch (...) {
-            return detail::end_release(*st, g.lease, detail::release_end::unanswered);
-        }
-    }
+    static given_up give_up_locked(state& st) { return st.give_up(); }
 
     static void release_on_destruction(const std::shared_ptr<state>& st) noexcept {
-        handle::release_held(st, &give_up_locked, &release);
+        handle::release_held(st, &give_up_locked, &release::leave);
     }
 };
 
