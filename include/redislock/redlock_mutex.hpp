@@ -92,7 +92,6 @@ namespace redislock {
 template <connection C>
 class basic_redlock_client;
 
-
 /// A simple lock held on a quorum of independent masters (Redlock). TimedLockable; see the top
 /// of this header for validity, loss and faults.
 template <connection C>
@@ -244,9 +243,9 @@ private:
         const bool acquired = detail::acquire_with_backoff(
             [&] {
                 ++tally.attempts;
-                auto ttl = attempt(stop,
-                                   tally.attempts == 1 ? detail::steady::time_point::max() : deadline,
-                                   tally);
+                auto ttl = attempt(
+                    stop, tally.attempts == 1 ? detail::steady::time_point::max() : deadline,
+                    tally);
                 if (ttl && !stop.stop_requested()) {
                     events.emit([&] {
                         lock_event e;

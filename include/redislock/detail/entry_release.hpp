@@ -25,8 +25,8 @@ reply send_release(const State& st, const script& s,
                    steady::time_point deadline) {
     call_context how{{}, deadline};
     how.repeatable = entries == drop_all;  // a count change must not run twice
-    reply r = detail::run_script(st.core->connection, s, std::array<std::string_view, 1>{st.name}, args,
-                         how, &st.core->events);
+    reply r = detail::run_script(st.core->connection, s, std::array<std::string_view, 1>{st.name},
+                                 args, how, &st.core->events);
     if (r.is_integer() && r.as_integer() >= 1) {
         st.core->waiting->gates.note_contention(st.name, r.as_integer() == 2);
     }
@@ -46,15 +46,15 @@ std::error_code leave_entries(const State& st, const Lease& ended, bool last, On
         r = once();
     } catch (...) {
         not_finished();
-        return end_release(st, ended, release_end::unanswered, last);
+        return detail::end_release(st, ended, release_end::unanswered, last);
     }
     if (!answered(r)) {
         not_finished();
-        (void)end_release(st, ended, release_end::refused, last);
+        (void)detail::end_release(st, ended, release_end::refused, last);
         return server_failure(r);
     }
     if (r.is_integer() && r.as_integer() >= 0) {
-        return end_release(st, ended, release_end::released, last);
+        return detail::end_release(st, ended, release_end::released, last);
     }
     return gone(r);
 }

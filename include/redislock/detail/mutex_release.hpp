@@ -69,15 +69,15 @@ struct mutex_release {
             case release_outcome::handed_on:
                 st->core->waiting->gates.note_contention(st->name,
                                                          outcome == release_outcome::handed_on);
-                return end_release(*st, g.lease, release_end::released);
+                return detail::end_release(*st, g.lease, release_end::released);
             case release_outcome::not_ours:
-                return end_release(*st, g.lease, release_end::lost);
+                return detail::end_release(*st, g.lease, release_end::lost);
             case release_outcome::unreachable:
                 hand_to_reaper(st, g.token, g.lease.valid_until + st->options.lease);
-                return end_release(*st, g.lease, release_end::unanswered);
+                return detail::end_release(*st, g.lease, release_end::unanswered);
             case release_outcome::refused:
                 hand_to_reaper(st, g.token, g.lease.valid_until + st->options.lease);
-                return end_release(*st, g.lease, release_end::refused);
+                return detail::end_release(*st, g.lease, release_end::refused);
         }
         return errc::connection_failed;
     }
@@ -86,12 +86,13 @@ struct mutex_release {
     // may hold has surely ended.
     static void hand_to_reaper(const std::shared_ptr<state>& st, const detail::token& token,
                                steady::time_point lease_end) noexcept {
-        leave_to_reaper(st, token, lease_end,
-                        [](const state& s, const detail::token& t, steady::time_point deadline) {
-                            const auto outcome = release_once(s, t, deadline);
-                            return outcome != release_outcome::unreachable &&
-                                   outcome != release_outcome::refused;
-                        });
+        detail::leave_to_reaper(
+            st, token, lease_end,
+            [](const state& s, const detail::token& t, steady::time_point deadline) {
+                const auto outcome = release_once(s, t, deadline);
+                return outcome != release_outcome::unreachable &&
+                       outcome != release_outcome::refused;
+            });
     }
 };
 

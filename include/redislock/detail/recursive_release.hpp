@@ -48,7 +48,7 @@ struct recursive_release {
     static reply leave_once(const state& st, std::string_view lease_text, const held& entry,
                             std::size_t entries, steady::time_point deadline) {
         const decimal count{static_cast<long long>(entries)};
-        return send_release(
+        return detail::send_release(
             st, scripts::recursive_release,
             std::array<std::string_view, 8>{entry.owner, count.view(), lease_text, st.channel,
                                             entry.acquisition, st.grace_text.view(), st.queue_key,
@@ -60,11 +60,12 @@ struct recursive_release {
     // object created and abandoned) until the server answers or the lease surely ended.
     static void hand_to_reaper(const std::shared_ptr<state>& st, const held& entry,
                                std::size_t entries, steady::time_point lease_end) noexcept {
-        leave_to_reaper(st, entry, lease_end,
-                        [entries](const state& s, const held& e, steady::time_point deadline) {
-                            // Lease "0": a background release never extends what remains.
-                            return leave_once(s, "0", e, entries, deadline).is_integer();
-                        });
+        detail::leave_to_reaper(
+            st, entry, lease_end,
+            [entries](const state& s, const held& e, steady::time_point deadline) {
+                // Lease "0": a background release never extends what remains.
+                return leave_once(s, "0", e, entries, deadline).is_integer();
+            });
     }
 
     // Leaves `entries` entries of `entry` in Redis; the caller has already counted them out.
@@ -90,7 +91,7 @@ struct recursive_release {
                     }
                     return std::error_code{errc::lock_lost};
                 }
-                return end_release(*st, ended, release_end::lost);
+                return detail::end_release(*st, ended, release_end::lost);
             });
     }
 

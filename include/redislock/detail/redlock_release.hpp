@@ -31,20 +31,20 @@ struct redlock_release {
             const auto outcomes = st->core->release(g.acq);
             const quorum_tally t = tally(outcomes);
             if (t.yes >= masters.quorum()) {
-                return end_release(*st, g.lease, release_end::released);
+                return detail::end_release(*st, g.lease, release_end::released);
             }
             if (t.no > masters.size() - masters.quorum()) {
-                return end_release(*st, g.lease, release_end::lost);
+                return detail::end_release(*st, g.lease, release_end::lost);
             }
             // No quorum either way: the masters that did not answer get it in the background.
             bool unanswered = false;
             for (const node_outcome& o : outcomes) {
                 unanswered = unanswered || (o.answer == node_answer::failed && !o.server_error);
             }
-            return end_release(*st, g.lease,
-                               unanswered ? release_end::unanswered : release_end::refused);
+            return detail::end_release(*st, g.lease,
+                                       unanswered ? release_end::unanswered : release_end::refused);
         } catch (...) {
-            return end_release(*st, g.lease, release_end::unanswered);
+            return detail::end_release(*st, g.lease, release_end::unanswered);
         }
     }
 };

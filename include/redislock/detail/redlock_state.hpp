@@ -96,5 +96,4 @@ struct redlock_state {
     std::stop_source lost_source;
 };
 
-
 }  // namespace redislock::detail

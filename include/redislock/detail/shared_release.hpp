@@ -46,21 +46,23 @@ struct shared_release {
         } catch (...) {
             return;  // Out of memory: the entry expires with its lease.
         }
-        leave_to_reaper(st, ref, lease_end,
-                        [entries](const state& s, const hold_ref& r, steady::time_point deadline) {
-                            return leave_once(s, r, entries, deadline).is_integer();
-                        });
+        detail::leave_to_reaper(
+            st, ref, lease_end,
+            [entries](const state& s, const hold_ref& r, steady::time_point deadline) {
+                return leave_once(s, r, entries, deadline).is_integer();
+            });
     }
 
     // Sends one release; one that lets waiters in tells them.
     static reply leave_once(const state& st, const hold_ref& ref, std::size_t entries,
                             steady::time_point deadline) {
         const decimal count{static_cast<long long>(entries)};
-        return send_release(st, scripts::shared_release,
-                            std::array<std::string_view, 8>{
-                                ref.owner, shared_mode_text(ref.kind), count.view(), st.channel,
-                                ref.acquisition, st.grace_text.view(), st.queue_key, st.lapse_key},
-                            entries, deadline);
+        return detail::send_release(
+            st, scripts::shared_release,
+            std::array<std::string_view, 8>{ref.owner, shared_mode_text(ref.kind), count.view(),
+                                            st.channel, ref.acquisition, st.grace_text.view(),
+                                            st.queue_key, st.lapse_key},
+            entries, deadline);
     }
 
     // Leaves `entries` entries, already counted out locally, of the hold `ref` in Redis. A
@@ -102,8 +104,9 @@ struct shared_release {
             // Work watching lost_token() stops, as for a loss found any other way.
             std::stop_source source = last ? last_lease.lost_source : ended.lost_source;
             source.request_stop();
-            report_loss(*st, shared_lock_kind(ref.kind),
-                        r.is_error() ? loss_reason::server_lost : loss_reason::taken, acquired_at);
+            detail::report_loss(*st, shared_lock_kind(ref.kind),
+                                r.is_error() ? loss_reason::server_lost : loss_reason::taken,
+                                acquired_at);
         }
         return errc::lock_lost;
     }
