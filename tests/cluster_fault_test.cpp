@@ -426,7 +426,7 @@ TEST_F(ClusterMasterKilled, ClientsRecoverAfterThePromotion) {
     std::atomic<bool> stop{false};
     std::atomic<int> errors{0};
     std::atomic<int> sections{0};
-    std::string first_error;  // written by other_masters, read after it is joined
+    std::string first_error;                   // written by other_masters, read after it is joined
     std::chrono::milliseconds longest_wait{};  // the same
     std::thread other_masters{[&] {
         // Names on the masters still alive keep working during the failover. Until the replica
@@ -447,8 +447,35 @@ TEST_F(ClusterMasterKilled, ClientsRecoverAfterThePromotion) {
                     first_error = e.what();
                 }
             }
-            longest_wait = std::max(longest_wait, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                      std::chrono::steady_clock::now() - began));
+            longest_wait =
+                std::max(longest_wait, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                           std::chrono::steady_clock::now() - began));
+        }
+    }};
+
+    // The promotion itself is the cluster's business and its time depends on the machine's load
+    // (failure detection, then an election); what the client owes is to follow it quickly.
+    const auto replicas = cluster_->replicas_of(victim);
+    ASSERT_FALSE(replicas.empty());
+    std::atomic<bool> promoted{false};
+    std::chrono::steady_clock::time_point promoted_at{};  // written before promoted is set
+    std::thread promotion_watch{[&, port = replicas.front()] {
+        redislock::hiredis_connection replica{cluster_->uri_of(port)};
+        const std::array<std::string_view, 1> role{"ROLE"};
+        const auto give_up = std::chrono::steady_clock::now() + 40s;
+        while (std::chrono::steady_clock::now() < give_up) {
+            try {
+                const reply r = replica.execute(role);
+                if (r.is_array() && !r.elements().empty() &&
+                    r.elements().front().text() == "master") {
+                    promoted_at = std::chrono::steady_clock::now();
+                    promoted = true;
+                    return;
+                }
+            } catch (const redislock::error&) {
+                // a busy replica; ask again
+            }
+            std::this_thread::sleep_for(10ms);
         }
     }};
 
@@ -471,9 +498,16 @@ TEST_F(ClusterMasterKilled, ClientsRecoverAfterThePromotion) {
             ASSERT_LT(std::chrono::steady_clock::now() - killed_at, 30s) << e.what();
         }
     }
+    const auto recovered_at = killed_at + recovered;
     stop = true;
     other_masters.join();
+    promotion_watch.join();
     cluster_->wait_healthy();
+    ASSERT_TRUE(promoted.load()) << "the replica never reported itself master";
+    const auto promotion =
+        std::chrono::duration_cast<std::chrono::milliseconds>(promoted_at - killed_at);
+    const auto followed =
+        std::chrono::duration_cast<std::chrono::milliseconds>(recovered_at - promoted_at);
 
     int survived = 0;
     redislock::hiredis_cluster_connection conn{cluster_->uri()};
@@ -482,12 +516,14 @@ TEST_F(ClusterMasterKilled, ClientsRecoverAfterThePromotion) {
         survived += conn.execute(exists) == reply::integer(1) ? 1 : 0;
     }
     std::printf(
-        "[ kill -9  ] lock on the killed master's slots works again %lld ms after the kill "
-        "(%d calls failed meanwhile); %d of %zu locks taken just before the kill survived the "
-        "promotion; other masters: %d sections, %d errors, longest lock+unlock %lld ms\n",
-        static_cast<long long>(recovered.count()), failed_calls, survived, on_victim.size(),
+        "[ kill -9  ] replica promoted %lld ms after the kill; lock on the killed master's slots "
+        "works again %lld ms after the kill, %lld ms after the promotion (%d calls failed "
+        "meanwhile); %d of %zu locks taken just before the kill survived the promotion; other "
+        "masters: %d sections, %d errors, longest lock+unlock %lld ms\n",
+        static_cast<long long>(promotion.count()), static_cast<long long>(recovered.count()),
+        static_cast<long long>(followed.count()), failed_calls, survived, on_victim.size(),
         sections.load(), errors.load(), static_cast<long long>(longest_wait.count()));
-    EXPECT_LT(recovered, 10s) << "node-timeout 2 s: promotion takes about 4 s";
+    EXPECT_LT(followed, 4s) << "a promotion is followed within node-timeout (2 s) + 2 s";
     EXPECT_GT(sections.load(), 100) << "names on the other masters kept working";
     EXPECT_EQ(errors.load(), 0) << first_error;
     for (auto& m : held) {
