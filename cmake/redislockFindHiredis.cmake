@@ -1,5 +1,6 @@
 # Defines the target redislock::hiredis from whatever hiredis the system has: hiredis 1.x
-# installs a CMake package (hiredis::hiredis); Debian's 0.14 installs only hiredis.pc.
+# installs a CMake package (hiredis::hiredis); Debian's 0.14 installs hiredis.pc; without
+# either (or without pkg-config) the header and the library are looked up directly.
 # Sets redislock_hiredis_FOUND, and redislock_hiredis_message when hiredis is missing; the caller
 # decides whether that is an error, since redislock::core needs no hiredis.
 #
@@ -29,6 +30,31 @@ else()
     if(TARGET PkgConfig::REDISLOCK_HIREDIS)
         set(redislock_hiredis_target PkgConfig::REDISLOCK_HIREDIS)
         set(redislock_hiredis_version "${REDISLOCK_HIREDIS_VERSION}")
+    endif()
+endif()
+# Without a CMake package or pkg-config (a machine with only a compiler, CMake and the hiredis
+# headers and library): the header and the library themselves, the version from hiredis.h.
+# CMAKE_DISABLE_FIND_PACKAGE_hiredis turns this off too.
+if(NOT redislock_hiredis_target AND NOT CMAKE_DISABLE_FIND_PACKAGE_hiredis)
+    find_path(REDISLOCK_HIREDIS_INCLUDE_DIR hiredis/hiredis.h)
+    find_library(REDISLOCK_HIREDIS_LIBRARY NAMES hiredis)
+    mark_as_advanced(REDISLOCK_HIREDIS_INCLUDE_DIR REDISLOCK_HIREDIS_LIBRARY)
+    if(REDISLOCK_HIREDIS_INCLUDE_DIR AND REDISLOCK_HIREDIS_LIBRARY)
+        file(STRINGS ${REDISLOCK_HIREDIS_INCLUDE_DIR}/hiredis/hiredis.h redislock_hiredis_defines
+             REGEX "^#define HIREDIS_(MAJOR|MINOR|PATCH) [0-9]+")
+        set(redislock_hiredis_version "")
+        foreach(part IN ITEMS MAJOR MINOR PATCH)
+            string(REGEX REPLACE ".*#define HIREDIS_${part} ([0-9]+).*" "\\1" number
+                   "${redislock_hiredis_defines}")
+            list(APPEND redislock_hiredis_version ${number})
+        endforeach()
+        list(JOIN redislock_hiredis_version "." redislock_hiredis_version)
+        add_library(redislock_hiredis_found UNKNOWN IMPORTED GLOBAL)
+        set_target_properties(redislock_hiredis_found PROPERTIES
+            IMPORTED_LOCATION ${REDISLOCK_HIREDIS_LIBRARY}
+            INTERFACE_INCLUDE_DIRECTORIES ${REDISLOCK_HIREDIS_INCLUDE_DIR})
+        set(redislock_hiredis_target redislock_hiredis_found)
+        unset(redislock_hiredis_defines)
     endif()
 endif()
 

@@ -470,4 +470,26 @@ TEST(InspectProgram, ShowsAndFreesALockTakenByTheLibrary) {
 }
 #endif
 
+#ifdef REDISLOCK_METRICS_EXAMPLE
+// The examples the documentation points to run to their end against a real server.
+TEST(Examples, MetricsCountsEventsAndPrintsThem) {
+    redis_server srv;
+    const auto run =
+        redislock::test::detail::run_capture({REDISLOCK_METRICS_EXAMPLE, srv.uri()}, 60s);
+    ASSERT_TRUE(WIFEXITED(run.status)) << run.err;
+    EXPECT_EQ(WEXITSTATUS(run.status), 0) << run.err << run.out;
+    EXPECT_TRUE(contains(run.out, "wait histogram")) << run.out;
+    EXPECT_TRUE(contains(run.out, "losses by reason")) << run.out;
+}
+
+TEST(Examples, LeaderElectionElectsStepsDownAndElectsAgain) {
+    redis_server srv;
+    const auto run = redislock::test::detail::run_capture(
+        {REDISLOCK_LEADER_ELECTION_EXAMPLE, srv.uri(), "4"}, 60s);
+    ASSERT_TRUE(WIFEXITED(run.status)) << run.err;
+    EXPECT_EQ(WEXITSTATUS(run.status), 0) << run.err << run.out;
+    EXPECT_TRUE(contains(run.out, "elections")) << run.out;
+}
+#endif
+
 }  // namespace

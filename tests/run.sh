@@ -101,7 +101,7 @@ jobs=$(nproc 2>/dev/null || echo 1)
 # run as `redis-server --sentinel`; redis-tools brings redis-cli for the cluster set-up.
 packages=(
     g++ cmake make pkg-config
-    libhiredis-dev libssl-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
+    libhiredis-dev libgtest-dev libgmock-dev googletest libbenchmark-dev
     redis-server redis-tools openssl doxygen
 )
 
@@ -183,8 +183,16 @@ run_suite() {
     stage_end passed
 }
 
-# The clang stage builds with Debian's clang (clang 14 on Debian 12) and its default libstdc++.
-packages+=(clang)
+# The later stages: the clang stage builds with Debian's clang (clang 14 on Debian 12) and its
+# default libstdc++; the hiredis 1.x stage builds hiredis_ssl against OpenSSL and fetches
+# hiredis's sources with npm, as the Redlock interop test fetches node-redlock. Debian's npm
+# (with nodejs) is installed only when no npm is on the PATH.
+if ((quick == 0)); then
+    packages+=(clang libssl-dev)
+    if ! command -v npm >/dev/null; then
+        packages+=(npm)
+    fi
+fi
 
 install_missing_packages
 
@@ -213,7 +221,7 @@ fi
 threaded_and_fault_tests=(
     mutex_test recursive_mutex_test shared_mutex_test safety_test fault_exclusion_test
     fault_matrix_test fault_proxy_test faulty_connection_test watchdog_test waiting_test
-    events_test hiredis_test client_test reconnect_relay_test
+    events_test hiredis_test client_test reconnect_relay_test internals_test
 )
 joined() {
     local IFS=$1

@@ -58,6 +58,8 @@
 // (the library then sends one command per call).
 #pragma once
 
+#include <redislock/detail/platform.hpp>
+
 #include <chrono>
 #include <concepts>
 #include <span>

@@ -56,6 +56,7 @@
 #include <redislock/detail/tls_context.hpp>
 #endif
 #include <redislock/detail/per_process.hpp>
+#include <redislock/detail/resp_command.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
@@ -161,40 +162,21 @@ inline reply convert_reply(const redisReply& r) {
     }
 }
 
-/// argv as hiredis wants it (pointers and lengths), on the stack for the commands the locks send.
-class argv_buffer {
-public:
-    explicit argv_buffer(command argv) {
-        if (argv.size() > inline_capacity) {
-            heap_pointers_.resize(argv.size());
-            heap_lengths_.resize(argv.size());
-            pointers_ = heap_pointers_.data();
-            lengths_ = heap_lengths_.data();
-        }
-        for (std::size_t i = 0; i < argv.size(); ++i) {
-            pointers_[i] = argv[i].data();
-            lengths_[i] = argv[i].size();
-        }
-        size_ = static_cast<int>(argv.size());
+/// Appends `argv` to the context's output buffer, formatted by resp_command.
+inline bool append_command(redisContext* ctx, command argv) {
+    const resp_command text{argv};
+    return redisAppendFormattedCommand(ctx, text.data(), text.size()) == REDIS_OK;
+}
+
+/// Sends `argv` on a blocking context and reads its reply, as redisCommandArgv does; null when
+/// the connection failed (ctx->err says why).
+inline void* command_reply(redisContext* ctx, command argv) {
+    void* raw = nullptr;
+    if (!append_command(ctx, argv) || redisGetReply(ctx, &raw) != REDIS_OK) {
+        return nullptr;
     }
-    argv_buffer(const argv_buffer&) = delete;
-    argv_buffer& operator=(const argv_buffer&) = delete;
-
-    int size() const noexcept { return size_; }
-    const char** pointers() noexcept { return pointers_; }
-    const std::size_t* lengths() const noexcept { return lengths_; }
-
-private:
-    static constexpr std::size_t inline_capacity = 16;
-    const char* inline_pointers_[inline_capacity]{};
-    std::size_t inline_lengths_[inline_capacity]{};
-    std::vector<const char*> heap_pointers_;
-    std::vector<std::size_t> heap_lengths_;
-    const char** pointers_ = inline_pointers_;
-    std::size_t* lengths_ = inline_lengths_;
-    int size_ = 0;
-};
-
+    return raw;
+}
 
 /// A dedicated context in subscriber mode, read without blocking (see subscriber.hpp).
 class hiredis_subscriber_link final : public subscriber_link {
@@ -205,9 +187,7 @@ public:
     int fd() const noexcept override { return ctx_->fd; }
 
     void send(command argv) override {
-        argv_buffer args{argv};
-        if (redisAppendCommandArgv(ctx_.get(), args.size(), args.pointers(), args.lengths()) !=
-            REDIS_OK) {
+        if (!append_command(ctx_.get(), argv)) {
             fail();
         }
         int done = 0;
@@ -291,9 +271,7 @@ public:
         pool& p = this_pool();
         reconnect_notice notice{*this};
         auto ctx = take(notice);
-        detail::argv_buffer args{argv};
-        detail::hiredis_reply_ptr raw{
-            redisCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths())};
+        detail::hiredis_reply_ptr raw{detail::command_reply(ctx.get(), argv)};
         if (!raw) {
             fail(std::move(ctx));
         }
@@ -311,8 +289,10 @@ public:
         if (!bounded(how)) {
             return execute(argv);
         }
-        std::vector<reply> replies = execute_pipeline(std::span<const command>{&argv, 1}, how);
-        return std::move(replies.front());
+        reply result;
+        exchange_bounded(std::span<const command>{&argv, 1}, how,
+                         [&](reply r) { result = std::move(r); });
+        return result;
     }
 
     /// As execute_pipeline(commands), bounded by the earliest deadline of `hows` and by the first
@@ -343,9 +323,7 @@ public:
         reconnect_notice notice{*this};
         auto ctx = take(notice);
         for (command argv : commands) {
-            detail::argv_buffer args{argv};
-            if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
-                REDIS_OK) {
+            if (!detail::append_command(ctx.get(), argv)) {
                 fail(std::move(ctx));
             }
         }
@@ -492,9 +470,7 @@ public:
         reconnect_notice notice{*this};  // reports only when start() throws
         auto ctx = take(notice, deadline, how.stop);
         for (command argv : commands) {
-            detail::argv_buffer args{argv};
-            if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
-                REDIS_OK) {
+            if (!detail::append_command(ctx.get(), argv)) {
                 fail(std::move(ctx));
             }
         }
@@ -580,6 +556,16 @@ private:
     // is closed, never reused (its late reply would be read as the next command's).
     std::vector<reply> execute_pipeline(std::span<const command> commands,
                                         const call_context& how) {
+        std::vector<reply> results;
+        results.reserve(commands.size());
+        exchange_bounded(commands, how, [&](reply r) { results.push_back(std::move(r)); });
+        return results;
+    }
+
+    // The bounded path's round trip: hands each reply, in order, to on_reply.
+    template <class OnReply>
+    void exchange_bounded(std::span<const command> commands, const call_context& how,
+                          OnReply on_reply) {
         using clock = std::chrono::steady_clock;
         const auto deadline =
             std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
@@ -587,9 +573,7 @@ private:
         reconnect_notice notice{*this};
         auto ctx = take(notice, deadline, how.stop);
         for (command argv : commands) {
-            detail::argv_buffer args{argv};
-            if (redisAppendCommandArgv(ctx.get(), args.size(), args.pointers(), args.lengths()) !=
-                REDIS_OK) {
+            if (!detail::append_command(ctx.get(), argv)) {
                 fail(std::move(ctx));
             }
         }
@@ -598,16 +582,15 @@ private:
                 fail(std::move(ctx));
             }
         }
-        std::vector<reply> results;
-        results.reserve(commands.size());
-        while (results.size() < commands.size()) {
+        for (std::size_t read = 0; read < commands.size();) {
             void* raw_reply = nullptr;
             if (redisGetReplyFromReader(ctx.get(), &raw_reply) != REDIS_OK) {
                 fail(std::move(ctx));
             }
             if (raw_reply != nullptr) {
                 detail::hiredis_reply_ptr raw{raw_reply};
-                results.push_back(detail::convert_reply(*static_cast<redisReply*>(raw.get())));
+                on_reply(detail::convert_reply(*static_cast<redisReply*>(raw.get())));
+                ++read;
                 continue;
             }
             wait_readable(ctx, deadline, how);
@@ -617,7 +600,6 @@ private:
         }
         this_pool().release(std::move(ctx));
         this_pool().round_trips.fetch_add(1, std::memory_order_relaxed);
-        return results;
     }
 
     void check_stop(const call_context& how) const {
@@ -874,9 +856,7 @@ private:
 
         void handshake(redisContext& ctx, std::vector<std::string> words, std::string_view what) {
             std::vector<std::string_view> argv{words.begin(), words.end()};
-            detail::argv_buffer args{argv};
-            detail::hiredis_reply_ptr raw{
-                redisCommandArgv(&ctx, args.size(), args.pointers(), args.lengths())};
+            detail::hiredis_reply_ptr raw{detail::command_reply(&ctx, argv)};
             if (!raw) {
                 std::string why = ctx.errstr;
                 if (config.tls.enabled && config.tls.cert_file.empty()) {

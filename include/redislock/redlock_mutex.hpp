@@ -313,6 +313,8 @@ private:
             state_->lease.valid_until = detail::valid_until(acq->sent, state_->options.lease);
             state_->lease.acquired_at = acq->sent;
             state_->lease.kind = lock_kind::redlock_mutex;
+            // lost_token() is kept past unlock(): this acquisition's stop state is made now.
+            state_->lease.lost_source = std::stop_source{};
             state_->lost_source = state_->lease.lost_source;
         }
         tracker().replaced(previous_lease, previous_live);

@@ -143,8 +143,7 @@ public:
         const auto held =
             of_caller(std::optional<std::stop_token>{}, [](state& st, const std::string& owner) {
                 const auto* lease = st.lease_of(owner);
-                return lease != nullptr ? std::optional{lease->lost_source.get_token()}
-                                        : std::nullopt;
+                return lease != nullptr ? std::optional{lease->lost_token()} : std::nullopt;
             });
         return held ? *held : detail::stopped_token();
     }

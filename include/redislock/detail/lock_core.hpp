@@ -240,12 +240,26 @@ struct tracked_lease {
     bool renewal_capped = false;       // the watchdog stopped renewing it at max_hold
     typename basic_watchdog<C>::lease_id renewal = 0;
     loss_timer::entry_id timer = 0;
-    std::stop_source lost_source{};
+    // Made by the first lost_token() (a stop state is an allocation most acquisitions never
+    // need); stopped when the loss is told.
+    mutable std::stop_source lost_source{std::nostopstate};
     std::uint64_t generation = current_fork_generation();  // whose engines the ids above name
 
     /// Local, conservative time left; zero once lost.
     std::chrono::milliseconds remaining() const {
         return lost ? std::chrono::milliseconds::zero() : time_left(valid_until);
+    }
+
+    /// The token whose stop is requested when this acquisition is told lost; already stopped
+    /// once it is marked lost. Needs the lock's mutex, like every member.
+    std::stop_token lost_token() const {
+        if (lost) {
+            return stopped_token();
+        }
+        if (!lost_source.stop_possible()) {
+            lost_source = std::stop_source{};
+        }
+        return lost_source.get_token();
     }
 };
 
@@ -332,7 +346,7 @@ public:
     /// fresh acquisition `key` of `kind`: acquired is thus told before its lease can be found
     /// lost. When tracking cannot start, `give_back()` releases the acquisition before the
     /// failure propagates: an untracked lease is not safe to hand out. `renewal()` makes the
-    /// renewal_spec.
+    /// renewal_spec, called only with lock_options::watchdog.
     template <class Renewal, class GiveBack>
     void begin(const key_type& key, steady::time_point sent, lock_kind kind, const wait_tally* wait,
                Renewal renewal, GiveBack give_back) {
@@ -340,7 +354,7 @@ public:
             report_acquired(*st_, kind, *wait);
         }
         try {
-            start(key, sent, renewal());
+            start(key, sent, renewal);
         } catch (...) {
             give_back();
             throw;
@@ -348,11 +362,12 @@ public:
     }
 
     /// Registers a fresh acquisition whose grant was sent at `sent`: the loss timer and, with
-    /// lock_options::watchdog, renewals as `renewal` says.
-    void start(const key_type& key, steady::time_point sent, renewal_spec renewal) {
+    /// lock_options::watchdog, renewals as the renewal_spec `make_renewal()` returns says.
+    template <class MakeRenewal>
+    void start(const key_type& key, steady::time_point sent, MakeRenewal make_renewal) {
         const auto deadline = valid_until(sent, st_->options.lease);
         const auto timer = core().timer->add(
-            deadline, [self = self_, key]() -> loss_timer::loss_notice {
+            deadline, [self = self_, key = key_type{key}]() -> loss_timer::loss_notice {
                 // On the timer thread: mark the loss at once; the stop and the report are run by
                 // the timer after every due lease was marked.
                 auto st = self.lock();
@@ -379,6 +394,7 @@ public:
         if (!st_->options.watchdog) {
             return;
         }
+        renewal_spec renewal = make_renewal();
         lease_renewal watched{renewal.renew_script,
                               std::move(renewal.keys),
                               std::move(renewal.args),

@@ -117,7 +117,7 @@ protected:
         }
         std::lock_guard guard{state_->mutex};
         const auto* lease = state_->held_lease();
-        return lease != nullptr ? lease->lost_source.get_token() : stopped_token();
+        return lease != nullptr ? lease->lost_token() : stopped_token();
     }
 
     /// The fencing token of the acquisition held now (State::fence); 0 when none is.

@@ -28,6 +28,7 @@
 #include <utility>
 #include <vector>
 
+#include <redislock/detail/inplace_function.hpp>
 #include <redislock/detail/owned_thread.hpp>
 
 namespace redislock::detail {
@@ -62,8 +63,9 @@ public:
         std::function<void()> handler{};
     };
 
-    /// What runs at a deadline: marks the loss (no user code) and returns what to tell.
-    using deadline_callback = std::function<loss_notice()>;
+    /// What runs at a deadline: marks the loss (no user code) and returns what to tell. Kept in
+    /// place: large enough for a weak pointer to a lock's state and the key of its lease.
+    using deadline_callback = inplace_function<loss_notice(), 128>;
 
     /// True on the timer's own thread.
     bool runs_on_this_thread() const {
@@ -75,8 +77,15 @@ public:
     entry_id add(clock::time_point deadline, deadline_callback on_deadline) {
         std::lock_guard lock{mutex_};
         const entry_id id = next_id_++;
-        entries_.emplace(id, entry{deadline, std::move(on_deadline)});
-        queue_.emplace(deadline, id);
+        if (spare_entries_.empty()) {
+            entries_.emplace(id, entry{deadline, std::move(on_deadline)});
+        } else {
+            auto node = take_spare(spare_entries_);
+            node.key() = id;
+            node.mapped() = entry{deadline, std::move(on_deadline)};
+            entries_.insert(std::move(node));
+        }
+        enqueue(deadline, id);
         if (!thread_.running() && !stopped_) {
             thread_ = owned_thread{[this] { run(); }};
         } else if (deadline < planned_wake_) {
@@ -92,9 +101,9 @@ public:
         if (it == entries_.end() || it->second.fired) {
             return;
         }
-        queue_.erase({it->second.deadline, id});
+        dequeue(it->second.deadline, id);
         it->second.deadline = deadline;
-        queue_.emplace(deadline, id);
+        enqueue(deadline, id);
         if (deadline < planned_wake_) {
             wake_.notify_all();
         }
@@ -110,8 +119,8 @@ public:
             done_.wait(lock, [&] { return running_ != id; });
         }
         if (auto it = entries_.find(id); it != entries_.end()) {
-            queue_.erase({it->second.deadline, id});
-            entries_.erase(it);
+            dequeue(it->second.deadline, id);
+            forget(it);
         }
     }
 
@@ -131,6 +140,48 @@ private:
     // a deadline later than the planned wake-up is picked up then.
     static constexpr std::chrono::seconds idle_wake{1};
 
+    using entry_map = std::map<entry_id, entry>;
+    using deadline_queue = std::set<std::pair<clock::time_point, entry_id>>;
+
+    // The nodes of both containers are kept for reuse, so that a lock+unlock allocates nothing
+    // here once the timer has warmed up; at most spare_limit of each are kept.
+    static constexpr std::size_t spare_limit = 64;
+
+    template <class Node>
+    static Node take_spare(std::vector<Node>& spares) {
+        Node node = std::move(spares.back());
+        spares.pop_back();
+        return node;
+    }
+
+    void enqueue(clock::time_point deadline, entry_id id) {
+        if (spare_slots_.empty()) {
+            queue_.emplace(deadline, id);
+            return;
+        }
+        auto node = take_spare(spare_slots_);
+        node.value() = {deadline, id};
+        queue_.insert(std::move(node));
+    }
+
+    void dequeue(clock::time_point deadline, entry_id id) {
+        auto node = queue_.extract({deadline, id});
+        if (!node.empty() && spare_slots_.size() < spare_limit) {
+            spare_slots_.push_back(std::move(node));
+        }
+    }
+
+    void forget(entry_map::iterator it) {
+        if (it == entries_.end()) {
+            return;
+        }
+        auto node = entries_.extract(it);
+        node.mapped().on_deadline.reset();  // what it captured goes now, not on reuse
+        if (spare_entries_.size() < spare_limit) {
+            spare_entries_.push_back(std::move(node));
+        }
+    }
+
     // Marks every due loss first, then requests their stops, then runs their handlers one at a
     // time, marking again whatever fell due meanwhile: a slow handler delays other handlers, never
     // another lock's owned() or lost_token().
@@ -143,7 +194,7 @@ private:
             const auto now = clock::now();
             if (!queue_.empty() && queue_.begin()->first <= now) {
                 const entry_id id = queue_.begin()->second;
-                queue_.erase(queue_.begin());
+                dequeue(queue_.begin()->first, id);
                 entry& e = entries_.at(id);
                 e.fired = true;
                 auto mark = std::move(e.on_deadline);
@@ -155,7 +206,7 @@ private:
                 }
                 lock.lock();
                 running_ = 0;
-                entries_.erase(id);
+                forget(entries_.find(id));
                 done_.notify_all();
                 if (notice.source.stop_possible()) {
                     stops.push_back(std::move(notice.source));
@@ -188,8 +239,10 @@ private:
     mutable std::mutex mutex_;
     std::condition_variable wake_;
     std::condition_variable done_;
-    std::map<entry_id, entry> entries_;
-    std::set<std::pair<clock::time_point, entry_id>> queue_;
+    entry_map entries_;
+    deadline_queue queue_;
+    std::vector<entry_map::node_type> spare_entries_;
+    std::vector<deadline_queue::node_type> spare_slots_;
     entry_id next_id_ = 1;
     entry_id running_ = 0;
     clock::time_point planned_wake_ = clock::time_point::min();

@@ -1,0 +1,205 @@
+// Building blocks of the hot path, tested on their own: the RESP formatting that replaces
+// hiredis's, the in-place callable of the loss timer, and the timer's reuse of its nodes.
+
+#include <gtest/gtest.h>
+
+#include <hiredis/hiredis.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <redislock/redislock.hpp>
+
+#include "support/test_util.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using redislock::detail::inplace_function;
+using redislock::detail::loss_timer;
+using redislock::detail::resp_command;
+
+// What hiredis itself makes of the same argv.
+std::string formatted_by_hiredis(const std::vector<std::string_view>& argv) {
+    std::vector<const char*> pointers;
+    std::vector<std::size_t> lengths;
+    for (std::string_view arg : argv) {
+        pointers.push_back(arg.data());
+        lengths.push_back(arg.size());
+    }
+    char* out = nullptr;
+    const auto size = redisFormatCommandArgv(&out, static_cast<int>(argv.size()), pointers.data(),
+                                             lengths.data());
+    std::string text{out, static_cast<std::size_t>(size)};
+    redisFreeCommand(out);
+    return text;
+}
+
+std::string formatted_here(const std::vector<std::string_view>& argv) {
+    const resp_command command{argv};
+    return std::string{command.data(), command.size()};
+}
+
+TEST(RespCommand, MatchesHiredisForTheCommandsTheLocksSend) {
+    const std::vector<std::vector<std::string_view>> cases{
+        {"PING"},
+        {"SET", "orders:42", "0123456789abcdef0123456789abcdef", "NX", "PX", "30000"},
+        {"EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "2", "k1", "{k1}:fence", "a", "b",
+         "c", "d", "e", "f", "g"},
+    };
+    for (const auto& argv : cases) {
+        EXPECT_EQ(formatted_here(argv), formatted_by_hiredis(argv)) << argv.front();
+    }
+}
+
+TEST(RespCommand, EmptyAndBinaryArgumentsAreSentAsTheyAre) {
+    using namespace std::string_view_literals;
+    const std::vector<std::string_view> argv{"SET", ""sv, "a\0b\r\n$3\r\n"sv, "\xff"sv};
+    EXPECT_EQ(formatted_here(argv), formatted_by_hiredis(argv));
+    EXPECT_EQ(formatted_here({"GET", ""}), "*2\r\n$3\r\nGET\r\n$0\r\n\r\n");
+}
+
+TEST(RespCommand, CommandsLongerThanTheInlineBufferAreWhole) {
+    const std::string script(5000, 'x');
+    std::vector<std::string_view> argv{"SCRIPT", "LOAD", script};
+    EXPECT_EQ(formatted_here(argv), formatted_by_hiredis(argv));
+    // Many arguments: a two-digit count, and a buffer just past the inline size.
+    std::vector<std::string> words;
+    for (int i = 0; i < 120; ++i) {
+        words.push_back("w" + std::to_string(i));
+    }
+    std::vector<std::string_view> many{"DEL"};
+    many.insert(many.end(), words.begin(), words.end());
+    EXPECT_EQ(formatted_here(many), formatted_by_hiredis(many));
+    for (std::size_t length : {480u, 490u, 495u, 500u, 510u, 520u}) {
+        const std::string value(length, 'v');
+        const std::vector<std::string_view> edge{"SET", "k", value};
+        EXPECT_EQ(formatted_here(edge), formatted_by_hiredis(edge)) << length;
+    }
+}
+
+TEST(InplaceFunction, CallsWhatItHoldsAndMovesItAlong) {
+    auto counter = std::make_shared<int>(0);
+    inplace_function<int(), 64> f{[counter] { return ++*counter; }};
+    ASSERT_TRUE(f);
+    EXPECT_EQ(f(), 1);
+    inplace_function<int(), 64> g{std::move(f)};
+    EXPECT_FALSE(f);  // moving empties the source
+    ASSERT_TRUE(g);
+    EXPECT_EQ(g(), 2);
+    EXPECT_EQ(counter.use_count(), 2);
+    f = std::move(g);
+    EXPECT_EQ(f(), 3);
+    EXPECT_EQ(counter.use_count(), 2);
+}
+
+TEST(InplaceFunction, ResetAndDestructionReleaseWhatWasCaptured) {
+    auto held = std::make_shared<int>(7);
+    {
+        inplace_function<int(), 64> f{[held] { return *held; }};
+        EXPECT_EQ(held.use_count(), 2);
+        f.reset();
+        EXPECT_FALSE(f);
+        EXPECT_EQ(held.use_count(), 1);
+        f = inplace_function<int(), 64>{[held] { return *held + 1; }};
+        EXPECT_EQ(held.use_count(), 2);
+    }
+    EXPECT_EQ(held.use_count(), 1);
+    inplace_function<int(), 64> a{[held] { return *held - 6; }};
+    inplace_function<int(), 64> b{[held] { return *held - 5; }};
+    EXPECT_EQ(held.use_count(), 3);
+    a = std::move(b);  // a's own capture goes, b's moves in
+    EXPECT_EQ(held.use_count(), 2);
+    EXPECT_EQ(a(), 2);
+}
+
+// Records which entries fired, in order.
+struct fired_log {
+    std::mutex mutex;
+    std::vector<int> order;
+    void add(int which) {
+        std::lock_guard lock{mutex};
+        order.push_back(which);
+    }
+    std::vector<int> seen() {
+        std::lock_guard lock{mutex};
+        return order;
+    }
+};
+
+TEST(LossTimer, FiresInDeadlineOrderAndNeverAfterRemove) {
+    loss_timer timer;
+    fired_log log;
+    const auto now = loss_timer::clock::now();
+    auto callback = [&log](int which) {
+        return [&log, which] {
+            log.add(which);
+            return loss_timer::loss_notice{};
+        };
+    };
+    timer.add(now + 60ms, callback(3));
+    timer.add(now + 20ms, callback(1));
+    const auto removed = timer.add(now + 30ms, callback(99));
+    const auto moved = timer.add(now + 10s, callback(2));
+    timer.remove(removed);
+    timer.move(moved, now + 40ms);
+    ASSERT_TRUE(redislock::test::eventually([&] { return log.seen().size() == 3; }, 5s));
+    EXPECT_EQ(log.seen(), (std::vector<int>{1, 2, 3}));
+    EXPECT_EQ(timer.size(), 0u);
+}
+
+TEST(LossTimer, ReusedEntriesKeepWorkingAndReleaseTheirCaptures) {
+    loss_timer timer;
+    auto captured = std::make_shared<int>(0);
+    std::atomic<int> fired{0};
+    // More rounds than the timer keeps spare nodes: entries are made, reused and dropped.
+    for (int round = 0; round < 300; ++round) {
+        std::vector<loss_timer::entry_id> ids;
+        for (int i = 0; i < round % 7 + 1; ++i) {
+            ids.push_back(timer.add(loss_timer::clock::now() + 1h, [captured] {
+                (void)captured;
+                return loss_timer::loss_notice{};
+            }));
+        }
+        for (auto id : ids) {
+            timer.move(id, loss_timer::clock::now() + 2h);
+            timer.remove(id);
+        }
+    }
+    EXPECT_EQ(timer.size(), 0u);
+    EXPECT_EQ(captured.use_count(), 1) << "a removed entry still holds its callback's captures";
+    // A reused entry fires at its own deadline with its own callback.
+    for (int i = 0; i < 5; ++i) {
+        timer.add(loss_timer::clock::now() + 5ms, [&fired, captured] {
+            (void)captured;
+            ++fired;
+            return loss_timer::loss_notice{};
+        });
+    }
+    ASSERT_TRUE(redislock::test::eventually([&] { return fired.load() == 5; }, 5s));
+    ASSERT_TRUE(redislock::test::eventually([&] { return captured.use_count() == 1; }, 5s))
+        << "a fired entry still holds its callback's captures";
+}
+
+TEST(LossTimer, StopRequestsAndHandlersRunAfterTheMark) {
+    loss_timer timer;
+    std::stop_source source;
+    std::atomic<bool> handled{false};
+    timer.add(loss_timer::clock::now() + 5ms, [&] {
+        loss_timer::loss_notice notice;
+        notice.source = source;
+        notice.handler = [&] { handled = source.stop_requested(); };
+        return notice;
+    });
+    ASSERT_TRUE(redislock::test::eventually([&] { return handled.load(); }, 5s));
+}
+
+}  // namespace
