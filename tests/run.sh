@@ -183,12 +183,13 @@ run_suite() {
     stage_end passed
 }
 
-# The later stages: the clang stage builds with Debian's clang (clang 14 on Debian 12) and its
+# The later stages: the gcc11 stage builds with GCC 11, the oldest compiler supported; the clang
+# stage builds with Debian's clang (clang 14 on Debian 12) and its
 # default libstdc++; the hiredis 1.x stage builds hiredis_ssl against OpenSSL and fetches
 # hiredis's sources with npm, as the Redlock interop test fetches node-redlock. Debian's npm
 # (with nodejs) is installed only when no npm is on the PATH.
 if ((quick == 0)); then
-    packages+=(clang libssl-dev)
+    packages+=(g++-11 clang libssl-dev)
     if ! command -v npm >/dev/null; then
         packages+=(npm)
     fi
@@ -209,11 +210,24 @@ run_suite release "$warnings" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELE
 
 
 if ((quick)); then
-    for stage in clang-asan tsan hiredis1; do
+    for stage in gcc11 clang-asan tsan hiredis1; do
         skip_stage "$stage" "--quick"
     done
     exit 0
 fi
+
+# GCC 11, the oldest compiler the README promises, with its own libstdc++: the examples and one
+# file including every public header, warnings as errors. The tests run with the other compilers.
+stage_begin gcc11
+banner "gcc11: headers and examples with g++-11"
+cmake -S . -B build/gcc11 -DCMAKE_CXX_COMPILER=g++-11 "-DCMAKE_CXX_FLAGS=$warnings" \
+    -DCMAKE_BUILD_TYPE= -DREDISLOCK_BUILD_EXAMPLES=ON
+cmake --build build/gcc11 -j "$jobs"
+for header in include/redislock/*.hpp; do
+    echo "#include <redislock/${header##*/}>"
+done | g++-11 -std=c++20 $warnings -fsyntax-only -Iinclude -x c++ -
+stage_end passed
+summary_notes+=("gcc11: builds, runs no tests")
 
 # The release stage runs every test, with the benchmarks, the package consumers and the topology
 # tests (clusters, five masters, sentinels). Each later stage runs the tests that start threads

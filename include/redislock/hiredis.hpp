@@ -42,6 +42,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <span>
 #include <stop_token>
 #include <string>
@@ -162,10 +163,15 @@ inline reply convert_reply(const redisReply& r) {
     }
 }
 
-/// Appends `argv` to the context's output buffer, formatted by resp_command.
-inline bool append_command(redisContext* ctx, command argv) {
-    const resp_command text{argv};
-    return redisAppendFormattedCommand(ctx, text.data(), text.size()) == REDIS_OK;
+/// Appends `argv` to the context's output buffer, formatted by resp_command. False when that
+/// fails, out of memory included, as hiredis's own formatting would: the caller drops the context.
+inline bool append_command(redisContext* ctx, command argv) noexcept {
+    try {
+        const resp_command text{argv};
+        return redisAppendFormattedCommand(ctx, text.data(), text.size()) == REDIS_OK;
+    } catch (const std::bad_alloc&) {
+        return false;
+    }
 }
 
 /// Sends `argv` on a blocking context and reads its reply, as redisCommandArgv does; null when

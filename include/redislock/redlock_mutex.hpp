@@ -295,6 +295,9 @@ private:
     void on_acquired(const acquisition_ptr& acq, const detail::wait_tally& tally) {
         bool previous_live = false;
         detail::tracked_lease<C> previous_lease;
+        // lost_token() is kept past unlock(): this acquisition's stop state is made here, before
+        // the books change (making it may throw; handing it over below cannot).
+        std::stop_source lost_source;
         {
             std::lock_guard guard{state_->mutex};
             // Another thread of this object still thinks it holds: its validity ran out, since
@@ -313,9 +316,8 @@ private:
             state_->lease.valid_until = detail::valid_until(acq->sent, state_->options.lease);
             state_->lease.acquired_at = acq->sent;
             state_->lease.kind = lock_kind::redlock_mutex;
-            // lost_token() is kept past unlock(): this acquisition's stop state is made now.
-            state_->lease.lost_source = std::stop_source{};
-            state_->lost_source = state_->lease.lost_source;
+            state_->lease.lost_source = lost_source;
+            state_->lost_source = std::move(lost_source);
         }
         tracker().replaced(previous_lease, previous_live);
         tracker().begin(

@@ -69,12 +69,13 @@ private:
 
     template <class T>
     static constexpr operations ops_for{
-        [](void* self) -> R { return (*static_cast<T*>(self))(); },
+        [](void* self) -> R { return (*std::launder(static_cast<T*>(self)))(); },
         [](void* from, void* to) noexcept {
-            ::new (to) T(std::move(*static_cast<T*>(from)));
-            static_cast<T*>(from)->~T();
+            T* source = std::launder(static_cast<T*>(from));
+            ::new (to) T(std::move(*source));
+            source->~T();
         },
-        [](void* self) noexcept { static_cast<T*>(self)->~T(); },
+        [](void* self) noexcept { std::launder(static_cast<T*>(self))->~T(); },
     };
 
     void take(inplace_function& other) noexcept {

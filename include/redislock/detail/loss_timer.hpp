@@ -38,7 +38,11 @@ public:
     using clock = std::chrono::steady_clock;
     using entry_id = std::uint64_t;
 
-    loss_timer() = default;
+    // The spare nodes' room is taken now, so that keeping a node never throws later.
+    loss_timer() {
+        spare_entries_.reserve(spare_limit);
+        spare_slots_.reserve(spare_limit);
+    }
     loss_timer(const loss_timer&) = delete;
     loss_timer& operator=(const loss_timer&) = delete;
     ~loss_timer() { stop(); }

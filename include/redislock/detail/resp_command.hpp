@@ -66,7 +66,7 @@ private:
 
     static char* write_header(char type, std::size_t value, char* out) noexcept {
         *out++ = type;
-        out = std::to_chars(out, out + 20, value).ptr;
+        out = std::to_chars(out, out + decimal_digits(value), value).ptr;
         return write_crlf(out);
     }
 

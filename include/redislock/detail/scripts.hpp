@@ -41,6 +41,14 @@ inline constexpr script mutex_acquire{
 --          message before trying again (-1: the holder set no lease)
 -- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[2] is not a
 --          counter; nothing is written then.
+local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
+-- writes nothing when the key exists, whatever its type, and the full checks below then run.
+if ARGV[3] ~= '1' and redis.call('EXISTS', queue) == 0 and
+    redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return {1, 0}
+end
+-- Only now are the queue's helpers defined (a script's functions are made anew on every run).
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
@@ -145,7 +153,6 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'string' and kind ~= 'none' then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
@@ -193,7 +200,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "fbf23eacbaef5f92463ea9e83b46cd9bf2996a6e"};
+    "8a4aadce2b501b359086030cecd277af28806423"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",

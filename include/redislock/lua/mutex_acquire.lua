@@ -17,8 +17,15 @@
 --          message before trying again (-1: the holder set no lease)
 -- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[2] is not a
 --          counter; nothing is written then.
---#include _queue.lua
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
+-- writes nothing when the key exists, whatever its type, and the full checks below then run.
+if ARGV[3] ~= '1' and redis.call('EXISTS', queue) == 0 and
+    redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return {1, 0}
+end
+-- Only now are the queue's helpers defined (a script's functions are made anew on every run).
+--#include _queue.lua
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'string' and kind ~= 'none' then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
