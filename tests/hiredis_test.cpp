@@ -369,6 +369,34 @@ TEST(HiredisConnection, ClosedPortFailsWithConnectionError) {
     EXPECT_LT(watch.elapsed(), 5s);
 }
 
+TEST(HiredisConnection, TimeoutsBelowOneMillisecondAreRefused) {
+    redislock::endpoint ep;
+    ep.port = redislock::test::refused_port{}.port();  // never reached: refused before connecting
+    ep.command_timeout = 0ms;
+    EXPECT_THROW(hiredis_connection{ep}, redislock::invalid_argument);
+    ep.command_timeout = 2000ms;
+    ep.connect_timeout = 0ms;
+    EXPECT_THROW(hiredis_connection{ep}, redislock::invalid_argument);
+}
+
+// A call whose deadline is the command timeout reads without polling first; it is still ended
+// by the command timeout when the server does not answer.
+TEST(HiredisConnection, CallBoundedByTheCommandTimeoutEndsOnAPausedServer) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri() + "?command_timeout=300"};
+    const std::array<std::string_view, 1> ping{"PING"};
+    const redislock::call_context how{{}, std::chrono::steady_clock::now() + 300ms};
+    EXPECT_EQ(conn.execute(ping, how), reply::status("PONG"));
+    srv.pause();
+    const stopwatch watch;
+    EXPECT_THROW(conn.execute(ping, {{}, std::chrono::steady_clock::now() + 300ms}),
+                 redislock::timeout_error);
+    EXPECT_LT(watch.elapsed(), 2s);
+    srv.resume();
+    EXPECT_EQ(conn.execute(ping, {{}, std::chrono::steady_clock::now() + 300ms}),
+              reply::status("PONG"));
+}
+
 TEST(HiredisConnection, ConnectThatGetsNoAnswerTimesOutAfterTheConnectTimeout) {
     const redislock::test::unresponsive_listener silent;
     const stopwatch watch;

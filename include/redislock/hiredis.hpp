@@ -249,13 +249,19 @@ public:
     ///         within endpoint::connect_timeout or the TLS handshake fails (an untrusted server
     ///         certificate, a client certificate the server wants and did not get);
     ///         redislock::server_error when AUTH or SELECT is refused;
-    ///         redislock::invalid_argument for a pool size of 0, contradictory or unreadable TLS
-    ///         settings, or rediss:// in a build without TLS.
+    ///         redislock::invalid_argument for a pool size of 0, a timeout below 1 ms,
+    ///         contradictory or unreadable TLS settings, or rediss:// in a build without TLS.
     explicit hiredis_connection(endpoint ep)
         : pool_{std::make_unique<detail::per_process<pool>>(
               [config = ep] { return std::make_unique<pool>(config); })} {
         if (this_pool().config.pool_size == 0) {
             throw invalid_argument{"redislock: endpoint::pool_size must be at least 1"};
+        }
+        // A zero socket timeout would mean none at all: a blocking read could wait forever.
+        if (this_pool().config.command_timeout < std::chrono::milliseconds{1} ||
+            this_pool().config.connect_timeout < std::chrono::milliseconds{1}) {
+            throw invalid_argument{
+                "redislock: endpoint::command_timeout and connect_timeout must be at least 1 ms"};
         }
         ignore_default_sigpipe();
         // Through acquire(), so the first connection counts against pool_size like the others.
@@ -273,10 +279,39 @@ public:
 
     /// Sends one command and returns its reply (error replies included).
     /// @throws redislock::connection_error, redislock::timeout_error
-    reply execute(command argv) {
+    reply execute(command argv) { return execute_blocking(argv); }
+
+    /// As execute(argv), ending by how.deadline (timeout_error) or as soon as *how.stop is
+    /// requested (cancelled_error), whichever comes first; the command timeout still bounds it.
+    /// A call given neither takes the plain path above, and so does one that nothing can stop
+    /// whose deadline the command timeout would end anyway (within socket_timeout_slack): the
+    /// socket's timeout then bounds its blocking read. how.key is not used: one server.
+    /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
+    reply execute(command argv, const call_context& how) {
+        if (!bounded(how)) {
+            return execute(argv);
+        }
+        if (!needs_polling(how)) {
+            return execute_blocking(argv, how.deadline);
+        }
+        reply result;
+        exchange_bounded(std::span<const command>{&argv, 1}, how,
+                         [&](reply r) { result = std::move(r); });
+        return result;
+    }
+
+private:
+    // How far before the command timeout a deadline may end and still be left to the socket's
+    // timeout: a call may overrun such a deadline by this much.
+    static constexpr std::chrono::milliseconds socket_timeout_slack{2};
+
+    // One command on a blocking context, bounded by the socket's timeout (command_timeout); a
+    // free context of the pool is waited for until `deadline`.
+    reply execute_blocking(command argv, std::chrono::steady_clock::time_point deadline =
+                                             std::chrono::steady_clock::time_point::max()) {
         pool& p = this_pool();
         reconnect_notice notice{*this};
-        auto ctx = take(notice);
+        auto ctx = take(notice, deadline);
         detail::hiredis_reply_ptr raw{detail::command_reply(ctx.get(), argv)};
         if (!raw) {
             fail(std::move(ctx));
@@ -287,19 +322,17 @@ public:
         return result;
     }
 
-    /// As execute(argv), ending by how.deadline (timeout_error) or as soon as *how.stop is
-    /// requested (cancelled_error), whichever comes first; the command timeout still bounds it.
-    /// A call given neither takes the plain path above. how.key is not used: one server.
-    /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
-    reply execute(command argv, const call_context& how) {
-        if (!bounded(how)) {
-            return execute(argv);
+    // False when a blocking read may serve `how` (see execute(argv, how)): polling first costs a
+    // system call per command.
+    bool needs_polling(const call_context& how) {
+        if (how.stop != nullptr && how.stop->stop_possible()) {
+            return true;
         }
-        reply result;
-        exchange_bounded(std::span<const command>{&argv, 1}, how,
-                         [&](reply r) { result = std::move(r); });
-        return result;
+        return how.deadline - std::chrono::steady_clock::now() <
+               this_pool().config.command_timeout - socket_timeout_slack;
     }
+
+public:
 
     /// As execute_pipeline(commands), bounded by the earliest deadline of `hows` and by the first
     /// stop token among them.
