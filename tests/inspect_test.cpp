@@ -18,6 +18,7 @@
 
 #include <redislock/redislock.hpp>
 
+#include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_util.hpp"
 
@@ -466,6 +467,22 @@ TEST(InspectProgram, ShowsAndFreesALockTakenByTheLibrary) {
     EXPECT_TRUE(contains(freed.out, "freed 'orders:42'")) << freed.out;
     EXPECT_EQ(srv.cli({"EXISTS", "orders:42"}), "0");
     EXPECT_FALSE(m.verify());
+    m.unlock();
+}
+
+// On a cluster, the node that serves the name's slot shows the lock like a single server.
+TEST(InspectProgram, ShowsALockOnTheClusterNodeOfItsSlot) {
+    redislock::test::redis_cluster cluster{3, 0};
+    redislock::cluster_client client{cluster.uri()};
+    auto m = client.recursive_mutex("orders:42", {.lease = 20s});
+    m.lock();
+    const int node = cluster.master_for_key("orders:42");
+    const auto shown = redislock::test::detail::run_capture(
+        {REDISLOCK_INSPECT_PROGRAM, cluster.uri_of(node), "orders:42"}, 30s);
+    ASSERT_TRUE(WIFEXITED(shown.status));
+    EXPECT_EQ(WEXITSTATUS(shown.status), 0) << shown.err;
+    EXPECT_TRUE(contains(shown.out, "kind:            recursive_mutex")) << shown.out;
+    EXPECT_TRUE(contains(shown.out, "count 1")) << shown.out;
     m.unlock();
 }
 #endif
