@@ -379,8 +379,8 @@ TEST(HiredisConnection, TimeoutsBelowOneMillisecondAreRefused) {
     EXPECT_THROW(hiredis_connection{ep}, redislock::invalid_argument);
 }
 
-// A call whose deadline is the command timeout reads without polling first; it is still ended
-// by the command timeout when the server does not answer.
+// A call whose deadline is the command timeout is ended by it when the server does not answer,
+// and the connection is not reused for the late reply.
 TEST(HiredisConnection, CallBoundedByTheCommandTimeoutEndsOnAPausedServer) {
     redis_server srv;
     hiredis_connection conn{srv.uri() + "?command_timeout=300"};

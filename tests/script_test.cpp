@@ -435,6 +435,24 @@ TEST(MutexAcquireScript, FreeNameIsTakenWithoutATokenWhenNotFenced) {
               "0");
 }
 
+// A waiting attempt sent again after its reply was lost finds its own token: acquired, even
+// when the server refuses writes (its quick SET NX is refused, not only unneeded); a key of
+// another type is still WRONGTYPE there, not the refusal.
+TEST(MutexAcquireScript, ResentAttemptIsAcquiredAndOtherTypesAreWrongtypeAtOutOfMemory) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(verdict_of(acquire(conn, "mine", "60000", "0", std::nullopt, "5000")),
+              (std::pair<std::int64_t, std::int64_t>{1, 0}));
+    run(conn, {"HSET", "{lock}:hash", "f", "v"});
+    ASSERT_GT(srv.fill_memory_until_oom(), 0);
+    EXPECT_EQ(verdict_of(acquire(conn, "mine", "60000", "0", std::nullopt, "5000")),
+              (std::pair<std::int64_t, std::int64_t>{1, 0}));
+    const reply other = run_script(
+        conn, scripts::mutex_acquire, keys2{"{lock}:hash", fence_key},
+        std::array<std::string_view, 7>{"t", "60000", "0", "wt", "5000", queue_key, lapse_key});
+    EXPECT_TRUE(other.is_error_code("WRONGTYPE")) << other.text();
+}
+
 TEST(MutexAcquireScript, TryOnAHeldLockGivesItsPttlAndChangesNothing) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};

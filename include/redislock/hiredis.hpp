@@ -279,39 +279,10 @@ public:
 
     /// Sends one command and returns its reply (error replies included).
     /// @throws redislock::connection_error, redislock::timeout_error
-    reply execute(command argv) { return execute_blocking(argv); }
-
-    /// As execute(argv), ending by how.deadline (timeout_error) or as soon as *how.stop is
-    /// requested (cancelled_error), whichever comes first; the command timeout still bounds it.
-    /// A call given neither takes the plain path above, and so does one that nothing can stop
-    /// whose deadline the command timeout would end anyway (within socket_timeout_slack): the
-    /// socket's timeout then bounds its blocking read. how.key is not used: one server.
-    /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
-    reply execute(command argv, const call_context& how) {
-        if (!bounded(how)) {
-            return execute(argv);
-        }
-        if (!needs_polling(how)) {
-            return execute_blocking(argv, how.deadline);
-        }
-        reply result;
-        exchange_bounded(std::span<const command>{&argv, 1}, how,
-                         [&](reply r) { result = std::move(r); });
-        return result;
-    }
-
-private:
-    // How far before the command timeout a deadline may end and still be left to the socket's
-    // timeout: a call may overrun such a deadline by this much.
-    static constexpr std::chrono::milliseconds socket_timeout_slack{2};
-
-    // One command on a blocking context, bounded by the socket's timeout (command_timeout); a
-    // free context of the pool is waited for until `deadline`.
-    reply execute_blocking(command argv, std::chrono::steady_clock::time_point deadline =
-                                             std::chrono::steady_clock::time_point::max()) {
+    reply execute(command argv) {
         pool& p = this_pool();
         reconnect_notice notice{*this};
-        auto ctx = take(notice, deadline);
+        auto ctx = take(notice);
         detail::hiredis_reply_ptr raw{detail::command_reply(ctx.get(), argv)};
         if (!raw) {
             fail(std::move(ctx));
@@ -322,17 +293,19 @@ private:
         return result;
     }
 
-    // False when a blocking read may serve `how` (see execute(argv, how)): polling first costs a
-    // system call per command.
-    bool needs_polling(const call_context& how) {
-        if (how.stop != nullptr && how.stop->stop_possible()) {
-            return true;
+    /// As execute(argv), ending by how.deadline (timeout_error) or as soon as *how.stop is
+    /// requested (cancelled_error), whichever comes first; the command timeout still bounds it.
+    /// A call given neither takes the plain path above. how.key is not used: one server.
+    /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
+    reply execute(command argv, const call_context& how) {
+        if (!bounded(how)) {
+            return execute(argv);
         }
-        return how.deadline - std::chrono::steady_clock::now() <
-               this_pool().config.command_timeout - socket_timeout_slack;
+        reply result;
+        exchange_bounded(std::span<const command>{&argv, 1}, how,
+                         [&](reply r) { result = std::move(r); });
+        return result;
     }
-
-public:
 
     /// As execute_pipeline(commands), bounded by the earliest deadline of `hows` and by the first
     /// stop token among them.

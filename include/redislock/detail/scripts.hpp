@@ -43,10 +43,13 @@ inline constexpr script mutex_acquire{
 --          counter; nothing is written then.
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 -- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
--- writes nothing when the key exists, whatever its type, and the full checks below then run.
-if ARGV[3] ~= '1' and redis.call('EXISTS', queue) == 0 and
-    redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return {1, 0}
+-- writes nothing when the key exists, whatever its type; a refused write (out of memory, a
+-- replica) is caught: either way the full checks below then run and give the answer.
+if ARGV[3] ~= '1' and redis.call('EXISTS', queue) == 0 then
+    local set = redis.pcall('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+    if type(set) == 'table' and set.ok then
+        return {1, 0}
+    end
 end
 -- Only now are the queue's helpers defined (a script's functions are made anew on every run).
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -200,7 +203,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "8a4aadce2b501b359086030cecd277af28806423"};
+    "a484a9c751a6d4af7ffa73981fb63b248b3e5573"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",

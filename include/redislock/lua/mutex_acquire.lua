@@ -19,10 +19,13 @@
 --          counter; nothing is written then.
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 -- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
--- writes nothing when the key exists, whatever its type, and the full checks below then run.
-if ARGV[3] ~= '1' and redis.call('EXISTS', queue) == 0 and
-    redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return {1, 0}
+-- writes nothing when the key exists, whatever its type; a refused write (out of memory, a
+-- replica) is caught: either way the full checks below then run and give the answer.
+if ARGV[3] ~= '1' and redis.call('EXISTS', queue) == 0 then
+    local set = redis.pcall('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
+    if type(set) == 'table' and set.ok then
+        return {1, 0}
+    end
 end
 -- Only now are the queue's helpers defined (a script's functions are made anew on every run).
 --#include _queue.lua
