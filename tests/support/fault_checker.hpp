@@ -107,9 +107,10 @@ struct fault_run_options {
     /// How long after remaining() reached zero on_lost may come: the contract says at that
     /// deadline; this leaves room for scheduling the thread that reports it.
     std::chrono::milliseconds on_lost_slack{50};
-    /// Besides the lease, how long Redis may keep a lock's key after its last holder is gone: a
-    /// shared_mutex writer that waits keeps its place in the queue for max(1 s, 4 x backoff_max).
-    std::chrono::milliseconds longest_claim{1000};
+    /// Besides the lease, how long Redis may keep a lock's keys after its last holder is gone: a
+    /// waiter whose leaving the queue was lost to a fault keeps its place until the wait its last
+    /// attempt was told (at most the lease) plus 2 s (queue_place::keep() in fair_wait.hpp).
+    std::chrono::milliseconds longest_claim{2000};
     /// A child still running this long after the workers' stop time is killed and reported.
     std::chrono::milliseconds overrun_limit{20'000};
 };
@@ -899,7 +900,7 @@ inline fault_run_report run_fault_exclusion(redis_server& server, fault_run_opti
     }
 
     // Nothing left behind once every lease and queue claim has run out.
-    std::this_thread::sleep_for(std::max(options.lease, options.longest_claim) +
+    std::this_thread::sleep_for(options.lease + options.longest_claim +
                                 std::chrono::milliseconds{300});
     try {
         // SCAN (redis-cli --scan) deletes the expired keys it meets, so DBSIZE afterwards
