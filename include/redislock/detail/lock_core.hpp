@@ -366,6 +366,8 @@ public:
     template <class MakeRenewal>
     void start(const key_type& key, steady::time_point sent, MakeRenewal make_renewal) {
         const auto deadline = valid_until(sent, st_->options.lease);
+        // The key is captured as a copy of its own: a captured const key would be copied, not
+        // moved, as the timer's entry moves.
         const auto timer = core().timer->add(
             deadline, [self = self_, key = key_type{key}]() -> loss_timer::loss_notice {
                 // On the timer thread: mark the loss at once; the stop and the report are run by

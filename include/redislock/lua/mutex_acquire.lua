@@ -21,7 +21,8 @@ local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 -- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
 -- writes nothing when the key exists, whatever its type; a refused write (out of memory, a
 -- replica) is caught: either way the full checks below then run and give the answer.
-if ARGV[3] ~= '1' and redis.call('EXISTS', queue) == 0 then
+local queued = redis.call('EXISTS', queue) == 1
+if ARGV[3] ~= '1' and not queued then
     local set = redis.pcall('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2])
     if type(set) == 'table' and set.ok then
         return {1, 0}
@@ -40,7 +41,6 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
-local queued = redis.call('EXISTS', queue) == 1
 if queued then
     queue_prune(queue, lapses, now)
 end
