@@ -397,6 +397,57 @@ TEST(HiredisConnection, CallBoundedByTheCommandTimeoutEndsOnAPausedServer) {
               reply::status("PONG"));
 }
 
+// The socket's receive timeout, even firing an eighth late plus a 10 ms tick, ends before the
+// command timeout, and a call reads blocking only with more than that left.
+TEST(HiredisConnection, SocketTimeoutEndsWithinTheCommandTimeout) {
+    using redislock::detail::blocking_read_floor;
+    using redislock::detail::socket_timeout;
+    for (const auto timeout : {40ms, 41ms, 100ms, 300ms, 1000ms, 2000ms, 60000ms}) {
+        const auto latest = socket_timeout(timeout) * 9 / 8 + 10ms;
+        EXPECT_LT(latest, timeout) << timeout.count();
+        EXPECT_GE(blocking_read_floor(timeout), latest) << timeout.count();
+        EXPECT_LT(blocking_read_floor(timeout), timeout) << timeout.count();
+        EXPECT_GT(socket_timeout(timeout), timeout / 2) << timeout.count();
+    }
+    for (const auto timeout : {1ms, 10ms, 39ms}) {
+        EXPECT_EQ(socket_timeout(timeout), timeout);
+        EXPECT_GT(blocking_read_floor(timeout), timeout);  // never reads blocking
+    }
+}
+
+// A reply that comes after the socket's receive timeout but within the command timeout is read:
+// the blocking read that timed out hands over to the polled wait for the rest.
+TEST(HiredisConnection, ReplyAfterTheSocketTimeoutButWithinTheCommandTimeoutIsRead) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri() + "?command_timeout=2000"};
+    ASSERT_LT(redislock::detail::socket_timeout(2000ms), 1800ms);
+    // Busy for 1.9 s inside the server, then answers.
+    const std::string_view busy =
+        "local t = redis.call('TIME') local from = t[1] * 1000000 + t[2] "
+        "repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - from >= tonumber(ARGV[1]) "
+        "return 1";
+    const stopwatch watch;
+    EXPECT_EQ(run(conn, {"EVAL", busy, "0", "1900000"}), reply::integer(1));
+    EXPECT_GE(watch.elapsed(), 1900ms);
+    EXPECT_EQ(run(conn, {"PING"}), reply::status("PONG"));
+}
+
+// A call that reads blocking is still ended by the command timeout, not by the earlier socket
+// timeout, and reports a timeout.
+TEST(HiredisConnection, BlockingReadEndsAtTheCommandTimeoutOnAPausedServer) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri() + "?command_timeout=1000"};
+    ASSERT_EQ(run(conn, {"PING"}), reply::status("PONG"));
+    srv.pause();
+    const stopwatch watch;
+    EXPECT_THROW(run(conn, {"PING"}), redislock::timeout_error);
+    const auto took = watch.elapsed();
+    srv.resume();
+    EXPECT_GE(took, 1000ms);
+    EXPECT_LT(took, 3s);
+    EXPECT_EQ(run(conn, {"PING"}), reply::status("PONG"));
+}
+
 TEST(HiredisConnection, ConnectThatGetsNoAnswerTimesOutAfterTheConnectTimeout) {
     const redislock::test::unresponsive_listener silent;
     const stopwatch watch;

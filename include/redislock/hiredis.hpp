@@ -10,6 +10,13 @@
 // A context opened to replace one that broke (or that the server closed while idle) is told to
 // the reconnect handler (set_reconnect_handler), which a client turns into a reconnected event.
 //
+// Every call, timed or not, reads its replies through one loop that ends by the call's deadline
+// and the command timeout, to the millisecond. A call that nothing can stop and that has the whole
+// command timeout left reads blocking (one recv(2) per reply, as a plain hiredis call): the
+// socket's receive timeout is set short enough that it ends within the command timeout even when
+// the kernel fires it late (up to an eighth plus a tick), and the rest is waited for with poll(2).
+// Other calls poll(2) before each read.
+//
 // TLS (rediss://): available when the program is built with REDISLOCK_HAVE_TLS, which the CMake
 // package defines when it finds hiredis >= 1.0 with hiredis_ssl and OpenSSL (redislock_TLS_FOUND).
 // The pool then owns one OpenSSL client context, made from endpoint::tls when the connection is
@@ -31,6 +38,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 
 #include <algorithm>
@@ -39,6 +47,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -94,6 +104,39 @@ inline bool hiredis_tls_pending([[maybe_unused]] const redisContext& ctx) noexce
 #else
     return false;
 #endif
+}
+
+/// Whether `ctx` speaks TLS: its bytes are read through OpenSSL, never straight off the socket.
+inline bool hiredis_is_tls([[maybe_unused]] const redisContext& ctx) noexcept {
+#if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
+    return ctx.privdata != nullptr;
+#else
+    return false;
+#endif
+}
+
+/// Marks `ctx` failed as hiredis itself would, for a read the adapter made on its socket.
+inline void set_context_error(redisContext& ctx, int type, const char* why) noexcept {
+    ctx.err = type;
+    std::snprintf(ctx.errstr, sizeof ctx.errstr, "%s", why);
+}
+
+/// The receive timeout set on a context's socket for a command timeout `command_timeout`. The
+/// kernel may fire a socket timeout late by up to an eighth of it plus a clock tick (10 ms at
+/// most); this one, even that late, ends within the command timeout. Below 40 ms the socket gets
+/// the command timeout itself and no call reads blocking (see blocking_read_floor).
+inline std::chrono::milliseconds socket_timeout(std::chrono::milliseconds command_timeout) {
+    using std::chrono::milliseconds;
+    if (command_timeout < milliseconds{40}) {
+        return command_timeout;
+    }
+    return (command_timeout - milliseconds{16}) * 8 / 9;
+}
+
+/// The least time a call must have left to read blocking: what its socket timeout may take at
+/// the latest, with a margin. Above the command timeout (so never) below 40 ms.
+inline std::chrono::milliseconds blocking_read_floor(std::chrono::milliseconds command_timeout) {
+    return socket_timeout(command_timeout) * 9 / 8 + std::chrono::milliseconds{12};
 }
 
 /// Throws unless this build can open `ep`: rediss:// needs TLS support.
@@ -279,31 +322,16 @@ public:
 
     /// Sends one command and returns its reply (error replies included).
     /// @throws redislock::connection_error, redislock::timeout_error
-    reply execute(command argv) {
-        pool& p = this_pool();
-        reconnect_notice notice{*this};
-        auto ctx = take(notice);
-        detail::hiredis_reply_ptr raw{detail::command_reply(ctx.get(), argv)};
-        if (!raw) {
-            fail(std::move(ctx));
-        }
-        reply result = detail::convert_reply(*static_cast<redisReply*>(raw.get()));
-        p.release(std::move(ctx));
-        p.round_trips.fetch_add(1, std::memory_order_relaxed);
-        return result;
-    }
+    reply execute(command argv) { return execute(argv, call_context{}); }
 
     /// As execute(argv), ending by how.deadline (timeout_error) or as soon as *how.stop is
     /// requested (cancelled_error), whichever comes first; the command timeout still bounds it.
-    /// A call given neither takes the plain path above. how.key is not used: one server.
+    /// how.key is not used: one server.
     /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
     reply execute(command argv, const call_context& how) {
-        if (!bounded(how)) {
-            return execute(argv);
-        }
         reply result;
-        exchange_bounded(std::span<const command>{&argv, 1}, how,
-                         [&](reply r) { result = std::move(r); });
+        round_trip(std::span<const command>{&argv, 1}, how,
+                   [&](reply r) { result = std::move(r); });
         return result;
     }
 
@@ -318,38 +346,13 @@ public:
                 bound.stop = how.stop;
             }
         }
-        if (!bounded(bound)) {
-            return execute_pipeline(commands);
-        }
-        return execute_pipeline(commands, bound);
+        return exchange_all(commands, bound);
     }
 
     /// Sends every command, then reads every reply: one round trip for the batch.
     /// @throws redislock::connection_error, redislock::timeout_error
     std::vector<reply> execute_pipeline(std::span<const command> commands) {
-        std::vector<reply> results;
-        if (commands.empty()) {
-            return results;
-        }
-        results.reserve(commands.size());
-        reconnect_notice notice{*this};
-        auto ctx = take(notice);
-        for (command argv : commands) {
-            if (!detail::append_command(ctx.get(), argv)) {
-                fail(std::move(ctx));
-            }
-        }
-        for (std::size_t i = 0; i < commands.size(); ++i) {
-            void* raw_reply = nullptr;
-            if (redisGetReply(ctx.get(), &raw_reply) != REDIS_OK || raw_reply == nullptr) {
-                fail(std::move(ctx));
-            }
-            detail::hiredis_reply_ptr raw{raw_reply};
-            results.push_back(detail::convert_reply(*static_cast<redisReply*>(raw.get())));
-        }
-        this_pool().release(std::move(ctx));
-        this_pool().round_trips.fetch_add(1, std::memory_order_relaxed);
-        return results;
+        return exchange_all(commands, call_context{});
     }
 
     /// A batch sent by start(): see fanout_connection in connection.hpp. It holds one context
@@ -558,32 +561,28 @@ private:
         return this_pool().acquire(deadline, stop, &notice.reopened);
     }
 
-    static bool bounded(const call_context& how) noexcept {
-        return how.deadline != std::chrono::steady_clock::time_point::max() ||
-               (how.stop != nullptr && how.stop->stop_possible());
-    }
-
-    // The bounded path: append, write, then poll the socket in short slices so that the deadline
-    // and stop requests are noticed while the reply is outstanding. A context given up mid-reply
-    // is closed, never reused (its late reply would be read as the next command's).
-    std::vector<reply> execute_pipeline(std::span<const command> commands,
-                                        const call_context& how) {
+    // The one reply loop: append, write, then read until every reply is in. The replies are
+    // bounded by how.deadline and the command timeout, and end early when *how.stop is
+    // requested. A context given up mid-reply is closed, never reused (its late reply would be
+    // read as the next command's).
+    std::vector<reply> exchange_all(std::span<const command> commands, const call_context& how) {
         std::vector<reply> results;
+        if (commands.empty()) {
+            return results;
+        }
         results.reserve(commands.size());
-        exchange_bounded(commands, how, [&](reply r) { results.push_back(std::move(r)); });
+        round_trip(commands, how, [&](reply r) { results.push_back(std::move(r)); });
         return results;
     }
 
-    // The bounded path's round trip: hands each reply, in order, to on_reply.
+    // Hands each reply, in order, to on_reply. Waiting for a free context and connecting end by
+    // how.deadline alone (else by the pool's own bounds); the replies also by the command timeout.
     template <class OnReply>
-    void exchange_bounded(std::span<const command> commands, const call_context& how,
-                          OnReply on_reply) {
+    void round_trip(std::span<const command> commands, const call_context& how, OnReply on_reply) {
         using clock = std::chrono::steady_clock;
-        const auto deadline =
-            std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
         check_stop(how);
         reconnect_notice notice{*this};
-        auto ctx = take(notice, deadline, how.stop);
+        auto ctx = take(notice, how.deadline, how.stop);
         for (command argv : commands) {
             if (!detail::append_command(ctx.get(), argv)) {
                 fail(std::move(ctx));
@@ -594,6 +593,8 @@ private:
                 fail(std::move(ctx));
             }
         }
+        const auto deadline =
+            std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
         for (std::size_t read = 0; read < commands.size();) {
             void* raw_reply = nullptr;
             if (redisGetReplyFromReader(ctx.get(), &raw_reply) != REDIS_OK) {
@@ -605,13 +606,46 @@ private:
                 ++read;
                 continue;
             }
-            wait_readable(ctx, deadline, how);
-            if (redisBufferRead(ctx.get()) != REDIS_OK) {
-                fail(std::move(ctx));
-            }
+            receive(ctx, deadline, how);
         }
         this_pool().release(std::move(ctx));
         this_pool().round_trips.fetch_add(1, std::memory_order_relaxed);
+    }
+
+    // Reads the socket's next bytes into the context's reader. A plain socket that nothing can
+    // stop, with the whole command timeout left, is read blocking: one system call, ended by the
+    // socket's receive timeout, which even when it fires late comes before the deadline (see
+    // detail::socket_timeout). Otherwise, and once that read timed out, poll(2) keeps the
+    // deadline and stop requests to the millisecond.
+    void receive(detail::context_ptr& ctx, std::chrono::steady_clock::time_point deadline,
+                 const call_context& how) {
+        const bool stoppable = how.stop != nullptr && how.stop->stop_possible();
+        if (!stoppable && !detail::hiredis_is_tls(*ctx) &&
+            deadline - std::chrono::steady_clock::now() >= this_pool().blocking_read_floor) {
+            char buffer[16 * 1024];
+            const ssize_t got = ::recv(ctx->fd, buffer, sizeof buffer, 0);
+            if (got > 0) {
+                if (redisReaderFeed(ctx->reader, buffer, static_cast<std::size_t>(got)) !=
+                    REDIS_OK) {
+                    detail::set_context_error(*ctx, REDIS_ERR_OOM, "out of memory");
+                    fail(std::move(ctx));
+                }
+                return;
+            }
+            if (got == 0) {
+                detail::set_context_error(*ctx, REDIS_ERR_EOF, "Server closed the connection");
+                fail(std::move(ctx));
+            }
+            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                detail::set_context_error(*ctx, REDIS_ERR_IO, std::strerror(errno));
+                fail(std::move(ctx));
+            }
+            // Timed out (or interrupted) with time left: wait the rest precisely.
+        }
+        wait_readable(ctx, deadline, how);
+        if (redisBufferRead(ctx.get()) != REDIS_OK) {
+            fail(std::move(ctx));
+        }
     }
 
     void check_stop(const call_context& how) const {
@@ -686,6 +720,9 @@ private:
         }
 
         endpoint config;
+        // See detail::blocking_read_floor.
+        std::chrono::milliseconds blocking_read_floor =
+            detail::blocking_read_floor(config.command_timeout);
 #if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
         std::unique_ptr<detail::tls_context> tls;  // after config, before any context
 #endif
@@ -825,8 +862,8 @@ private:
                                        why};
             }
             start_tls(*ctx);
-            if (redisSetTimeout(ctx.get(), detail::to_timeval(config.command_timeout)) !=
-                REDIS_OK) {
+            if (redisSetTimeout(ctx.get(), detail::to_timeval(detail::socket_timeout(
+                                               config.command_timeout))) != REDIS_OK) {
                 throw connection_error{"redislock: cannot set the command timeout on " +
                                        config.describe()};
             }
