@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <stop_token>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -397,19 +398,22 @@ TEST(HiredisConnection, CallBoundedByTheCommandTimeoutEndsOnAPausedServer) {
               reply::status("PONG"));
 }
 
-// The socket's receive timeout, even firing an eighth late plus a 10 ms tick, ends before the
-// command timeout, and a call reads blocking only with more than that left.
+// The socket's receive timeout, even fired late (rounded up to ticks, 8/63 late plus a tick),
+// ends before the command timeout, and a call reads blocking only with more than that left.
 TEST(HiredisConnection, SocketTimeoutEndsWithinTheCommandTimeout) {
     using redislock::detail::blocking_read_floor;
     using redislock::detail::socket_timeout;
-    for (const auto timeout : {40ms, 41ms, 100ms, 300ms, 1000ms, 2000ms, 60000ms}) {
-        const auto latest = socket_timeout(timeout) * 9 / 8 + 10ms;
+    for (const auto timeout : {80ms, 81ms, 100ms, 300ms, 1000ms, 2000ms, 60000ms, 3600000ms}) {
+        const auto st = socket_timeout(timeout);
+        // At 100 ticks a second: rounded up to a tick, 8/63 late, one tick more.
+        const auto ticks = (st.count() + 9) / 10;
+        const auto latest = std::chrono::milliseconds{(ticks + (ticks * 8 + 62) / 63 + 1) * 10};
         EXPECT_LT(latest, timeout) << timeout.count();
         EXPECT_GE(blocking_read_floor(timeout), latest) << timeout.count();
         EXPECT_LT(blocking_read_floor(timeout), timeout) << timeout.count();
-        EXPECT_GT(socket_timeout(timeout), timeout / 2) << timeout.count();
+        EXPECT_GT(st, timeout / 3) << timeout.count();
     }
-    for (const auto timeout : {1ms, 10ms, 39ms}) {
+    for (const auto timeout : {1ms, 10ms, 79ms}) {
         EXPECT_EQ(socket_timeout(timeout), timeout);
         EXPECT_GT(blocking_read_floor(timeout), timeout);  // never reads blocking
     }
@@ -420,15 +424,15 @@ TEST(HiredisConnection, SocketTimeoutEndsWithinTheCommandTimeout) {
 TEST(HiredisConnection, ReplyAfterTheSocketTimeoutButWithinTheCommandTimeoutIsRead) {
     redis_server srv;
     hiredis_connection conn{srv.uri() + "?command_timeout=2000"};
-    ASSERT_LT(redislock::detail::socket_timeout(2000ms), 1800ms);
-    // Busy for 1.9 s inside the server, then answers.
+    ASSERT_LT(redislock::detail::socket_timeout(2000ms), 1750ms);  // 1715 ms
+    // Busy for 1.85 s inside the server, then answers.
     const std::string_view busy =
         "local t = redis.call('TIME') local from = t[1] * 1000000 + t[2] "
         "repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - from >= tonumber(ARGV[1]) "
         "return 1";
     const stopwatch watch;
-    EXPECT_EQ(run(conn, {"EVAL", busy, "0", "1900000"}), reply::integer(1));
-    EXPECT_GE(watch.elapsed(), 1900ms);
+    EXPECT_EQ(run(conn, {"EVAL", busy, "0", "1850000"}), reply::integer(1));
+    EXPECT_GE(watch.elapsed(), 1850ms);
     EXPECT_EQ(run(conn, {"PING"}), reply::status("PONG"));
 }
 
@@ -446,6 +450,25 @@ TEST(HiredisConnection, BlockingReadEndsAtTheCommandTimeoutOnAPausedServer) {
     EXPECT_GE(took, 1000ms);
     EXPECT_LT(took, 3s);
     EXPECT_EQ(run(conn, {"PING"}), reply::status("PONG"));
+}
+
+// A call given a far deadline (or a stop token) is still bounded by the command timeout as a
+// whole, its wait for a free connection included.
+TEST(HiredisConnection, TimedCallWaitsForAFreeConnectionNoLongerThanTheCommandTimeout) {
+    redis_server srv;
+    hiredis_connection conn{with_query(srv, "pool_size=1&command_timeout=300&connect_timeout=300")};
+    const std::array<std::string_view, 1> ping{"PING"};
+    const std::array<command, 1> batch{command{ping}};
+    auto holding = conn.start(batch, redislock::call_context{});  // the pool's only connection
+    std::stop_source source;
+    const std::stop_token stop = source.get_token();
+    for (const redislock::call_context how :
+         {redislock::call_context{{}, std::chrono::steady_clock::now() + 10s},
+          redislock::call_context{{}, std::chrono::steady_clock::time_point::max(), &stop}}) {
+        const stopwatch watch;
+        EXPECT_THROW(conn.execute(ping, how), redislock::timeout_error);
+        EXPECT_LT(watch.elapsed(), 550ms);  // 300 ms, where connect + command would be 600 ms
+    }
 }
 
 TEST(HiredisConnection, ConnectThatGetsNoAnswerTimesOutAfterTheConnectTimeout) {

@@ -24,8 +24,8 @@
 // one PING before it is used. Built without TLS, a rediss:// endpoint is refused by the
 // constructor with redislock::invalid_argument saying what to install. A bounded call over TLS
 // checks OpenSSL's buffer before it polls the socket; once bytes arrive it reads a whole TLS
-// record, so a record that arrives in parts can hold it past its deadline by up to the command
-// timeout.
+// record, so a record that arrives in parts can hold it past its deadline by up to the socket's
+// timeout (detail::socket_timeout, a little under the command timeout).
 //
 // Thread safety: execute() and execute_pipeline() may be called from any number of threads.
 // Lifetime: movable, not copyable; contexts are closed on destruction.
@@ -121,22 +121,23 @@ inline void set_context_error(redisContext& ctx, int type, const char* why) noex
     std::snprintf(ctx.errstr, sizeof ctx.errstr, "%s", why);
 }
 
-/// The receive timeout set on a context's socket for a command timeout `command_timeout`. The
-/// kernel may fire a socket timeout late by up to an eighth of it plus a clock tick (10 ms at
-/// most); this one, even that late, ends within the command timeout. Below 40 ms the socket gets
-/// the command timeout itself and no call reads blocking (see blocking_read_floor).
+/// The receive (and send) timeout set on a context's socket for a command timeout
+/// `command_timeout`. The kernel rounds a socket timeout up to whole clock ticks and its timer
+/// wheel may fire it up to 8/63 late plus a tick; this one, even that late, ends within the
+/// command timeout (at 100 to 1000 ticks a second). Below 80 ms the socket gets the command
+/// timeout itself and no call reads blocking (see blocking_read_floor).
 inline std::chrono::milliseconds socket_timeout(std::chrono::milliseconds command_timeout) {
     using std::chrono::milliseconds;
-    if (command_timeout < milliseconds{40}) {
+    if (command_timeout < milliseconds{80}) {
         return command_timeout;
     }
-    return (command_timeout - milliseconds{16}) * 8 / 9;
+    return (command_timeout - milliseconds{40}) * 7 / 8;
 }
 
-/// The least time a call must have left to read blocking: what its socket timeout may take at
-/// the latest, with a margin. Above the command timeout (so never) below 40 ms.
+/// The least time a call must have left to read blocking: more than its socket timeout may take
+/// at the latest. Above the command timeout (so never) below 80 ms.
 inline std::chrono::milliseconds blocking_read_floor(std::chrono::milliseconds command_timeout) {
-    return socket_timeout(command_timeout) * 9 / 8 + std::chrono::milliseconds{12};
+    return socket_timeout(command_timeout) * 8 / 7 + std::chrono::milliseconds{30};
 }
 
 /// Throws unless this build can open `ep`: rediss:// needs TLS support.
@@ -342,7 +343,7 @@ public:
         call_context bound;
         for (const call_context& how : hows) {
             bound.deadline = std::min(bound.deadline, how.deadline);
-            if (bound.stop == nullptr) {
+            if ((bound.stop == nullptr || !bound.stop->stop_possible()) && how.stop != nullptr) {
                 bound.stop = how.stop;
             }
         }
@@ -386,7 +387,8 @@ public:
         bool buffered() const noexcept { return ctx_ && tls_pending(*ctx_); }
 
         /// Reads what the socket holds (one read(2): call it when poll(2) says readable or
-        /// buffered() is true, or it blocks up to the command timeout). True once ended.
+        /// buffered() is true, or it blocks up to the socket's timeout, detail::socket_timeout,
+        /// and then fails the call). True once ended.
         bool read() {
             if (!ctx_) {
                 return true;
@@ -561,6 +563,11 @@ private:
         return this_pool().acquire(deadline, stop, &notice.reopened);
     }
 
+    static bool bounded(const call_context& how) noexcept {
+        return how.deadline != std::chrono::steady_clock::time_point::max() ||
+               (how.stop != nullptr && how.stop->stop_possible());
+    }
+
     // The one reply loop: append, write, then read until every reply is in. The replies are
     // bounded by how.deadline and the command timeout, and end early when *how.stop is
     // requested. A context given up mid-reply is closed, never reused (its late reply would be
@@ -575,14 +582,19 @@ private:
         return results;
     }
 
-    // Hands each reply, in order, to on_reply. Waiting for a free context and connecting end by
-    // how.deadline alone (else by the pool's own bounds); the replies also by the command timeout.
+    // Hands each reply, in order, to on_reply. A call given a deadline or a stop token ends,
+    // from waiting for a free context to its last reply, by how.deadline and the command
+    // timeout; an untimed call waits for a context as the pool allows (connect plus command
+    // timeout) and then has the command timeout for its replies.
     template <class OnReply>
     void round_trip(std::span<const command> commands, const call_context& how, OnReply on_reply) {
         using clock = std::chrono::steady_clock;
+        const bool timed = bounded(how);
+        const auto limit =
+            std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
         check_stop(how);
         reconnect_notice notice{*this};
-        auto ctx = take(notice, how.deadline, how.stop);
+        auto ctx = take(notice, timed ? limit : how.deadline, how.stop);
         for (command argv : commands) {
             if (!detail::append_command(ctx.get(), argv)) {
                 fail(std::move(ctx));
@@ -593,8 +605,7 @@ private:
                 fail(std::move(ctx));
             }
         }
-        const auto deadline =
-            std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
+        const auto deadline = timed ? limit : clock::now() + this_pool().config.command_timeout;
         for (std::size_t read = 0; read < commands.size();) {
             void* raw_reply = nullptr;
             if (redisGetReplyFromReader(ctx.get(), &raw_reply) != REDIS_OK) {
@@ -602,7 +613,12 @@ private:
             }
             if (raw_reply != nullptr) {
                 detail::hiredis_reply_ptr raw{raw_reply};
-                on_reply(detail::convert_reply(*static_cast<redisReply*>(raw.get())));
+                try {
+                    on_reply(detail::convert_reply(*static_cast<redisReply*>(raw.get())));
+                } catch (...) {
+                    drop(std::move(ctx), false);  // out of memory: replies may be left unread
+                    throw;
+                }
                 ++read;
                 continue;
             }
