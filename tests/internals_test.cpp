@@ -203,3 +203,54 @@ TEST(LossTimer, StopRequestsAndHandlersRunAfterTheMark) {
 }
 
 }  // namespace
+
+namespace {
+
+using redislock::detail::local_gates;
+using redislock::detail::steady;
+
+// Threads take their turns in the order they came; one that gives up (deadline or stop request)
+// before its turn leaves the line without holding up the ones behind it.
+TEST(LocalGates, TurnsGoInArrivalOrderAndThoseWhoGiveUpAreSkipped) {
+    local_gates gates;
+    std::mutex order_mutex;
+    std::vector<int> order;
+    auto first = std::make_unique<local_gates::place>(gates, "name");
+    ASSERT_TRUE(first->wait_turn(steady::now(), {}));  // already the first
+    EXPECT_FALSE(gates.look("name").idle);
+
+    std::stop_source stop_fourth;
+    std::vector<std::thread> threads;
+    std::atomic<int> queued{0};
+    const auto join = [&](int who, steady::time_point deadline, std::stop_token stop) {
+        threads.emplace_back([&, who, deadline, stop] {
+            local_gates::place place{gates, "name"};
+            ++queued;
+            if (place.wait_turn(deadline, stop)) {
+                std::lock_guard guard{order_mutex};
+                order.push_back(who);
+            }
+        });
+        while (queued.load() < who - 1) {
+            std::this_thread::yield();
+        }
+    };
+    join(2, steady::now() + 10s, {});
+    join(3, steady::now() + 50ms, {});  // gives up before its turn
+    join(4, steady::now() + 10s, stop_fourth.get_token());
+    join(5, steady::now() + 10s, {});
+    stop_fourth.request_stop();
+    std::this_thread::sleep_for(200ms);  // past the third one's deadline
+    {
+        std::lock_guard guard{order_mutex};
+        EXPECT_TRUE(order.empty()) << "a turn came while the first still held it";
+    }
+    first.reset();
+    for (auto& t : threads) {
+        t.join();
+    }
+    EXPECT_EQ(order, (std::vector<int>{2, 5}));
+    EXPECT_TRUE(gates.look("name").idle);
+}
+
+}  // namespace

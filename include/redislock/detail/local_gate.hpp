@@ -2,11 +2,11 @@
 // first served, and only the first of them waits in Redis. The rest never touch the server until
 // their turn, so a process puts one waiter in the lock's queue however many threads it has.
 // Each gate also remembers whether the name was contended lately: a lock() then joins the queue
-// with its first attempt instead of trying a plain SET first.
+// with its first attempt instead of trying a plain SET first. A thread that leaves the front
+// wakes only the next one: the others sleep on, so a turn costs one wake-up however many wait.
 #pragma once
 
 #include <condition_variable>
-#include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
@@ -20,47 +20,55 @@
 namespace redislock::detail {
 
 class local_gates {
+public:
+    class place;
+
+private:
     struct gate {
-        std::deque<std::uint64_t> line;  // tickets, first come first
+        std::deque<place*> line;  // first come first
         bool contended = false;
     };
 
 public:
-    /// A place in the gate of one name, given up on destruction.
+    /// A place in the gate of one name, given up on destruction. Not movable: the gate points
+    /// at it while it waits.
     class place {
     public:
         place(local_gates& gates, std::string_view name) : gates_{&gates}, name_{name} {
             std::lock_guard guard{gates_->mutex_};
-            ticket_ = ++gates_->next_ticket_;
-            gates_->gates_[name_].line.push_back(ticket_);
+            gates_->gates_[name_].line.push_back(this);
         }
         place(const place&) = delete;
         place& operator=(const place&) = delete;
         ~place() {
-            {
-                std::lock_guard guard{gates_->mutex_};
-                auto it = gates_->gates_.find(name_);
-                std::erase(it->second.line, ticket_);
-                if (it->second.line.empty() && !it->second.contended) {
+            std::lock_guard guard{gates_->mutex_};
+            auto it = gates_->gates_.find(name_);
+            std::deque<place*>& line = it->second.line;
+            const bool was_first = line.front() == this;
+            std::erase(line, this);
+            if (line.empty()) {
+                if (!it->second.contended) {
                     gates_->gates_.erase(it);
                 }
+            } else if (was_first) {
+                // Under the mutex: the next place cannot be destroyed meanwhile.
+                line.front()->turn_.notify_one();
             }
-            gates_->turn_.notify_all();
         }
 
         /// Waits until every thread before this one left the gate, `deadline` or a stop
         /// request; true when it is this thread's turn.
         bool wait_turn(steady::time_point deadline, const std::stop_token& stop) {
             std::unique_lock lock{gates_->mutex_};
-            const auto first = [this] { return gates_->gates_[name_].line.front() == ticket_; };
-            return stop.stop_possible() ? gates_->turn_.wait_until(lock, stop, deadline, first)
-                                        : gates_->turn_.wait_until(lock, deadline, first);
+            const auto first = [this] { return gates_->gates_[name_].line.front() == this; };
+            return stop.stop_possible() ? turn_.wait_until(lock, stop, deadline, first)
+                                        : turn_.wait_until(lock, deadline, first);
         }
 
     private:
         local_gates* gates_;
         std::string name_;
-        std::uint64_t ticket_ = 0;
+        std::condition_variable_any turn_;  // told when this place becomes the first
     };
 
     struct view {
@@ -99,9 +107,7 @@ private:
     static constexpr std::size_t max_remembered = 4096;
 
     std::mutex mutex_;
-    std::condition_variable_any turn_;
     std::map<std::string, gate, std::less<>> gates_;
-    std::uint64_t next_ticket_ = 0;
 };
 
 }  // namespace redislock::detail
