@@ -222,6 +222,7 @@ TEST(LocalGates, TurnsGoInArrivalOrderAndThoseWhoGiveUpAreSkipped) {
     std::stop_source stop_fourth;
     std::vector<std::thread> threads;
     std::atomic<int> queued{0};
+    std::atomic<int> gave_up{0};
     const auto join = [&](int who, steady::time_point deadline, std::stop_token stop) {
         threads.emplace_back([&, who, deadline, stop] {
             local_gates::place place{gates, "name"};
@@ -229,18 +230,23 @@ TEST(LocalGates, TurnsGoInArrivalOrderAndThoseWhoGiveUpAreSkipped) {
             if (place.wait_turn(deadline, stop)) {
                 std::lock_guard guard{order_mutex};
                 order.push_back(who);
+            } else {
+                ++gave_up;
             }
         });
         while (queued.load() < who - 1) {
             std::this_thread::yield();
         }
     };
-    join(2, steady::now() + 10s, {});
+    // No deadline for those who get their turn: only being told can end their wait.
+    join(2, steady::time_point::max(), {});
     join(3, steady::now() + 50ms, {});  // gives up before its turn
-    join(4, steady::now() + 10s, stop_fourth.get_token());
-    join(5, steady::now() + 10s, {});
+    join(4, steady::time_point::max(), stop_fourth.get_token());
+    join(5, steady::time_point::max(), {});
     stop_fourth.request_stop();
-    std::this_thread::sleep_for(200ms);  // past the third one's deadline
+    while (gave_up.load() < 2) {
+        std::this_thread::sleep_for(1ms);
+    }
     {
         std::lock_guard guard{order_mutex};
         EXPECT_TRUE(order.empty()) << "a turn came while the first still held it";

@@ -36,7 +36,15 @@ public:
     public:
         place(local_gates& gates, std::string_view name) : gates_{&gates}, name_{name} {
             std::lock_guard guard{gates_->mutex_};
-            gates_->gates_[name_].line.push_back(this);
+            auto it = gates_->gates_.try_emplace(name_).first;
+            try {
+                it->second.line.push_back(this);
+            } catch (...) {
+                if (it->second.line.empty() && !it->second.contended) {
+                    gates_->gates_.erase(it);
+                }
+                throw;
+            }
         }
         place(const place&) = delete;
         place& operator=(const place&) = delete;
