@@ -14,7 +14,8 @@
 // and the command timeout, to the millisecond. A call that nothing can stop and that has the whole
 // command timeout left reads blocking (one recv(2) per reply, as a plain hiredis call): the
 // socket's receive timeout is set short enough that it ends within the command timeout even when
-// the kernel fires it late (up to an eighth plus a tick), and the rest is waited for with poll(2).
+// the kernel fires it late (rounded up to ticks, 8/63 late, plus a tick); the rest is waited for
+// with poll(2).
 // Other calls poll(2) before each read.
 //
 // TLS (rediss://): available when the program is built with REDISLOCK_HAVE_TLS, which the CMake
