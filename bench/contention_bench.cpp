@@ -17,7 +17,8 @@
 //   rewin            share of acquisitions won by the worker that held the lock just before
 //   overlap          critical sections found overlapping (checked in shared memory): must be 0
 //
-// Usage: contention_bench [--seconds=N]
+// Usage: contention_bench [--seconds=N] [--wait-spin-us=N]
+//   --wait-spin-us   the library's client_options::wait_spin (default: the library's default)
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -55,6 +56,8 @@ using clock_type = std::chrono::steady_clock;
 constexpr std::string_view lock_name = "contended";
 constexpr std::size_t max_workers = 8;
 constexpr std::size_t max_samples = 1 << 18;  // per worker
+
+redislock::client_options library_options;
 
 // Results of one worker, written by it into shared memory.
 struct worker_result {
@@ -142,7 +145,8 @@ void library_worker(const std::string& uri, shared_page& page, int me,
     static redislock::basic_client<counting_connection>* client = nullptr;
     static std::once_flag once;
     std::call_once(once, [&] {
-        client = new redislock::basic_client<counting_connection>{uri, &commands};
+        client = new redislock::basic_client<counting_connection>{
+            counting_connection{uri, &commands}, library_options};
     });
     auto m = client->mutex(lock_name, {.lease = 10s});
     worker_result& out = page.workers[me];
@@ -285,8 +289,10 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         if (std::strncmp(argv[i], "--seconds=", 10) == 0) {
             seconds = std::atof(argv[i] + 10);
+        } else if (std::strncmp(argv[i], "--wait-spin-us=", 15) == 0) {
+            library_options.wait_spin = std::chrono::microseconds{std::atol(argv[i] + 15)};
         } else {
-            std::fprintf(stderr, "usage: %s [--seconds=N]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--seconds=N] [--wait-spin-us=N]\n", argv[0]);
             return 2;
         }
     }

@@ -29,6 +29,17 @@ TEST(Client, InstanceIdsAreRandomAndDistinct) {
     EXPECT_NE(a.instance_id(), b.instance_id());
 }
 
+TEST(Client, NegativeWaitSpinIsRefusedBeforeConnecting) {
+    // No server listens on port 1: the option is checked first, so the error names it.
+    try {
+        redislock::client c{"redis://127.0.0.1:1",
+                            redislock::client_options{.wait_spin = std::chrono::microseconds{-1}}};
+        FAIL() << "a negative wait_spin was accepted";
+    } catch (const redislock::invalid_argument& e) {
+        EXPECT_NE(std::string{e.what()}.find("wait_spin"), std::string::npos) << e.what();
+    }
+}
+
 TEST(Client, LocksOutliveTheirClientAndStillRelease) {
     redis_server srv;
     auto client = std::make_unique<redislock::client>(srv.uri());

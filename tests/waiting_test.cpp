@@ -112,15 +112,24 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 
 // The holder's lease is long and the waiter's backoff would be long too: only the release's
-// message can wake the waiter soon after the unlock.
-TEST(Waiting, ReleaseWakesTheWaiterOfEveryKind) {
+// message can wake the waiter soon after the unlock: a sleeping waiter (no spin, or a spin over
+// long before the release) and one still spinning when it comes.
+class WaitingWithSpin : public ::testing::TestWithParam<std::chrono::microseconds> {};
+
+INSTANTIATE_TEST_SUITE_P(Spins, WaitingWithSpin,
+                         ::testing::Values(0us, 1ms, std::chrono::microseconds{30s}),
+                         [](const auto& info) {
+                             return "spin_" + std::to_string(info.param.count()) + "us";
+                         });
+
+TEST_P(WaitingWithSpin, ReleaseWakesTheWaiterOfEveryKind) {
     redis_server srv;
     redislock::client client{srv.uri()};
     for (kind k : {kind::simple, kind::reentrant, kind::writer}) {
         SCOPED_TRACE(kind_name(k));
         const lock_options slow{.lease = 30s, .backoff_min = 5s, .backoff_max = 20s};
         any_lock holder = make_lock(client, k, "w", slow);
-        redislock::client other{srv.uri()};
+        redislock::client other{srv.uri(), redislock::client_options{.wait_spin = GetParam()}};
         any_lock waiter = make_lock(other, k == kind::writer ? kind::reader : k, "w", slow);
         ASSERT_TRUE(holder.try_lock_for(0ms));
         std::atomic<bool> got{false};
@@ -138,6 +147,35 @@ TEST(Waiting, ReleaseWakesTheWaiterOfEveryKind) {
         t.join();
         EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
     }
+}
+
+// A waiter still spinning ends its wait at its deadline, and at a stop request, like one that
+// sleeps; it leaves its place in the queue behind neither time.
+TEST(Waiting, SpinningWaiterEndsAtItsDeadlineAndAtAStopRequest) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri(), redislock::client_options{.wait_spin = 30s}};
+    auto holder = client.mutex("s", {.lease = 30s});
+    auto waiter = other.mutex("s", {.lease = 30s, .backoff_min = 5s, .backoff_max = 20s});
+    ASSERT_TRUE(holder.try_lock());
+    const stopwatch watch;
+    EXPECT_FALSE(waiter.try_lock_for(300ms));
+    EXPECT_LT(watch.elapsed(), 10s);
+    EXPECT_TRUE(eventually([&] { return zcard(srv, "{s}:queue") == 0; }));
+
+    std::stop_source stop;
+    std::atomic<bool> ended{false};
+    std::thread t{[&] {
+        EXPECT_FALSE(waiter.lock(stop.get_token()));
+        ended = true;
+    }};
+    ASSERT_TRUE(eventually([&] { return zcard(srv, "{s}:queue") == 1; }));
+    stop.request_stop();
+    EXPECT_TRUE(eventually([&] { return ended.load(); }, 10s)) << "the stop request was missed";
+    t.join();
+    EXPECT_TRUE(eventually([&] { return zcard(srv, "{s}:queue") == 0; }));
+    holder.unlock();
+    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 
 // With the subscriber connection killed mid-wait, the waiter still gets the lock: it tries

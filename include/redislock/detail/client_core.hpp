@@ -21,6 +21,7 @@
 #include <redislock/detail/per_process.hpp>
 #include <redislock/detail/reaper.hpp>
 #include <redislock/detail/token.hpp>
+#include <redislock/error.hpp>
 #include <redislock/subscriber.hpp>
 #include <redislock/watchdog.hpp>
 
@@ -38,8 +39,8 @@ std::chrono::milliseconds command_budget(const C& conn) {
 
 /// What a client's waiters share in one process: the local gates and the notifier.
 struct waiting_room {
-    waiting_room(notifier::opener open, notifier::node_namer node_of)
-        : notify{std::move(open), std::move(node_of)} {}
+    waiting_room(notifier::opener open, notifier::node_namer node_of, steady::duration spin)
+        : notify{std::move(open), std::move(node_of), spin} {}
 
     local_gates gates;
     notifier notify;
@@ -51,7 +52,7 @@ struct waiting_room {
 
 /// The notifier's way to open subscriber links over `conn`, when its type has one.
 template <connection C>
-std::unique_ptr<waiting_room> make_waiting_room(C& conn) {
+std::unique_ptr<waiting_room> make_waiting_room(C& conn, steady::duration spin) {
     notifier::opener open;
     notifier::node_namer node_of;
     if constexpr (subscribing_connection<C>) {
@@ -64,7 +65,7 @@ std::unique_ptr<waiting_room> make_waiting_room(C& conn) {
             return std::string{conn.subscriber_node(channel)};
         };
     }
-    return std::make_unique<waiting_room>(std::move(open), std::move(node_of));
+    return std::make_unique<waiting_room>(std::move(open), std::move(node_of), spin);
 }
 
 /// True for a connection that can tell when it opened a new connection after one broke.
@@ -73,11 +74,20 @@ concept reconnect_reporting = requires(C& c, std::function<void(std::string_view
     c.set_reconnect_handler(std::move(handler));
 };
 
+inline steady::duration checked_wait_spin(std::chrono::microseconds spin) {
+    if (spin < std::chrono::microseconds::zero()) {
+        throw invalid_argument{"redislock: client_options::wait_spin must not be negative"};
+    }
+    return spin;
+}
+
 template <connection C>
 struct client_core {
     template <class... Args>
     explicit client_core(client_options options, Args&&... args)
-        : events{std::move(options.on_event)}, connection(std::forward<Args>(args)...) {
+        : wait_spin{checked_wait_spin(options.wait_spin)},
+          events{std::move(options.on_event)},
+          connection(std::forward<Args>(args)...) {
         if constexpr (reconnect_reporting<C>) {
             if (events.observed()) {
                 // The connection is a member: it never calls the handler once this is gone.
@@ -95,11 +105,12 @@ struct client_core {
         return std::chrono::steady_clock::now() + command_budget(connection);
     }
 
+    steady::duration wait_spin;  // checked before the connection is made
     event_sink events;  // before the connection, which may report to it until its end
     C connection;
     std::string instance_id = token::random().str();
     per_process<loss_timer> timer{[] { return std::make_unique<loss_timer>(); }};
-    per_process<waiting_room> waiting{[this] { return make_waiting_room(connection); }};
+    per_process<waiting_room> waiting{[this] { return make_waiting_room(connection, wait_spin); }};
     basic_watchdog<C> watchdog{connection, &events};
 };
 

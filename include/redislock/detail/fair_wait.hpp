@@ -258,7 +258,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         }
         until = std::min(until, deadline);
         const bool woken =
-            slot ? slot->sleep_until(until, stop) : sleep_unless_stopped(until - now, stop);
+            slot ? room.notify.wait(*slot, until, stop) : sleep_unless_stopped(until - now, stop);
         if (!woken && stop.stop_requested()) {
             return false;
         }

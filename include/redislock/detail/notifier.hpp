@@ -6,9 +6,15 @@
 // A waiter is woken when a release names it, when a release names it as standby (it then checks
 // once the grace of the waiters before it is over), and when its link is lost (a message may have
 // been missed): it then tries again and re-enrolls, which subscribes anew.
+//
+// A hand-over usually comes within a few round trips. So a waiter first spins for a while
+// (client_options::wait_spin), yielding the CPU to any other runnable thread, and the notifier's
+// thread reads its links without sleeping meanwhile: the message then reaches the waiter without
+// waking two sleeping threads, which on a busy machine costs more than the round trips.
 #pragma once
 
 #include <poll.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,7 +55,17 @@ public:
         woken_ = false;
         named_ = false;
         changed_ = false;
+        signalled_.store(false, std::memory_order_relaxed);
         check_at_ = steady::time_point::max();
+    }
+
+    /// Keeps the thread on the CPU, yielding it to other runnable threads, until woken, named
+    /// standby, `until` or a stop request; sleep_until() then tells which.
+    void spin_until(steady::time_point until, const std::stop_token& stop) const {
+        while (!signalled_.load(std::memory_order_acquire) && !stop.stop_requested() &&
+               steady::now() < until) {
+            ::sched_yield();
+        }
     }
 
     /// True when a release named this waiter since the last reset(): for a waiter a simple lock
@@ -96,6 +112,7 @@ public:
             std::lock_guard guard{mutex_};
             check_at_ = std::min(check_at_, steady::now() + grace_);
             changed_ = true;
+            signalled_.store(true, std::memory_order_release);
         }
         wake_.notify_all();
     }
@@ -109,6 +126,7 @@ private:
             woken_ = true;
             named_ = named_ || named;
             changed_ = true;
+            signalled_.store(true, std::memory_order_release);
         }
         wake_.notify_all();
     }
@@ -121,6 +139,7 @@ private:
     steady::time_point check_at_ = steady::time_point::max();
     steady::duration grace_;
     std::atomic<bool> subscribed_{false};
+    std::atomic<bool> signalled_{false};  // changed_ since the last reset(), read without the mutex
 };
 
 class notifier {
@@ -130,8 +149,8 @@ public:
     /// Names the node that serves `channel`: waiters of one node share its link.
     using node_namer = std::function<std::string(std::string_view channel)>;
 
-    notifier(opener open, node_namer node_of)
-        : open_{std::move(open)}, node_of_{std::move(node_of)} {}
+    notifier(opener open, node_namer node_of, steady::duration spin = {})
+        : open_{std::move(open)}, node_of_{std::move(node_of)}, spin_{spin} {}
     notifier(const notifier&) = delete;
     notifier& operator=(const notifier&) = delete;
     ~notifier() {
@@ -184,6 +203,24 @@ public:
         const bool on = done && it != channels_.end() && it->second.status == link_status::active;
         slot->set_subscribed(on);
         return on;
+    }
+
+    /// Waits on `slot` as wake_slot::sleep_until() does. A subscribed waiter first spins for up to
+    /// the client's wait_spin, this notifier's thread reading without sleeping meanwhile.
+    bool wait(wake_slot& slot, steady::time_point until, const std::stop_token& stop) {
+        if (spin_ > steady::duration::zero() && slot.subscribed()) {
+            const struct spinning {
+                explicit spinning(notifier& n) : n{n} {
+                    if (n.spinners_.fetch_add(1, std::memory_order_acq_rel) == 0) {
+                        n.poke();  // its thread may sleep in poll() until the next tick
+                    }
+                }
+                ~spinning() { n.spinners_.fetch_sub(1, std::memory_order_acq_rel); }
+                notifier& n;
+            } spin{*this};
+            slot.spin_until(std::min(until, steady::now() + spin_), stop);
+        }
+        return slot.sleep_until(until, stop);
     }
 
     /// Unregisters waiter `id` of `channel`; the channel lingers subscribed for a while.
@@ -390,11 +427,16 @@ private:
             fds.push_back({state.link->fd(), POLLIN, 0});
             buffered = buffered || state.link->buffered();
         }
-        const int timeout_ms = buffered ? 0 : static_cast<int>(tick.count());
-        if (::poll(fds.data(), fds.size(), timeout_ms) > 0 && (fds[0].revents & POLLIN) != 0) {
+        // While a waiter spins, so does this thread: one that sleeps must be woken by a message.
+        const bool spinning = spinners_.load(std::memory_order_acquire) > 0;
+        const int timeout_ms = buffered || spinning ? 0 : static_cast<int>(tick.count());
+        const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
+        if (ready > 0 && (fds[0].revents & POLLIN) != 0) {
             char drain[64];
             while (::read(pipe_[0], drain, sizeof drain) > 0) {
             }
+        } else if (ready == 0 && spinning) {
+            ::sched_yield();
         }
     }
 
@@ -575,6 +617,8 @@ private:
 
     opener open_;
     node_namer node_of_;
+    steady::duration spin_;
+    std::atomic<int> spinners_{0};  // waiters in wait()'s spin
     std::mutex mutex_;
     std::condition_variable_any settled_;
     std::map<std::string, channel_state> channels_;
