@@ -179,11 +179,12 @@ TEST(Waiting, SpinningWaiterEndsAtItsDeadlineAndAtAStopRequest) {
 }
 
 // With the subscriber connection killed mid-wait, the waiter still gets the lock: it tries
-// again, subscribes anew, and at the latest its holder's lease bounds the wait.
-TEST(Waiting, LostSubscriberConnectionStillAcquiresWithinTheHoldersLease) {
+// again, subscribes anew, and at the latest its holder's lease bounds the wait. A spinning
+// waiter finds the link closed itself.
+TEST_P(WaitingWithSpin, LostSubscriberConnectionStillAcquiresWithinTheHoldersLease) {
     redis_server srv;
     redislock::client client{srv.uri()};
-    redislock::client other{srv.uri()};
+    redislock::client other{srv.uri(), redislock::client_options{.wait_spin = GetParam()}};
     auto holder = client.mutex("lost", {.lease = 2s});
     auto waiter = other.mutex("lost", {.lease = 2s});
     ASSERT_TRUE(holder.try_lock());

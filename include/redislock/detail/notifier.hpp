@@ -8,9 +8,10 @@
 // been missed): it then tries again and re-enrolls, which subscribes anew.
 //
 // A hand-over usually comes within a few round trips. So a waiter first spins for a while
-// (client_options::wait_spin), yielding the CPU to any other runnable thread, and the notifier's
-// thread reads its links without sleeping meanwhile: the message then reaches the waiter without
-// waking two sleeping threads, which on a busy machine costs more than the round trips.
+// (client_options::wait_spin), yielding the CPU to any other runnable thread and reading the
+// links itself, while the notifier's thread leaves them alone: the message then reaches the
+// waiter without waking a sleeping thread, let alone two, which on a busy machine costs more
+// than the round trips.
 #pragma once
 
 #include <poll.h>
@@ -59,14 +60,9 @@ public:
         check_at_ = steady::time_point::max();
     }
 
-    /// Keeps the thread on the CPU, yielding it to other runnable threads, until woken, named
-    /// standby, `until` or a stop request; sleep_until() then tells which.
-    void spin_until(steady::time_point until, const std::stop_token& stop) const {
-        while (!signalled_.load(std::memory_order_acquire) && !stop.stop_requested() &&
-               steady::now() < until) {
-            ::sched_yield();
-        }
-    }
+    /// True when woken or named standby since the last reset(): sleep_until() would return at
+    /// once or compute a new limit. Read without the mutex, for a waiter that spins.
+    bool signalled() const noexcept { return signalled_.load(std::memory_order_acquire); }
 
     /// True when a release named this waiter since the last reset(): for a waiter a simple lock
     /// is handed to, that the lock is its own.
@@ -206,19 +202,27 @@ public:
     }
 
     /// Waits on `slot` as wake_slot::sleep_until() does. A subscribed waiter first spins for up to
-    /// the client's wait_spin, this notifier's thread reading without sleeping meanwhile.
+    /// the client's wait_spin, reading the links itself (see the top of this file).
     bool wait(wake_slot& slot, steady::time_point until, const std::stop_token& stop) {
         if (spin_ > steady::duration::zero() && slot.subscribed()) {
             const struct spinning {
                 explicit spinning(notifier& n) : n{n} {
                     if (n.spinners_.fetch_add(1, std::memory_order_acq_rel) == 0) {
-                        n.poke();  // its thread may sleep in poll() until the next tick
+                        n.poke();  // its thread may sleep in poll() on the links: not any more
                     }
                 }
                 ~spinning() { n.spinners_.fetch_sub(1, std::memory_order_acq_rel); }
                 notifier& n;
             } spin{*this};
-            slot.spin_until(std::min(until, steady::now() + spin_), stop);
+            const auto limit = std::min(until, steady::now() + spin_);
+            while (!slot.signalled() && !stop.stop_requested() && steady::now() < limit) {
+                if (std::unique_lock reading{links_mutex_, std::try_to_lock}) {
+                    read_links_locked();
+                }
+                if (!slot.signalled()) {
+                    ::sched_yield();
+                }
+            }
         }
         return slot.sleep_until(until, stop);
     }
@@ -308,32 +312,65 @@ private:
     }
 
     void run() {
-        std::map<std::string, link_state> links;
         auto retry_at = steady::time_point{};
         for (;;) {
-            std::vector<std::pair<std::string, std::string>> to_send;  // channel, command
-            std::vector<std::string> to_open;
+            std::vector<pollfd> fds;
+            bool buffered = false;
             {
-                std::lock_guard guard{mutex_};
-                if (stopping_) {
-                    break;
+                std::lock_guard reading{links_mutex_};
+                std::vector<std::pair<std::string, std::string>> to_send;  // channel, command
+                std::vector<std::string> to_open;
+                {
+                    std::lock_guard guard{mutex_};
+                    if (stopping_) {
+                        break;
+                    }
+                    plan_locked(links_, to_send, to_open, retry_at);
                 }
-                plan_locked(links, to_send, to_open, retry_at);
-            }
-            for (const std::string& channel : to_open) {
-                open_link(links, channel, retry_at);
-            }
-            for (auto& [channel, verb] : to_send) {
-                send(links, channel, verb);
-            }
-            wait_for_input(links);
-            for (auto it = links.begin(); it != links.end();) {
-                if (!drain(it->first, it->second)) {
-                    lose(it->first);
-                    it = links.erase(it);
-                } else {
-                    ++it;
+                for (const std::string& channel : to_open) {
+                    open_link(links_, channel, retry_at);
                 }
+                for (auto& [channel, verb] : to_send) {
+                    send(links_, channel, verb);
+                }
+                fds.push_back({pipe_[0], POLLIN, 0});
+                for (const auto& [node, state] : links_) {
+                    fds.push_back({state.link->fd(), POLLIN, 0});
+                    buffered = buffered || state.link->buffered();
+                }
+            }
+            if (spinners_.load(std::memory_order_acquire) > 0) {
+                wait_while_spinning();
+                continue;
+            }
+            // A link that a spinning waiter closes meanwhile only wakes this poll early.
+            wait_for_input(fds, buffered);
+            std::lock_guard reading{links_mutex_};
+            read_links_locked();
+        }
+    }
+
+    // While waiters spin they read the links: this thread only watches the pipe, without
+    // sleeping (one that sleeps must be woken), until the last of them stops.
+    void wait_while_spinning() {
+        pollfd pipe{pipe_[0], POLLIN, 0};
+        while (spinners_.load(std::memory_order_acquire) > 0) {
+            if (::poll(&pipe, 1, 0) > 0) {
+                empty_pipe();
+                return;
+            }
+            ::sched_yield();
+        }
+    }
+
+    // Needs links_mutex_. Reads every link; drops those that are lost.
+    void read_links_locked() {
+        for (auto it = links_.begin(); it != links_.end();) {
+            if (!drain(it->first, it->second)) {
+                lose(it->first);
+                it = links_.erase(it);
+            } else {
+                ++it;
             }
         }
     }
@@ -419,24 +456,16 @@ private:
         }
     }
 
-    void wait_for_input(const std::map<std::string, link_state>& links) {
-        std::vector<pollfd> fds;
-        fds.push_back({pipe_[0], POLLIN, 0});
-        bool buffered = false;
-        for (const auto& [node, state] : links) {
-            fds.push_back({state.link->fd(), POLLIN, 0});
-            buffered = buffered || state.link->buffered();
+    void wait_for_input(std::vector<pollfd>& fds, bool buffered) {
+        const int timeout_ms = buffered ? 0 : static_cast<int>(tick.count());
+        if (::poll(fds.data(), fds.size(), timeout_ms) > 0 && (fds[0].revents & POLLIN) != 0) {
+            empty_pipe();
         }
-        // While a waiter spins, so does this thread: one that sleeps must be woken by a message.
-        const bool spinning = spinners_.load(std::memory_order_acquire) > 0;
-        const int timeout_ms = buffered || spinning ? 0 : static_cast<int>(tick.count());
-        const int ready = ::poll(fds.data(), fds.size(), timeout_ms);
-        if (ready > 0 && (fds[0].revents & POLLIN) != 0) {
-            char drain[64];
-            while (::read(pipe_[0], drain, sizeof drain) > 0) {
-            }
-        } else if (ready == 0 && spinning) {
-            ::sched_yield();
+    }
+
+    void empty_pipe() noexcept {
+        char drain[64];
+        while (::read(pipe_[0], drain, sizeof drain) > 0) {
         }
     }
 
@@ -619,6 +648,9 @@ private:
     node_namer node_of_;
     steady::duration spin_;
     std::atomic<int> spinners_{0};  // waiters in wait()'s spin
+    // The links, read by this notifier's thread or by a spinning waiter. Taken before mutex_.
+    std::mutex links_mutex_;
+    std::map<std::string, link_state> links_;
     std::mutex mutex_;
     std::condition_variable_any settled_;
     std::map<std::string, channel_state> channels_;
