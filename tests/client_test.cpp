@@ -29,14 +29,17 @@ TEST(Client, InstanceIdsAreRandomAndDistinct) {
     EXPECT_NE(a.instance_id(), b.instance_id());
 }
 
-TEST(Client, NegativeWaitSpinIsRefusedBeforeConnecting) {
+TEST(Client, WaitSpinOutsideZeroToOneHourIsRefusedBeforeConnecting) {
     // No server listens on port 1: the option is checked first, so the error names it.
-    try {
-        redislock::client c{"redis://127.0.0.1:1",
-                            redislock::client_options{.wait_spin = std::chrono::microseconds{-1}}};
-        FAIL() << "a negative wait_spin was accepted";
-    } catch (const redislock::invalid_argument& e) {
-        EXPECT_NE(std::string{e.what()}.find("wait_spin"), std::string::npos) << e.what();
+    for (const auto spin : {std::chrono::microseconds{-1},
+                            std::chrono::microseconds{std::chrono::hours{1}} + 1us,
+                            std::chrono::microseconds::max()}) {
+        try {
+            redislock::client c{"redis://127.0.0.1:1", redislock::client_options{.wait_spin = spin}};
+            ADD_FAILURE() << "wait_spin " << spin.count() << " us was accepted";
+        } catch (const redislock::invalid_argument& e) {
+            EXPECT_NE(std::string{e.what()}.find("wait_spin"), std::string::npos) << e.what();
+        }
     }
 }
 

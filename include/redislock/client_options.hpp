@@ -25,7 +25,7 @@ struct client_options {
     /// yields the CPU to any other runnable thread while it spins, and so does the client's
     /// subscriber thread. Only a call whose lock's release will notify it spins (not a polling
     /// waiter), and only the one thread per process at the head of that lock's local line.
-    /// Zero: sleep at once. Negative: invalid_argument from the client's constructor.
+    /// Zero: sleep at once. Outside [0, 1 h]: invalid_argument from the client's constructor.
     std::chrono::microseconds wait_spin{1000};
 };
 

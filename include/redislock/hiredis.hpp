@@ -271,6 +271,9 @@ public:
 
     bool buffered() const noexcept override { return hiredis_tls_pending(*ctx_); }
 
+    // A plain socket is read only after poll() found input; a TLS record may need more.
+    bool reads_without_blocking() const noexcept override { return !hiredis_is_tls(*ctx_); }
+
 private:
     [[noreturn]] void fail() {
         throw connection_error{"redislock: subscriber connection to " + describe_ + " failed: " +

@@ -6,7 +6,9 @@
 // (hiredis_connection, cluster and Sentinel connections do) gets notified waiting; one without
 // it waits by polling with backoff, bounded by the holder's lease.
 //
-// Thread safety: a link is used by one thread at a time (the client's notifier thread).
+// Thread safety: a link is used by one thread at a time, not always the same one: the client's
+// notifier thread, or a waiting thread that spins (client_options::wait_spin) when the link's
+// reads_without_blocking() says its read() never waits.
 // Lifetime: a link must not outlive the connection that opened it.
 #pragma once
 
@@ -37,6 +39,11 @@ public:
     /// True when input was read from the socket but not yet returned by read() (TLS buffers):
     /// read() must be called without waiting for the socket.
     virtual bool buffered() const noexcept { return false; }
+
+    /// True when read() never waits for the socket (it reads only what poll() says is there):
+    /// a spinning waiter may then read the link itself. False (the default) leaves the link to
+    /// the client's notifier thread, as a TLS link whose record may arrive in parts needs.
+    virtual bool reads_without_blocking() const noexcept { return false; }
 };
 
 /// A connection that can open subscriber links.

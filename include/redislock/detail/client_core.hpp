@@ -75,8 +75,8 @@ concept reconnect_reporting = requires(C& c, std::function<void(std::string_view
 };
 
 inline steady::duration checked_wait_spin(std::chrono::microseconds spin) {
-    if (spin < std::chrono::microseconds::zero()) {
-        throw invalid_argument{"redislock: client_options::wait_spin must not be negative"};
+    if (spin < std::chrono::microseconds::zero() || spin > std::chrono::hours{1}) {
+        throw invalid_argument{"redislock: client_options::wait_spin must be in [0, 1 h]"};
     }
     return spin;
 }

@@ -11,7 +11,7 @@
 // (client_options::wait_spin), yielding the CPU to any other runnable thread and reading the
 // links itself, while the notifier's thread leaves them alone: the message then reaches the
 // waiter without waking a sleeping thread, let alone two, which on a busy machine costs more
-// than the round trips.
+// than the round trips. Links whose read may block (TLS) are read by the notifier's thread only.
 #pragma once
 
 #include <poll.h>
@@ -204,7 +204,7 @@ public:
     /// Waits on `slot` as wake_slot::sleep_until() does. A subscribed waiter first spins for up to
     /// the client's wait_spin, reading the links itself (see the top of this file).
     bool wait(wake_slot& slot, steady::time_point until, const std::stop_token& stop) {
-        if (spin_ > steady::duration::zero() && slot.subscribed()) {
+        if (spin_ > steady::duration::zero() && slot.subscribed() && !slot.signalled()) {
             const struct spinning {
                 explicit spinning(notifier& n) : n{n} {
                     if (n.spinners_.fetch_add(1, std::memory_order_acq_rel) == 0) {
@@ -217,7 +217,7 @@ public:
             const auto limit = std::min(until, steady::now() + spin_);
             while (!slot.signalled() && !stop.stop_requested() && steady::now() < limit) {
                 if (std::unique_lock reading{links_mutex_, std::try_to_lock}) {
-                    read_links_locked();
+                    read_links_locked(true);
                 }
                 if (!slot.signalled()) {
                     ::sched_yield();
@@ -314,59 +314,71 @@ private:
     void run() {
         auto retry_at = steady::time_point{};
         for (;;) {
-            std::vector<pollfd> fds;
+            std::vector<std::pair<std::string, std::string>> to_send;  // channel, command
+            std::vector<std::string> to_open;
+            {
+                std::lock_guard reading{links_mutex_};
+                std::lock_guard guard{mutex_};
+                if (stopping_) {
+                    break;
+                }
+                plan_locked(to_send, to_open, retry_at);
+            }
+            // With no lock held: opening may resolve a master and tell the event hook.
+            for (const std::string& channel : to_open) {
+                open_link(channel, retry_at);
+            }
+            // A spinner that starts after this pokes the pipe; a link it drops meanwhile only
+            // ends the wait below early (its fd reports POLLNVAL).
+            const bool spinning = spinners_.load(std::memory_order_acquire) > 0;
+            std::vector<pollfd> fds{{pipe_[0], POLLIN, 0}};
             bool buffered = false;
             {
                 std::lock_guard reading{links_mutex_};
-                std::vector<std::pair<std::string, std::string>> to_send;  // channel, command
-                std::vector<std::string> to_open;
-                {
-                    std::lock_guard guard{mutex_};
-                    if (stopping_) {
-                        break;
-                    }
-                    plan_locked(links_, to_send, to_open, retry_at);
-                }
-                for (const std::string& channel : to_open) {
-                    open_link(links_, channel, retry_at);
-                }
                 for (auto& [channel, verb] : to_send) {
-                    send(links_, channel, verb);
+                    send(channel, verb);
                 }
-                fds.push_back({pipe_[0], POLLIN, 0});
                 for (const auto& [node, state] : links_) {
-                    fds.push_back({state.link->fd(), POLLIN, 0});
-                    buffered = buffered || state.link->buffered();
+                    if (!spinning || !state.link->reads_without_blocking()) {
+                        fds.push_back({state.link->fd(), POLLIN, 0});
+                        buffered = buffered || state.link->buffered();
+                    }
                 }
             }
-            if (spinners_.load(std::memory_order_acquire) > 0) {
-                wait_while_spinning();
-                continue;
+            if (spinning) {
+                wait_while_spinning(fds, buffered);
+            } else {
+                wait_for_input(fds, buffered);
             }
-            // A link that a spinning waiter closes meanwhile only wakes this poll early.
-            wait_for_input(fds, buffered);
             std::lock_guard reading{links_mutex_};
-            read_links_locked();
+            read_links_locked(false);
         }
     }
 
-    // While waiters spin they read the links: this thread only watches the pipe, without
-    // sleeping (one that sleeps must be woken), until the last of them stops.
-    void wait_while_spinning() {
-        pollfd pipe{pipe_[0], POLLIN, 0};
-        while (spinners_.load(std::memory_order_acquire) > 0) {
-            if (::poll(&pipe, 1, 0) > 0) {
-                empty_pipe();
+    // While waiters spin they read the links they can: this thread watches the pipe and the
+    // other links without sleeping (one that sleeps must be woken), until the last spinner
+    // stops, input comes, or a tick has passed (planning runs at least that often).
+    void wait_while_spinning(std::vector<pollfd>& fds, bool buffered) {
+        const auto tick_over = steady::now() + tick;
+        while (!buffered && spinners_.load(std::memory_order_acquire) > 0 &&
+               steady::now() < tick_over) {
+            if (::poll(fds.data(), fds.size(), 0) > 0) {
+                if ((fds[0].revents & POLLIN) != 0) {
+                    empty_pipe();
+                }
                 return;
             }
             ::sched_yield();
         }
     }
 
-    // Needs links_mutex_. Reads every link; drops those that are lost.
-    void read_links_locked() {
+    // Needs links_mutex_. Reads the links (on a spinner's thread, only those whose read cannot
+    // block); drops those that are lost.
+    void read_links_locked(bool spinner) {
         for (auto it = links_.begin(); it != links_.end();) {
-            if (!drain(it->first, it->second)) {
+            if (spinner && !it->second.link->reads_without_blocking()) {
+                ++it;
+            } else if (!drain(it->first, it->second)) {
                 lose(it->first);
                 it = links_.erase(it);
             } else {
@@ -375,9 +387,8 @@ private:
         }
     }
 
-    // Decides, under the mutex, which channels to subscribe or leave and which links to open.
-    void plan_locked(std::map<std::string, link_state>& links,
-                     std::vector<std::pair<std::string, std::string>>& to_send,
+    // Decides, under both mutexes, which channels to subscribe or leave and which links to open.
+    void plan_locked(std::vector<std::pair<std::string, std::string>>& to_send,
                      std::vector<std::string>& to_open, steady::time_point retry_at) {
         const auto now = steady::now();
         for (auto it = channels_.begin(); it != channels_.end();) {
@@ -386,7 +397,7 @@ private:
                 if (ch.node.empty()) {
                     ch.node = node_of_ ? node_of_(it->first) : std::string{};
                 }
-                if (links.count(ch.node) == 0) {
+                if (links_.count(ch.node) == 0) {
                     if (now >= retry_at) {
                         to_open.push_back(it->first);
                     }
@@ -406,8 +417,8 @@ private:
         }
     }
 
-    void open_link(std::map<std::string, link_state>& links, const std::string& channel,
-                   steady::time_point& retry_at) {
+    // Called with no lock held.
+    void open_link(const std::string& channel, steady::time_point& retry_at) {
         std::string node;
         {
             std::lock_guard guard{mutex_};
@@ -417,13 +428,18 @@ private:
             }
             node = it->second.node;
         }
-        if (links.count(node) != 0) {
-            return;
+        {
+            // Only this thread adds links: one missing now is still missing below.
+            std::lock_guard reading{links_mutex_};
+            if (links_.count(node) != 0) {
+                return;
+            }
         }
         try {
             std::unique_ptr<subscriber_link> link = open_(channel);
             if (link) {
-                links[node].link = std::move(link);
+                std::lock_guard reading{links_mutex_};
+                links_[node].link = std::move(link);
                 return;
             }
         } catch (...) {
@@ -432,16 +448,16 @@ private:
         fail_channels_of(node);
     }
 
-    void send(std::map<std::string, link_state>& links, const std::string& channel,
-              const std::string& verb) {
+    // Needs links_mutex_.
+    void send(const std::string& channel, const std::string& verb) {
         std::string node;
         {
             std::lock_guard guard{mutex_};
             auto it = channels_.find(channel);
             node = it == channels_.end() ? std::string{} : it->second.node;
         }
-        auto link = links.find(node);
-        if (link == links.end()) {
+        auto link = links_.find(node);
+        if (link == links_.end()) {
             return;
         }
         try {
@@ -452,7 +468,7 @@ private:
             }
         } catch (...) {
             lose(node);
-            links.erase(link);
+            links_.erase(link);
         }
     }
 
@@ -469,18 +485,20 @@ private:
         }
     }
 
-    // Reads a link's input; false when the link is lost.
+    // Reads a link's input; false when the link is lost. A reply that cannot be handled (out
+    // of memory) loses the link too: its waiters then try again and subscribe anew, instead of
+    // waiting for a message that was read and dropped.
     bool drain(const std::string& node, link_state& state) {
-        std::vector<reply> replies;
         try {
+            std::vector<reply> replies;
             state.link->read(replies);
+            for (const reply& r : replies) {
+                if (!handle(node, state, r)) {
+                    return false;
+                }
+            }
         } catch (...) {
             return false;
-        }
-        for (const reply& r : replies) {
-            if (!handle(node, state, r)) {
-                return false;
-            }
         }
         return true;
     }
@@ -534,8 +552,12 @@ private:
                 }
                 channel_state& ch = it->second;
                 if (ch.status == link_status::leaving) {
-                    // Someone enrolled while it was leaving: subscribe again.
+                    // Someone enrolled while it was leaving: subscribe again (this may run on a
+                    // spinner's thread, so the notifier's thread is told).
                     ch.status = ch.waiters.empty() ? link_status::idle : link_status::wanted;
+                    if (ch.status == link_status::wanted) {
+                        poke();
+                    }
                 } else {
                     // The server dropped it (its slot moved to another node): waiters may have
                     // missed a message; they try again and subscribe where the slot is now.
