@@ -417,13 +417,17 @@ private:
         }
     }
 
-    // Called with no lock held.
+    // Called with no lock held. Skips a channel no longer wanted (a link of its node failed
+    // since it was planned) and every channel once an open failed this round.
     void open_link(const std::string& channel, steady::time_point& retry_at) {
+        if (steady::now() < retry_at) {
+            return;
+        }
         std::string node;
         {
             std::lock_guard guard{mutex_};
             auto it = channels_.find(channel);
-            if (it == channels_.end()) {
+            if (it == channels_.end() || it->second.status != link_status::wanted) {
                 return;
             }
             node = it->second.node;
@@ -438,8 +442,11 @@ private:
         try {
             std::unique_ptr<subscriber_link> link = open_(channel);
             if (link) {
-                std::lock_guard reading{links_mutex_};
-                links_[node].link = std::move(link);
+                {
+                    std::lock_guard reading{links_mutex_};
+                    links_[node].link = std::move(link);
+                }
+                poke();  // the next round subscribes the node's channels at once, not a tick later
                 return;
             }
         } catch (...) {
@@ -448,13 +455,17 @@ private:
         fail_channels_of(node);
     }
 
-    // Needs links_mutex_.
+    // Needs links_mutex_. Skips a channel whose link failed since it was planned.
     void send(const std::string& channel, const std::string& verb) {
         std::string node;
         {
             std::lock_guard guard{mutex_};
             auto it = channels_.find(channel);
-            node = it == channels_.end() ? std::string{} : it->second.node;
+            const auto planned = verb == "SSUBSCRIBE" ? link_status::sent : link_status::leaving;
+            if (it == channels_.end() || it->second.status != planned) {
+                return;
+            }
+            node = it->second.node;
         }
         auto link = links_.find(node);
         if (link == links_.end()) {
