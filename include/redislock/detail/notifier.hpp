@@ -296,6 +296,7 @@ private:
     }
 
     void poke() noexcept {
+        poked_.store(true, std::memory_order_release);
         if (pipe_[1] >= 0) {
             const char byte = 1;
             [[maybe_unused]] const auto ignored = ::write(pipe_[1], &byte, 1);
@@ -362,7 +363,9 @@ private:
         const auto tick_over = steady::now() + tick;
         while (!buffered && spinners_.load(std::memory_order_acquire) > 0 &&
                steady::now() < tick_over) {
-            if (::poll(fds.data(), fds.size(), 0) > 0) {
+            // With no link of its own to watch, the pipe is polled only once poked.
+            const bool look = fds.size() > 1 || poked_.load(std::memory_order_acquire);
+            if (look && ::poll(fds.data(), fds.size(), 0) > 0) {
                 if ((fds[0].revents & POLLIN) != 0) {
                     empty_pipe();
                 }
@@ -491,6 +494,7 @@ private:
     }
 
     void empty_pipe() noexcept {
+        poked_.store(false, std::memory_order_release);  // before: a later poke sets it again
         char drain[64];
         while (::read(pipe_[0], drain, sizeof drain) > 0) {
         }
@@ -681,6 +685,7 @@ private:
     node_namer node_of_;
     steady::duration spin_;
     std::atomic<int> spinners_{0};  // waiters in wait()'s spin
+    std::atomic<bool> poked_{false};  // the pipe may hold a byte (see wait_while_spinning)
     // The links, read by this notifier's thread or by a spinning waiter. Taken before mutex_.
     std::mutex links_mutex_;
     std::map<std::string, link_state> links_;
