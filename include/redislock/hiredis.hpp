@@ -594,11 +594,13 @@ private:
     void round_trip(std::span<const command> commands, const call_context& how, OnReply on_reply) {
         using clock = std::chrono::steady_clock;
         const bool timed = bounded(how);
+        // An untimed call reads the clock only once its command is sent.
         const auto limit =
-            std::min(how.deadline, clock::now() + this_pool().config.command_timeout);
+            timed ? std::min(how.deadline, clock::now() + this_pool().config.command_timeout)
+                  : how.deadline;
         check_stop(how);
         reconnect_notice notice{*this};
-        auto ctx = take(notice, timed ? limit : how.deadline, how.stop);
+        auto ctx = take(notice, limit, how.stop);
         for (command argv : commands) {
             if (!detail::append_command(ctx.get(), argv)) {
                 fail(std::move(ctx));
