@@ -879,6 +879,36 @@ TEST(Mutex, ReleaseChannelReusesTheNamesHashTag) {
     expect_release_publishes_only_to_waiters(srv, client, "a{x}b", "a{x}b:released");
 }
 
+// A waiter id ending in '@<tag>' is told on '<release channel>:<tag>', its client's channel,
+// and nothing is published on the release channel itself; so is one the lock is handed to.
+TEST(Mutex, ReleaseTellsATaggedWaiterOnItsClientsChannel) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    subscriber shared_channel{srv, "{t}:released"};
+    subscriber own{srv, "{t}:released:00ff00ff00ff00ff"};
+    auto m = client.mutex("t");
+    m.lock();
+    ASSERT_EQ(queue_waiter(client, "t", "wwaiting@00ff00ff00ff00ff"), 0);
+    m.unlock();
+    EXPECT_EQ(own.next(), "wwaiting@00ff00ff00ff00ff");
+    ASSERT_EQ(srv.cli({"SPUBLISH", "{t}:released", "marker"}), "1");
+    EXPECT_EQ(shared_channel.next(), "marker");
+
+    // A 'g' waiter: the lock goes to it under its own token and lease, and it alone is told.
+    (void)srv.cli({"DEL", "t", "{t}:queue", "{t}:waiting"});  // the told waiter never came
+    m.lock();
+    const std::string handed = "g0123456789abcdef0123456789abcdef.5000@00ff00ff00ff00ff";
+    ASSERT_EQ(queue_waiter(client, "t", handed), 0);
+    m.unlock();
+    EXPECT_EQ(own.next(), handed);
+    EXPECT_EQ(srv.cli({"GET", "t"}), "0123456789abcdef0123456789abcdef");
+    const auto ttl = std::stoll(srv.cli({"PTTL", "t"}));
+    EXPECT_GT(ttl, 0);
+    EXPECT_LE(ttl, 5000);
+    ASSERT_EQ(srv.cli({"SPUBLISH", "{t}:released", "marker"}), "1");
+    EXPECT_EQ(shared_channel.next(), "marker");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Waiting
 

@@ -11,6 +11,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <regex>
+#include <sstream>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -78,7 +80,9 @@ std::int64_t zcard(redis_server& srv, const std::string& key) {
     return std::stoll(srv.cli({"ZCARD", key}));
 }
 
-bool nothing_left(redis_server& srv) { return srv.cli({"DBSIZE"}) == "0"; }
+bool nothing_left(redis_server& srv) {
+    return srv.cli({"DBSIZE"}) == "0";
+}
 
 // A hiredis connection that can fail chosen commands before sending them.
 struct hooked_connection {
@@ -264,6 +268,56 @@ TEST(Waiting, HolderCrashDelaysTheWaiterOnlyUntilItsLeaseEnds) {
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 
+// Each client hears a lock's releases on a channel of its own beside the lock's: a release tells
+// every waiter it lets go (here two readers of two clients), each on its client's channel, and
+// publishes nothing on a channel the other clients hear too.
+TEST(Waiting, EachClientIsToldOnItsOwnChannel) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const lock_options slow{.lease = 30s, .backoff_min = 5s, .backoff_max = 20s};
+    any_lock writer = make_lock(client, kind::writer, "own", slow);
+    ASSERT_TRUE(writer.try_lock_for(0ms));
+    redislock::test::subscriber shared_channel{srv, "{own}:released"};
+    std::vector<std::unique_ptr<redislock::client>> clients;
+    std::vector<std::jthread> readers;
+    std::atomic<int> got{0};
+    for (int i = 0; i < 2; ++i) {
+        clients.push_back(std::make_unique<redislock::client>(srv.uri()));
+        readers.emplace_back([&, reader = make_lock(*clients.back(), kind::reader, "own", slow)] {
+            if (reader.try_lock_for(25s)) {
+                ++got;
+                reader.unlock();
+            }
+        });
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{own}:queue") == i + 1; }));
+    }
+    // Each reader's client subscribed '{own}:released:<its tag>', and no other.
+    ASSERT_TRUE(eventually([&] {
+        return srv.cli({"PUBSUB", "SHARDNUMSUB", "{own}:released"}) == "{own}:released\n1";
+    }));
+    const std::string channels = srv.cli({"PUBSUB", "SHARDCHANNELS", "{own}:released:*"});
+    const std::regex tagged{"\\{own\\}:released:[0-9a-f]{16}"};
+    std::vector<std::string> lines;
+    std::istringstream in{channels};
+    for (std::string line; std::getline(in, line);) {
+        lines.push_back(line);
+    }
+    ASSERT_EQ(lines.size(), 2U) << channels;
+    EXPECT_NE(lines[0], lines[1]);
+    for (const std::string& channel : lines) {
+        EXPECT_TRUE(std::regex_match(channel, tagged)) << channel;
+    }
+    const stopwatch watch;
+    writer.unlock();
+    ASSERT_TRUE(eventually([&] { return got.load() == 2; }, 3s)) << "not woken by the release";
+    EXPECT_LT(watch.elapsed(), 3s);
+    // Messages arrive in order: the marker comes first only if no release published here.
+    ASSERT_EQ(srv.cli({"SPUBLISH", "{own}:released", "marker"}), "1");
+    EXPECT_EQ(shared_channel.next(), "marker");
+    readers.clear();
+    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
 // Threads of one client that wait for one name queue locally: one entry in Redis.
 TEST(Waiting, ThreadsOfOneProcessPutOneWaiterInRedis) {
     redis_server srv;
@@ -339,7 +393,8 @@ TEST(Waiting, WaitersGoInArrivalOrder) {
 TEST(Waiting, NeitherReadersNorWritersStarve) {
     redis_server srv;
     for (const bool readers_loop : {false, true}) {
-        SCOPED_TRACE(readers_loop ? "readers loop, a writer waits" : "writers loop, a reader waits");
+        SCOPED_TRACE(readers_loop ? "readers loop, a writer waits"
+                                  : "writers loop, a reader waits");
         srv.flushall();
         std::atomic<bool> stop{false};
         std::vector<std::thread> loopers;
@@ -390,7 +445,8 @@ TEST(Waiting, WaitersThatGiveUpLeaveNothingBehind) {
     }};
     auto stopped = client.mutex("quit");
     const stopwatch watch;
-    EXPECT_FALSE(stopped.try_lock_until(std::chrono::steady_clock::now() + 10s, source.get_token()));
+    EXPECT_FALSE(
+        stopped.try_lock_until(std::chrono::steady_clock::now() + 10s, source.get_token()));
     EXPECT_LT(watch.elapsed(), 3s);
     stopper.join();
     EXPECT_TRUE(eventually([&] { return srv.cli({"EXISTS", "{quit}:queue"}) == "0"; }, 3s));

@@ -58,17 +58,15 @@ struct queue_place {
 /// nothing handed to it; else in the background, for a while.
 template <connection C>
 void leave_queue(const lock_identity<C>& lk, const std::string& waiter, bool simple) noexcept {
-    const auto leave = [core = lk.core, key = lk.name, queue = lk.queue_key,
-                        lapses = lk.lapse_key, channel = lk.channel, waiter,
-                        grace = std::string{lk.grace_text.view()},
+    const auto leave = [core = lk.core, key = lk.name, queue = lk.queue_key, lapses = lk.lapse_key,
+                        channel = lk.channel, waiter, grace = std::string{lk.grace_text.view()},
                         simple](steady::time_point deadline) {
         try {
-            const reply r =
-                detail::run_script(core->connection, scripts::queue_leave,
-                           std::array<std::string_view, 1>{key},
-                           std::array<std::string_view, 6>{waiter, channel, grace,
-                                                           simple ? "m" : "", queue, lapses},
-                           call_context{key, deadline}, &core->events);
+            const reply r = detail::run_script(
+                core->connection, scripts::queue_leave, std::array<std::string_view, 1>{key},
+                std::array<std::string_view, 6>{waiter, channel, grace, simple ? "m" : "", queue,
+                                                lapses},
+                call_context{key, deadline}, &core->events);
             return !r.is_error() || r.is_error_code("WRONGTYPE");
         } catch (...) {
             return false;
@@ -123,9 +121,13 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             } else {
                 waiter = (line.reader ? "r" : "w") + token::random().str();
             }
+            if (room.notify.available()) {
+                waiter.append(room.notify.id_suffix());  // told on this client's channel
+            }
         }
         return waiter;
     };
+    std::string listen;  // the channel this call is told on, once it enrolled
     const std::string_view trying = line.reader ? "r" : "w";  // a try that does not join
     std::optional<steady::time_point> first_join;  // when the first attempt that joined was sent
     std::optional<local_gates::place> place;
@@ -135,6 +137,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
     struct cleanup {
         const lock_identity<C>& lk;
         waiting_room& room;
+        const std::string& listen;
         const std::string& waiter;
         std::shared_ptr<wake_slot>& slot;
         bool& joined;
@@ -142,13 +145,13 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         bool simple;
         ~cleanup() {
             if (slot) {
-                room.notify.withdraw(lk.channel, waiter);
+                room.notify.withdraw(listen, waiter);
             }
             if (joined && !acquired) {
                 leave_queue(lk, waiter, simple);
             }
         }
-    } on_exit{lk, room, waiter, slot, joined, acquired, line.simple};
+    } on_exit{lk, room, listen, waiter, slot, joined, acquired, line.simple};
 
     const local_gates::view gate = room.gates.look(lk.name);
     // Whether the last attempt got a definite "not acquired": until then a possible re-entry
@@ -171,8 +174,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         // possible re-entry (its own release is what the threads in the gate wait for).
         bool probe = true;
         if (may_wait && !place) {
-            probe = first ? (gate.idle ? !gate.contended : line.reentry)
-                          : line.reentry && !refused;
+            probe = first ? (gate.idle ? !gate.contended : line.reentry) : line.reentry && !refused;
         } else if (may_wait) {
             probe = false;
         }
@@ -185,11 +187,11 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         const bool join = !probe;
         if (join && (!slot || !slot->subscribed()) && room.notify.available()) {
             if (!slot) {
+                listen = room.notify.listen_channel(lk.channel);
                 slot = std::make_shared<wake_slot>(grace);
             }
             const auto budget = steady::now() + command_budget(lk.core->connection);
-            (void)room.notify.enroll(lk.channel, waiter_id(), slot, std::min(deadline, budget),
-                                     stop);
+            (void)room.notify.enroll(listen, waiter_id(), slot, std::min(deadline, budget), stop);
         }
         if (slot) {
             slot->reset();
@@ -202,9 +204,9 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             }
             refused = false;
             ++tally.attempts;
-            ttl = attempt(attempt_context(deadline, stop),
-                          queue_place{join ? std::string_view{waiter_id()} : trying, join,
-                                      may_wait, &tally});
+            ttl = attempt(
+                attempt_context(deadline, stop),
+                queue_place{join ? std::string_view{waiter_id()} : trying, join, may_wait, &tally});
             refused = ttl.has_value();
             if (!ttl) {
                 acquired = true;

@@ -1,7 +1,12 @@
 // detail::notifier: the subscriber side of notified waiting. One thread per client (per process)
-// holds a subscriber link per node, subscribes (SSUBSCRIBE) to the channel of every lock someone
-// waits for, and wakes the waiters a release names. A channel stays subscribed for a while after
-// its last waiter left, so a busy lock does not pay a subscription per wait.
+// holds a subscriber link per node, subscribes (SSUBSCRIBE) to the client's own channel beside
+// every lock someone waits for, and wakes the waiters a release names. A channel stays subscribed
+// for a while after its last waiter left, so a busy lock does not pay a subscription per wait.
+//
+// The client's channel is the lock's release channel followed by ':<tag>', the tag being random
+// per client and process, and each waiter id ends in '@<tag>'. A release publishes each id it
+// names on its waiter's channel: the message reaches the one client it concerns, where one channel
+// shared by all would be written to, and wake a reader in, every client waiting for the lock.
 //
 // A waiter is woken when a release names it, when a release names it as standby (it then checks
 // once the grace of the waiters before it is over), and when its link is lost (a message may have
@@ -18,13 +23,13 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <fcntl.h>
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
-#include <fcntl.h>
 #include <functional>
 #include <map>
 #include <memory>
@@ -36,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include <redislock/detail/token.hpp>
 #include <redislock/detail/wait.hpp>
 #include <redislock/error.hpp>
 #include <redislock/reply.hpp>
@@ -159,6 +165,18 @@ public:
 
     /// False when this connection cannot subscribe: waiters poll.
     bool available() const noexcept { return static_cast<bool>(open_); }
+
+    /// What ends the waiter ids of this client ('@<tag>'), so that releases tell them on
+    /// listen_channel().
+    std::string_view id_suffix() const noexcept { return id_suffix_; }
+
+    /// The channel on which this client hears the releases of the lock whose release channel is
+    /// `release_channel`: in its hash slot, this client's alone.
+    std::string listen_channel(std::string_view release_channel) const {
+        std::string channel{release_channel};
+        channel.append(":").append(id_suffix_.substr(1));
+        return channel;
+    }
 
     /// Registers `slot` as waiter `id` on `channel` and subscribes the channel if it is not yet,
     /// waiting for the server's confirmation until `until` or a stop request. True when
@@ -681,10 +699,12 @@ private:
     static constexpr std::chrono::milliseconds retry_pause{200};
     static constexpr std::chrono::seconds refused_pause{10};
 
+    // 64 random bits: two clients that drew the same would only hear each other's messages.
+    const std::string id_suffix_ = "@" + std::string{token::random().view().substr(0, 16)};
     opener open_;
     node_namer node_of_;
     steady::duration spin_;
-    std::atomic<int> spinners_{0};  // waiters in wait()'s spin
+    std::atomic<int> spinners_{0};    // waiters in wait()'s spin
     std::atomic<bool> poked_{false};  // the pipe may hold a byte (see wait_while_spinning)
     // The links, read by this notifier's thread or by a spinning waiter. Taken before mutex_.
     std::mutex links_mutex_;

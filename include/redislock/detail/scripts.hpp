@@ -56,7 +56,8 @@ end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
+-- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -97,22 +98,41 @@ local function queue_runners(q)
     return run
 end
 
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
--- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
-    for _, id in ipairs(run) do
+    local words = {}
+    for i, id in ipairs(run) do
         redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
-    local message = table.concat(run, ' ')
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
-        message = message .. ' ?' .. standby
+        words[#words + 1] = '?' .. standby
     end
-    redis.pcall('SPUBLISH', channel, message)
+    queue_tell(channel, words)
 end
 
 -- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
@@ -125,11 +145,11 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     if not head then
         return false
     end
-    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
     if token then
         redis.call('SET', key, token, 'PX', lease)
         queue_leave(q, w, head)
-        redis.pcall('SPUBLISH', channel, head)
+        queue_tell(channel, {head})
     else
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
@@ -203,7 +223,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "17f0903a05ad5b8c1d1172179a65ed833374e8a7"};
+    "fe4114d04b6f68899d90a0627b492c6e4c6be6d3"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -245,7 +265,8 @@ end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
+-- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -286,22 +307,41 @@ local function queue_runners(q)
     return run
 end
 
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
--- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
-    for _, id in ipairs(run) do
+    local words = {}
+    for i, id in ipairs(run) do
         redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
-    local message = table.concat(run, ' ')
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
-        message = message .. ' ?' .. standby
+        words[#words + 1] = '?' .. standby
     end
-    redis.pcall('SPUBLISH', channel, message)
+    queue_tell(channel, words)
 end
 
 -- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
@@ -314,11 +354,11 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     if not head then
         return false
     end
-    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
     if token then
         redis.call('SET', key, token, 'PX', lease)
         queue_leave(q, w, head)
-        redis.pcall('SPUBLISH', channel, head)
+        queue_tell(channel, {head})
     else
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
@@ -350,7 +390,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "828e3d96398a63601889f62a1dc180e40a62b662"};
+    "21ad7c6e9ce4567dc6532c3d8560665d6bdb7a27"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -366,7 +406,8 @@ inline constexpr script queue_leave{
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
+-- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -407,22 +448,41 @@ local function queue_runners(q)
     return run
 end
 
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
--- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
-    for _, id in ipairs(run) do
+    local words = {}
+    for i, id in ipairs(run) do
         redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
-    local message = table.concat(run, ' ')
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
-        message = message .. ' ?' .. standby
+        words[#words + 1] = '?' .. standby
     end
-    redis.pcall('SPUBLISH', channel, message)
+    queue_tell(channel, words)
 end
 
 -- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
@@ -435,11 +495,11 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     if not head then
         return false
     end
-    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
     if token then
         redis.call('SET', key, token, 'PX', lease)
         queue_leave(q, w, head)
-        redis.pcall('SPUBLISH', channel, head)
+        queue_tell(channel, {head})
     else
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
@@ -497,7 +557,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "ca64885dbd0c53d611c2141922d6d7dd14aa9b81"};
+    "1b4a1cb292099ef03b268a025ea8c226b73f64d3"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -569,7 +629,8 @@ end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
+-- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -610,22 +671,41 @@ local function queue_runners(q)
     return run
 end
 
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
--- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
-    for _, id in ipairs(run) do
+    local words = {}
+    for i, id in ipairs(run) do
         redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
-    local message = table.concat(run, ' ')
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
-        message = message .. ' ?' .. standby
+        words[#words + 1] = '?' .. standby
     end
-    redis.pcall('SPUBLISH', channel, message)
+    queue_tell(channel, words)
 end
 
 -- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
@@ -638,11 +718,11 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     if not head then
         return false
     end
-    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
     if token then
         redis.call('SET', key, token, 'PX', lease)
         queue_leave(q, w, head)
-        redis.pcall('SPUBLISH', channel, head)
+        queue_tell(channel, {head})
     else
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
@@ -703,7 +783,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "cdf72edc7253a7d956097a8c83ae55fb1ed14ba5"};
+    "d8ecdc0571b30834b254c444af32cd5928910332"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -763,7 +843,8 @@ end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
+-- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -804,22 +885,41 @@ local function queue_runners(q)
     return run
 end
 
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
--- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
-    for _, id in ipairs(run) do
+    local words = {}
+    for i, id in ipairs(run) do
         redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
-    local message = table.concat(run, ' ')
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
-        message = message .. ' ?' .. standby
+        words[#words + 1] = '?' .. standby
     end
-    redis.pcall('SPUBLISH', channel, message)
+    queue_tell(channel, words)
 end
 
 -- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
@@ -832,11 +932,11 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     if not head then
         return false
     end
-    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
     if token then
         redis.call('SET', key, token, 'PX', lease)
         queue_leave(q, w, head)
-        redis.pcall('SPUBLISH', channel, head)
+        queue_tell(channel, {head})
     else
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
@@ -871,7 +971,7 @@ local run = queue_runners(queue)
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return #run > 0 and 2 or 1
 )lua",
-    "ac4d5a97135ac21d945deffe792da660eb6d2864"};
+    "24909fdc1aa7a581a0f1374ce32f4937992e4e40"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -934,7 +1034,8 @@ end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
+-- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -975,22 +1076,41 @@ local function queue_runners(q)
     return run
 end
 
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
--- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
-    for _, id in ipairs(run) do
+    local words = {}
+    for i, id in ipairs(run) do
         redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
-    local message = table.concat(run, ' ')
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
-        message = message .. ' ?' .. standby
+        words[#words + 1] = '?' .. standby
     end
-    redis.pcall('SPUBLISH', channel, message)
+    queue_tell(channel, words)
 end
 
 -- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
@@ -1003,11 +1123,11 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     if not head then
         return false
     end
-    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
     if token then
         redis.call('SET', key, token, 'PX', lease)
         queue_leave(q, w, head)
-        redis.pcall('SPUBLISH', channel, head)
+        queue_tell(channel, {head})
     else
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
@@ -1116,7 +1236,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "9ca1089882f0cdf3394671262ce7baa579399516"};
+    "01956fb5ba8554ee0eacea1b4f24634c5a0a643f"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1212,7 +1332,8 @@ end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
+-- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -1253,22 +1374,41 @@ local function queue_runners(q)
     return run
 end
 
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
--- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
-    for _, id in ipairs(run) do
+    local words = {}
+    for i, id in ipairs(run) do
         redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
-    local message = table.concat(run, ' ')
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
-        message = message .. ' ?' .. standby
+        words[#words + 1] = '?' .. standby
     end
-    redis.pcall('SPUBLISH', channel, message)
+    queue_tell(channel, words)
 end
 
 -- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
@@ -1281,11 +1421,11 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     if not head then
         return false
     end
-    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
     if token then
         redis.call('SET', key, token, 'PX', lease)
         queue_leave(q, w, head)
-        redis.pcall('SPUBLISH', channel, head)
+        queue_tell(channel, {head})
     else
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
@@ -1321,6 +1461,6 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "a04deb80cb1b485baa58c04750e6975bbf59612d"};
+    "cd868bbf5a15e587b2dd4b6113168714b2a99cc6"};
 
 }  // namespace redislock::detail::scripts

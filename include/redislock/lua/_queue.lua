@@ -1,7 +1,8 @@
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
+-- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     if #lapsed > 0 then
@@ -42,22 +43,41 @@ local function queue_runners(q)
     return run
 end
 
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. Sharded pub/sub keeps the
--- message on the lock's shard; a server without it leaves waiters to their fallback timers.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
-    for _, id in ipairs(run) do
+    local words = {}
+    for i, id in ipairs(run) do
         redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
-    local message = table.concat(run, ' ')
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
-        message = message .. ' ?' .. standby
+        words[#words + 1] = '?' .. standby
     end
-    redis.pcall('SPUBLISH', channel, message)
+    queue_tell(channel, words)
 end
 
 -- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
@@ -70,11 +90,11 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     if not head then
         return false
     end
-    local token, lease = string.match(head, '^g(%x+)%.(%d+)$')
+    local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
     if token then
         redis.call('SET', key, token, 'PX', lease)
         queue_leave(q, w, head)
-        redis.pcall('SPUBLISH', channel, head)
+        queue_tell(channel, {head})
     else
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
