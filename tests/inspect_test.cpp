@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -352,6 +353,46 @@ TEST(Inspect, ForceReleaseFreesEachKindAndKeepsTheFencingCounter) {
     auto next = client.mutex("m", options);
     std::unique_lock guard{next};
     EXPECT_GT(next.fencing_token(), fences[0]);
+}
+
+// Force-releasing a stuck lock tells its waiters, each on its own client's channel: another
+// client's waiter takes the lock at once, not when the stuck holder's lease ends.
+TEST(Inspect, ForceReleaseWakesTheWaitersOfEachKind) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+    const redislock::lock_options stuck{.lease = 30s, .backoff_min = 5s, .backoff_max = 20s};
+    const auto check = [&](const std::string& name, auto& holder, auto& waiter) {
+        SCOPED_TRACE(name);
+        holder.lock();
+        std::atomic<bool> got{false};
+        std::jthread t{[&] {
+            if (waiter.try_lock_for(25s)) {
+                got = true;
+                waiter.unlock();
+            }
+        }};
+        ASSERT_TRUE(eventually([&] {
+            return srv.cli({"ZCARD", redislock::detail::derived_key(name, "queue")}) == "1";
+        }));
+        const auto seen = redislock::inspect::inspect(client.connection(), name);
+        const redislock::test::stopwatch watch;
+        ASSERT_TRUE(redislock::inspect::force_release(client.connection(), seen).lock_deleted);
+        EXPECT_TRUE(eventually([&] { return got.load(); }, 3s)) << "not woken";
+        EXPECT_LT(watch.elapsed(), 3s);
+        t.join();
+        EXPECT_FALSE(holder.verify());
+        holder.unlock();
+    };
+    auto m = client.mutex("m", stuck);
+    auto m_waiter = other.mutex("m", stuck);
+    check("m", m, m_waiter);
+    auto rm = client.recursive_mutex("rm", stuck);
+    auto rm_waiter = other.recursive_mutex("rm", stuck);
+    check("rm", rm, rm_waiter);
+    auto rw = client.shared_mutex("rw", stuck);
+    auto rw_waiter = other.shared_mutex("rw", stuck);
+    check("rw", rw, rw_waiter);
 }
 
 TEST(Inspect, ForceReleaseFreesNothingWhenTheLockChangedSinceItWasShown) {

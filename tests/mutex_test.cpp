@@ -880,17 +880,21 @@ TEST(Mutex, ReleaseChannelReusesTheNamesHashTag) {
 }
 
 // A waiter id ending in '@<tag>' is told on '<release channel>:<tag>', its client's channel,
-// and nothing is published on the release channel itself; so is one the lock is handed to.
+// and nothing is published on the release channel itself; so is the standby after it, on its
+// own client's channel, and a waiter the lock is handed to.
 TEST(Mutex, ReleaseTellsATaggedWaiterOnItsClientsChannel) {
     redis_server srv;
     redislock::client client{srv.uri()};
     subscriber shared_channel{srv, "{t}:released"};
     subscriber own{srv, "{t}:released:00ff00ff00ff00ff"};
+    subscriber second{srv, "{t}:released:1111222233334444"};
     auto m = client.mutex("t");
     m.lock();
     ASSERT_EQ(queue_waiter(client, "t", "wwaiting@00ff00ff00ff00ff"), 0);
+    ASSERT_EQ(queue_waiter(client, "t", "wsecond@1111222233334444"), 0);
     m.unlock();
     EXPECT_EQ(own.next(), "wwaiting@00ff00ff00ff00ff");
+    EXPECT_EQ(second.next(), "?wsecond@1111222233334444");
     ASSERT_EQ(srv.cli({"SPUBLISH", "{t}:released", "marker"}), "1");
     EXPECT_EQ(shared_channel.next(), "marker");
 

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -295,7 +296,11 @@ TEST(Waiting, EachClientIsToldOnItsOwnChannel) {
     ASSERT_TRUE(eventually([&] {
         return srv.cli({"PUBSUB", "SHARDNUMSUB", "{own}:released"}) == "{own}:released\n1";
     }));
-    const std::string channels = srv.cli({"PUBSUB", "SHARDCHANNELS", "{own}:released:*"});
+    std::string channels;
+    ASSERT_TRUE(eventually([&] {
+        channels = srv.cli({"PUBSUB", "SHARDCHANNELS", "{own}:released:*"});
+        return std::count(channels.begin(), channels.end(), '\n') >= 1;
+    })) << channels;
     const std::regex tagged{"\\{own\\}:released:[0-9a-f]{16}"};
     std::vector<std::string> lines;
     std::istringstream in{channels};

@@ -22,6 +22,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/names.hpp>
+#include <redislock/detail/scripts.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
 #include <redislock/hiredis.hpp>
@@ -182,7 +183,8 @@ return {now, lock_kind, content, redis.call('PTTL', KEYS[1]), fingerprint(lock_k
 )lua";
 
 // KEYS: the lock, its queue and waiting keys. ARGV[1]: the fingerprint the caller saw;
-// ARGV[2]: the release channel. Never touches the fencing counter.
+// ARGV[2]: the release channel (each waiter is told on its client's, see queue_tell in
+// _queue.lua, which precedes this). Never touches the fencing counter.
 inline constexpr std::string_view release_lua = R"lua(
 if fingerprint(redis.call('TYPE', KEYS[1]).ok) ~= ARGV[1] then
     return {-1, 0}
@@ -199,7 +201,7 @@ end
 local lock = redis.call('DEL', KEYS[1])
 local queue = redis.call('DEL', KEYS[2], KEYS[3])
 if lock == 1 and #waiters > 0 then
-    redis.pcall('SPUBLISH', ARGV[2], table.concat(waiters, ' '))
+    queue_tell(ARGV[2], waiters)
 end
 return {lock, queue}
 )lua";
@@ -423,8 +425,9 @@ struct release_result {
 /// @throws redislock::server_error, redislock::connection_error
 template <connection C>
 release_result force_release(C& conn, const report& seen) {
-    const std::string script =
-        std::string{detail::fingerprint_lua} + std::string{detail::release_lua};
+    const std::string script = std::string{detail::fingerprint_lua} +
+                               std::string{redislock::detail::scripts::queue_piece} +
+                               std::string{detail::release_lua};
     const std::string channel = redislock::detail::derived_key(seen.name, "released");
     const std::string_view argv[] = {"EVAL",           script,         "3",
                                      seen.name,        seen.queue_key, seen.waiting_key,

@@ -2,6 +2,8 @@
 // Regenerate with: cmake --build <build-dir> --target redislock_generate_scripts
 #pragma once
 
+#include <string_view>
+
 #include <redislock/script.hpp>
 
 namespace redislock::detail::scripts {
@@ -1462,5 +1464,132 @@ queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
     "cd868bbf5a15e587b2dd4b6113168714b2a99cc6"};
+
+/// The shared piece _queue.lua, as scripts include it.
+inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
+-- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
+-- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
+-- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
+-- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+local function queue_prune(q, w, now)
+    local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
+    if #lapsed > 0 then
+        redis.call('ZREM', q, unpack(lapsed))
+        redis.call('ZREM', w, unpack(lapsed))
+    end
+end
+
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
+-- long as their latest entry.
+local function queue_join(q, w, id, now, ticket, keep)
+    redis.call('ZADD', q, 'NX', ticket, id)
+    redis.call('ZADD', w, now + keep, id)
+    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
+    redis.call('PEXPIRE', q, math.max(last - now, 1))
+    redis.call('PEXPIRE', w, math.max(last - now, 1))
+end
+
+local function queue_leave(q, w, id)
+    redis.call('ZREM', q, id)
+    redis.call('ZREM', w, id)
+end
+
+-- The waiters that may go once the lock is free: the first writer alone, or every reader before
+-- the first writer.
+local function queue_runners(q)
+    local ids = redis.call('ZRANGE', q, 0, 63)
+    local run = {}
+    for i, id in ipairs(ids) do
+        if string.sub(id, 1, 1) ~= 'r' then
+            if i == 1 then
+                run[1] = id
+            end
+            break
+        end
+        run[i] = id
+    end
+    return run
+end
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
+-- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
+-- after them (prefixed '?') is told to check once that grace is over.
+local function queue_notify(q, w, channel, run, now, grace)
+    if #run == 0 then
+        return
+    end
+    local words = {}
+    for i, id in ipairs(run) do
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
+    end
+    local standby = redis.call('ZRANGE', q, #run, #run)[1]
+    if standby then
+        words[#words + 1] = '?' .. standby
+    end
+    queue_tell(channel, words)
+end
+
+-- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
+-- token and lease, saving the round trip of coming to take it; another is told, the key kept
+-- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
+-- someone was told.
+local function queue_hand_on(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    if not head then
+        return false
+    end
+    local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
+    if token then
+        redis.call('SET', key, token, 'PX', lease)
+        queue_leave(q, w, head)
+        queue_tell(channel, {head})
+    else
+        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
+        queue_notify(q, w, channel, {head}, now, grace)
+    end
+    return true
+end
+
+-- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
+-- the head; a reader also when no writer waits before it.
+local function queue_allows(q, id)
+    local ahead = redis.call('ZRANGE', q, 0, 63)
+    if #ahead == 0 or ahead[1] == id then
+        return true
+    end
+    if string.sub(id, 1, 1) ~= 'r' then
+        return false
+    end
+    for _, other in ipairs(ahead) do
+        if other == id then
+            return true
+        end
+        if string.sub(other, 1, 1) ~= 'r' then
+            return false
+        end
+    end
+    return #ahead < 64
+end
+)lua";
 
 }  // namespace redislock::detail::scripts
