@@ -366,9 +366,11 @@ TEST(Inspect, ForceReleaseWakesTheWaitersOfEachKind) {
         SCOPED_TRACE(name);
         holder.lock();
         std::atomic<bool> got{false};
+        std::atomic<bool> held{false};
         std::jthread t{[&] {
             if (waiter.try_lock_for(25s)) {
                 got = true;
+                held = waiter.verify();  // not a hand-over it only believes in
                 waiter.unlock();
             }
         }};
@@ -381,6 +383,7 @@ TEST(Inspect, ForceReleaseWakesTheWaitersOfEachKind) {
         EXPECT_TRUE(eventually([&] { return got.load(); }, 3s)) << "not woken";
         EXPECT_LT(watch.elapsed(), 3s);
         t.join();
+        EXPECT_TRUE(held.load()) << "believed it held a lock it did not";
         EXPECT_FALSE(holder.verify());
         holder.unlock();
     };

@@ -189,9 +189,9 @@ inline constexpr std::string_view release_lua = R"lua(
 if fingerprint(redis.call('TYPE', KEYS[1]).ok) ~= ARGV[1] then
     return {-1, 0}
 end
--- Waiters are told so they try again at once; with the queue gone, the first to come takes the
--- lock. A 'g' waiter named plainly would take the lock for handed to it: it is named as standby
--- ('?'), which makes it try again, like the others.
+-- Waiters are told so they try again; with the queue gone, the first to come takes the lock.
+-- A 'g' waiter named plainly would take the lock for handed to it: it is named as standby ('?'),
+-- which makes it try again once its grace is over (at most 100 ms) instead.
 local waiters = {}
 if redis.call('TYPE', KEYS[2]).ok == 'zset' then
     for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
@@ -420,8 +420,8 @@ struct release_result {
 };
 
 /// Deletes the lock's key and its queue keys if the key still holds what `seen` shows, and tells
-/// waiters on the release channel. Never deletes the fencing counter. The holders find out at
-/// their next renewal or verify().
+/// each waiter on its client's release channel. Never deletes the fencing counter. The holders
+/// find out at their next renewal or verify().
 /// @throws redislock::server_error, redislock::connection_error
 template <connection C>
 release_result force_release(C& conn, const report& seen) {
