@@ -83,6 +83,33 @@ TEST(ClusterSeeds, UriGivesOneEndpointPerSeedWithSharedOptions) {
                  redislock::invalid_argument);
 }
 
+// Settings that cannot work are refused before any seed is asked (port 1 has no server: a
+// connection attempt would end in connection_error instead).
+TEST(ClusterSeeds, ZeroTimeoutsAndPoolSizeAreRefusedBeforeConnecting) {
+    redislock::endpoint base;
+    base.host = "127.0.0.1";
+    base.port = 1;
+    const auto refused = [](const redislock::endpoint& seed) -> std::string {
+        try {
+            hiredis_cluster_connection conn{std::vector<redislock::endpoint>{seed}};
+        } catch (const redislock::invalid_argument& e) {
+            return e.what();
+        } catch (const std::exception& e) {
+            return std::string{"not invalid_argument: "} + e.what();
+        }
+        return "accepted";
+    };
+    auto seed = base;
+    seed.command_timeout = 0ms;
+    EXPECT_NE(refused(seed).find("at least 1 ms"), std::string::npos) << refused(seed);
+    seed = base;
+    seed.connect_timeout = 0ms;
+    EXPECT_NE(refused(seed).find("at least 1 ms"), std::string::npos) << refused(seed);
+    seed = base;
+    seed.pool_size = 0;
+    EXPECT_NE(refused(seed).find("pool_size"), std::string::npos) << refused(seed);
+}
+
 TEST(ClusterSeeds, AnySeedThatAnswersSuffices) {
     fake_redis_node node;
     const int port = node.port();

@@ -47,6 +47,31 @@ void expect_rejected(std::string_view uri, std::string_view why) {
     EXPECT_NE(message.find(why), std::string::npos) << "uri: " << uri << "\nmessage: " << message;
 }
 
+// Settings that cannot work are refused before any sentinel is asked (port 1 has no server: a
+// connection attempt would end in connection_error instead).
+TEST(SentinelEndpoint, ZeroTimeoutsAndPoolSizeAreRefusedBeforeConnecting) {
+    const auto base = sentinel_endpoint::from_uri("redis-sentinel://127.0.0.1:1#mymaster");
+    const auto refused = [](const sentinel_endpoint& ep) -> std::string {
+        try {
+            redislock::sentinel_connection conn{ep};
+        } catch (const redislock::invalid_argument& e) {
+            return e.what();
+        } catch (const std::exception& e) {
+            return std::string{"not invalid_argument: "} + e.what();
+        }
+        return "accepted";
+    };
+    auto ep = base;
+    ep.node.command_timeout = 0ms;
+    EXPECT_NE(refused(ep).find("at least 1 ms"), std::string::npos) << refused(ep);
+    ep = base;
+    ep.node.connect_timeout = 0ms;
+    EXPECT_NE(refused(ep).find("at least 1 ms"), std::string::npos) << refused(ep);
+    ep = base;
+    ep.node.pool_size = 0;
+    EXPECT_NE(refused(ep).find("pool_size"), std::string::npos) << refused(ep);
+}
+
 TEST(SentinelEndpoint, LettuceFormIsParsed) {
     const auto ep = sentinel_endpoint::from_uri(
         "redis-sentinel://alice:s%40cret@127.0.0.1:26379,127.0.0.2:26380,[::1]/2"

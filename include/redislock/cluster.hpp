@@ -180,7 +180,8 @@ inline std::vector<endpoint> cluster_seeds_from_uri(std::string_view uri) {
 class hiredis_cluster_connection {
 public:
     /// Reads the slot map from the first seed that answers.
-    /// @throws redislock::invalid_argument for a malformed URI or a pool size of 0;
+    /// @throws redislock::invalid_argument for a malformed URI, a pool size of 0 or a timeout
+    ///         below 1 ms;
     ///         redislock::connection_error when no seed answers with a slot map.
     explicit hiredis_cluster_connection(std::string_view uri)
         : hiredis_cluster_connection{detail::cluster_seeds_from_uri(uri)} {}
@@ -193,9 +194,7 @@ public:
             throw invalid_argument{"redislock: a cluster connection needs at least one seed"};
         }
         for (const endpoint& seed : seeds) {
-            if (seed.pool_size == 0) {
-                throw invalid_argument{"redislock: endpoint::pool_size must be at least 1"};
-            }
+            detail::check_connection_settings(seed);
             if (!seed.unix_socket.empty() || seed.db != 0) {
                 throw invalid_argument{
                     "redislock: cluster seeds are host:port addresses on database 0"};

@@ -156,6 +156,20 @@ inline void require_tls_support(const endpoint& ep) {
         "redislock's CMake package enables TLS when it finds it (redislock_TLS_FOUND)"};
 }
 
+/// Throws unless `ep`'s pool size and timeouts can work: a zero socket timeout would mean none
+/// at all, so a blocking read could wait forever.
+/// @throws redislock::invalid_argument naming the setting
+inline void check_connection_settings(const endpoint& ep) {
+    if (ep.pool_size == 0) {
+        throw invalid_argument{"redislock: endpoint::pool_size must be at least 1"};
+    }
+    if (ep.command_timeout < std::chrono::milliseconds{1} ||
+        ep.connect_timeout < std::chrono::milliseconds{1}) {
+        throw invalid_argument{
+            "redislock: endpoint::command_timeout and connect_timeout must be at least 1 ms"};
+    }
+}
+
 inline timeval to_timeval(std::chrono::milliseconds ms) {
     timeval tv{};
     tv.tv_sec = static_cast<decltype(tv.tv_sec)>(ms.count() / 1000);
@@ -302,15 +316,7 @@ public:
     explicit hiredis_connection(endpoint ep)
         : pool_{std::make_unique<detail::per_process<pool>>(
               [config = ep] { return std::make_unique<pool>(config); })} {
-        if (this_pool().config.pool_size == 0) {
-            throw invalid_argument{"redislock: endpoint::pool_size must be at least 1"};
-        }
-        // A zero socket timeout would mean none at all: a blocking read could wait forever.
-        if (this_pool().config.command_timeout < std::chrono::milliseconds{1} ||
-            this_pool().config.connect_timeout < std::chrono::milliseconds{1}) {
-            throw invalid_argument{
-                "redislock: endpoint::command_timeout and connect_timeout must be at least 1 ms"};
-        }
+        detail::check_connection_settings(this_pool().config);
         ignore_default_sigpipe();
         // Through acquire(), so the first connection counts against pool_size like the others.
         this_pool().release(this_pool().acquire());

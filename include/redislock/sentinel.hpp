@@ -152,6 +152,7 @@ public:
         if (state_->config.master_name.empty()) {
             throw invalid_argument{"redislock: a sentinel_endpoint needs a master name"};
         }
+        detail::check_connection_settings(state_->config.node);
         state_->config.node.check_tls();
         detail::require_tls_support(state_->config.node);
         (void)state_->current();
