@@ -40,6 +40,20 @@ namespace redislock::test {
 
 using namespace std::chrono_literals;
 
+/// What `make()` was refused with: the message of a redislock::invalid_argument, "not
+/// invalid_argument: <message>" for another exception, "accepted" when it returned.
+template <class Make>
+std::string refusal_of(Make&& make) {
+    try {
+        (void)make();
+    } catch (const redislock::invalid_argument& e) {
+        return e.what();
+    } catch (const std::exception& e) {
+        return std::string{"not invalid_argument: "} + e.what();
+    }
+    return "accepted";
+}
+
 /// Measures the time since construction on the steady clock.
 class stopwatch {
 public:
@@ -257,17 +271,17 @@ public:
         std::lock_guard guard{mutex_};  // one rule added at a time: each sees the ones before
         // After what the earlier rules for the same commands have still to take.
         const auto taken = static_cast<int>(faulty_.pending_faults(name, sha1));
-        faulty_.add(fault_rule{
-            .command = std::string{name},
-            .script = sha1,
-            .action = what == fault::throw_before_send  ? fault_action::throw_before_send
-                      : what == fault::throw_after_send ? fault_action::throw_after_send
-                                                        : fault_action::error_reply,
-            .first = 1 + taken,
-            .times = times,
-            .error_text = what == fault::answer_noscript
-                              ? "NOSCRIPT No matching script. Please use EVAL."
-                              : std::move(error_text)});
+        faulty_.add(
+            fault_rule{.command = std::string{name},
+                       .script = sha1,
+                       .action = what == fault::throw_before_send  ? fault_action::throw_before_send
+                                 : what == fault::throw_after_send ? fault_action::throw_after_send
+                                                                   : fault_action::error_reply,
+                       .first = 1 + taken,
+                       .times = times,
+                       .error_text = what == fault::answer_noscript
+                                         ? "NOSCRIPT No matching script. Please use EVAL."
+                                         : std::move(error_text)});
     }
 
     reply execute(command argv) { return faulty_.execute(argv); }
