@@ -590,6 +590,28 @@ TEST(MutexQueueScript, WaitersJoinInArrivalOrderForTheHoldersTtlPlusTheirKeep) {
     EXPECT_EQ(srv.cli({"GET", "lock"}), "holder");
 }
 
+TEST(MutexQueueScript, QueueKeysLiveAsLongAsTheirLatestEntryWhateverOrderTheyJoinIn) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "10000"}), "OK");
+    const auto ttls_lie_within = [&](int low, int high) {
+        for (const auto key : {queue_key, lapse_key}) {
+            const int ttl = std::stoi(srv.cli({"PTTL", std::string{key}}));
+            EXPECT_GT(ttl, low) << key;
+            EXPECT_LE(ttl, high) << key;
+        }
+    };
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA", "30000")).first, 0);
+    ttls_lie_within(39'000, 40'000);
+    // A later entry that lapses sooner leaves the keys to the earlier one...
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB", "100")).first, 0);
+    ttls_lie_within(39'000, 40'000);
+    // ...and one that lapses later makes them live longer.
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "c", "wC", "60000")).first, 0);
+    ttls_lie_within(69'000, 70'000);
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wA", "wB", "wC"}));
+}
+
 TEST(MutexQueueScript, SecondWaiterCannotTakeAFreeLockWhileTheFirstIsQueued) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};

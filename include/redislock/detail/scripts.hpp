@@ -68,14 +68,17 @@ local function queue_prune(q, w, now)
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
--- long as their latest entry.
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
+-- long as their latest entry: they hold the same ids and get the same time to live, which only
+-- grows, enough for each new lapse (a lapse is never moved later but here).
 local function queue_join(q, w, id, now, ticket, keep)
+    keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', q, math.max(last - now, 1))
-    redis.call('PEXPIRE', w, math.max(last - now, 1))
+    if redis.call('PTTL', w) < keep then
+        redis.call('PEXPIRE', q, keep)
+        redis.call('PEXPIRE', w, keep)
+    end
 end
 
 local function queue_leave(q, w, id)
@@ -104,6 +107,11 @@ end
 -- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
 -- without it leaves waiters to their fallback timers.
 local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
     local messages, order = {}, {}
     for _, word in ipairs(words) do
         local tag = string.match(word, '@(%x+)$')
@@ -179,9 +187,12 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'string' and kind ~= 'none' then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
+local holder = redis.pcall('GET', KEYS[1])
+if type(holder) == 'table' then
+    if string.find(holder.err or '', '^WRONGTYPE') then
+        return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
+    end
+    return holder
 end
 local last = ARGV[3] == '1' and redis.call('GET', KEYS[2])
 if last and (#last > 16 or not string.match(last, '^%d+$')) then
@@ -190,10 +201,10 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
-if queued then
+-- Lapsed waiters matter only when the lock may be free for this one.
+if queued and (not holder or holder == 'queued:' .. id) then
     queue_prune(queue, lapses, now)
 end
-local holder = kind == 'string' and redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     -- This very attempt, sent again after its reply was lost: it acquired.
     if queued then
@@ -225,7 +236,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "fe4114d04b6f68899d90a0627b492c6e4c6be6d3"};
+    "c2e841d28e851d947b5bc5b06831336bf85f4085"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -277,14 +288,17 @@ local function queue_prune(q, w, now)
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
--- long as their latest entry.
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
+-- long as their latest entry: they hold the same ids and get the same time to live, which only
+-- grows, enough for each new lapse (a lapse is never moved later but here).
 local function queue_join(q, w, id, now, ticket, keep)
+    keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', q, math.max(last - now, 1))
-    redis.call('PEXPIRE', w, math.max(last - now, 1))
+    if redis.call('PTTL', w) < keep then
+        redis.call('PEXPIRE', q, keep)
+        redis.call('PEXPIRE', w, keep)
+    end
 end
 
 local function queue_leave(q, w, id)
@@ -313,6 +327,11 @@ end
 -- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
 -- without it leaves waiters to their fallback timers.
 local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
     local messages, order = {}, {}
     for _, word in ipairs(words) do
         local tag = string.match(word, '@(%x+)$')
@@ -392,7 +411,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "21ad7c6e9ce4567dc6532c3d8560665d6bdb7a27"};
+    "8af130d6e03817c74a71ba1ff4bdee41cfb60d8c"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -418,14 +437,17 @@ local function queue_prune(q, w, now)
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
--- long as their latest entry.
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
+-- long as their latest entry: they hold the same ids and get the same time to live, which only
+-- grows, enough for each new lapse (a lapse is never moved later but here).
 local function queue_join(q, w, id, now, ticket, keep)
+    keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', q, math.max(last - now, 1))
-    redis.call('PEXPIRE', w, math.max(last - now, 1))
+    if redis.call('PTTL', w) < keep then
+        redis.call('PEXPIRE', q, keep)
+        redis.call('PEXPIRE', w, keep)
+    end
 end
 
 local function queue_leave(q, w, id)
@@ -454,6 +476,11 @@ end
 -- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
 -- without it leaves waiters to their fallback timers.
 local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
     local messages, order = {}, {}
     for _, word in ipairs(words) do
         local tag = string.match(word, '@(%x+)$')
@@ -559,7 +586,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "1b4a1cb292099ef03b268a025ea8c226b73f64d3"};
+    "66f4fc8a0accac5e3663487492fd1039cc08e526"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -641,14 +668,17 @@ local function queue_prune(q, w, now)
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
--- long as their latest entry.
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
+-- long as their latest entry: they hold the same ids and get the same time to live, which only
+-- grows, enough for each new lapse (a lapse is never moved later but here).
 local function queue_join(q, w, id, now, ticket, keep)
+    keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', q, math.max(last - now, 1))
-    redis.call('PEXPIRE', w, math.max(last - now, 1))
+    if redis.call('PTTL', w) < keep then
+        redis.call('PEXPIRE', q, keep)
+        redis.call('PEXPIRE', w, keep)
+    end
 end
 
 local function queue_leave(q, w, id)
@@ -677,6 +707,11 @@ end
 -- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
 -- without it leaves waiters to their fallback timers.
 local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
     local messages, order = {}, {}
     for _, word in ipairs(words) do
         local tag = string.match(word, '@(%x+)$')
@@ -785,7 +820,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "d8ecdc0571b30834b254c444af32cd5928910332"};
+    "e2bab24b69c8f2020f28c19955c4173f2ab873a6"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -855,14 +890,17 @@ local function queue_prune(q, w, now)
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
--- long as their latest entry.
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
+-- long as their latest entry: they hold the same ids and get the same time to live, which only
+-- grows, enough for each new lapse (a lapse is never moved later but here).
 local function queue_join(q, w, id, now, ticket, keep)
+    keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', q, math.max(last - now, 1))
-    redis.call('PEXPIRE', w, math.max(last - now, 1))
+    if redis.call('PTTL', w) < keep then
+        redis.call('PEXPIRE', q, keep)
+        redis.call('PEXPIRE', w, keep)
+    end
 end
 
 local function queue_leave(q, w, id)
@@ -891,6 +929,11 @@ end
 -- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
 -- without it leaves waiters to their fallback timers.
 local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
     local messages, order = {}, {}
     for _, word in ipairs(words) do
         local tag = string.match(word, '@(%x+)$')
@@ -973,7 +1016,7 @@ local run = queue_runners(queue)
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return #run > 0 and 2 or 1
 )lua",
-    "24909fdc1aa7a581a0f1374ce32f4937992e4e40"};
+    "9da2718b06cd6c399409aeb1542b21272584c495"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1046,14 +1089,17 @@ local function queue_prune(q, w, now)
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
--- long as their latest entry.
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
+-- long as their latest entry: they hold the same ids and get the same time to live, which only
+-- grows, enough for each new lapse (a lapse is never moved later but here).
 local function queue_join(q, w, id, now, ticket, keep)
+    keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', q, math.max(last - now, 1))
-    redis.call('PEXPIRE', w, math.max(last - now, 1))
+    if redis.call('PTTL', w) < keep then
+        redis.call('PEXPIRE', q, keep)
+        redis.call('PEXPIRE', w, keep)
+    end
 end
 
 local function queue_leave(q, w, id)
@@ -1082,6 +1128,11 @@ end
 -- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
 -- without it leaves waiters to their fallback timers.
 local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
     local messages, order = {}, {}
     for _, word in ipairs(words) do
         local tag = string.match(word, '@(%x+)$')
@@ -1238,7 +1289,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "01956fb5ba8554ee0eacea1b4f24634c5a0a643f"};
+    "df16c18ced3fbe94738908a4e4f7d9ffba02e655"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1344,14 +1395,17 @@ local function queue_prune(q, w, now)
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
--- long as their latest entry.
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
+-- long as their latest entry: they hold the same ids and get the same time to live, which only
+-- grows, enough for each new lapse (a lapse is never moved later but here).
 local function queue_join(q, w, id, now, ticket, keep)
+    keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', q, math.max(last - now, 1))
-    redis.call('PEXPIRE', w, math.max(last - now, 1))
+    if redis.call('PTTL', w) < keep then
+        redis.call('PEXPIRE', q, keep)
+        redis.call('PEXPIRE', w, keep)
+    end
 end
 
 local function queue_leave(q, w, id)
@@ -1380,6 +1434,11 @@ end
 -- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
 -- without it leaves waiters to their fallback timers.
 local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
     local messages, order = {}, {}
     for _, word in ipairs(words) do
         local tag = string.match(word, '@(%x+)$')
@@ -1463,7 +1522,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "cd868bbf5a15e587b2dd4b6113168714b2a99cc6"};
+    "2436d2dd84889fd373046eb9fc96cfe3a31afe3e"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -1479,14 +1538,17 @@ local function queue_prune(q, w, now)
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
--- long as their latest entry.
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
+-- long as their latest entry: they hold the same ids and get the same time to live, which only
+-- grows, enough for each new lapse (a lapse is never moved later but here).
 local function queue_join(q, w, id, now, ticket, keep)
+    keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', q, math.max(last - now, 1))
-    redis.call('PEXPIRE', w, math.max(last - now, 1))
+    if redis.call('PTTL', w) < keep then
+        redis.call('PEXPIRE', q, keep)
+        redis.call('PEXPIRE', w, keep)
+    end
 end
 
 local function queue_leave(q, w, id)
@@ -1515,6 +1577,11 @@ end
 -- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
 -- without it leaves waiters to their fallback timers.
 local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
     local messages, order = {}, {}
     for _, word in ipairs(words) do
         local tag = string.match(word, '@(%x+)$')

@@ -11,14 +11,17 @@ local function queue_prune(q, w, now)
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now; both keys live as
--- long as their latest entry.
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
+-- long as their latest entry: they hold the same ids and get the same time to live, which only
+-- grows, enough for each new lapse (a lapse is never moved later but here).
 local function queue_join(q, w, id, now, ticket, keep)
+    keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    local last = tonumber(redis.call('ZRANGE', w, -1, -1, 'WITHSCORES')[2])
-    redis.call('PEXPIRE', q, math.max(last - now, 1))
-    redis.call('PEXPIRE', w, math.max(last - now, 1))
+    if redis.call('PTTL', w) < keep then
+        redis.call('PEXPIRE', q, keep)
+        redis.call('PEXPIRE', w, keep)
+    end
 end
 
 local function queue_leave(q, w, id)
@@ -47,6 +50,11 @@ end
 -- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
 -- without it leaves waiters to their fallback timers.
 local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
     local messages, order = {}, {}
     for _, word in ipairs(words) do
         local tag = string.match(word, '@(%x+)$')

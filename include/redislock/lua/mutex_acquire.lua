@@ -30,9 +30,12 @@ if ARGV[3] ~= '1' and not queued then
 end
 -- Only now are the queue's helpers defined (a script's functions are made anew on every run).
 --#include _queue.lua
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'string' and kind ~= 'none' then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
+local holder = redis.pcall('GET', KEYS[1])
+if type(holder) == 'table' then
+    if string.find(holder.err or '', '^WRONGTYPE') then
+        return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
+    end
+    return holder
 end
 local last = ARGV[3] == '1' and redis.call('GET', KEYS[2])
 if last and (#last > 16 or not string.match(last, '^%d+$')) then
@@ -41,10 +44,10 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
-if queued then
+-- Lapsed waiters matter only when the lock may be free for this one.
+if queued and (not holder or holder == 'queued:' .. id) then
     queue_prune(queue, lapses, now)
 end
-local holder = kind == 'string' and redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
     -- This very attempt, sent again after its reply was lost: it acquired.
     if queued then
