@@ -42,7 +42,8 @@ inline constexpr script mutex_acquire{
 -- Returns  {1, fencing token or 0} acquired; {0, ms} not acquired: wait at most ms for a
 --          message before trying again (-1: the holder set no lease)
 -- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[2] is not a
---          counter; nothing is written then.
+--          counter; nothing is written then. Any other refusal to read KEYS[1] (an ACL) as the
+--          server gave it.
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 -- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
 -- writes nothing when the key exists, whatever its type; a refused write (out of memory, a
@@ -60,17 +61,21 @@ end
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
+-- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
+-- unpack() has a limit.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
-    if #lapsed > 0 then
-        redis.call('ZREM', q, unpack(lapsed))
-        redis.call('ZREM', w, unpack(lapsed))
+    for first = 1, #lapsed, 1000 do
+        local last = math.min(first + 999, #lapsed)
+        redis.call('ZREM', q, unpack(lapsed, first, last))
+        redis.call('ZREM', w, unpack(lapsed, first, last))
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
--- long as their latest entry: they hold the same ids and get the same time to live, which only
--- grows, enough for each new lapse (a lapse is never moved later but here).
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
+-- same ids and live at least as long as their latest entry: a lapse is never moved later but
+-- here, and here their time to live grows to cover it when it would not.
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
@@ -201,7 +206,7 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
--- Lapsed waiters matter only when the lock may be free for this one.
+-- Lapsed waiters matter only when the lock may be free for this one (see queue_prune).
 if queued and (not holder or holder == 'queued:' .. id) then
     queue_prune(queue, lapses, now)
 end
@@ -236,7 +241,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "c2e841d28e851d947b5bc5b06831336bf85f4085"};
+    "2a4ef910e8cddfe82a7d1e79ba9d525767fdbe9c"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -280,17 +285,21 @@ end
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
+-- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
+-- unpack() has a limit.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
-    if #lapsed > 0 then
-        redis.call('ZREM', q, unpack(lapsed))
-        redis.call('ZREM', w, unpack(lapsed))
+    for first = 1, #lapsed, 1000 do
+        local last = math.min(first + 999, #lapsed)
+        redis.call('ZREM', q, unpack(lapsed, first, last))
+        redis.call('ZREM', w, unpack(lapsed, first, last))
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
--- long as their latest entry: they hold the same ids and get the same time to live, which only
--- grows, enough for each new lapse (a lapse is never moved later but here).
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
+-- same ids and live at least as long as their latest entry: a lapse is never moved later but
+-- here, and here their time to live grows to cover it when it would not.
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
@@ -411,7 +420,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "8af130d6e03817c74a71ba1ff4bdee41cfb60d8c"};
+    "648fc189d65b50e928e8f6358345710c28957258"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -429,17 +438,21 @@ inline constexpr script queue_leave{
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
+-- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
+-- unpack() has a limit.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
-    if #lapsed > 0 then
-        redis.call('ZREM', q, unpack(lapsed))
-        redis.call('ZREM', w, unpack(lapsed))
+    for first = 1, #lapsed, 1000 do
+        local last = math.min(first + 999, #lapsed)
+        redis.call('ZREM', q, unpack(lapsed, first, last))
+        redis.call('ZREM', w, unpack(lapsed, first, last))
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
--- long as their latest entry: they hold the same ids and get the same time to live, which only
--- grows, enough for each new lapse (a lapse is never moved later but here).
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
+-- same ids and live at least as long as their latest entry: a lapse is never moved later but
+-- here, and here their time to live grows to cover it when it would not.
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
@@ -586,7 +599,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "66f4fc8a0accac5e3663487492fd1039cc08e526"};
+    "3c450b150e05cdd989a72586d4ed25d2a803d21b"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -660,17 +673,21 @@ end
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
+-- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
+-- unpack() has a limit.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
-    if #lapsed > 0 then
-        redis.call('ZREM', q, unpack(lapsed))
-        redis.call('ZREM', w, unpack(lapsed))
+    for first = 1, #lapsed, 1000 do
+        local last = math.min(first + 999, #lapsed)
+        redis.call('ZREM', q, unpack(lapsed, first, last))
+        redis.call('ZREM', w, unpack(lapsed, first, last))
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
--- long as their latest entry: they hold the same ids and get the same time to live, which only
--- grows, enough for each new lapse (a lapse is never moved later but here).
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
+-- same ids and live at least as long as their latest entry: a lapse is never moved later but
+-- here, and here their time to live grows to cover it when it would not.
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
@@ -820,7 +837,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "e2bab24b69c8f2020f28c19955c4173f2ab873a6"};
+    "938bd5d91f62de6b141702d7c448ff3f34abd9c0"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -882,17 +899,21 @@ end
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
+-- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
+-- unpack() has a limit.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
-    if #lapsed > 0 then
-        redis.call('ZREM', q, unpack(lapsed))
-        redis.call('ZREM', w, unpack(lapsed))
+    for first = 1, #lapsed, 1000 do
+        local last = math.min(first + 999, #lapsed)
+        redis.call('ZREM', q, unpack(lapsed, first, last))
+        redis.call('ZREM', w, unpack(lapsed, first, last))
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
--- long as their latest entry: they hold the same ids and get the same time to live, which only
--- grows, enough for each new lapse (a lapse is never moved later but here).
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
+-- same ids and live at least as long as their latest entry: a lapse is never moved later but
+-- here, and here their time to live grows to cover it when it would not.
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
@@ -1016,7 +1037,7 @@ local run = queue_runners(queue)
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return #run > 0 and 2 or 1
 )lua",
-    "9da2718b06cd6c399409aeb1542b21272584c495"};
+    "83784c80c939dd401ee21b235e804325967e63ce"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1081,17 +1102,21 @@ end
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
+-- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
+-- unpack() has a limit.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
-    if #lapsed > 0 then
-        redis.call('ZREM', q, unpack(lapsed))
-        redis.call('ZREM', w, unpack(lapsed))
+    for first = 1, #lapsed, 1000 do
+        local last = math.min(first + 999, #lapsed)
+        redis.call('ZREM', q, unpack(lapsed, first, last))
+        redis.call('ZREM', w, unpack(lapsed, first, last))
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
--- long as their latest entry: they hold the same ids and get the same time to live, which only
--- grows, enough for each new lapse (a lapse is never moved later but here).
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
+-- same ids and live at least as long as their latest entry: a lapse is never moved later but
+-- here, and here their time to live grows to cover it when it would not.
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
@@ -1289,7 +1314,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "df16c18ced3fbe94738908a4e4f7d9ffba02e655"};
+    "9cf0fb1a3df3355bea1b15f55e5e6e66cc8c87a3"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1387,17 +1412,21 @@ end
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
+-- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
+-- unpack() has a limit.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
-    if #lapsed > 0 then
-        redis.call('ZREM', q, unpack(lapsed))
-        redis.call('ZREM', w, unpack(lapsed))
+    for first = 1, #lapsed, 1000 do
+        local last = math.min(first + 999, #lapsed)
+        redis.call('ZREM', q, unpack(lapsed, first, last))
+        redis.call('ZREM', w, unpack(lapsed, first, last))
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
--- long as their latest entry: they hold the same ids and get the same time to live, which only
--- grows, enough for each new lapse (a lapse is never moved later but here).
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
+-- same ids and live at least as long as their latest entry: a lapse is never moved later but
+-- here, and here their time to live grows to cover it when it would not.
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
@@ -1522,7 +1551,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "2436d2dd84889fd373046eb9fc96cfe3a31afe3e"};
+    "93abd9063fa9862878bf736e5a39aa8eabdaab8d"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -1530,17 +1559,21 @@ inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue 
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
+-- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
+-- unpack() has a limit.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
-    if #lapsed > 0 then
-        redis.call('ZREM', q, unpack(lapsed))
-        redis.call('ZREM', w, unpack(lapsed))
+    for first = 1, #lapsed, 1000 do
+        local last = math.min(first + 999, #lapsed)
+        redis.call('ZREM', q, unpack(lapsed, first, last))
+        redis.call('ZREM', w, unpack(lapsed, first, last))
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
--- long as their latest entry: they hold the same ids and get the same time to live, which only
--- grows, enough for each new lapse (a lapse is never moved later but here).
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
+-- same ids and live at least as long as their latest entry: a lapse is never moved later but
+-- here, and here their time to live grows to cover it when it would not.
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)

@@ -3,17 +3,21 @@
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
+-- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
+-- unpack() has a limit.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
-    if #lapsed > 0 then
-        redis.call('ZREM', q, unpack(lapsed))
-        redis.call('ZREM', w, unpack(lapsed))
+    for first = 1, #lapsed, 1000 do
+        local last = math.min(first + 999, #lapsed)
+        redis.call('ZREM', q, unpack(lapsed, first, last))
+        redis.call('ZREM', w, unpack(lapsed, first, last))
     end
 end
 
--- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys live as
--- long as their latest entry: they hold the same ids and get the same time to live, which only
--- grows, enough for each new lapse (a lapse is never moved later but here).
+-- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
+-- same ids and live at least as long as their latest entry: a lapse is never moved later but
+-- here, and here their time to live grows to cover it when it would not.
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)

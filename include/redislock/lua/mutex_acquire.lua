@@ -16,7 +16,8 @@
 -- Returns  {1, fencing token or 0} acquired; {0, ms} not acquired: wait at most ms for a
 --          message before trying again (-1: the holder set no lease)
 -- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[2] is not a
---          counter; nothing is written then.
+--          counter; nothing is written then. Any other refusal to read KEYS[1] (an ACL) as the
+--          server gave it.
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 -- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
 -- writes nothing when the key exists, whatever its type; a refused write (out of memory, a
@@ -44,7 +45,7 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
--- Lapsed waiters matter only when the lock may be free for this one.
+-- Lapsed waiters matter only when the lock may be free for this one (see queue_prune).
 if queued and (not holder or holder == 'queued:' .. id) then
     queue_prune(queue, lapses, now)
 end
