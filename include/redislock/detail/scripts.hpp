@@ -61,9 +61,10 @@ end
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
--- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
--- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
--- unpack() has a limit.
+-- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
+-- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
+-- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
+-- values at most; each id costs about 1.5 µs.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
@@ -241,7 +242,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "2a4ef910e8cddfe82a7d1e79ba9d525767fdbe9c"};
+    "0bd5db8cf88e3bb64c797999b63e68391d7bb926"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -285,9 +286,10 @@ end
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
--- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
--- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
--- unpack() has a limit.
+-- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
+-- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
+-- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
+-- values at most; each id costs about 1.5 µs.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
@@ -420,7 +422,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "648fc189d65b50e928e8f6358345710c28957258"};
+    "ea37375144e07784bb570b6dbdf8783d7c3f1e12"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -438,9 +440,10 @@ inline constexpr script queue_leave{
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
--- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
--- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
--- unpack() has a limit.
+-- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
+-- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
+-- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
+-- values at most; each id costs about 1.5 µs.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
@@ -599,7 +602,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "3c450b150e05cdd989a72586d4ed25d2a803d21b"};
+    "28aa761c4acd091f0b323957b6b7310949ae1289"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -673,9 +676,10 @@ end
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
--- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
--- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
--- unpack() has a limit.
+-- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
+-- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
+-- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
+-- values at most; each id costs about 1.5 µs.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
@@ -837,7 +841,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "938bd5d91f62de6b141702d7c448ff3f34abd9c0"};
+    "1823903ebc3590ee8d7a26a6339589c9fc07a925"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -899,9 +903,10 @@ end
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
--- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
--- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
--- unpack() has a limit.
+-- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
+-- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
+-- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
+-- values at most; each id costs about 1.5 µs.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
@@ -1037,7 +1042,7 @@ local run = queue_runners(queue)
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return #run > 0 and 2 or 1
 )lua",
-    "83784c80c939dd401ee21b235e804325967e63ce"};
+    "5a5b0f8920714745e0806eefeba024ec0f8909f2"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1102,9 +1107,10 @@ end
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
--- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
--- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
--- unpack() has a limit.
+-- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
+-- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
+-- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
+-- values at most; each id costs about 1.5 µs.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
@@ -1314,7 +1320,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "9cf0fb1a3df3355bea1b15f55e5e6e66cc8c87a3"};
+    "4f6db0619f0fcd30ab67b06f0313507570f39c5d"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1412,9 +1418,10 @@ end
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
--- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
--- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
--- unpack() has a limit.
+-- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
+-- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
+-- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
+-- values at most; each id costs about 1.5 µs.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
@@ -1551,7 +1558,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "93abd9063fa9862878bf736e5a39aa8eabdaab8d"};
+    "bbf733e213911c6ae2da299411534c7b4961693e"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -1559,9 +1566,10 @@ inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue 
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
 -- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
--- A lapsed entry stays until something prunes: releases and attempts on a lock that may be free
--- for them do, so a waiter that comes back before that keeps its place. Removes in slices, as
--- unpack() has a limit.
+-- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
+-- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
+-- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
+-- values at most; each id costs about 1.5 µs.
 local function queue_prune(q, w, now)
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
