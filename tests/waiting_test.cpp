@@ -14,6 +14,7 @@
 #include <mutex>
 #include <regex>
 #include <sstream>
+#include <stdexcept>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -102,6 +103,28 @@ struct hooked_connection {
     }
     std::unique_ptr<redislock::subscriber_link> open_subscriber(std::string_view channel) {
         return inner->open_subscriber(channel);
+    }
+    const redislock::endpoint& config() const { return inner->config(); }
+};
+
+// A hiredis connection that names the node of a subscriber link itself, and can be made to throw
+// doing so (as a connection type's own code might, or an allocation out of memory).
+struct node_naming_connection {
+    std::shared_ptr<redislock::hiredis_connection> inner;
+    std::shared_ptr<std::atomic<bool>> throw_naming = std::make_shared<std::atomic<bool>>(false);
+
+    redislock::reply execute(redislock::command argv) { return inner->execute(argv); }
+    redislock::reply execute(redislock::command argv, const redislock::call_context& how) {
+        return inner->execute(argv, how);
+    }
+    std::unique_ptr<redislock::subscriber_link> open_subscriber(std::string_view channel) {
+        return inner->open_subscriber(channel);
+    }
+    std::string subscriber_node(std::string_view) const {
+        if (*throw_naming) {
+            throw std::runtime_error{"injected: cannot name the node"};
+        }
+        return "the node";
     }
     const redislock::endpoint& config() const { return inner->config(); }
 };
@@ -246,6 +269,41 @@ TEST_P(WaitingWithSpin, LostSubscriberConnectionStillAcquiresWithinTheHoldersLea
     EXPECT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "pubsub"}), "0");
     holder.unlock();
     EXPECT_TRUE(eventually([&] { return got.load(); }, 3s));
+    t.join();
+    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
+// What the notifier's thread meets while it subscribes (here the connection throws naming the
+// node) ends neither the process nor the wait: the waiter falls back to the holder's lease. Once
+// the connection behaves, a release wakes a waiter again (on a lock whose channel was never
+// refused: a refused one is left alone for a while).
+TEST(Waiting, NotifierOutlivesAConnectionThatThrows) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    node_naming_connection conn{std::make_shared<redislock::hiredis_connection>(srv.uri())};
+    redislock::basic_client<node_naming_connection> other{conn};
+    const lock_options slow{.lease = 30s, .backoff_min = 5s, .backoff_max = 20s};
+    *conn.throw_naming = true;
+    auto short_holder = client.mutex("thrown", {.lease = 1s});
+    auto first = other.mutex("thrown", slow);
+    ASSERT_TRUE(short_holder.try_lock());
+    ASSERT_TRUE(first.try_lock_for(10s));
+    first.unlock();
+
+    *conn.throw_naming = false;
+    auto holder = client.mutex("recovered", slow);
+    auto second = other.mutex("recovered", slow);
+    ASSERT_TRUE(holder.try_lock());
+    std::atomic<bool> got{false};
+    std::jthread t{[&] {
+        got = second.try_lock_for(25s);
+        if (got) {
+            second.unlock();
+        }
+    }};
+    ASSERT_TRUE(eventually([&] { return zcard(srv, "{recovered}:queue") == 1; }));
+    holder.unlock();
+    EXPECT_TRUE(eventually([&] { return got.load(); }, 3s)) << "not woken by the release";
     t.join();
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }

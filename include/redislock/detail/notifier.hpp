@@ -330,47 +330,93 @@ private:
         }
     }
 
+    // Whatever a round throws (out of memory, a connection's node_of) would end the process on
+    // this thread: instead every link is dropped, and waiters try again and poll a while.
     void run() {
         auto retry_at = steady::time_point{};
         for (;;) {
-            std::vector<std::pair<std::string, std::string>> to_send;  // channel, command
-            std::vector<std::string> to_open;
-            {
-                std::lock_guard reading{links_mutex_};
-                std::lock_guard guard{mutex_};
-                if (stopping_) {
-                    break;
+            try {
+                if (!run_round(retry_at)) {
+                    return;
                 }
-                plan_locked(to_send, to_open, retry_at);
-            }
-            // With no lock held: opening may resolve a master and tell the event hook.
-            for (const std::string& channel : to_open) {
-                open_link(channel, retry_at);
-            }
-            // A spinner that starts after this pokes the pipe; a link it drops meanwhile only
-            // ends the wait below early (its fd reports POLLNVAL).
-            const bool spinning = spinners_.load(std::memory_order_acquire) > 0;
-            std::vector<pollfd> fds{{pipe_[0], POLLIN, 0}};
-            bool buffered = false;
-            {
-                std::lock_guard reading{links_mutex_};
-                for (auto& [channel, verb] : to_send) {
-                    send(channel, verb);
-                }
-                for (const auto& [node, state] : links_) {
-                    if (!spinning || !state.link->reads_without_blocking()) {
-                        fds.push_back({state.link->fd(), POLLIN, 0});
-                        buffered = buffered || state.link->buffered();
-                    }
+            } catch (...) {
+                retry_at = steady::now() + retry_pause;
+                reset();
+                pollfd pipe{pipe_[0], POLLIN, 0};
+                if (::poll(&pipe, 1, static_cast<int>(retry_pause.count())) > 0) {
+                    empty_pipe();
                 }
             }
-            if (spinning) {
-                wait_while_spinning(fds, buffered);
-            } else {
-                wait_for_input(fds, buffered);
-            }
+        }
+    }
+
+    // One round: plans, opens and sends, waits for input, reads it. False once stopping.
+    bool run_round(steady::time_point& retry_at) {
+        std::vector<std::pair<std::string, std::string>> to_send;  // channel, command
+        std::vector<std::string> to_open;
+        {
             std::lock_guard reading{links_mutex_};
-            read_links_locked(false);
+            std::lock_guard guard{mutex_};
+            if (stopping_) {
+                return false;
+            }
+            plan_locked(to_send, to_open, retry_at);
+        }
+        // With no lock held: opening may resolve a master and tell the event hook.
+        for (const std::string& channel : to_open) {
+            open_link(channel, retry_at);
+        }
+        // A spinner that starts after this pokes the pipe; a link it drops meanwhile only
+        // ends the wait below early (its fd reports POLLNVAL).
+        const bool spinning = spinners_.load(std::memory_order_acquire) > 0;
+        std::vector<pollfd> fds{{pipe_[0], POLLIN, 0}};
+        bool buffered = false;
+        {
+            std::lock_guard reading{links_mutex_};
+            for (auto& [channel, verb] : to_send) {
+                send(channel, verb);
+            }
+            for (const auto& [node, state] : links_) {
+                if (!spinning || !state.link->reads_without_blocking()) {
+                    fds.push_back({state.link->fd(), POLLIN, 0});
+                    buffered = buffered || state.link->buffered();
+                }
+            }
+        }
+        if (spinning) {
+            wait_while_spinning(fds, buffered);
+        } else {
+            wait_for_input(fds, buffered);
+        }
+        std::lock_guard reading{links_mutex_};
+        read_links_locked(false);
+        return true;
+    }
+
+    // After a failed round: no link, no channel subscribed or about to be until retry_pause has
+    // passed; every waiter tries again (a message may be missing) and polls meanwhile.
+    void reset() noexcept {
+        std::lock_guard reading{links_mutex_};
+        links_.clear();
+        std::lock_guard guard{mutex_};
+        const auto now = steady::now();
+        for (auto& [name, ch] : channels_) {
+            ch.status = link_status::idle;
+            ch.node.clear();
+            ch.failed_at = now;
+            ch.retry_after = now + retry_pause;
+            wake_all_locked(ch);
+        }
+        settled_.notify_all();
+    }
+
+    // Needs mutex_. Marks the channel's waiters unsubscribed and wakes them. Allocates nothing,
+    // so a link's loss is handled even out of memory. No thread takes mutex_ while it holds a
+    // waiter's mutex, so waking under mutex_ cannot deadlock.
+    static void wake_all_locked(channel_state& ch) noexcept {
+        for (auto& [id, slot] : ch.waiters) {
+            slot->set_subscribed(false);
+            slot->wake();
         }
     }
 
@@ -643,7 +689,6 @@ private:
 
     // The server refused to subscribe `channel`: its waiters poll until `pause` has passed.
     void refuse(const std::string& channel, steady::duration pause) {
-        std::vector<std::shared_ptr<wake_slot>> woken;
         {
             std::lock_guard guard{mutex_};
             auto it = channels_.find(channel);
@@ -656,23 +701,16 @@ private:
             ch.node.clear();
             ch.failed_at = now;
             ch.retry_after = now + pause;
-            for (auto& [id, slot] : ch.waiters) {
-                slot->set_subscribed(false);
-                woken.push_back(slot);
-            }
+            wake_all_locked(ch);
         }
         settled_.notify_all();
-        for (auto& slot : woken) {
-            slot->wake();
-        }
     }
 
     // A link is gone: its channels are no longer subscribed and their waiters, who may have
     // missed a message, try again.
-    void lose(const std::string& node) { fail_channels_of(node); }
+    void lose(const std::string& node) noexcept { fail_channels_of(node); }
 
-    void fail_channels_of(const std::string& node) {
-        std::vector<std::shared_ptr<wake_slot>> woken;
+    void fail_channels_of(const std::string& node) noexcept {
         {
             std::lock_guard guard{mutex_};
             const auto now = steady::now();
@@ -683,16 +721,10 @@ private:
                 ch.status = link_status::idle;
                 ch.failed_at = now;
                 ch.node.clear();
-                for (auto& [id, slot] : ch.waiters) {
-                    slot->set_subscribed(false);
-                    woken.push_back(slot);
-                }
+                wake_all_locked(ch);
             }
         }
         settled_.notify_all();
-        for (auto& slot : woken) {
-            slot->wake();
-        }
     }
 
     static constexpr std::chrono::milliseconds tick{200};
