@@ -64,9 +64,9 @@ reply acquire(hiredis_connection& conn, std::string_view token, std::string_view
               std::string_view fencing = "0", std::optional<std::string> waiter = std::nullopt,
               std::string_view keep = "0") {
     const std::string id = waiter.value_or("w" + std::string{token});
-    return run_script(conn, scripts::mutex_acquire, keys2{"lock", fence_key},
-                      std::array<std::string_view, 7>{token, lease, fencing, id, keep, queue_key,
-                                                      lapse_key});
+    return run_script(
+        conn, scripts::mutex_acquire, keys2{"lock", fence_key},
+        std::array<std::string_view, 7>{token, lease, fencing, id, keep, queue_key, lapse_key});
 }
 
 reply acquire_fenced(hiredis_connection& conn, std::string_view token, std::string_view lease) {
@@ -87,9 +87,9 @@ reply release(hiredis_connection& conn, std::string_view token, std::string_view
 
 reply leave(hiredis_connection& conn, std::string_view waiter, std::string_view grace = "2000",
             std::string_view simple = "m") {
-    return run_script(conn, scripts::queue_leave, keys1{"lock"},
-                      std::array<std::string_view, 6>{waiter, channel, grace, simple, queue_key,
-                                                      lapse_key});
+    return run_script(
+        conn, scripts::queue_leave, keys1{"lock"},
+        std::array<std::string_view, 6>{waiter, channel, grace, simple, queue_key, lapse_key});
 }
 
 // The ids in the waiting queue, first to last, as the server has them.
