@@ -82,6 +82,12 @@ std::int64_t zcard(redis_server& srv, const std::string& key) {
     return std::stoll(srv.cli({"ZCARD", key}));
 }
 
+// True when some client listens for the releases of the lock whose hash tag is `tag`.
+bool subscribed(redis_server& srv, const std::string& tag) {
+    const std::string channels = srv.cli({"PUBSUB", "SHARDCHANNELS", tag + ":*"});
+    return channels.find(tag + ":released:") != std::string::npos;
+}
+
 bool nothing_left(redis_server& srv) {
     return srv.cli({"DBSIZE"}) == "0";
 }
@@ -168,6 +174,9 @@ TEST_P(WaitingWithSpin, ReleaseWakesTheWaiterOfEveryKind) {
             }
         }};
         ASSERT_TRUE(eventually([&] { return zcard(srv, "{w}:queue") == 1; }));
+        // Subscribed: a waiter that polls (every 50 ms at most, its grace over 2) would pass
+        // the checks below too.
+        ASSERT_TRUE(eventually([&] { return subscribed(srv, "{w}"); }));
         const stopwatch watch;
         holder.unlock();
         ASSERT_TRUE(eventually([&] { return got.load(); }, 3s)) << "not woken by the release";
@@ -273,10 +282,9 @@ TEST_P(WaitingWithSpin, LostSubscriberConnectionStillAcquiresWithinTheHoldersLea
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 
-// What the notifier's thread meets while it subscribes (here the connection throws naming the
-// node) ends neither the process nor the wait: the waiter falls back to the holder's lease. Once
-// the connection behaves, a release wakes a waiter again (on a lock whose channel was never
-// refused: a refused one is left alone for a while).
+// A connection that throws naming a channel's node ends neither the process nor the wait: the
+// waiter falls back to the holder's lease. Once the connection behaves, channels are subscribed
+// again (those of another lock at once; the failed one is left alone for a while).
 TEST(Waiting, NotifierOutlivesAConnectionThatThrows) {
     redis_server srv;
     redislock::client client{srv.uri()};
@@ -302,8 +310,10 @@ TEST(Waiting, NotifierOutlivesAConnectionThatThrows) {
         }
     }};
     ASSERT_TRUE(eventually([&] { return zcard(srv, "{recovered}:queue") == 1; }));
+    EXPECT_TRUE(eventually([&] { return subscribed(srv, "{recovered}"); }))
+        << "the waiter's channel was not subscribed";
     holder.unlock();
-    EXPECT_TRUE(eventually([&] { return got.load(); }, 3s)) << "not woken by the release";
+    EXPECT_TRUE(eventually([&] { return got.load(); }, 3s));
     t.join();
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }

@@ -104,10 +104,10 @@ public:
     bool subscribed() const noexcept { return subscribed_.load(std::memory_order_acquire); }
 
     /// Wakes the waiter to try again (its link was lost, a message may be missing).
-    void wake() { wake(false); }
+    void wake() noexcept { wake(false); }
 
     /// Wakes the waiter a release named.
-    void wake_named() { wake(true); }
+    void wake_named() noexcept { wake(true); }
 
     void standby() {
         {
@@ -122,7 +122,7 @@ public:
     void set_subscribed(bool on) noexcept { subscribed_.store(on, std::memory_order_release); }
 
 private:
-    void wake(bool named) {
+    void wake(bool named) noexcept {
         {
             std::lock_guard guard{mutex_};
             woken_ = true;
@@ -330,8 +330,8 @@ private:
         }
     }
 
-    // Whatever a round throws (out of memory, a connection's node_of) would end the process on
-    // this thread: instead every link is dropped, and waiters try again and poll a while.
+    // Whatever else a round throws (out of memory) would end the process on this thread:
+    // instead every link is dropped, and waiters try again and poll a while.
     void run() {
         auto retry_at = steady::time_point{};
         for (;;) {
@@ -393,26 +393,22 @@ private:
         return true;
     }
 
-    // After a failed round: no link, no channel subscribed or about to be until retry_pause has
-    // passed; every waiter tries again (a message may be missing) and polls meanwhile.
+    // After a failed round: no link, and no channel subscribed again before retry_pause has
+    // passed (a refused one keeps its longer pause); every waiter tries again (a message may be
+    // missing) and polls meanwhile.
     void reset() noexcept {
         std::lock_guard reading{links_mutex_};
         links_.clear();
         std::lock_guard guard{mutex_};
-        const auto now = steady::now();
         for (auto& [name, ch] : channels_) {
-            ch.status = link_status::idle;
-            ch.node.clear();
-            ch.failed_at = now;
-            ch.retry_after = now + retry_pause;
-            wake_all_locked(ch);
+            refuse_locked(ch, retry_pause);
         }
         settled_.notify_all();
     }
 
     // Needs mutex_. Marks the channel's waiters unsubscribed and wakes them. Allocates nothing,
-    // so a link's loss is handled even out of memory. No thread takes mutex_ while it holds a
-    // waiter's mutex, so waking under mutex_ cannot deadlock.
+    // so a link's loss is handled even out of memory. No thread takes mutex_ or links_mutex_
+    // while it holds a waiter's mutex, so waking under them cannot deadlock.
     static void wake_all_locked(channel_state& ch) noexcept {
         for (auto& [id, slot] : ch.waiters) {
             slot->set_subscribed(false);
@@ -462,7 +458,15 @@ private:
             channel_state& ch = it->second;
             if (ch.status == link_status::wanted && now >= ch.retry_after) {
                 if (ch.node.empty()) {
-                    ch.node = node_of_ ? node_of_(it->first) : std::string{};
+                    try {
+                        ch.node = node_of_ ? node_of_(it->first) : std::string{};
+                    } catch (...) {
+                        // The connection cannot name the node now: its waiters poll a while.
+                        refuse_locked(ch, retry_pause);
+                        settled_.notify_all();
+                        ++it;
+                        continue;
+                    }
                 }
                 if (links_.count(ch.node) == 0) {
                     if (now >= retry_at) {
@@ -622,34 +626,25 @@ private:
             }
             settled_.notify_all();
         } else if (kind == "sunsubscribe") {
-            std::vector<std::shared_ptr<wake_slot>> woken;
-            {
-                std::lock_guard guard{mutex_};
-                auto it = channels_.find(channel);
-                if (it == channels_.end()) {
-                    return true;
-                }
-                channel_state& ch = it->second;
-                if (ch.status == link_status::leaving) {
-                    // Someone enrolled while it was leaving: subscribe again (this may run on a
-                    // spinner's thread, so the notifier's thread is told).
-                    ch.status = ch.waiters.empty() ? link_status::idle : link_status::wanted;
-                    if (ch.status == link_status::wanted) {
-                        poke();
-                    }
-                } else {
-                    // The server dropped it (its slot moved to another node): waiters may have
-                    // missed a message; they try again and subscribe where the slot is now.
-                    ch.status = link_status::idle;
-                    ch.node.clear();
-                    for (auto& [id, slot] : ch.waiters) {
-                        slot->set_subscribed(false);
-                        woken.push_back(slot);
-                    }
-                }
+            std::lock_guard guard{mutex_};
+            auto it = channels_.find(channel);
+            if (it == channels_.end()) {
+                return true;
             }
-            for (auto& slot : woken) {
-                slot->wake();
+            channel_state& ch = it->second;
+            if (ch.status == link_status::leaving) {
+                // Someone enrolled while it was leaving: subscribe again (this may run on a
+                // spinner's thread, so the notifier's thread is told).
+                ch.status = ch.waiters.empty() ? link_status::idle : link_status::wanted;
+                if (ch.status == link_status::wanted) {
+                    poke();
+                }
+            } else {
+                // The server dropped it (its slot moved to another node): waiters may have
+                // missed a message; they try again and subscribe where the slot is now.
+                ch.status = link_status::idle;
+                ch.node.clear();
+                wake_all_locked(ch);
             }
         }
         return true;
@@ -695,15 +690,19 @@ private:
             if (it == channels_.end()) {
                 return;
             }
-            channel_state& ch = it->second;
-            const auto now = steady::now();
-            ch.status = link_status::idle;
-            ch.node.clear();
-            ch.failed_at = now;
-            ch.retry_after = now + pause;
-            wake_all_locked(ch);
+            refuse_locked(it->second, pause);
         }
         settled_.notify_all();
+    }
+
+    // Needs mutex_. Leaves `ch` unsubscribed until `pause` has passed; its waiters poll.
+    static void refuse_locked(channel_state& ch, steady::duration pause) noexcept {
+        const auto now = steady::now();
+        ch.status = link_status::idle;
+        ch.node.clear();
+        ch.failed_at = now;
+        ch.retry_after = std::max(ch.retry_after, now + pause);
+        wake_all_locked(ch);
     }
 
     // A link is gone: its channels are no longer subscribed and their waiters, who may have
