@@ -114,10 +114,11 @@ struct hooked_connection {
 };
 
 // A hiredis connection that names the node of a subscriber link itself, and can be made to throw
-// doing so (as a connection type's own code might, or an allocation out of memory).
+// doing so for the channels of the lock "thrown" (as a connection type's own code might).
 struct node_naming_connection {
     std::shared_ptr<redislock::hiredis_connection> inner;
     std::shared_ptr<std::atomic<bool>> throw_naming = std::make_shared<std::atomic<bool>>(false);
+    std::shared_ptr<std::atomic<int>> thrown = std::make_shared<std::atomic<int>>(0);
 
     redislock::reply execute(redislock::command argv) { return inner->execute(argv); }
     redislock::reply execute(redislock::command argv, const redislock::call_context& how) {
@@ -126,8 +127,9 @@ struct node_naming_connection {
     std::unique_ptr<redislock::subscriber_link> open_subscriber(std::string_view channel) {
         return inner->open_subscriber(channel);
     }
-    std::string subscriber_node(std::string_view) const {
-        if (*throw_naming) {
+    std::string subscriber_node(std::string_view channel) const {
+        if (*throw_naming && channel.starts_with("{thrown}")) {
+            ++*thrown;
             throw std::runtime_error{"injected: cannot name the node"};
         }
         return "the node";
@@ -282,39 +284,69 @@ TEST_P(WaitingWithSpin, LostSubscriberConnectionStillAcquiresWithinTheHoldersLea
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 
-// A connection that throws naming a channel's node ends neither the process nor the wait: the
-// waiter falls back to the holder's lease. Once the connection behaves, channels are subscribed
-// again (those of another lock at once; the failed one is left alone for a while).
+// The subscriber connections' ids the server lists, in one string.
+std::string subscriber_ids(redis_server& srv) {
+    const std::string clients = srv.cli({"CLIENT", "LIST", "TYPE", "pubsub"});
+    const std::regex id{"id=(\\d+)"};
+    std::string ids;
+    for (std::sregex_iterator it{clients.begin(), clients.end(), id}, end; it != end; ++it) {
+        ids += (*it)[1].str() + " ";
+    }
+    return ids;
+}
+
+// A connection that throws naming a channel's node ends neither the process nor the wait: that
+// lock's waiter falls back to the holder's lease, while another lock's waiter stays subscribed on
+// the same link and is woken by its release. Once the connection behaves, channels are
+// subscribed again.
 TEST(Waiting, NotifierOutlivesAConnectionThatThrows) {
     redis_server srv;
     redislock::client client{srv.uri()};
     node_naming_connection conn{std::make_shared<redislock::hiredis_connection>(srv.uri())};
     redislock::basic_client<node_naming_connection> other{conn};
     const lock_options slow{.lease = 30s, .backoff_min = 5s, .backoff_max = 20s};
-    *conn.throw_naming = true;
-    auto short_holder = client.mutex("thrown", {.lease = 1s});
-    auto first = other.mutex("thrown", slow);
-    ASSERT_TRUE(short_holder.try_lock());
-    ASSERT_TRUE(first.try_lock_for(10s));
-    first.unlock();
 
-    *conn.throw_naming = false;
-    auto holder = client.mutex("recovered", slow);
-    auto second = other.mutex("recovered", slow);
-    ASSERT_TRUE(holder.try_lock());
-    std::atomic<bool> got{false};
-    std::jthread t{[&] {
-        got = second.try_lock_for(25s);
-        if (got) {
-            second.unlock();
+    auto steady_holder = client.mutex("steady", slow);
+    auto steady = other.mutex("steady", slow);
+    ASSERT_TRUE(steady_holder.try_lock());
+    std::atomic<bool> got_steady{false};
+    std::jthread steady_waiter{[&] {
+        got_steady = steady.try_lock_for(25s);
+        if (got_steady) {
+            steady.unlock();
         }
     }};
-    ASSERT_TRUE(eventually([&] { return zcard(srv, "{recovered}:queue") == 1; }));
-    EXPECT_TRUE(eventually([&] { return subscribed(srv, "{recovered}"); }))
+    ASSERT_TRUE(eventually([&] { return subscribed(srv, "{steady}"); }));
+    const std::string link = subscriber_ids(srv);
+    ASSERT_NE(link, "");
+
+    *conn.throw_naming = true;
+    auto short_holder = client.mutex("thrown", {.lease = 1s});
+    auto thrown = other.mutex("thrown", slow);
+    ASSERT_TRUE(short_holder.try_lock());
+    ASSERT_TRUE(thrown.try_lock_for(10s));
+    thrown.unlock();
+    EXPECT_GE(conn.thrown->load(), 1);
+    EXPECT_EQ(subscriber_ids(srv), link) << "the link of the other lock's waiter was dropped";
+    steady_holder.unlock();
+    EXPECT_TRUE(eventually([&] { return got_steady.load(); }, 3s));
+    steady_waiter.join();
+
+    *conn.throw_naming = false;
+    auto holder = client.mutex("thrown", slow);
+    ASSERT_TRUE(holder.try_lock());
+    std::atomic<bool> got{false};
+    std::jthread waiter{[&] {
+        got = thrown.try_lock_for(25s);
+        if (got) {
+            thrown.unlock();
+        }
+    }};
+    EXPECT_TRUE(eventually([&] { return subscribed(srv, "{thrown}"); }))
         << "the waiter's channel was not subscribed";
     holder.unlock();
     EXPECT_TRUE(eventually([&] { return got.load(); }, 3s));
-    t.join();
+    waiter.join();
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 
