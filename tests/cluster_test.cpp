@@ -753,20 +753,14 @@ TEST_F(ClusterConnection, WaitersAreWokenByTheReleaseOnEveryMaster) {
         auto holder = cc.mutex(name, slow);
         auto waiter = rival.mutex(name, slow);
         ASSERT_TRUE(holder.try_lock());
-        std::atomic<bool> got{false};
-        std::thread t{[&] {
-            got = waiter.try_lock_for(25s);
-            if (got) {
-                waiter.unlock();
-            }
-        }};
+        redislock::test::waiting_thread t{waiter, 25s};
         const std::string queue = redislock::detail::derived_key(name, "queue");
         const std::array<std::string_view, 2> zcard{"ZCARD", queue};
         ASSERT_TRUE(redislock::test::eventually(
             [&] { return direct(owner_of(name)).execute(zcard) == reply::integer(1); }));
         const auto released = std::chrono::steady_clock::now();
         holder.unlock();
-        EXPECT_TRUE(redislock::test::eventually([&] { return got.load(); }, 3s)) << name;
+        EXPECT_TRUE(redislock::test::eventually([&] { return t.got(); }, 3s)) << name;
         EXPECT_LT(std::chrono::steady_clock::now() - released, 3s) << name;
         t.join();
         EXPECT_FALSE(exists_on_owner(name)) << name;

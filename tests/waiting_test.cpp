@@ -32,6 +32,7 @@ using redislock::lock_options;
 using redislock::test::eventually;
 using redislock::test::redis_server;
 using redislock::test::stopwatch;
+using redislock::test::waiting_thread;
 
 // The three kinds behind one interface, for tests that hold for each.
 struct any_lock {
@@ -168,20 +169,14 @@ TEST_P(WaitingWithSpin, ReleaseWakesTheWaiterOfEveryKind) {
         redislock::client other{srv.uri(), redislock::client_options{.wait_spin = GetParam()}};
         any_lock waiter = make_lock(other, k == kind::writer ? kind::reader : k, "w", slow);
         ASSERT_TRUE(holder.try_lock_for(0ms));
-        std::atomic<bool> got{false};
-        std::jthread t{[&] {  // joined even when an assertion below ends the test
-            got = waiter.try_lock_for(25s);
-            if (got) {
-                waiter.unlock();  // locks belong to the thread that took them
-            }
-        }};
+        waiting_thread t{waiter, 25s};
         ASSERT_TRUE(eventually([&] { return zcard(srv, "{w}:queue") == 1; }));
         // Subscribed: a waiter that polls (every 50 ms at most, its grace over 2) would pass
         // the checks below too.
         ASSERT_TRUE(eventually([&] { return subscribed(srv, "{w}"); }));
         const stopwatch watch;
         holder.unlock();
-        ASSERT_TRUE(eventually([&] { return got.load(); }, 3s)) << "not woken by the release";
+        ASSERT_TRUE(eventually([&] { return t.got(); }, 3s)) << "not woken by the release";
         EXPECT_LT(watch.elapsed(), 3s);
         t.join();
         EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
@@ -230,26 +225,14 @@ TEST(Waiting, ChannelsAreSubscribedWhileAWaiterSpins) {
     ASSERT_TRUE(second_holder.try_lock());
     auto first = other.mutex("first", slow);
     auto second = other.mutex("second", slow);
-    std::atomic<bool> got_first{false};
-    std::atomic<bool> got_second{false};
-    std::jthread spinning{[&] {
-        got_first = first.try_lock_for(25s);
-        if (got_first) {
-            first.unlock();
-        }
-    }};
+    waiting_thread spinning{first, 25s};
     ASSERT_TRUE(eventually([&] { return zcard(srv, "{first}:queue") == 1; }));
-    std::jthread late{[&] {
-        got_second = second.try_lock_for(25s);
-        if (got_second) {
-            second.unlock();
-        }
-    }};
+    waiting_thread late{second, 25s};
     ASSERT_TRUE(eventually([&] { return zcard(srv, "{second}:queue") == 1; }));
     second_holder.unlock();
-    EXPECT_TRUE(eventually([&] { return got_second.load(); }, 3s)) << "not woken by the release";
+    EXPECT_TRUE(eventually([&] { return late.got(); }, 3s)) << "not woken by the release";
     first_holder.unlock();
-    EXPECT_TRUE(eventually([&] { return got_first.load(); }, 3s)) << "not woken by the release";
+    EXPECT_TRUE(eventually([&] { return spinning.got(); }, 3s)) << "not woken by the release";
     spinning.join();
     late.join();
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
@@ -269,17 +252,11 @@ TEST_P(WaitingWithSpin, LostSubscriberConnectionStillAcquiresWithinTheHoldersLea
     auto holder = client.mutex("lost", {.lease = lease});
     auto waiter = other.mutex("lost", {.lease = lease});
     ASSERT_TRUE(holder.try_lock());
-    std::atomic<bool> got{false};
-    std::jthread t{[&] {
-        got = waiter.try_lock_for(10s);
-        if (got) {
-            waiter.unlock();
-        }
-    }};
+    waiting_thread t{waiter, 10s};
     ASSERT_TRUE(eventually([&] { return zcard(srv, "{lost}:queue") == 1; }));
     EXPECT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "pubsub"}), "0");
     holder.unlock();
-    EXPECT_TRUE(eventually([&] { return got.load(); }, 3s));
+    EXPECT_TRUE(eventually([&] { return t.got(); }, 3s));
     t.join();
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
@@ -309,13 +286,7 @@ TEST(Waiting, NotifierOutlivesAConnectionThatThrows) {
     auto steady_holder = client.mutex("steady", slow);
     auto steady = other.mutex("steady", slow);
     ASSERT_TRUE(steady_holder.try_lock());
-    std::atomic<bool> got_steady{false};
-    std::jthread steady_waiter{[&] {
-        got_steady = steady.try_lock_for(25s);
-        if (got_steady) {
-            steady.unlock();
-        }
-    }};
+    waiting_thread steady_waiter{steady, 25s};
     ASSERT_TRUE(eventually([&] { return subscribed(srv, "{steady}"); }));
     const std::string link = subscriber_ids(srv);
     ASSERT_NE(link, "");
@@ -329,23 +300,17 @@ TEST(Waiting, NotifierOutlivesAConnectionThatThrows) {
     EXPECT_GE(conn.thrown->load(), 1);
     EXPECT_EQ(subscriber_ids(srv), link) << "the link of the other lock's waiter was dropped";
     steady_holder.unlock();
-    EXPECT_TRUE(eventually([&] { return got_steady.load(); }, 3s));
+    EXPECT_TRUE(eventually([&] { return steady_waiter.got(); }, 3s));
     steady_waiter.join();
 
     *conn.throw_naming = false;
     auto holder = client.mutex("thrown", slow);
     ASSERT_TRUE(holder.try_lock());
-    std::atomic<bool> got{false};
-    std::jthread waiter{[&] {
-        got = thrown.try_lock_for(25s);
-        if (got) {
-            thrown.unlock();
-        }
-    }};
+    waiting_thread waiter{thrown, 25s};
     EXPECT_TRUE(eventually([&] { return subscribed(srv, "{thrown}"); }))
         << "the waiter's channel was not subscribed";
     holder.unlock();
-    EXPECT_TRUE(eventually([&] { return got.load(); }, 3s));
+    EXPECT_TRUE(eventually([&] { return waiter.got(); }, 3s));
     waiter.join();
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
@@ -578,18 +543,12 @@ TEST(Waiting, HeadThatGivesUpPassesTheLockOn) {
         }
     }};
     ASSERT_TRUE(eventually([&] { return zcard(srv, "{pass}:queue") == 1; }));
-    std::atomic<bool> got{false};
-    std::thread t2{[&] {
-        got = second.try_lock_for(20s);
-        if (got) {
-            second.unlock();
-        }
-    }};
+    waiting_thread t2{second, 20s};
     ASSERT_TRUE(eventually([&] { return zcard(srv, "{pass}:queue") == 2; }));
     give_up.request_stop();
     t1.join();
     holder.unlock();
-    EXPECT_TRUE(eventually([&] { return got.load(); }, 5s));
+    EXPECT_TRUE(eventually([&] { return t2.got(); }, 5s));
     t2.join();
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }

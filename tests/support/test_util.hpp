@@ -66,6 +66,30 @@ private:
     std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
+/// A thread that waits up to `timeout` for `lock` and, once it has it, gives it back at once
+/// (a lock belongs to the thread that took it). Joined by join() or on destruction, so an
+/// assertion that ends a test does not leave it running.
+template <class Lock>
+class waiting_thread {
+public:
+    template <class Rep, class Period>
+    waiting_thread(Lock& lock, std::chrono::duration<Rep, Period> timeout)
+        : thread_{[this, &lock, timeout] {
+              got_ = lock.try_lock_for(timeout);
+              if (got_) {
+                  lock.unlock();
+              }
+          }} {}
+
+    /// True once the lock was taken.
+    bool got() const { return got_.load(); }
+    void join() { thread_.join(); }
+
+private:
+    std::atomic<bool> got_{false};
+    std::jthread thread_;  // last: started once got_ exists
+};
+
 /// Counts the on_lost calls of one lock: lock_options{.on_lost = counter.handler()}.
 struct lost_counter {
     std::atomic<int> calls{0};
