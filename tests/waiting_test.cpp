@@ -638,4 +638,120 @@ TEST(Waiting, UncontendedLocksTouchNoQueue) {
     EXPECT_TRUE(nothing_left(srv));
 }
 
+// A subscriber link whose server the test plays: it keeps what the notifier sends, and its read()
+// returns the replies the test queued, its fd readable while some are queued.
+struct scripted_wire {
+    std::mutex mutex;
+    std::vector<std::string> sent;  // "VERB channel"
+    std::vector<redislock::reply> queued;
+    int pipe[2]{-1, -1};
+
+    scripted_wire() {
+        if (::pipe(pipe) != 0) {
+            throw std::runtime_error{"pipe"};
+        }
+    }
+    ~scripted_wire() {
+        ::close(pipe[0]);
+        ::close(pipe[1]);
+    }
+    void push(redislock::reply r) {
+        std::lock_guard guard{mutex};
+        queued.push_back(std::move(r));
+        (void)!::write(pipe[1], "x", 1);
+    }
+    std::size_t count(const std::string& what) {
+        std::lock_guard guard{mutex};
+        return static_cast<std::size_t>(std::count(sent.begin(), sent.end(), what));
+    }
+};
+
+class scripted_link final : public redislock::subscriber_link {
+public:
+    explicit scripted_link(std::shared_ptr<scripted_wire> wire) : wire_{std::move(wire)} {}
+    int fd() const noexcept override { return wire_->pipe[0]; }
+    void send(redislock::command argv) override {
+        std::lock_guard guard{wire_->mutex};
+        wire_->sent.push_back(std::string{argv[0]} + " " + std::string{argv[1]});
+    }
+    void read(std::vector<redislock::reply>& out) override {
+        std::lock_guard guard{wire_->mutex};
+        char drained[64];
+        for (std::size_t i = 0; i < wire_->queued.size(); ++i) {
+            (void)!::read(wire_->pipe[0], drained, 1);
+        }
+        for (auto& r : wire_->queued) {
+            out.push_back(std::move(r));
+        }
+        wire_->queued.clear();
+    }
+
+private:
+    std::shared_ptr<scripted_wire> wire_;
+};
+
+redislock::reply push_message(const char* kind, const std::string& channel) {
+    using redislock::reply;
+    return reply::array({reply::string(kind), reply::string(channel), reply::integer(0)});
+}
+
+// A notifier on one scripted link, and what one enroll() of a waiter returned and when.
+struct scripted_notifier {
+    std::shared_ptr<scripted_wire> wire = std::make_shared<scripted_wire>();
+    redislock::detail::notifier notifier{
+        [w = wire](std::string_view) { return std::make_unique<scripted_link>(w); },
+        [](std::string_view) { return std::string{"node"}; }};
+    std::shared_ptr<redislock::detail::wake_slot> slot =
+        std::make_shared<redislock::detail::wake_slot>(100ms);
+
+    bool enroll(const std::string& channel, std::chrono::milliseconds budget) {
+        return notifier.enroll(channel, "w@1", slot, std::chrono::steady_clock::now() + budget,
+                               {});
+    }
+};
+
+// The server dropping a channel (its slot moved) whose subscription is not yet confirmed lets the
+// waiter in enroll() go at once, to poll and enroll anew, instead of at the end of its budget.
+TEST(Notifier, ChannelDroppedBeforeItsConfirmationEndsTheEnrollment) {
+    scripted_notifier n;
+    std::atomic<bool> done{false};
+    std::atomic<bool> on{true};
+    std::jthread waiter{[&] {
+        on = n.enroll("ch", 10s);
+        done = true;
+    }};
+    ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE ch") == 1; }));
+    n.wire->push(push_message("sunsubscribe", "ch"));
+    EXPECT_TRUE(eventually([&] { return done.load(); }, 3s)) << "enroll() waited for its budget";
+    waiter.join();
+    EXPECT_FALSE(on.load());
+    n.notifier.withdraw("ch", "w@1");
+}
+
+// A channel the server refused (NOPERM: no rights to it under an ACL) is not asked for again
+// before its pause is over, even once its waiters have all left: every new wait would otherwise
+// pay a refused subscription.
+TEST(Notifier, RefusedChannelStaysRefusedAfterItsWaitersLeave) {
+    scripted_notifier n;
+    std::atomic<bool> done{false};
+    std::jthread waiter{[&] {
+        EXPECT_FALSE(n.enroll("ch", 10s));
+        done = true;
+    }};
+    ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE ch") == 1; }));
+    n.wire->push(redislock::reply::error("NOPERM this user has no permissions to access the 'ch' "
+                                          "channel"));
+    ASSERT_TRUE(eventually([&] { return done.load(); }, 3s));
+    waiter.join();
+    n.notifier.withdraw("ch", "w@1");
+    // Rounds of the notifier's thread that find the channel without waiters (one every 200 ms).
+    std::this_thread::sleep_for(700ms);
+    const stopwatch watch;
+    EXPECT_FALSE(n.enroll("ch", 3s));
+    EXPECT_LT(watch.elapsed(), 2s);
+    n.notifier.withdraw("ch", "w@1");
+    std::this_thread::sleep_for(300ms);
+    EXPECT_EQ(n.wire->count("SSUBSCRIBE ch"), 1u) << "subscribed again within the pause";
+}
+
 }  // namespace

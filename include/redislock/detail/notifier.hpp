@@ -480,8 +480,9 @@ private:
                        now - ch.unused_since >= linger) {
                 ch.status = link_status::leaving;
                 to_send.emplace_back(it->first, "SUNSUBSCRIBE");
-            } else if (ch.status == link_status::idle && ch.waiters.empty()) {
-                it = channels_.erase(it);
+            } else if (ch.status == link_status::idle && ch.waiters.empty() &&
+                       now >= ch.retry_after) {
+                it = channels_.erase(it);  // a refused one is kept until its pause is over
                 continue;
             }
             ++it;
@@ -626,26 +627,32 @@ private:
             }
             settled_.notify_all();
         } else if (kind == "sunsubscribe") {
-            std::lock_guard guard{mutex_};
-            auto it = channels_.find(channel);
-            if (it == channels_.end()) {
-                return true;
-            }
-            channel_state& ch = it->second;
-            if (ch.status == link_status::leaving) {
-                // Someone enrolled while it was leaving: subscribe again (this may run on a
-                // spinner's thread, so the notifier's thread is told).
-                ch.status = ch.waiters.empty() ? link_status::idle : link_status::wanted;
-                if (ch.status == link_status::wanted) {
-                    poke();
+            {
+                std::lock_guard guard{mutex_};
+                auto it = channels_.find(channel);
+                if (it == channels_.end()) {
+                    return true;
                 }
-            } else {
+                channel_state& ch = it->second;
+                if (ch.status == link_status::leaving) {
+                    // Someone enrolled while it was leaving: subscribe again (this may run on a
+                    // spinner's thread, so the notifier's thread is told).
+                    ch.status = ch.waiters.empty() ? link_status::idle : link_status::wanted;
+                    if (ch.status == link_status::wanted) {
+                        poke();
+                    }
+                    return true;
+                }
                 // The server dropped it (its slot moved to another node): waiters may have
-                // missed a message; they try again and subscribe where the slot is now.
+                // missed a message; they try again and subscribe where the slot is now. One
+                // still waiting in enroll() for its confirmation is let go too.
+                std::erase(state.awaiting, channel);
                 ch.status = link_status::idle;
                 ch.node.clear();
+                ch.failed_at = steady::now();
                 wake_all_locked(ch);
             }
+            settled_.notify_all();
         }
         return true;
     }
