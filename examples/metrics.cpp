@@ -48,7 +48,7 @@ public:
     void print(std::ostream& out) const {
         out << "events:\n";
         for (std::size_t i = 0; i < counts_.size(); ++i) {
-            out << "  " << std::left << std::setw(16)
+            out << "  " << std::left << std::setw(21)
                 << redislock::to_string(static_cast<redislock::event_type>(i)) << std::right
                 << std::setw(6) << counts_[i].load() << '\n';
         }
@@ -75,7 +75,7 @@ public:
         }
         out << "losses by reason:\n";
         for (std::size_t i = 0; i < losses_.size(); ++i) {
-            out << "  " << std::left << std::setw(16)
+            out << "  " << std::left << std::setw(21)
                 << redislock::to_string(static_cast<redislock::loss_reason>(i)) << std::right
                 << std::setw(6) << losses_[i].load() << '\n';
         }
@@ -93,7 +93,7 @@ private:
     }
 
     static constexpr std::size_t event_types =
-        static_cast<std::size_t>(redislock::event_type::script_reloaded) + 1;
+        static_cast<std::size_t>(redislock::event_type::subscription_refused) + 1;
     static constexpr std::size_t loss_reasons =
         static_cast<std::size_t>(redislock::loss_reason::client_shutdown) + 1;
 

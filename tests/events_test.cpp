@@ -688,9 +688,45 @@ TEST(Events, OnLostAloneStillWorksAsAPlainCallback) {
 TEST(Events, NamesOfEveryEnumeratorAreSpelledOut) {
     EXPECT_EQ(redislock::to_string(event_type::acquired), "acquired");
     EXPECT_EQ(redislock::to_string(event_type::script_reloaded), "script_reloaded");
+    EXPECT_EQ(redislock::to_string(event_type::subscription_refused), "subscription_refused");
     EXPECT_EQ(redislock::to_string(lock_kind::shared_mutex_read), "shared_mutex_read");
     EXPECT_EQ(redislock::to_string(loss_reason::client_shutdown), "client_shutdown");
     EXPECT_EQ(redislock::to_string(loss_reason::server_lost), "server_lost");
+}
+
+// A client whose ACL user may not listen on a lock's channels (NOPERM) is told so once per
+// refusal, naming the lock; its waiter still gets the lock, by polling.
+TEST(Events, RefusedSubscriptionIsReportedAndTheWaiterPolls) {
+    redis_server srv;
+    ASSERT_EQ(srv.cli({"ACL", "SETUSER", "nochannels", "on", ">pw", "~*", "+@all",
+                       "resetchannels"}),
+              "OK");
+    std::mutex mutex;
+    std::vector<std::string> refusals;
+    redislock::client holder_client{srv.uri()};
+    redislock::client client{
+        "redis://nochannels:pw@127.0.0.1:" + std::to_string(srv.port()),
+        {.on_event = [&](const lock_event& e) {
+            if (e.type == event_type::subscription_refused) {
+                std::lock_guard guard{mutex};
+                refusals.push_back(std::string{e.name} + " " + std::string{e.detail});
+                EXPECT_EQ(e.kind, lock_kind::none);
+            }
+        }}};
+    const auto refused = [&] {
+        std::lock_guard guard{mutex};
+        return refusals;
+    };
+    auto holder = holder_client.mutex("acl", {.lease = 30s});
+    auto waiter = client.mutex("acl", {.lease = 30s});
+    ASSERT_TRUE(holder.try_lock());
+    redislock::test::waiting_thread t{waiter, 20s};
+    ASSERT_TRUE(eventually([&] { return !refused().empty(); }));
+    holder.unlock();
+    EXPECT_TRUE(eventually([&] { return t.got(); }, 5s));
+    t.join();
+    ASSERT_EQ(refused().size(), 1u);
+    EXPECT_EQ(refused().front().rfind("acl NOPERM", 0), 0u) << refused().front();
 }
 
 }  // namespace

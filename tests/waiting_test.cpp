@@ -695,18 +695,36 @@ redislock::reply push_message(const char* kind, const std::string& channel) {
     return reply::array({reply::string(kind), reply::string(channel), reply::integer(0)});
 }
 
-// A notifier on one scripted link, and what one enroll() of a waiter returned and when.
+// A notifier on one scripted link, for waiter 'w@1' of lock 'lk'. Its refusal reports are kept
+// as "name: why". With `node_throws` set, naming a channel's node throws.
 struct scripted_notifier {
     std::shared_ptr<scripted_wire> wire = std::make_shared<scripted_wire>();
+    std::atomic<bool> node_throws{false};
+    std::mutex reports_mutex;
+    std::vector<std::string> reports;
     redislock::detail::notifier notifier{
         [w = wire](std::string_view) { return std::make_unique<scripted_link>(w); },
-        [](std::string_view) { return std::string{"node"}; }};
+        [this](std::string_view) {
+            if (node_throws) {
+                throw std::runtime_error{"injected: no node"};
+            }
+            return std::string{"node"};
+        },
+        {},
+        [this](std::string_view name, std::string_view why) {
+            std::lock_guard guard{reports_mutex};
+            reports.push_back(std::string{name} + ": " + std::string{why});
+        }};
     std::shared_ptr<redislock::detail::wake_slot> slot =
         std::make_shared<redislock::detail::wake_slot>(100ms);
 
     bool enroll(const std::string& channel, std::chrono::milliseconds budget) {
-        return notifier.enroll(channel, "w@1", slot, std::chrono::steady_clock::now() + budget,
-                               {});
+        return notifier.enroll(channel, "lk", "w@1", slot,
+                               std::chrono::steady_clock::now() + budget, {});
+    }
+    std::vector<std::string> reported() {
+        std::lock_guard guard{reports_mutex};
+        return reports;
     }
 };
 
@@ -752,6 +770,20 @@ TEST(Notifier, RefusedChannelStaysRefusedAfterItsWaitersLeave) {
     n.notifier.withdraw("ch", "w@1");
     std::this_thread::sleep_for(300ms);
     EXPECT_EQ(n.wire->count("SSUBSCRIBE ch"), 1u) << "subscribed again within the pause";
+    const std::vector<std::string> expected{
+        "lk: NOPERM this user has no permissions to access the 'ch' channel"};
+    EXPECT_EQ(n.reported(), expected);
+}
+
+// A connection that cannot name a channel's node is reported like a refusal, with what it threw.
+TEST(Notifier, ConnectionThatCannotNameTheNodeIsReported) {
+    scripted_notifier n;
+    n.node_throws = true;
+    EXPECT_FALSE(n.enroll("ch", 3s));
+    ASSERT_TRUE(eventually([&] { return !n.reported().empty(); }));
+    EXPECT_EQ(n.reported().front(), "lk: injected: no node");
+    EXPECT_EQ(n.wire->count("SSUBSCRIBE ch"), 0u);
+    n.notifier.withdraw("ch", "w@1");
 }
 
 }  // namespace

@@ -22,6 +22,15 @@
 //   script_reloaded  | NOSCRIPT was answered with SCRIPT LOAD: the | name (the key it ran for),
 //                    | script's first use on a server, or after a  | detail (the script)
 //                    | restart, SCRIPT FLUSH or failover           |
+//   subscription_    | the channel a lock's waiters of this client | name (the lock), detail (the
+//   refused          | are told on was refused: the server said no | server's error, or what the
+//                    | (NOPERM under a channel ACL, MOVED while    | connection threw)
+//                    | its slot moves, no sharded pub/sub), or the |
+//                    | connection could not name its node. Those   |
+//                    | waiters poll, bounded by the holder's lease,|
+//                    | until it is asked for again (10 s after     |
+//                    | NOPERM, else 200 ms; never again without    |
+//                    | sharded pub/sub)                            |
 //
 // A lock's events come from its own calls, the client's watchdog and its loss timer; the
 // connection's from the connection (see below). An acquisition reports acquired once, then
@@ -67,7 +76,7 @@
 // or the reaper that finishes background releases); what the sentinel_connection's subscription
 // thread finds when it checks the master (after +switch-master, or after it subscribed again) is
 // reported on that thread: a pool opened to a new master, or a connection of the master's pool
-// reopened.
+// reopened; subscription_refused on the client's subscriber thread, once per refusal.
 //
 // Lifetime: the hook may be called as long as any lock of the client, or a release or queue
 // exit left to the background reaper, is alive: after the client itself is gone, and for a
@@ -99,6 +108,7 @@ enum class event_type {
     lost,             ///< a held lock was found lost
     reconnected,      ///< a broken connection was replaced, or a Sentinel master switched
     script_reloaded,  ///< NOSCRIPT was answered with SCRIPT LOAD
+    subscription_refused,  ///< waiters of a lock poll: their channel was refused
 };
 
 /// Which lock an event is about.
@@ -129,7 +139,8 @@ enum class loss_reason {
 struct lock_event {
     /// What happened.
     event_type type{};
-    /// Which kind of lock; lock_kind::none for events about the connection.
+    /// Which kind of lock; lock_kind::none for events about the connection, and for
+    /// subscription_refused.
     lock_kind kind = lock_kind::none;
     /// The lock's name; for reconnected the server ("host:port": the node, or the Sentinel
     /// master), for script_reloaded the key it ran for.
@@ -146,7 +157,8 @@ struct lock_event {
     std::chrono::milliseconds holder_ttl{-1};
     /// lost, renewal_failed: why.
     loss_reason reason = loss_reason::expired;
-    /// Free text: the script reloaded, the error a renewal got, a release left to the reaper.
+    /// Free text: the script reloaded, the error a renewal got, a release left to the reaper, why
+    /// a subscription was refused.
     std::string_view detail{};
 };
 
@@ -172,6 +184,8 @@ constexpr std::string_view to_string(event_type type) noexcept {
             return "reconnected";
         case event_type::script_reloaded:
             return "script_reloaded";
+        case event_type::subscription_refused:
+            return "subscription_refused";
     }
     return "unknown";
 }

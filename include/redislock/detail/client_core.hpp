@@ -39,8 +39,9 @@ std::chrono::milliseconds command_budget(const C& conn) {
 
 /// What a client's waiters share in one process: the local gates and the notifier.
 struct waiting_room {
-    waiting_room(notifier::opener open, notifier::node_namer node_of, steady::duration spin)
-        : notify{std::move(open), std::move(node_of), spin} {}
+    waiting_room(notifier::opener open, notifier::node_namer node_of, steady::duration spin,
+                 notifier::refusal_reporter report)
+        : notify{std::move(open), std::move(node_of), spin, std::move(report)} {}
 
     local_gates gates;
     notifier notify;
@@ -52,9 +53,11 @@ struct waiting_room {
 
 /// The notifier's way to open subscriber links over `conn`, when its type has one.
 template <connection C>
-std::unique_ptr<waiting_room> make_waiting_room(C& conn, steady::duration spin) {
+std::unique_ptr<waiting_room> make_waiting_room(C& conn, steady::duration spin,
+                                                const event_sink& events) {
     notifier::opener open;
     notifier::node_namer node_of;
+    notifier::refusal_reporter report;
     if constexpr (subscribing_connection<C>) {
         open = [&conn](std::string_view channel) { return conn.open_subscriber(channel); };
     }
@@ -65,7 +68,19 @@ std::unique_ptr<waiting_room> make_waiting_room(C& conn, steady::duration spin) 
             return std::string{conn.subscriber_node(channel)};
         };
     }
-    return std::make_unique<waiting_room>(std::move(open), std::move(node_of), spin);
+    if (events.observed()) {
+        report = [&events](std::string_view name, std::string_view why) {
+            events.emit([&] {
+                lock_event e;
+                e.type = event_type::subscription_refused;
+                e.name = name;
+                e.detail = why;
+                return e;
+            });
+        };
+    }
+    return std::make_unique<waiting_room>(std::move(open), std::move(node_of), spin,
+                                          std::move(report));
 }
 
 /// True for a connection that can tell when it opened a new connection after one broke.
@@ -110,7 +125,8 @@ struct client_core {
     C connection;
     std::string instance_id = token::random().str();
     per_process<loss_timer> timer{[] { return std::make_unique<loss_timer>(); }};
-    per_process<waiting_room> waiting{[this] { return make_waiting_room(connection, wait_spin); }};
+    per_process<waiting_room> waiting{
+        [this] { return make_waiting_room(connection, wait_spin, events); }};
     basic_watchdog<C> watchdog{connection, &events};
 };
 

@@ -191,7 +191,8 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 slot = std::make_shared<wake_slot>(grace);
             }
             const auto budget = steady::now() + command_budget(lk.core->connection);
-            (void)room.notify.enroll(listen, waiter_id(), slot, std::min(deadline, budget), stop);
+            (void)room.notify.enroll(listen, lk.name, waiter_id(), slot,
+                                    std::min(deadline, budget), stop);
         }
         if (slot) {
             slot->reset();

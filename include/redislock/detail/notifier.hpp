@@ -150,9 +150,16 @@ public:
     using opener = std::function<std::unique_ptr<subscriber_link>(std::string_view channel)>;
     /// Names the node that serves `channel`: waiters of one node share its link.
     using node_namer = std::function<std::string(std::string_view channel)>;
+    /// Told, on the notifier's thread with no lock held, that the channel of lock `name`'s
+    /// waiters was refused (`why`): they poll until it is asked for again.
+    using refusal_reporter = std::function<void(std::string_view name, std::string_view why)>;
 
-    notifier(opener open, node_namer node_of, steady::duration spin = {})
-        : open_{std::move(open)}, node_of_{std::move(node_of)}, spin_{spin} {}
+    notifier(opener open, node_namer node_of, steady::duration spin = {},
+             refusal_reporter report = {})
+        : open_{std::move(open)},
+          node_of_{std::move(node_of)},
+          report_{std::move(report)},
+          spin_{spin} {}
     notifier(const notifier&) = delete;
     notifier& operator=(const notifier&) = delete;
     ~notifier() {
@@ -178,11 +185,11 @@ public:
         return channel;
     }
 
-    /// Registers `slot` as waiter `id` on `channel` and subscribes the channel if it is not yet,
-    /// waiting for the server's confirmation until `until` or a stop request. True when
-    /// subscribed: a release that names `id` from now on wakes the slot. Left registered either
-    /// way until withdraw().
-    bool enroll(const std::string& channel, const std::string& id,
+    /// Registers `slot` as waiter `id` of lock `name` on `channel` and subscribes the channel if
+    /// it is not yet, waiting for the server's confirmation until `until` or a stop request. True
+    /// when subscribed: a release that names `id` from now on wakes the slot. Left registered
+    /// either way until withdraw().
+    bool enroll(const std::string& channel, std::string_view name, const std::string& id,
                 const std::shared_ptr<wake_slot>& slot, steady::time_point until,
                 const std::stop_token& stop) {
         if (!available()) {
@@ -193,6 +200,9 @@ public:
             return false;
         }
         channel_state& ch = channels_[channel];
+        if (ch.name.empty()) {
+            ch.name = name;
+        }
         ch.waiters[id] = slot;
         if (ch.status == link_status::active) {
             slot->set_subscribed(true);
@@ -279,6 +289,7 @@ private:
     enum class link_status { idle, wanted, sent, active, leaving };
 
     struct channel_state {
+        std::string name;  // the lock's, for a refusal's report
         std::map<std::string, std::shared_ptr<wake_slot>, std::less<>> waiters;
         link_status status = link_status::idle;
         std::string node;  // the link it was sent on
@@ -366,6 +377,7 @@ private:
         for (const std::string& channel : to_open) {
             open_link(channel, retry_at);
         }
+        report_refusals();
         // A spinner that starts after this pokes the pipe; a link it drops meanwhile only
         // ends the wait below early (its fd reports POLLNVAL).
         const bool spinning = spinners_.load(std::memory_order_acquire) > 0;
@@ -388,9 +400,50 @@ private:
         } else {
             wait_for_input(fds, buffered);
         }
-        std::lock_guard reading{links_mutex_};
-        read_links_locked(false);
+        {
+            std::lock_guard reading{links_mutex_};
+            read_links_locked(false);
+        }
+        report_refusals();
         return true;
+    }
+
+    // Needs mutex_. Keeps a refusal for report_refusals(); dropped when memory runs out.
+    void note_refusal_locked(const channel_state& ch, std::string_view why) noexcept {
+        if (!report_) {
+            return;
+        }
+        try {
+            refusals_.emplace_back(ch.name, why);
+            poke();  // refused on a spinner's thread: this thread tells it soon
+        } catch (...) {
+        }
+    }
+
+    // In a catch block: what the exception says.
+    static std::string_view message_of_current_exception() noexcept {
+        try {
+            throw;
+        } catch (const std::exception& e) {
+            return e.what();
+        } catch (...) {
+            return "an exception that is not a std::exception";
+        }
+    }
+
+    // Tells the refusals noted since the last call, with no lock held.
+    void report_refusals() {
+        std::vector<std::pair<std::string, std::string>> told;
+        {
+            std::lock_guard guard{mutex_};
+            told.swap(refusals_);
+        }
+        for (const auto& [name, why] : told) {
+            try {
+                report_(name, why);
+            } catch (...) {
+            }
+        }
     }
 
     // After a failed round: no link, and no channel subscribed again before retry_pause has
@@ -462,6 +515,7 @@ private:
                         ch.node = node_of_ ? node_of_(it->first) : std::string{};
                     } catch (...) {
                         // The connection cannot name the node now: its waiters poll a while.
+                        note_refusal_locked(ch, message_of_current_exception());
                         refuse_locked(ch, retry_pause);
                         settled_.notify_all();
                         ++it;
@@ -596,6 +650,11 @@ private:
             // while; its waiters poll meanwhile.
             if (r.text().find("unknown command") != std::string::npos) {
                 std::lock_guard guard{mutex_};
+                if (!state.awaiting.empty()) {
+                    if (auto it = channels_.find(state.awaiting.front()); it != channels_.end()) {
+                        note_refusal_locked(it->second, r.text());
+                    }
+                }
                 unsupported_ = true;
                 settled_.notify_all();
                 return false;
@@ -605,7 +664,7 @@ private:
             }
             const std::string channel = state.awaiting.front();
             state.awaiting.erase(state.awaiting.begin());
-            refuse(channel, r.is_error_code("NOPERM") ? refused_pause : retry_pause);
+            refuse(channel, r.is_error_code("NOPERM") ? refused_pause : retry_pause, r.text());
             return true;
         }
         if (!r.is_array() || r.elements().size() < 3) {
@@ -689,14 +748,16 @@ private:
         }
     }
 
-    // The server refused to subscribe `channel`: its waiters poll until `pause` has passed.
-    void refuse(const std::string& channel, steady::duration pause) {
+    // The server refused to subscribe `channel` (`why`): its waiters poll until `pause` has
+    // passed.
+    void refuse(const std::string& channel, steady::duration pause, std::string_view why) {
         {
             std::lock_guard guard{mutex_};
             auto it = channels_.find(channel);
             if (it == channels_.end()) {
                 return;
             }
+            note_refusal_locked(it->second, why);
             refuse_locked(it->second, pause);
         }
         settled_.notify_all();
@@ -741,6 +802,7 @@ private:
     const std::string id_suffix_ = "@" + std::string{token::random().view().substr(0, 16)};
     opener open_;
     node_namer node_of_;
+    refusal_reporter report_;
     steady::duration spin_;
     std::atomic<int> spinners_{0};    // waiters in wait()'s spin
     std::atomic<bool> poked_{false};  // the pipe may hold a byte (see wait_while_spinning)
@@ -750,6 +812,7 @@ private:
     std::mutex mutex_;
     std::condition_variable_any settled_;
     std::map<std::string, channel_state> channels_;
+    std::vector<std::pair<std::string, std::string>> refusals_;  // lock name, why; not yet told
     bool stopping_ = false;
     bool unsupported_ = false;
     int pipe_[2]{-1, -1};
