@@ -696,12 +696,14 @@ redislock::reply push_message(const char* kind, const std::string& channel) {
 }
 
 // A notifier on one scripted link, for waiter 'w@1' of lock 'lk'. Its refusal reports are kept
-// as "name: why". With `node_throws` set, naming a channel's node throws.
+// as "name: why", and `after_report` runs after each. With `node_throws` set, naming a channel's
+// node throws.
 struct scripted_notifier {
     std::shared_ptr<scripted_wire> wire = std::make_shared<scripted_wire>();
     std::atomic<bool> node_throws{false};
     std::mutex reports_mutex;
     std::vector<std::string> reports;
+    std::function<void()> after_report = [] {};
     redislock::detail::notifier notifier{
         [w = wire](std::string_view) { return std::make_unique<scripted_link>(w); },
         [this](std::string_view) {
@@ -712,8 +714,11 @@ struct scripted_notifier {
         },
         {},
         [this](std::string_view name, std::string_view why) {
-            std::lock_guard guard{reports_mutex};
-            reports.push_back(std::string{name} + ": " + std::string{why});
+            {
+                std::lock_guard guard{reports_mutex};
+                reports.push_back(std::string{name} + ": " + std::string{why});
+            }
+            after_report();
         }};
     std::shared_ptr<redislock::detail::wake_slot> slot =
         std::make_shared<redislock::detail::wake_slot>(100ms);
@@ -722,15 +727,24 @@ struct scripted_notifier {
         return notifier.enroll(channel, "lk", "w@1", slot,
                                std::chrono::steady_clock::now() + budget, {});
     }
+    // Replies that come in one read.
+    void push(std::vector<redislock::reply> replies) {
+        std::lock_guard guard{wire->mutex};
+        for (auto& r : replies) {
+            wire->queued.push_back(std::move(r));
+            (void)!::write(wire->pipe[1], "x", 1);
+        }
+    }
     std::vector<std::string> reported() {
         std::lock_guard guard{reports_mutex};
         return reports;
     }
 };
 
-// The server dropping a channel (its slot moved) whose subscription is not yet confirmed lets the
-// waiter in enroll() go at once, to poll and enroll anew, instead of at the end of its budget.
-TEST(Notifier, ChannelDroppedBeforeItsConfirmationEndsTheEnrollment) {
+// The server confirming a subscription and dropping the channel right after (its slot moved),
+// both read at once before the waiter in enroll() looked, lets that waiter go at once, to poll
+// and enroll anew, instead of at the end of its budget.
+TEST(Notifier, ChannelDroppedRightAfterItsConfirmationEndsTheEnrollment) {
     scripted_notifier n;
     std::atomic<bool> done{false};
     std::atomic<bool> on{true};
@@ -739,11 +753,57 @@ TEST(Notifier, ChannelDroppedBeforeItsConfirmationEndsTheEnrollment) {
         done = true;
     }};
     ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE ch") == 1; }));
-    n.wire->push(push_message("sunsubscribe", "ch"));
+    n.push({push_message("ssubscribe", "ch"), push_message("sunsubscribe", "ch")});
     EXPECT_TRUE(eventually([&] { return done.load(); }, 3s)) << "enroll() waited for its budget";
     waiter.join();
     EXPECT_FALSE(on.load());
     n.notifier.withdraw("ch", "w@1");
+}
+
+// A drop the server announces while an SSUBSCRIBE of the same channel is still unanswered (the
+// answer to an earlier SUNSUBSCRIBE) does not shift which channel a later error refuses.
+TEST(Notifier, StrayDropDoesNotShiftTheNextRefusal) {
+    scripted_notifier n;
+    auto other_slot = std::make_shared<redislock::detail::wake_slot>(100ms);
+    std::jthread first{[&] { (void)n.enroll("a", 3s); }};
+    ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE a") == 1; }));
+    std::jthread second{[&] {
+        (void)n.notifier.enroll("b", "other", "w@2", other_slot,
+                                std::chrono::steady_clock::now() + 3s, {});
+    }};
+    ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE b") == 1; }));
+    n.push({push_message("sunsubscribe", "a"), redislock::reply::error("MOVED 1 127.0.0.1:1"),
+            push_message("ssubscribe", "b")});
+    ASSERT_TRUE(eventually([&] { return !n.reported().empty(); }));
+    const std::vector<std::string> expected{"lk: MOVED 1 127.0.0.1:1"};
+    EXPECT_EQ(n.reported(), expected);
+    first.join();
+    second.join();
+    n.notifier.withdraw("a", "w@1");
+    n.notifier.withdraw("b", "w@2");
+}
+
+// A hook that stops the notifier (as dropping the last reference to its client does, on its
+// thread) is not called again: refusals still queued are dropped, since what the hook reports
+// to may be gone.
+TEST(Notifier, NoReportAfterTheHookStoppedTheNotifier) {
+    scripted_notifier n;
+    n.after_report = [&] { n.notifier.stop(); };
+    auto other_slot = std::make_shared<redislock::detail::wake_slot>(100ms);
+    std::jthread first{[&] { (void)n.enroll("a", 3s); }};
+    ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE a") == 1; }));
+    std::jthread second{[&] {
+        (void)n.notifier.enroll("b", "other", "w@2", other_slot,
+                                std::chrono::steady_clock::now() + 3s, {});
+    }};
+    ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE b") == 1; }));
+    n.push({redislock::reply::error("NOPERM a"), redislock::reply::error("NOPERM b")});
+    first.join();
+    second.join();
+    std::this_thread::sleep_for(200ms);
+    EXPECT_EQ(n.reported().size(), 1u);
+    n.notifier.withdraw("a", "w@1");
+    n.notifier.withdraw("b", "w@2");
 }
 
 // A channel the server refused (NOPERM: no rights to it under an ACL) is not asked for again

@@ -377,7 +377,9 @@ private:
         for (const std::string& channel : to_open) {
             open_link(channel, retry_at);
         }
-        report_refusals();
+        if (!report_refusals()) {
+            return false;
+        }
         // A spinner that starts after this pokes the pipe; a link it drops meanwhile only
         // ends the wait below early (its fd reports POLLNVAL).
         const bool spinning = spinners_.load(std::memory_order_acquire) > 0;
@@ -404,8 +406,7 @@ private:
             std::lock_guard reading{links_mutex_};
             read_links_locked(false);
         }
-        report_refusals();
-        return true;
+        return report_refusals();
     }
 
     // Needs mutex_. Keeps a refusal for report_refusals(); dropped when memory runs out.
@@ -431,11 +432,17 @@ private:
         }
     }
 
-    // Tells the refusals noted since the last call, with no lock held.
-    void report_refusals() {
+    // Tells the refusals noted since the last call, with no lock held. False once stopping: a
+    // hook (this one, or one a connection told while opening a link) may have dropped the last
+    // reference to the client, whose event sink and connection are then gone, and this thread
+    // must touch neither again.
+    bool report_refusals() {
         std::vector<std::pair<std::string, std::string>> told;
         {
             std::lock_guard guard{mutex_};
+            if (stopping_) {
+                return false;
+            }
             told.swap(refusals_);
         }
         for (const auto& [name, why] : told) {
@@ -443,7 +450,12 @@ private:
                 report_(name, why);
             } catch (...) {
             }
+            std::lock_guard guard{mutex_};
+            if (stopping_) {
+                return false;
+            }
         }
+        return true;
     }
 
     // After a failed round: no link, and no channel subscribed again before retry_pause has
@@ -705,7 +717,6 @@ private:
                 // The server dropped it (its slot moved to another node): waiters may have
                 // missed a message; they try again and subscribe where the slot is now. One
                 // still waiting in enroll() for its confirmation is let go too.
-                std::erase(state.awaiting, channel);
                 ch.status = link_status::idle;
                 ch.node.clear();
                 ch.failed_at = steady::now();
