@@ -87,8 +87,9 @@
 // in line for that name, so a slow hook delays the process's other waiters for it, and a hook
 // that locks the same name on the same thread waits behind itself. It should be short: the
 // watchdog, loss timer and subscriber threads serve every lock of the client (while it runs on
-// the subscriber thread, no waiter of the client hears of a release). Do not wait for a lock in a
-// subscription_refused hook: that wait's subscription needs the thread the hook holds. It must
+// the subscriber thread, no sleeping waiter of the client hears of a release). Do not wait for a
+// lock in a subscription_refused hook: each attempt of that wait would wait out the command
+// timeout for a subscription only the thread the hook holds can make. It must
 // not throw; an exception it throws is caught and dropped. The string_views in an event are valid
 // during the call only.
 #pragma once

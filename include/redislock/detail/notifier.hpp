@@ -351,6 +351,9 @@ private:
                     return;
                 }
             } catch (...) {
+                if (stopped()) {
+                    return;  // the links' connection may be gone (see report_refusals)
+                }
                 retry_at = steady::now() + retry_pause;
                 reset();
                 pollfd pipe{pipe_[0], POLLIN, 0};
@@ -376,6 +379,9 @@ private:
         // With no lock held: opening may resolve a master and tell the event hook.
         for (const std::string& channel : to_open) {
             open_link(channel, retry_at);
+            if (stopped()) {
+                return false;  // see report_refusals
+            }
         }
         if (!report_refusals()) {
             return false;
@@ -430,6 +436,11 @@ private:
         } catch (...) {
             return "an exception that is not a std::exception";
         }
+    }
+
+    bool stopped() {
+        std::lock_guard guard{mutex_};
+        return stopping_;
     }
 
     // Tells the refusals noted since the last call, with no lock held. False once stopping: a
@@ -687,7 +698,11 @@ private:
         if (kind == "smessage") {
             deliver(channel, r.elements()[2].text());
         } else if (kind == "ssubscribe") {
-            std::erase(state.awaiting, channel);
+            // The oldest one sent: a channel may await two answers (sent again after a drop).
+            if (auto sent = std::find(state.awaiting.begin(), state.awaiting.end(), channel);
+                sent != state.awaiting.end()) {
+                state.awaiting.erase(sent);
+            }
             std::lock_guard guard{mutex_};
             if (auto it = channels_.find(channel); it != channels_.end()) {
                 it->second.status = link_status::active;

@@ -28,7 +28,9 @@ public:
         }
         // A T that owns a thread may be destroyed from that very thread (a callback that drops
         // the last reference to its client): it is stopped and left allocated, since the thread
-        // still runs its loop when the callback returns.
+        // still runs its loop when the callback returns. What it holds (a notifier's subscriber
+        // links, its pipe) stays open until the process exits: closing links after their
+        // connection is gone is not safe.
         if constexpr (requires(T & t) {
                           t.runs_on_this_thread();
                           t.stop();
