@@ -727,6 +727,13 @@ struct scripted_notifier {
         return notifier.enroll(channel, "lk", "w@1", slot,
                                std::chrono::steady_clock::now() + budget, {});
     }
+    // The same for waiter 'w@2' of lock 'other'.
+    std::shared_ptr<redislock::detail::wake_slot> other_slot =
+        std::make_shared<redislock::detail::wake_slot>(100ms);
+    bool enroll_other(const std::string& channel, std::chrono::milliseconds budget) {
+        return notifier.enroll(channel, "other", "w@2", other_slot,
+                               std::chrono::steady_clock::now() + budget, {});
+    }
     // Replies that come in one read.
     void push(std::vector<redislock::reply> replies) {
         std::lock_guard guard{wire->mutex};
@@ -763,30 +770,21 @@ TEST(Notifier, ChannelDroppedRightAfterItsConfirmationEndsTheEnrollment) {
 // answer to an earlier SUNSUBSCRIBE) does not shift which channel a later error refuses.
 TEST(Notifier, StrayDropDoesNotShiftTheNextRefusal) {
     scripted_notifier n;
-    auto other_slot = std::make_shared<redislock::detail::wake_slot>(100ms);
     std::jthread first{[&] { (void)n.enroll("a", 3s); }};
     ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE a") == 1; }));
-    std::jthread second{[&] {
-        (void)n.notifier.enroll("b", "other", "w@2", other_slot,
-                                std::chrono::steady_clock::now() + 3s, {});
-    }};
+    std::jthread second{[&] { (void)n.enroll_other("b", 3s); }};
     ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE b") == 1; }));
     n.push({push_message("sunsubscribe", "a"), redislock::reply::error("MOVED 1 127.0.0.1:1"),
             push_message("ssubscribe", "b")});
     ASSERT_TRUE(eventually([&] { return !n.reported().empty(); }));
     const std::vector<std::string> expected{"lk: MOVED 1 127.0.0.1:1"};
     EXPECT_EQ(n.reported(), expected);
-    first.join();
-    second.join();
-    n.notifier.withdraw("a", "w@1");
-    n.notifier.withdraw("b", "w@2");
 }
 
 // A channel subscribed again after a stray drop awaits two answers; the first confirmation
 // accounts for one of them only, so an error after it still refuses that channel.
 TEST(Notifier, ChannelAwaitingTwoAnswersIsConfirmedOnce) {
     scripted_notifier n;
-    auto other_slot = std::make_shared<redislock::detail::wake_slot>(100ms);
     std::jthread first{[&] {
         (void)n.enroll("a", 3s);  // let go by the drop below
         (void)n.enroll("a", 3s);  // sent again
@@ -794,20 +792,13 @@ TEST(Notifier, ChannelAwaitingTwoAnswersIsConfirmedOnce) {
     ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE a") == 1; }));
     n.push({push_message("sunsubscribe", "a")});
     ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE a") == 2; }));
-    std::jthread second{[&] {
-        (void)n.notifier.enroll("b", "other", "w@2", other_slot,
-                                std::chrono::steady_clock::now() + 3s, {});
-    }};
+    std::jthread second{[&] { (void)n.enroll_other("b", 3s); }};
     ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE b") == 1; }));
     n.push({push_message("ssubscribe", "a"), redislock::reply::error("MOVED 1 127.0.0.1:1"),
             push_message("ssubscribe", "b")});
     ASSERT_TRUE(eventually([&] { return !n.reported().empty(); }));
     const std::vector<std::string> expected{"lk: MOVED 1 127.0.0.1:1"};
     EXPECT_EQ(n.reported(), expected);
-    first.join();
-    second.join();
-    n.notifier.withdraw("a", "w@1");
-    n.notifier.withdraw("b", "w@2");
 }
 
 // A hook that stops the notifier (as dropping the last reference to its client does, on its
@@ -816,21 +807,15 @@ TEST(Notifier, ChannelAwaitingTwoAnswersIsConfirmedOnce) {
 TEST(Notifier, NoReportAfterTheHookStoppedTheNotifier) {
     scripted_notifier n;
     n.after_report = [&] { n.notifier.stop(); };
-    auto other_slot = std::make_shared<redislock::detail::wake_slot>(100ms);
     std::jthread first{[&] { (void)n.enroll("a", 3s); }};
     ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE a") == 1; }));
-    std::jthread second{[&] {
-        (void)n.notifier.enroll("b", "other", "w@2", other_slot,
-                                std::chrono::steady_clock::now() + 3s, {});
-    }};
+    std::jthread second{[&] { (void)n.enroll_other("b", 3s); }};
     ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE b") == 1; }));
     n.push({redislock::reply::error("NOPERM a"), redislock::reply::error("NOPERM b")});
     first.join();
     second.join();
     std::this_thread::sleep_for(200ms);
     EXPECT_EQ(n.reported().size(), 1u);
-    n.notifier.withdraw("a", "w@1");
-    n.notifier.withdraw("b", "w@2");
 }
 
 // A channel the server refused (NOPERM: no rights to it under an ACL) is not asked for again
