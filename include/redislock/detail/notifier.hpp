@@ -732,10 +732,7 @@ private:
                 // The server dropped it (its slot moved to another node): waiters may have
                 // missed a message; they try again and subscribe where the slot is now. One
                 // still waiting in enroll() for its confirmation is let go too.
-                ch.status = link_status::idle;
-                ch.node.clear();
-                ch.failed_at = steady::now();
-                wake_all_locked(ch);
+                fail_locked(ch, steady::now());
             }
             settled_.notify_all();
         }
@@ -792,10 +789,16 @@ private:
     // Needs mutex_. Leaves `ch` unsubscribed until `pause` has passed; its waiters poll.
     static void refuse_locked(channel_state& ch, steady::duration pause) noexcept {
         const auto now = steady::now();
+        fail_locked(ch, now);
+        ch.retry_after = std::max(ch.retry_after, now + pause);
+    }
+
+    // Needs mutex_. `ch` is no longer subscribed (as of `now`): its waiters, who may have missed
+    // a message or still wait in enroll(), are woken to try again.
+    static void fail_locked(channel_state& ch, steady::time_point now) noexcept {
         ch.status = link_status::idle;
         ch.node.clear();
         ch.failed_at = now;
-        ch.retry_after = std::max(ch.retry_after, now + pause);
         wake_all_locked(ch);
     }
 
@@ -811,10 +814,7 @@ private:
                 if (ch.node != node) {
                     continue;
                 }
-                ch.status = link_status::idle;
-                ch.failed_at = now;
-                ch.node.clear();
-                wake_all_locked(ch);
+                fail_locked(ch, now);
             }
         }
         settled_.notify_all();
