@@ -14,9 +14,15 @@
 //                                         (and left after it); each iteration lock() + unlock()
 //                                         at depth 1: a re-entry and its leave, each a script
 //                                         that changes the owner's count and sets the lease again
+//   recursive_mutex_outermost_paired      outermost lock() + unlock() and one raw pair in turn
+//                                         within each iteration (see paired_with_raw)
+//   recursive_mutex_vs_own_scripts_paired outermost lock() + unlock() and, by hand over the raw
+//                                         connection, the two EVALSHAs the library sends for
+//                                         them (same scripts, keys and arguments) in turn
 //
 // A re-entry is counted in Redis, not locally, so it costs the same two round trips as the raw
-// pair; the ratios show what the scripts and the library add on top of them.
+// pair; the ratios show what the scripts and the library add on top of them. The last variant
+// leaves the scripts out: its ratio is what the library's client side adds.
 // Repetitions run in random interleaving (10 by default), so drift of the machine spreads over
 // all variants alike. After Google Benchmark's table, one line per variant:
 //   ratio <name>: <median real time of raw_hiredis / median real time of the variant>
@@ -26,7 +32,9 @@
 
 #include <benchmark/benchmark.h>
 
+#include <array>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 #include <redislock/redislock.hpp>
@@ -46,6 +54,40 @@ void bench_reentry(benchmark::State& state, redislock::recursive_mutex& m) {
     }
 }
 
+// An outermost acquisition and its release sent by hand: the library's recursive_acquire and
+// recursive_release with the arguments it sends for an uncontended lock() + unlock().
+class own_scripts {
+public:
+    explicit own_scripts(redislock::bench::raw_baseline& raw)
+        : raw_{&raw},
+          acquire_{redislock::bench::load_script(raw, redislock::detail::scripts::recursive_acquire)},
+          release_{redislock::bench::load_script(raw, redislock::detail::scripts::recursive_release)},
+          lock_{"bench:recursive_raw_scripts"} {}
+
+    bool operator()() {
+        using redislock::bench::command;
+        const std::string id{tokens_.next()};
+        const auto& a = lock_;
+        const auto acquired = command(
+            raw_->ctx.get(),
+            std::array<std::string_view, 15>{"EVALSHA", acquire_, "2", a.name, a.fence, a.owner,
+                                             a.lease, "0", id, "1", "", "w", "0", a.queue,
+                                             a.lapses});
+        const auto released = command(
+            raw_->ctx.get(),
+            std::array<std::string_view, 12>{"EVALSHA", release_, "1", a.name, a.owner, "1",
+                                             a.lease, a.channel, id, a.grace, a.queue, a.lapses});
+        return redislock::bench::entered(acquired) && redislock::bench::released(released);
+    }
+
+private:
+    redislock::bench::raw_baseline* raw_;
+    std::string acquire_;
+    std::string release_;
+    redislock::bench::library_arguments lock_;
+    redislock::bench::raw_token tokens_;
+};
+
 void register_variants(redislock::bench::suite& suite) {
     redislock::client& client = suite.client();
     suite.add("recursive_mutex_outermost_lock_unlock",
@@ -58,6 +100,11 @@ void register_variants(redislock::bench::suite& suite) {
                      [m = client.recursive_mutex("bench:recursive_paired")]() mutable {
                          return redislock::bench::lock_unlock_once(m);
                      });
+    suite.add_paired_against(
+        "recursive_mutex_vs_own_scripts_paired", own_scripts{suite.raw()},
+        [m = client.recursive_mutex("bench:recursive_vs_scripts")]() mutable {
+            return redislock::bench::lock_unlock_once(m);
+        });
 }
 
 }  // namespace

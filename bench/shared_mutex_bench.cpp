@@ -13,6 +13,12 @@
 //                                   client, whose connection pool gives each thread its own
 //                                   connection; each thread loops lock_shared() + unlock_shared()
 //                                   while the others hold the lock too
+//   shared_mutex_{read,write}_paired  the read / write lock + unlock and one raw pair in turn
+//                                   within each iteration (see paired_with_raw)
+//   shared_mutex_{read,write}_vs_own_scripts_paired
+//                                   the same lock + unlock and, by hand over the raw connection,
+//                                   the two EVALSHAs the library sends for it (same scripts, keys
+//                                   and arguments) in turn: what the library's client side adds
 // The single-thread variants each run over one persistent connection.
 //
 // Repetitions run in random interleaving (10 by default), so drift of the machine spreads over
@@ -29,7 +35,9 @@
 
 #include <benchmark/benchmark.h>
 
+#include <array>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 #include <redislock/redislock.hpp>
@@ -59,6 +67,43 @@ void bench_readers(benchmark::State& state, redislock::shared_mutex& m) {
     redislock::bench::count_rate(state);
 }
 
+// A read or write acquisition and its release sent by hand: the library's shared_acquire and
+// shared_release with the arguments it sends for an uncontended lock_shared() + unlock_shared()
+// or lock() + unlock().
+class own_scripts {
+public:
+    own_scripts(redislock::bench::raw_baseline& raw, std::string_view mode)
+        : raw_{&raw},
+          acquire_{redislock::bench::load_script(raw, redislock::detail::scripts::shared_acquire)},
+          release_{redislock::bench::load_script(raw, redislock::detail::scripts::shared_release)},
+          mode_{mode},
+          lock_{"bench:shared_raw_scripts_" + std::string{mode}} {}
+
+    bool operator()() {
+        using redislock::bench::command;
+        const std::string id{tokens_.next()};
+        const auto& a = lock_;
+        const auto acquired = command(
+            raw_->ctx.get(),
+            std::array<std::string_view, 16>{"EVALSHA", acquire_, "2", a.name, a.fence, a.owner,
+                                             mode_, a.lease, "0", mode_, id, "1", "", "0",
+                                             a.queue, a.lapses});
+        const auto released = command(
+            raw_->ctx.get(),
+            std::array<std::string_view, 12>{"EVALSHA", release_, "1", a.name, a.owner, mode_, "1",
+                                             a.channel, id, a.grace, a.queue, a.lapses});
+        return redislock::bench::entered(acquired) && redislock::bench::released(released);
+    }
+
+private:
+    redislock::bench::raw_baseline* raw_;
+    std::string acquire_;
+    std::string release_;
+    std::string mode_;
+    redislock::bench::library_arguments lock_;
+    redislock::bench::raw_token tokens_;
+};
+
 void register_variants(redislock::bench::suite& suite) {
     redislock::client& client = suite.client();
     suite.add("shared_mutex_read_lock_unlock",
@@ -80,6 +125,19 @@ void register_variants(redislock::bench::suite& suite) {
                      [m = client.shared_mutex("bench:shared_paired_write")]() mutable {
                          return redislock::bench::lock_unlock_once(m);
                      });
+    suite.add_paired_against("shared_mutex_read_vs_own_scripts_paired",
+                             own_scripts{suite.raw(), "r"},
+                             [m = client.shared_mutex("bench:shared_vs_scripts_read")]() mutable {
+                                 std::error_code ec;
+                                 m.lock_shared();
+                                 m.unlock_shared(ec);
+                                 return !ec;
+                             });
+    suite.add_paired_against("shared_mutex_write_vs_own_scripts_paired",
+                             own_scripts{suite.raw(), "w"},
+                             [m = client.shared_mutex("bench:shared_vs_scripts_write")]() mutable {
+                                 return redislock::bench::lock_unlock_once(m);
+                             });
     // Created once, before any run: Google Benchmark calls this one function object from all
     // reader threads.
     suite

@@ -32,6 +32,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -141,34 +142,80 @@ inline void bench_raw(benchmark::State& state, raw_baseline& raw) {
 // The counter a paired variant reports: raw time / variant time over the run.
 inline constexpr std::string_view paired_counter = "paired_ratio";
 
-// Each iteration runs one raw pair and one `op()` back to back, alternating which goes first,
-// and times each: both see the same moment of the machine, so its drift (which moves separate
-// runs by more than the difference measured) cancels out. The run's time is that of both.
-template <class Op>
-void paired_with_raw(benchmark::State& state, raw_baseline& raw, Op&& op) {
+// Each iteration runs one `baseline()` and one `op()` back to back, alternating which goes
+// first, and times each: both see the same moment of the machine, so its drift (which moves
+// separate runs by more than the difference measured) cancels out. The run's time is that of
+// both; paired_counter is baseline time / op time. Each returns false when it did not succeed.
+template <class Baseline, class Op>
+void paired(benchmark::State& state, Baseline&& baseline, Op&& op) {
     using clock = std::chrono::steady_clock;
-    raw_token tokens;
-    clock::duration raw_time{};
+    clock::duration baseline_time{};
     clock::duration op_time{};
-    bool raw_first = false;
+    bool baseline_first = false;
     for (auto _ : state) {
-        raw_first = !raw_first;
+        baseline_first = !baseline_first;
         const auto t0 = clock::now();
-        const bool first_ok = raw_first ? raw_pair(raw, tokens) : op();
+        const bool first_ok = baseline_first ? baseline() : op();
         const auto t1 = clock::now();
-        const bool second_ok = raw_first ? op() : raw_pair(raw, tokens);
+        const bool second_ok = baseline_first ? op() : baseline();
         const auto t2 = clock::now();
         if (!first_ok || !second_ok) {
-            state.SkipWithError("a paired raw or variant operation did not succeed");
+            state.SkipWithError("a paired baseline or variant operation did not succeed");
             break;
         }
-        raw_time += raw_first ? t1 - t0 : t2 - t1;
-        op_time += raw_first ? t2 - t1 : t1 - t0;
+        baseline_time += baseline_first ? t1 - t0 : t2 - t1;
+        op_time += baseline_first ? t2 - t1 : t1 - t0;
     }
     if (op_time.count() > 0) {
         state.counters[std::string{paired_counter}] =
-            static_cast<double>(raw_time.count()) / static_cast<double>(op_time.count());
+            static_cast<double>(baseline_time.count()) / static_cast<double>(op_time.count());
     }
+}
+
+// paired() against one raw pair (raw_pair()).
+template <class Op>
+void paired_with_raw(benchmark::State& state, raw_baseline& raw, Op&& op) {
+    raw_token tokens;
+    paired(state, [&] { return raw_pair(raw, tokens); }, op);
+}
+
+// SCRIPT LOAD of one of the library's scripts on the raw connection, for a baseline that sends
+// the library's own script calls by hand.
+inline std::string load_script(raw_baseline& raw, const redislock::script& s) {
+    const reply_ptr loaded =
+        command(raw.ctx.get(), std::array<std::string_view, 3>{"SCRIPT", "LOAD", s.source});
+    if (!loaded || loaded->type != REDIS_REPLY_STRING) {
+        throw std::runtime_error{"SCRIPT LOAD of " + std::string{s.name} + " failed"};
+    }
+    return std::string{loaded->str, loaded->len};
+}
+
+// The keys and arguments the library sends for a lock named `name` with default options, taken
+// by a thread of a fresh owner, for baselines that send its scripts by hand.
+struct library_arguments {
+    explicit library_arguments(std::string_view lock_name)
+        : name{lock_name},
+          fence{redislock::detail::derived_key(name, "fence")},
+          channel{redislock::detail::derived_key(name, "released")},
+          queue{redislock::detail::derived_key(name, "queue")},
+          lapses{redislock::detail::derived_key(name, "waiting")},
+          lease{std::to_string(redislock::lock_options{}.lease.count())},
+          grace{std::to_string(
+              redislock::detail::handoff_grace(redislock::lock_options{}.lease).count())},
+          owner{redislock::detail::owner_id(redislock::detail::token::random().str(), "")} {}
+
+    std::string name, fence, channel, queue, lapses, lease, grace, owner;
+};
+
+// True when `r` is an entry script's "entered" reply ({1, fence, id}).
+inline bool entered(const reply_ptr& r) {
+    return r && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+           r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 1;
+}
+
+// True when `r` is a release script's "released, no one waits" reply (1).
+inline bool released(const reply_ptr& r) {
+    return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
 }
 
 // One lock() + unlock() of any of the library's locks; false if the release failed.
@@ -356,15 +403,31 @@ public:
     // `paired ratio <name>: ...` line. `op` does one operation and returns false if it failed.
     template <class Op>
     benchmark::internal::Benchmark* add_paired(std::string_view name, Op op) {
+        return add_paired_against(name, nullptr, std::move(op));
+    }
+
+    // The same against another baseline, `baseline()`, with the same contract as `op`; nullptr
+    // stands for raw_hiredis.
+    template <class Baseline, class Op>
+    benchmark::internal::Benchmark* add_paired_against(std::string_view name, Baseline baseline,
+                                                       Op op) {
         const std::string text{name};
         reporter_.expect_paired(text);
         return benchmark::RegisterBenchmark(
                    text.c_str(),
-                   [this, op = std::move(op)](benchmark::State& state) mutable {
-                       paired_with_raw(state, raw_, op);
+                   [this, baseline = std::move(baseline),
+                    op = std::move(op)](benchmark::State& state) mutable {
+                       if constexpr (std::is_null_pointer_v<Baseline>) {
+                           paired_with_raw(state, raw_, op);
+                       } else {
+                           paired(state, baseline, op);
+                       }
                    })
             ->UseRealTime();
     }
+
+    // The raw baseline's connection, for baselines that send other commands by hand.
+    raw_baseline& raw() noexcept { return raw_; }
 
 private:
     redislock::client& client_;
