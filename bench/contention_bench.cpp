@@ -5,6 +5,7 @@
 // others (on this 2-core machine: the second). Each variant runs for --seconds (default 2) per
 // shape, 4 processes x 1 thread and 2 processes x 4 threads:
 //   redislock        redislock::mutex lock() + INCR + unlock(), one lock object per thread
+//                    (or the kind --kind names)
 //   raw_busy_poll    SET NX PX until it succeeds, no pause; INCR; compare-and-delete (EVALSHA)
 //   raw_sleep_poll   the same with a 1 ms sleep after each failed SET
 // Printed per variant and shape:
@@ -17,8 +18,10 @@
 //   rewin            share of acquisitions won by the worker that held the lock just before
 //   overlap          critical sections found overlapping (checked in shared memory): must be 0
 //
-// Usage: contention_bench [--seconds=N] [--wait-spin-us=N]
+// Usage: contention_bench [--seconds=N] [--wait-spin-us=N] [--kind=K]
 //   --wait-spin-us   the library's client_options::wait_spin (default: the library's default)
+//   --kind           the library's lock: mutex (default), recursive_mutex, or shared_mutex
+//                    (its write lock); the raw variants stay the same
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -58,6 +61,7 @@ constexpr std::size_t max_workers = 8;
 constexpr std::size_t max_samples = 1 << 18;  // per worker
 
 redislock::client_options library_options;
+std::string_view library_kind = "mutex";
 
 // Results of one worker, written by it into shared memory.
 struct worker_result {
@@ -148,17 +152,26 @@ void library_worker(const std::string& uri, shared_page& page, int me,
         client = new redislock::basic_client<counting_connection>{
             counting_connection{uri, &commands}, library_options};
     });
-    auto m = client->mutex(lock_name, {.lease = 10s});
-    worker_result& out = page.workers[me];
-    const std::array<std::string_view, 2> incr{"INCR", "counter"};
-    while (now_ns() < page.stop_at_ns.load()) {
-        const auto start = now_ns();
-        if (!m.try_lock_for(1s)) {
-            continue;
+    const auto loop = [&](auto m) {
+        worker_result& out = page.workers[me];
+        const std::array<std::string_view, 2> incr{"INCR", "counter"};
+        while (now_ns() < page.stop_at_ns.load()) {
+            const auto start = now_ns();
+            if (!m.try_lock_for(1s)) {
+                continue;
+            }
+            record_wait(out, now_ns() - start);
+            critical_section(page, me, out, [&] { (void)client->connection().execute(incr); });
+            m.unlock();
         }
-        record_wait(out, now_ns() - start);
-        critical_section(page, me, out, [&] { (void)client->connection().execute(incr); });
-        m.unlock();
+    };
+    const redislock::lock_options options{.lease = 10s};
+    if (library_kind == "recursive_mutex") {
+        loop(client->recursive_mutex(lock_name, options));
+    } else if (library_kind == "shared_mutex") {
+        loop(client->shared_mutex(lock_name, options));
+    } else {
+        loop(client->mutex(lock_name, options));
     }
 }
 
@@ -291,8 +304,16 @@ int main(int argc, char** argv) {
             seconds = std::atof(argv[i] + 10);
         } else if (std::strncmp(argv[i], "--wait-spin-us=", 15) == 0) {
             library_options.wait_spin = std::chrono::microseconds{std::atol(argv[i] + 15)};
+        } else if (std::strncmp(argv[i], "--kind=", 7) == 0 &&
+                   (std::string_view{argv[i] + 7} == "mutex" ||
+                    std::string_view{argv[i] + 7} == "recursive_mutex" ||
+                    std::string_view{argv[i] + 7} == "shared_mutex")) {
+            library_kind = argv[i] + 7;
         } else {
-            std::fprintf(stderr, "usage: %s [--seconds=N] [--wait-spin-us=N]\n", argv[0]);
+            std::fprintf(stderr,
+                         "usage: %s [--seconds=N] [--wait-spin-us=N] "
+                         "[--kind=mutex|recursive_mutex|shared_mutex]\n",
+                         argv[0]);
             return 2;
         }
     }

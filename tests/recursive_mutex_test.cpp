@@ -119,12 +119,12 @@ redislock::reply run_acquire(redislock::client& client, std::string_view key,
                              std::string_view fencing,
                              std::optional<std::string> id = std::nullopt,
                              std::string_view holds_none = "0", std::string_view given_up = "",
-                             std::string_view keep = "0") {
+                             std::string_view keep = "0", std::string_view waiter_id = "") {
     const std::string fence_key = redislock::detail::derived_key(key, "fence");
     const std::string queue_key = redislock::detail::derived_key(key, "queue");
     const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
     const std::string offered = id.value_or(id_for(owner));
-    const std::string waiter = waiter_for(owner);
+    const std::string waiter = waiter_id.empty() ? waiter_for(owner) : std::string{waiter_id};
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_acquire,
         std::array<std::string_view, 2>{key, fence_key},
@@ -136,6 +136,31 @@ redislock::reply run_acquire(redislock::client& client, std::string_view key,
 redislock::reply queue_owner(redislock::client& client, std::string_view key,
                              std::string_view owner) {
     return run_acquire(client, key, owner, "60000", "0", std::nullopt, "1", "", "5000");
+}
+
+// The waiter id of an `owner` the lock may be handed to, as acquisition `acquisition` (hex) with
+// a lease of `lease_ms` (see _queue.lua).
+std::string handed_waiter(std::string_view acquisition, std::string_view owner,
+                          std::string_view lease_ms = "5000") {
+    return "h" + std::string{acquisition} + "." + std::string{lease_ms} + "." + std::string{owner};
+}
+
+// `owner` tries `key` once as the waiter `waiter` and, refused, joins its waiting queue.
+redislock::reply queue_as(redislock::client& client, std::string_view key, std::string_view owner,
+                          std::string_view waiter) {
+    return run_acquire(client, key, owner, "60000", "0", std::nullopt, "1", "", "5000", waiter);
+}
+
+// Waiter `waiter` gives up and leaves `key`'s queue (lua/queue_leave.lua).
+redislock::reply run_leave(redislock::client& client, std::string_view key,
+                           std::string_view waiter) {
+    const std::string channel = redislock::detail::derived_key(key, "released");
+    const std::string queue_key = redislock::detail::derived_key(key, "queue");
+    const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
+    return redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::queue_leave,
+        std::array<std::string_view, 1>{key},
+        std::array<std::string_view, 6>{waiter, channel, "2000", "", queue_key, lapse_key});
 }
 
 // The waiter ids in `key`'s waiting queue, first to last.
@@ -398,6 +423,109 @@ TEST(RecursiveReleaseScript, LastEntryWithAWaiterQueuedPublishesTheWaitersId) {
     EXPECT_EQ(exists(srv, "s"), "0");
     EXPECT_EQ(integers(queue_owner(client, "s", "o2")), (std::vector<std::int64_t>{1, 0}));
     EXPECT_EQ(queue_of(srv, "s"), (std::vector<std::string>{"wo3"}));
+}
+
+TEST(RecursiveReleaseScript, LastEntryHandsTheLockToAnHWaiterAtTheHeadAndTellsItAlone) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
+    subscriber released{srv, "{s}:released"};
+    const std::string o2 = handed_waiter("00aa", "o2");
+    ASSERT_EQ(integers(queue_as(client, "s", "o2", o2)).at(0), 0);
+    ASSERT_EQ(integers(queue_owner(client, "s", "o3")).at(0), 0);
+
+    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")),
+              std::vector<std::int64_t>{2});
+    EXPECT_EQ(released.next(), o2);
+    // One entry of o2, under the acquisition id and the lease its waiter id names.
+    EXPECT_EQ(sole_owner(srv, "s"), "o2");
+    EXPECT_EQ(sole_count(srv, "s"), "1");
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o2"}), "00aa");
+    EXPECT_GT(pttl(srv, "s"), 0);
+    EXPECT_LE(pttl(srv, "s"), 5000);
+    EXPECT_EQ(queue_of(srv, "s"), (std::vector<std::string>{"wo3"}));
+
+    // o2 holds it as that acquisition: its release tells the next waiter.
+    EXPECT_EQ(integers(run_release(client, "s", "o2", "1", "60000", "{s}:released", "00aa")),
+              std::vector<std::int64_t>{2});
+    EXPECT_EQ(released.next(), "wo3");
+}
+
+TEST(RecursiveAcquireScript, EntryHandedToTheCallIsTakenOverByItsNextAttempt) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
+    const std::string o2 = handed_waiter("00bb", "o2");
+    ASSERT_EQ(integers(queue_as(client, "s", "o2", o2)).at(0), 0);
+    ASSERT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")).at(0), 2);
+    ASSERT_EQ(srv.cli({"HGET", "s", "id:o2"}), "00bb");
+
+    // Its message lost, the call tries again, even through an object that believes it holds
+    // (a lease it has not yet found lost): the handed entry is its own, taken over, not
+    // re-entered.
+    const auto again = run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "0",
+                                   "", "5000", o2);
+    EXPECT_EQ(integers(again), (std::vector<std::int64_t>{1, 0}));
+    EXPECT_EQ(acquisition_id(again), "acq-new");
+    EXPECT_EQ(sole_count(srv, "s"), "1");
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o2"}), "acq-new");
+    EXPECT_GT(pttl(srv, "s"), 50'000);
+
+    // Another call of the same owner re-enters it, as any entry of the owner.
+    const auto other = run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-other"},
+                                   "1", "", "5000", handed_waiter("00cc", "o2"));
+    EXPECT_EQ(integers(other), (std::vector<std::int64_t>{2, 0}));
+    EXPECT_EQ(sole_count(srv, "s"), "2");
+}
+
+TEST(RecursiveQueueLeaveScript, WaiterHandedTheLockThatGivesUpHandsItOn) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
+    subscriber released{srv, "{s}:released"};
+    const std::string o2 = handed_waiter("00a2", "o2");
+    const std::string o3 = handed_waiter("00a3", "o3");
+    ASSERT_EQ(integers(queue_as(client, "s", "o2", o2)).at(0), 0);
+    ASSERT_EQ(integers(queue_as(client, "s", "o3", o3)).at(0), 0);
+    ASSERT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")).at(0), 2);
+    ASSERT_EQ(released.next(), o2);
+
+    // o2 gave up before it heard: its entry goes to o3.
+    EXPECT_EQ(integers(run_leave(client, "s", o2)), std::vector<std::int64_t>{1});
+    EXPECT_EQ(released.next(), o3);
+    EXPECT_EQ(sole_owner(srv, "s"), "o3");
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o3"}), "00a3");
+    EXPECT_TRUE(queue_of(srv, "s").empty());
+
+    // Sent again (its reply lost), the leave finds nothing of o2's and changes nothing.
+    EXPECT_EQ(integers(run_leave(client, "s", o2)), std::vector<std::int64_t>{0});
+    EXPECT_EQ(sole_owner(srv, "s"), "o3");
+
+    // An entry re-entered since by another call of its owner stays: that call counts on it.
+    ASSERT_EQ(integers(run_acquire(client, "s", "o3", "60000", "0", std::string{"x"}, "1", "",
+                                   "5000", handed_waiter("00d3", "o3")))
+                  .at(0),
+              2);
+    EXPECT_EQ(integers(run_leave(client, "s", o3)), std::vector<std::int64_t>{0});
+    EXPECT_EQ(sole_count(srv, "s"), "2");
+}
+
+TEST(RecursiveQueueLeaveScript, HeadLeavingAFreeLockHandsItToAnHWaiterNext) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
+    subscriber released{srv, "{s}:released"};
+    ASSERT_EQ(integers(queue_owner(client, "s", "o2")).at(0), 0);
+    const std::string o3 = handed_waiter("00e3", "o3");
+    ASSERT_EQ(integers(queue_as(client, "s", "o3", o3)).at(0), 0);
+
+    // The holder's key goes without a release (its lease ran out); then the head gives up.
+    ASSERT_EQ(srv.cli({"DEL", "s"}), "1");
+    EXPECT_EQ(integers(run_leave(client, "s", "wo2")), std::vector<std::int64_t>{1});
+    EXPECT_EQ(released.next(), o3);
+    EXPECT_EQ(sole_owner(srv, "s"), "o3");
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o3"}), "00e3");
+    EXPECT_TRUE(queue_of(srv, "s").empty());
 }
 
 TEST(RecursiveAcquireScript, SecondWaiterCannotTakeAFreeLockWhileTheFirstIsQueued) {
@@ -1254,6 +1382,76 @@ TEST(RecursiveMutex, LastUnlockPublishesOnTheChannelBesideTheNameOnlyWhenSomeone
         EXPECT_EQ(released.next(), "marker");  // leaving an inner entry tells nobody
         rm.unlock();
         EXPECT_EQ(released.next(), waiter_for("other"));
+    }
+}
+
+TEST(RecursiveMutex, ReleaseHandsTheLockToTheWaiterUnderTheIdItQueuedWith) {
+    redis_server srv;
+    redislock::client holder_client{srv.uri()};
+    redislock::client waiter_client{srv.uri()};
+    auto holder = holder_client.recursive_mutex("handed", {.lease = 10s});
+    // An explicit owner, so this thread may check and leave what the waiting thread took.
+    auto waiter = waiter_client.recursive_mutex("handed", {.lease = 10s, .owner = "svc-2"});
+    holder.lock();
+    auto got = std::async(std::launch::async, [&] { return waiter.try_lock_for(20s); });
+    std::string queued;
+    ASSERT_TRUE(redislock::test::eventually([&] {
+        const auto ids = queue_of(srv, "handed");
+        queued = ids.empty() ? std::string{} : ids.front();
+        return !queued.empty();
+    }));
+    ASSERT_EQ(queued.front(), 'h') << queued;
+    const std::string acquisition = queued.substr(1, queued.find('.') - 1);
+
+    holder.unlock();
+    ASSERT_TRUE(got.get());
+    // The release made the entry (a fresh attempt would have named its own acquisition).
+    const std::string owner = sole_owner(srv, "handed");
+    EXPECT_TRUE(owner.ends_with(":owner:svc-2")) << owner;
+    EXPECT_EQ(srv.cli({"HGET", "handed", "id:" + owner}), acquisition);
+    EXPECT_EQ(sole_count(srv, "handed"), "1");
+    EXPECT_TRUE(queue_of(srv, "handed").empty());
+    EXPECT_TRUE(waiter.verify());
+
+    // Its entries count as any other's: a re-entry and two unlocks free the name.
+    waiter.lock();
+    EXPECT_EQ(sole_count(srv, "handed"), "2");
+    waiter.unlock();
+    waiter.unlock();
+    EXPECT_EQ(exists(srv, "handed"), "0");
+    EXPECT_TRUE(holder.try_lock());
+    holder.unlock();
+}
+
+TEST(RecursiveMutex, FencedWaiterOrOneWhoseOwnerTheIdCannotCarryIsToldNotHanded) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::vector<redislock::lock_options> cases{{.lease = 10s, .fencing = true},
+                                                     {.lease = 10s, .owner = "svc 2"},
+                                                     {.lease = 10s, .owner = "svc@2"}};
+    for (const auto& options : cases) {
+        SCOPED_TRACE(options.owner);
+        redislock::client holder_client{srv.uri()};
+        auto holder = holder_client.recursive_mutex("told", {.lease = 10s});
+        auto waiter = client.recursive_mutex("told", options);
+        holder.lock();
+        auto got = std::async(std::launch::async, [&] {
+            const bool taken = waiter.try_lock_for(20s);
+            if (taken) {
+                waiter.unlock();
+            }
+            return taken;
+        });
+        std::string queued;
+        ASSERT_TRUE(redislock::test::eventually([&] {
+            const auto ids = queue_of(srv, "told");
+            queued = ids.empty() ? std::string{} : ids.front();
+            return !queued.empty();
+        }));
+        EXPECT_EQ(queued.front(), 'w') << queued;
+        holder.unlock();
+        EXPECT_TRUE(got.get());
+        EXPECT_EQ(exists(srv, "told"), "0");
     }
 }
 

@@ -553,6 +553,48 @@ TEST(Waiting, HeadThatGivesUpPassesTheLockOn) {
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 
+// Reentrant waiters whose short waits keep ending around the releases that hand them the lock:
+// an entry handed to a call that gave up is handed on, never held by two, and nothing is left.
+TEST(Waiting, ReentrantWaitersGivingUpAroundHandOversNeverOverlapAndLeaveNothing) {
+    redis_server srv;
+    constexpr int threads = 3;
+    constexpr int rounds = 150;
+    std::atomic<int> inside{0};
+    std::atomic<int> overlaps{0};
+    std::atomic<int> taken{0};
+    std::vector<std::jthread> workers;
+    for (int t = 0; t < threads; ++t) {
+        workers.emplace_back([&, t] {
+            redislock::client client{srv.uri()};
+            // A lease longer than the final check waits: an entry left behind would still be there.
+            auto m = client.recursive_mutex("brief", {.lease = 30s});
+            for (int round = 0; round < rounds; ++round) {
+                // So short a wait may end inside a round trip: the call then throws the timeout
+                // (its attempt's outcome unknown), which is given up like any other.
+                bool got = false;
+                try {
+                    got = m.try_lock_for(std::chrono::microseconds{500 + 700 * ((round + t) % 4)});
+                } catch (const redislock::timeout_error&) {
+                }
+                if (!got) {
+                    continue;
+                }
+                if (inside.fetch_add(1) != 0) {
+                    overlaps.fetch_add(1);
+                }
+                std::this_thread::sleep_for(300us);
+                inside.fetch_sub(1);
+                taken.fetch_add(1);
+                m.unlock();
+            }
+        });
+    }
+    workers.clear();
+    EXPECT_EQ(overlaps.load(), 0);
+    EXPECT_GT(taken.load(), 0);
+    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
 // A holder that enters again through another object of its own is a re-entry, not a waiter:
 // it must not queue behind the threads that wait for its own release.
 TEST(Waiting, ReentryThroughAnotherObjectPassesTheLocalGate) {

@@ -190,12 +190,13 @@ if fingerprint(redis.call('TYPE', KEYS[1]).ok) ~= ARGV[1] then
     return {-1, 0}
 end
 -- Waiters are told so they try again; with the queue gone, the first to come takes the lock.
--- A 'g' waiter named plainly would take the lock for handed to it: it is named as standby ('?'),
--- which makes it try again once its grace is over (at most 100 ms) instead.
+-- A 'g' or 'h' waiter named plainly would take the lock for handed to it: it is named as standby
+-- ('?'), which makes it try again once its grace is over (at most 100 ms) instead.
 local waiters = {}
 if redis.call('TYPE', KEYS[2]).ok == 'zset' then
     for _, id in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-        waiters[#waiters + 1] = string.sub(id, 1, 1) == 'g' and '?' .. id or id
+        local handed = string.find(id, '^[gh]')
+        waiters[#waiters + 1] = handed and '?' .. id or id
     end
 end
 local lock = redis.call('DEL', KEYS[1])

@@ -154,7 +154,7 @@ struct lock_event {
     /// handed over by its releaser counts as the attempt that succeeded).
     std::uint32_t attempts = 0;
     /// released, lost: how long the acquisition was held, counted from when its granting attempt
-    /// was sent (a simple lock handed over by its releaser: from when the waiter took it).
+    /// was sent (a lock handed over by its releaser: from when the waiter took it).
     std::chrono::microseconds held{};
     /// contended: the holder's remaining lease as the server told it; negative when unknown.
     std::chrono::milliseconds holder_ttl{-1};

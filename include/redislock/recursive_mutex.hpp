@@ -215,14 +215,32 @@ private:
     bool acquire_until(detail::steady::time_point deadline, const std::stop_token& stop) {
         checked();
         const std::string owner = state_->caller_owner();
-        // Always a possible re-entry: the owner may hold through another object.
+        const lock_options& opts = state_->options;
+        // Always a possible re-entry: the owner may hold through another object. A fenced
+        // acquisition draws its token, and one that waits for replicas checks WAIT, in its own
+        // round trip: neither can be handed over; nor can an owner the waiter id cannot carry.
+        const bool handed = !opts.fencing && opts.min_replicas == 0 &&
+                            owner.find_first_of("@ ") == std::string::npos;
         return detail::acquire_in_line(
             *state_,
             [&](const call_context& how, const detail::queue_place& place) {
                 return attempt(owner, detail::token::random(), how, place);
             },
             deadline, stop,
-            detail::line_options{.reentry = true, .kind = lock_kind::recursive_mutex});
+            detail::line_options{.reentry = true,
+                                 .handed = handed,
+                                 .owner = owner,
+                                 .kind = lock_kind::recursive_mutex},
+            [&](const detail::token& acquisition, detail::steady::time_point since,
+                const detail::wait_tally& wait) {
+                const auto now = detail::steady::now();
+                if (now >= detail::valid_until(since, opts.lease)) {
+                    return false;
+                }
+                // Held from now: the wait before the hand-over is not hold time.
+                on_entered(owner, detail::entry_reply{1, 0, acquisition.str()}, since, &wait, now);
+                return true;
+            });
     }
 
     // One attempt: std::nullopt when acquired or re-entered (a first entry reports acquired),
@@ -273,11 +291,12 @@ private:
     // Counts an entry in; the first through this object reports the call's `wait` as acquired
     // before its lease can be found lost.
     void on_entered(const std::string& owner, const detail::entry_reply& got,
-                    detail::steady::time_point sent, const detail::wait_tally* wait) {
+                    detail::steady::time_point sent, const detail::wait_tally* wait,
+                    std::optional<detail::steady::time_point> taken = std::nullopt) {
         typename state::entered e;
         {
             std::lock_guard guard{state_->mutex};
-            e = state_->enter(owner, got, sent);
+            e = state_->enter(owner, got, sent, taken);
         }
         if (!e.first_entry) {
             tracker().extended(epoch_now(), sent, state_->options.lease);  // re-entry refreshed it

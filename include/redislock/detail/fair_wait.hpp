@@ -88,14 +88,18 @@ struct line_options {
                            // same owner: its first attempt skips the gate, since its own release
                            // is what the threads in the gate wait for
     bool simple = false;   // a simple lock (see queue_leave.lua)
-    bool handed = false;   // a simple lock may be handed to this waiter (see queue_hand_on)
+    // The lock may be handed to this waiter: a simple lock under a token of its own (see
+    // queue_hand_on), or, with `owner` set, a reentrant lock as an entry of that owner (see
+    // queue_hand_on_entry); the owner then holds neither '@' nor ' '.
+    bool handed = false;
+    std::string_view owner = {};
     lock_kind kind = lock_kind::none;  // what contended events say it is
 };
 
-/// Calls the lock's `granted(token, since, tally)` for a lock handed to it under `token`: valid
-/// for a lease counted from `since` at least (the hand-over came after the waiter joined the
-/// queue); `tally` is the call's wait. Returns false when the lock could not take it; the next
-/// attempt then claims it.
+/// Calls the lock's `granted(token, since, tally)` for a lock handed to it under `token` (a
+/// reentrant lock's acquisition id): valid for a lease counted from `since` at least (the
+/// hand-over came after the waiter joined the queue); `tally` is the call's wait. Returns false
+/// when the lock could not take it; the next attempt then claims it.
 using no_hand_over = std::nullptr_t;
 
 /// Runs `attempt(how, place)` until it acquires, the deadline passes or a stop is requested,
@@ -117,7 +121,11 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         if (waiter.empty()) {
             if (line.handed) {
                 grant = token::random();
-                waiter = "g" + grant->str() + "." + std::string{lk.lease_text.view()};
+                waiter = (line.owner.empty() ? "g" : "h") + grant->str() + "." +
+                         std::string{lk.lease_text.view()};
+                if (!line.owner.empty()) {
+                    waiter.append(".").append(line.owner);
+                }
             } else {
                 waiter = (line.reader ? "r" : "w") + token::random().str();
             }

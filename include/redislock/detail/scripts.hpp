@@ -59,8 +59,9 @@ end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
--- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
+-- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
+-- its client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -170,6 +171,28 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
     end
+    return true
+end
+
+-- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
+-- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
+-- another is told it may go. True when someone was told.
+local function queue_hand_on_entry(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local run = queue_runners(q)
+    local acquisition, lease, owner
+    if #run == 1 then
+        acquisition, lease, owner =
+            string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
+    end
+    if not acquisition then
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('PEXPIRE', key, lease)
+    queue_leave(q, w, run[1])
+    queue_tell(channel, run)
     return true
 end
 
@@ -242,7 +265,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "0bd5db8cf88e3bb64c797999b63e68391d7bb926"};
+    "0e2eaaeb48e7f56dc61b2756053be18aad59fb58"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -284,8 +307,9 @@ end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
--- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
+-- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
+-- its client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -398,6 +422,28 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     return true
 end
 
+-- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
+-- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
+-- another is told it may go. True when someone was told.
+local function queue_hand_on_entry(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local run = queue_runners(q)
+    local acquisition, lease, owner
+    if #run == 1 then
+        acquisition, lease, owner =
+            string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
+    end
+    if not acquisition then
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('PEXPIRE', key, lease)
+    queue_leave(q, w, run[1])
+    queue_tell(channel, run)
+    return true
+end
+
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
 -- the head; a reader also when no writer waits before it.
 local function queue_allows(q, id)
@@ -422,12 +468,13 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "ea37375144e07784bb570b6dbdf8783d7c3f1e12"};
+    "8a9aed512e9cad83026a46605719dc0ce4d694dd"};
 
 inline constexpr script queue_leave{
     "queue_leave",
     R"lua(-- Takes a waiter that gives up out of the queue. If the lock was kept free for it or handed to
--- it, or it stood before others that may go now, the next waiters are told.
+-- it, or it stood before others that may go now, the next waiters are told (or handed the lock,
+-- see queue_hand_on and queue_hand_on_entry in _queue.lua).
 -- KEYS[1]  the lock's key
 -- ARGV[1]  the waiter id
 -- ARGV[2]  the release channel
@@ -438,8 +485,9 @@ inline constexpr script queue_leave{
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
--- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
+-- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
+-- its client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -549,6 +597,28 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
     end
+    return true
+end
+
+-- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
+-- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
+-- another is told it may go. True when someone was told.
+local function queue_hand_on_entry(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local run = queue_runners(q)
+    local acquisition, lease, owner
+    if #run == 1 then
+        acquisition, lease, owner =
+            string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
+    end
+    if not acquisition then
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('PEXPIRE', key, lease)
+    queue_leave(q, w, run[1])
+    queue_tell(channel, run)
     return true
 end
 
@@ -584,6 +654,17 @@ if kind == 'string' then
         return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
     end
 end
+-- A reentrant lock handed to this waiter: its one entry goes. An entry re-entered since (by
+-- another call of the same owner) stays; its lease bounds it.
+local acquisition, owner = string.match(ARGV[1], '^h(%x+)%.%d+%.([^@]+)')
+if kind == 'hash' and acquisition then
+    local entry = redis.call('HMGET', KEYS[1], 'id:' .. owner, owner)
+    if entry[1] == acquisition and entry[2] == '1' then
+        redis.call('DEL', KEYS[1])
+        return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1
+            or 0
+    end
+end
 -- Held by a writer (or a simple or reentrant holder): its release tells the queue.
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
     return 0
@@ -599,10 +680,15 @@ end
 if kind == 'none' and ARGV[4] == 'm' then
     return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
+-- A free lock of another kind: an 'h' head is handed it, as a release would (telling it by name
+-- that it may go would read as a hand-over).
+if kind == 'none' then
+    return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "28aa761c4acd091f0b323957b6b7310949ae1289"};
+    "5acc4a970eb32b0dee7de0b93cf8689839236776"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -618,7 +704,8 @@ inline constexpr script recursive_acquire{
 --          (a retry whose first reply was lost) or ARGV[6] (an acquisition the object already
 --          gave up, whose release may not have landed) is then taken over, not re-entered
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
--- ARGV[7]  the waiter id of this lock() call
+-- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
+--          is taken over too, whatever ARGV[5] says: only this call can have counted it
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[9]  the waiting queue; ARGV[10] its lapse times (see _queue.lua and mutex_acquire.lua)
@@ -663,7 +750,8 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
+local taken_over = id and ((ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])) or
+    id == string.match(ARGV[7], '^h(%x+)%.'))
 if id and not taken_over then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -674,8 +762,9 @@ end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
--- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
+-- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
+-- its client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -785,6 +874,28 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
     end
+    return true
+end
+
+-- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
+-- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
+-- another is told it may go. True when someone was told.
+local function queue_hand_on_entry(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local run = queue_runners(q)
+    local acquisition, lease, owner
+    if #run == 1 then
+        acquisition, lease, owner =
+            string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
+    end
+    if not acquisition then
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('PEXPIRE', key, lease)
+    queue_leave(q, w, run[1])
+    queue_tell(channel, run)
     return true
 end
 
@@ -841,7 +952,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "1823903ebc3590ee8d7a26a6339589c9fc07a925"};
+    "fd2bec5e566f68a8705adc019f110abb3790a379"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -861,8 +972,8 @@ return 0
 
 inline constexpr script recursive_release{
     "recursive_release",
-    R"lua(-- Leaves a reentrant lock ARGV[2] times; deletes it and tells the head of the queue, if someone
--- waits, when the count reaches 0.
+    R"lua(-- Leaves a reentrant lock ARGV[2] times; when the count reaches 0, deletes it and, if someone
+-- waits, hands it to the head of the queue or tells the head (see queue_hand_on_entry).
 -- Works when the server is out of memory: PEXPIRE and DEL are not refused there, and once a
 -- script has written, Redis lets the rest of it write too.
 -- KEYS[1]  the lock's hash
@@ -874,7 +985,7 @@ inline constexpr script recursive_release{
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  the waiting queue; ARGV[8] its lapse times (see _queue.lua and mutex_acquire.lua)
--- Returns  2 released (key deleted) and a waiter told; 1 released, no one waits;
+-- Returns  2 released (key deleted or handed on) and a waiter told; 1 released, no one waits;
 --          0 still held (lease refreshed);
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
@@ -901,8 +1012,9 @@ end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
--- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
+-- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
+-- its client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1015,6 +1127,28 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     return true
 end
 
+-- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
+-- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
+-- another is told it may go. True when someone was told.
+local function queue_hand_on_entry(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local run = queue_runners(q)
+    local acquisition, lease, owner
+    if #run == 1 then
+        acquisition, lease, owner =
+            string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
+    end
+    if not acquisition then
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('PEXPIRE', key, lease)
+    queue_leave(q, w, run[1])
+    queue_tell(channel, run)
+    return true
+end
+
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
 -- the head; a reader also when no writer waits before it.
 local function queue_allows(q, id)
@@ -1037,12 +1171,9 @@ local function queue_allows(q, id)
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-queue_prune(queue, lapses, now)
-local run = queue_runners(queue)
-queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
-return #run > 0 and 2 or 1
+return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "5a5b0f8920714745e0806eefeba024ec0f8909f2"};
+    "bbbdb2d980ec13e9541e3b462a2fe266c9bb02ce"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1105,8 +1236,9 @@ end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
--- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
+-- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
+-- its client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1216,6 +1348,28 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
     end
+    return true
+end
+
+-- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
+-- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
+-- another is told it may go. True when someone was told.
+local function queue_hand_on_entry(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local run = queue_runners(q)
+    local acquisition, lease, owner
+    if #run == 1 then
+        acquisition, lease, owner =
+            string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
+    end
+    if not acquisition then
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('PEXPIRE', key, lease)
+    queue_leave(q, w, run[1])
+    queue_tell(channel, run)
     return true
 end
 
@@ -1320,7 +1474,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "4f6db0619f0fcd30ab67b06f0313507570f39c5d"};
+    "edf60f152a8c9d8b4c6f4f52b6017e4a52d68fce"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1416,8 +1570,9 @@ end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
--- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
+-- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
+-- its client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1530,6 +1685,28 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     return true
 end
 
+-- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
+-- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
+-- another is told it may go. True when someone was told.
+local function queue_hand_on_entry(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local run = queue_runners(q)
+    local acquisition, lease, owner
+    if #run == 1 then
+        acquisition, lease, owner =
+            string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
+    end
+    if not acquisition then
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('PEXPIRE', key, lease)
+    queue_leave(q, w, run[1])
+    queue_tell(channel, run)
+    return true
+end
+
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
 -- the head; a reader also when no writer waits before it.
 local function queue_allows(q, id)
@@ -1558,14 +1735,15 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "bbf733e213911c6ae2da299411534c7b4961693e"};
+    "07a628f7689e551bef127fae4045424cc45def60"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
--- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
+-- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
+-- its client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1675,6 +1853,28 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
     end
+    return true
+end
+
+-- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
+-- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
+-- another is told it may go. True when someone was told.
+local function queue_hand_on_entry(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local run = queue_runners(q)
+    local acquisition, lease, owner
+    if #run == 1 then
+        acquisition, lease, owner =
+            string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
+    end
+    if not acquisition then
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('PEXPIRE', key, lease)
+    queue_leave(q, w, run[1])
+    queue_tell(channel, run)
     return true
 end
 

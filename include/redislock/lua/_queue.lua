@@ -1,8 +1,9 @@
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
--- 'g<token>.<lease ms>' names a waiter for a simple lock that takes the lock handed to it. An id
--- ending in '@<tag>' is told on its client's channel, '<release channel>:<tag>'.
+-- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
+-- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
+-- its client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -112,6 +113,28 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         redis.call('SET', key, 'queued:' .. head, 'PX', grace)
         queue_notify(q, w, channel, {head}, now, grace)
     end
+    return true
+end
+
+-- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
+-- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
+-- another is told it may go. True when someone was told.
+local function queue_hand_on_entry(key, q, w, channel, now, grace)
+    queue_prune(q, w, now)
+    local run = queue_runners(q)
+    local acquisition, lease, owner
+    if #run == 1 then
+        acquisition, lease, owner =
+            string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
+    end
+    if not acquisition then
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('PEXPIRE', key, lease)
+    queue_leave(q, w, run[1])
+    queue_tell(channel, run)
     return true
 end
 

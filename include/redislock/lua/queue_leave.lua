@@ -1,5 +1,6 @@
 -- Takes a waiter that gives up out of the queue. If the lock was kept free for it or handed to
--- it, or it stood before others that may go now, the next waiters are told.
+-- it, or it stood before others that may go now, the next waiters are told (or handed the lock,
+-- see queue_hand_on and queue_hand_on_entry in _queue.lua).
 -- KEYS[1]  the lock's key
 -- ARGV[1]  the waiter id
 -- ARGV[2]  the release channel
@@ -20,6 +21,17 @@ if kind == 'string' then
         return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
     end
 end
+-- A reentrant lock handed to this waiter: its one entry goes. An entry re-entered since (by
+-- another call of the same owner) stays; its lease bounds it.
+local acquisition, owner = string.match(ARGV[1], '^h(%x+)%.%d+%.([^@]+)')
+if kind == 'hash' and acquisition then
+    local entry = redis.call('HMGET', KEYS[1], 'id:' .. owner, owner)
+    if entry[1] == acquisition and entry[2] == '1' then
+        redis.call('DEL', KEYS[1])
+        return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1
+            or 0
+    end
+end
 -- Held by a writer (or a simple or reentrant holder): its release tells the queue.
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
     return 0
@@ -34,6 +46,11 @@ if #run == 0 then
 end
 if kind == 'none' and ARGV[4] == 'm' then
     return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+end
+-- A free lock of another kind: an 'h' head is handed it, as a release would (telling it by name
+-- that it may go would read as a hand-over).
+if kind == 'none' then
+    return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1

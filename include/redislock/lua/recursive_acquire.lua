@@ -10,7 +10,8 @@
 --          (a retry whose first reply was lost) or ARGV[6] (an acquisition the object already
 --          gave up, whose release may not have landed) is then taken over, not re-entered
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
--- ARGV[7]  the waiter id of this lock() call
+-- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
+--          is taken over too, whatever ARGV[5] says: only this call can have counted it
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[9]  the waiting queue; ARGV[10] its lapse times (see _queue.lua and mutex_acquire.lua)
@@ -55,7 +56,8 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
+local taken_over = id and ((ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])) or
+    id == string.match(ARGV[7], '^h(%x+)%.'))
 if id and not taken_over then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])

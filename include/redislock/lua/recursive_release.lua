@@ -1,5 +1,5 @@
--- Leaves a reentrant lock ARGV[2] times; deletes it and tells the head of the queue, if someone
--- waits, when the count reaches 0.
+-- Leaves a reentrant lock ARGV[2] times; when the count reaches 0, deletes it and, if someone
+-- waits, hands it to the head of the queue or tells the head (see queue_hand_on_entry).
 -- Works when the server is out of memory: PEXPIRE and DEL are not refused there, and once a
 -- script has written, Redis lets the rest of it write too.
 -- KEYS[1]  the lock's hash
@@ -11,7 +11,7 @@
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  the waiting queue; ARGV[8] its lapse times (see _queue.lua and mutex_acquire.lua)
--- Returns  2 released (key deleted) and a waiter told; 1 released, no one waits;
+-- Returns  2 released (key deleted or handed on) and a waiter told; 1 released, no one waits;
 --          0 still held (lease refreshed);
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
@@ -38,7 +38,4 @@ end
 --#include _queue.lua
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-queue_prune(queue, lapses, now)
-local run = queue_runners(queue)
-queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
-return #run > 0 and 2 or 1
+return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
