@@ -56,37 +56,23 @@ void bench_reentry(benchmark::State& state, redislock::recursive_mutex& m) {
 
 // An outermost acquisition and its release sent by hand: the library's recursive_acquire and
 // recursive_release with the arguments it sends for an uncontended lock() + unlock().
-class own_scripts {
-public:
-    explicit own_scripts(redislock::bench::raw_baseline& raw)
-        : raw_{&raw},
-          acquire_{redislock::bench::load_script(raw, redislock::detail::scripts::recursive_acquire)},
-          release_{redislock::bench::load_script(raw, redislock::detail::scripts::recursive_release)},
-          lock_{"bench:recursive_raw_scripts"} {}
-
-    bool operator()() {
-        using redislock::bench::command;
-        const std::string id{tokens_.next()};
-        const auto& a = lock_;
-        const auto acquired = command(
-            raw_->ctx.get(),
-            std::array<std::string_view, 15>{"EVALSHA", acquire_, "2", a.name, a.fence, a.owner,
-                                             a.lease, "0", id, "1", "", "w", "0", a.queue,
-                                             a.lapses});
-        const auto released = command(
-            raw_->ctx.get(),
-            std::array<std::string_view, 12>{"EVALSHA", release_, "1", a.name, a.owner, "1",
-                                             a.lease, a.channel, id, a.grace, a.queue, a.lapses});
-        return redislock::bench::entered(acquired) && redislock::bench::released(released);
-    }
-
-private:
-    redislock::bench::raw_baseline* raw_;
-    std::string acquire_;
-    std::string release_;
-    redislock::bench::library_arguments lock_;
-    redislock::bench::raw_token tokens_;
-};
+auto own_scripts(redislock::bench::raw_baseline& raw) {
+    namespace scripts = redislock::detail::scripts;
+    using lock = redislock::bench::library_arguments;
+    return redislock::bench::own_scripts{
+        raw, scripts::recursive_acquire, scripts::recursive_release,
+        "bench:recursive_raw_scripts",
+        [](std::string_view sha, const lock& a, std::string_view id) {
+            return std::array<std::string_view, 15>{"EVALSHA", sha,     "2", a.name,  a.fence,
+                                                     a.owner,   a.lease, "0", id,      "1",
+                                                     "",        "w",     "0", a.queue, a.lapses};
+        },
+        [](std::string_view sha, const lock& a, std::string_view id) {
+            return std::array<std::string_view, 12>{"EVALSHA", sha,       "1",     a.name,
+                                                     a.owner,   "1",       a.lease, a.channel,
+                                                     id,        a.grace,   a.queue, a.lapses};
+        }};
+}
 
 void register_variants(redislock::bench::suite& suite) {
     redislock::client& client = suite.client();
@@ -101,7 +87,7 @@ void register_variants(redislock::bench::suite& suite) {
                          return redislock::bench::lock_unlock_once(m);
                      });
     suite.add_paired_against(
-        "recursive_mutex_vs_own_scripts_paired", own_scripts{suite.raw()},
+        "recursive_mutex_vs_own_scripts_paired", own_scripts(suite.raw()),
         [m = client.recursive_mutex("bench:recursive_vs_scripts")]() mutable {
             return redislock::bench::lock_unlock_once(m);
         });

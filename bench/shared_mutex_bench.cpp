@@ -69,40 +69,25 @@ void bench_readers(benchmark::State& state, redislock::shared_mutex& m) {
 
 // A read or write acquisition and its release sent by hand: the library's shared_acquire and
 // shared_release with the arguments it sends for an uncontended lock_shared() + unlock_shared()
-// or lock() + unlock().
-class own_scripts {
-public:
-    own_scripts(redislock::bench::raw_baseline& raw, std::string_view mode)
-        : raw_{&raw},
-          acquire_{redislock::bench::load_script(raw, redislock::detail::scripts::shared_acquire)},
-          release_{redislock::bench::load_script(raw, redislock::detail::scripts::shared_release)},
-          mode_{mode},
-          lock_{"bench:shared_raw_scripts_" + std::string{mode}} {}
-
-    bool operator()() {
-        using redislock::bench::command;
-        const std::string id{tokens_.next()};
-        const auto& a = lock_;
-        const auto acquired = command(
-            raw_->ctx.get(),
-            std::array<std::string_view, 16>{"EVALSHA", acquire_, "2", a.name, a.fence, a.owner,
-                                             mode_, a.lease, "0", mode_, id, "1", "", "0",
-                                             a.queue, a.lapses});
-        const auto released = command(
-            raw_->ctx.get(),
-            std::array<std::string_view, 12>{"EVALSHA", release_, "1", a.name, a.owner, mode_, "1",
-                                             a.channel, id, a.grace, a.queue, a.lapses});
-        return redislock::bench::entered(acquired) && redislock::bench::released(released);
-    }
-
-private:
-    redislock::bench::raw_baseline* raw_;
-    std::string acquire_;
-    std::string release_;
-    std::string mode_;
-    redislock::bench::library_arguments lock_;
-    redislock::bench::raw_token tokens_;
-};
+// ("r") or lock() + unlock() ("w").
+auto own_scripts(redislock::bench::raw_baseline& raw, std::string_view mode) {
+    namespace scripts = redislock::detail::scripts;
+    using lock = redislock::bench::library_arguments;
+    return redislock::bench::own_scripts{
+        raw, scripts::shared_acquire, scripts::shared_release,
+        "bench:shared_raw_scripts_" + std::string{mode},
+        [mode](std::string_view sha, const lock& a, std::string_view id) {
+            return std::array<std::string_view, 16>{"EVALSHA", sha,      "2",     a.name,
+                                                     a.fence,   a.owner,  mode,    a.lease,
+                                                     "0",       mode,     id,      "1",
+                                                     "",        "0",      a.queue, a.lapses};
+        },
+        [mode](std::string_view sha, const lock& a, std::string_view id) {
+            return std::array<std::string_view, 12>{"EVALSHA", sha,  "1",       a.name,
+                                                     a.owner,   mode, "1",       a.channel,
+                                                     id,        a.grace, a.queue, a.lapses};
+        }};
+}
 
 void register_variants(redislock::bench::suite& suite) {
     redislock::client& client = suite.client();
@@ -116,25 +101,19 @@ void register_variants(redislock::bench::suite& suite) {
               });
     suite.add_paired("shared_mutex_read_paired",
                      [m = client.shared_mutex("bench:shared_paired_read")]() mutable {
-                         std::error_code ec;
-                         m.lock_shared();
-                         m.unlock_shared(ec);
-                         return !ec;
+                         return redislock::bench::lock_unlock_shared_once(m);
                      });
     suite.add_paired("shared_mutex_write_paired",
                      [m = client.shared_mutex("bench:shared_paired_write")]() mutable {
                          return redislock::bench::lock_unlock_once(m);
                      });
     suite.add_paired_against("shared_mutex_read_vs_own_scripts_paired",
-                             own_scripts{suite.raw(), "r"},
+                             own_scripts(suite.raw(), "r"),
                              [m = client.shared_mutex("bench:shared_vs_scripts_read")]() mutable {
-                                 std::error_code ec;
-                                 m.lock_shared();
-                                 m.unlock_shared(ec);
-                                 return !ec;
+                                 return redislock::bench::lock_unlock_shared_once(m);
                              });
     suite.add_paired_against("shared_mutex_write_vs_own_scripts_paired",
-                             own_scripts{suite.raw(), "w"},
+                             own_scripts(suite.raw(), "w"),
                              [m = client.shared_mutex("bench:shared_vs_scripts_write")]() mutable {
                                  return redislock::bench::lock_unlock_once(m);
                              });

@@ -207,16 +207,42 @@ struct library_arguments {
     std::string name, fence, channel, queue, lapses, lease, grace, owner;
 };
 
-// True when `r` is an entry script's "entered" reply ({1, fence, id}).
-inline bool entered(const reply_ptr& r) {
-    return r && r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
-           r->element[0]->type == REDIS_REPLY_INTEGER && r->element[0]->integer == 1;
-}
+// One uncontended acquisition and its release of a lock kind with entry scripts, sent by hand
+// over the raw connection with the library's own scripts: `acquire_argv(sha, lock, id)` and
+// `release_argv(sha, lock, id)` return the EVALSHA arguments the library sends for acquisition
+// `id` of `lock` (a library_arguments). A baseline for add_paired_against().
+template <class AcquireArgv, class ReleaseArgv>
+class own_scripts {
+public:
+    own_scripts(raw_baseline& raw, const redislock::script& acquire,
+                const redislock::script& release, std::string_view lock_name,
+                AcquireArgv acquire_argv, ReleaseArgv release_argv)
+        : raw_{&raw},
+          acquire_{load_script(raw, acquire)},
+          release_{load_script(raw, release)},
+          lock_{lock_name},
+          acquire_argv_{std::move(acquire_argv)},
+          release_argv_{std::move(release_argv)} {}
 
-// True when `r` is a release script's "released, no one waits" reply (1).
-inline bool released(const reply_ptr& r) {
-    return r && r->type == REDIS_REPLY_INTEGER && r->integer == 1;
-}
+    // True when the script entered (`{1, fence, id}`) and the release freed the lock (1).
+    bool operator()() {
+        const std::string id{tokens_.next()};
+        const reply_ptr in = command(raw_->ctx.get(), acquire_argv_(acquire_, lock_, id));
+        const reply_ptr out = command(raw_->ctx.get(), release_argv_(release_, lock_, id));
+        return in && in->type == REDIS_REPLY_ARRAY && in->elements == 3 &&
+               in->element[0]->type == REDIS_REPLY_INTEGER && in->element[0]->integer == 1 &&
+               out && out->type == REDIS_REPLY_INTEGER && out->integer == 1;
+    }
+
+private:
+    raw_baseline* raw_;
+    std::string acquire_;
+    std::string release_;
+    library_arguments lock_;
+    AcquireArgv acquire_argv_;
+    ReleaseArgv release_argv_;
+    raw_token tokens_;
+};
 
 // One lock() + unlock() of any of the library's locks; false if the release failed.
 template <class Lock>
@@ -224,6 +250,15 @@ bool lock_unlock_once(Lock& lock) {
     std::error_code ec;
     lock.lock();
     lock.unlock(ec);
+    return !ec;
+}
+
+// One lock_shared() + unlock_shared(); false if the release failed.
+template <class Lock>
+bool lock_unlock_shared_once(Lock& lock) {
+    std::error_code ec;
+    lock.lock_shared();
+    lock.unlock_shared(ec);
     return !ec;
 }
 
