@@ -44,13 +44,14 @@ using redislock::test::subscriber;
 
 // ---- Probes that read Redis through redis-cli, never through the code under test ----
 
-// The owner fields of the reentrant lock `key`: every field but the fencing token and the
-// acquisition ids.
+// The owner fields of the reentrant lock `key`: every field but the fencing token, the
+// acquisition ids and the marks of handed entries.
 std::vector<std::string> owners_of(const redis_server& srv, const std::string& key) {
     std::vector<std::string> owners;
     std::istringstream lines{srv.cli({"HKEYS", key})};
     for (std::string line; std::getline(lines, line);) {
-        if (!line.empty() && line != "fence" && !line.starts_with("id:")) {
+        if (!line.empty() && line != "fence" && !line.starts_with("id:") &&
+            !line.starts_with("handed:")) {
             owners.push_back(line);
         }
     }
@@ -451,7 +452,7 @@ TEST(RecursiveReleaseScript, LastEntryHandsTheLockToAnHWaiterAtTheHeadAndTellsIt
     EXPECT_EQ(released.next(), "wo3");
 }
 
-TEST(RecursiveAcquireScript, EntryHandedToTheCallIsTakenOverByItsNextAttempt) {
+TEST(RecursiveAcquireScript, EntryHandedToTheCallIsClaimedAsItIsByItsNextAttempt) {
     redis_server srv;
     redislock::client client{srv.uri()};
     ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
@@ -459,23 +460,38 @@ TEST(RecursiveAcquireScript, EntryHandedToTheCallIsTakenOverByItsNextAttempt) {
     ASSERT_EQ(integers(queue_as(client, "s", "o2", o2)).at(0), 0);
     ASSERT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")).at(0), 2);
     ASSERT_EQ(srv.cli({"HGET", "s", "id:o2"}), "00bb");
+    ASSERT_EQ(srv.cli({"HGET", "s", "handed:o2"}), "00bb");
 
-    // Its message lost, the call tries again, even through an object that believes it holds
-    // (a lease it has not yet found lost): the handed entry is its own, taken over, not
-    // re-entered.
-    const auto again = run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "0",
-                                   "", "5000", o2);
-    EXPECT_EQ(integers(again), (std::vector<std::int64_t>{1, 0}));
-    EXPECT_EQ(acquisition_id(again), "acq-new");
-    EXPECT_EQ(sole_count(srv, "s"), "1");
-    EXPECT_EQ(srv.cli({"HGET", "s", "id:o2"}), "acq-new");
-    EXPECT_GT(pttl(srv, "s"), 50'000);
-
-    // Another call of the same owner re-enters it, as any entry of the owner.
+    // Another call of the same owner comes first: it re-enters, as any entry of the owner.
     const auto other = run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-other"},
                                    "1", "", "5000", handed_waiter("00cc", "o2"));
     EXPECT_EQ(integers(other), (std::vector<std::int64_t>{2, 0}));
     EXPECT_EQ(sole_count(srv, "s"), "2");
+
+    // Its message lost, the handed call tries again, even through an object that believes it
+    // holds (a lease it has not yet found lost): it claims the handed entry as it is, keeping the
+    // re-entry, under the handed acquisition id and a fresh lease; the mark goes.
+    const auto again = run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "0",
+                                   "", "5000", o2);
+    EXPECT_EQ(integers(again), (std::vector<std::int64_t>{1, 0}));
+    EXPECT_EQ(acquisition_id(again), "00bb");
+    EXPECT_EQ(sole_count(srv, "s"), "2");
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o2"}), "00bb");
+    EXPECT_EQ(srv.cli({"HEXISTS", "s", "handed:o2"}), "0");
+    EXPECT_GT(pttl(srv, "s"), 50'000);
+
+    // Sent again (its reply lost), the claim changes nothing; each call then leaves its entry.
+    EXPECT_EQ(integers(run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "0",
+                                   "", "5000", o2)),
+              (std::vector<std::int64_t>{1, 0}));
+    EXPECT_EQ(sole_count(srv, "s"), "2");
+    EXPECT_EQ(
+        integers(run_release(client, "s", "o2", "1", "60000", "{s}:released", std::string{"00bb"})),
+        std::vector<std::int64_t>{0});
+    EXPECT_EQ(
+        integers(run_release(client, "s", "o2", "1", "60000", "{s}:released", std::string{"00bb"})),
+        std::vector<std::int64_t>{1});
+    EXPECT_EQ(exists(srv, "s"), "0");
 }
 
 TEST(RecursiveQueueLeaveScript, WaiterHandedTheLockThatGivesUpHandsItOn) {
@@ -501,13 +517,21 @@ TEST(RecursiveQueueLeaveScript, WaiterHandedTheLockThatGivesUpHandsItOn) {
     EXPECT_EQ(integers(run_leave(client, "s", o2)), std::vector<std::int64_t>{0});
     EXPECT_EQ(sole_owner(srv, "s"), "o3");
 
-    // An entry re-entered since by another call of its owner stays: that call counts on it.
+    // Re-entered since by another call of its owner, the handed entry goes and the re-entry
+    // stays: that call counts on it, and its release frees the lock.
     ASSERT_EQ(integers(run_acquire(client, "s", "o3", "60000", "0", std::string{"x"}, "1", "",
                                    "5000", handed_waiter("00d3", "o3")))
                   .at(0),
               2);
     EXPECT_EQ(integers(run_leave(client, "s", o3)), std::vector<std::int64_t>{0});
-    EXPECT_EQ(sole_count(srv, "s"), "2");
+    EXPECT_EQ(sole_count(srv, "s"), "1");
+    EXPECT_EQ(srv.cli({"HEXISTS", "s", "handed:o3"}), "0");
+    EXPECT_EQ(integers(run_leave(client, "s", o3)), std::vector<std::int64_t>{0});
+    EXPECT_EQ(sole_count(srv, "s"), "1");
+    EXPECT_EQ(
+        integers(run_release(client, "s", "o3", "1", "60000", "{s}:released", std::string{"00a3"})),
+        std::vector<std::int64_t>{1});
+    EXPECT_EQ(exists(srv, "s"), "0");
 }
 
 TEST(RecursiveQueueLeaveScript, HeadLeavingAFreeLockHandsItToAnHWaiterNext) {
@@ -1421,6 +1445,45 @@ TEST(RecursiveMutex, ReleaseHandsTheLockToTheWaiterUnderTheIdItQueuedWith) {
     EXPECT_EQ(exists(srv, "handed"), "0");
     EXPECT_TRUE(holder.try_lock());
     holder.unlock();
+}
+
+// Two threads share an explicit owner. The lock is handed to the first one's waiter, which polls
+// (its user may not subscribe) and so claims it with an attempt; the second re-enters it before
+// that. Both entries count: no one else gets the lock until both are left.
+TEST(RecursiveMutex, HandedEntryReenteredByAnotherThreadOfItsOwnerKeepsBothEntries) {
+    redis_server srv;
+    ASSERT_EQ(srv.cli({"ACL", "SETUSER", "nochannels", "on", ">pw", "~*", "+@all",
+                       "resetchannels"}),
+              "OK");
+    redislock::client holder_client{srv.uri()};
+    redislock::client shared_client{"redis://nochannels:pw@127.0.0.1:" +
+                                    std::to_string(srv.port())};
+    redislock::client other_client{srv.uri()};
+    const redislock::lock_options shared{.lease = 10s, .owner = "svc"};
+    auto holder = holder_client.recursive_mutex("both", {.lease = 10s});
+    auto first = shared_client.recursive_mutex("both", shared);
+    auto second = shared_client.recursive_mutex("both", shared);
+    auto other = other_client.recursive_mutex("both", {.lease = 10s});
+    holder.lock();
+    auto got = std::async(std::launch::async, [&] { return first.try_lock_for(20s); });
+    ASSERT_TRUE(redislock::test::eventually([&] {
+        const auto ids = queue_of(srv, "both");
+        return !ids.empty() && ids.front().starts_with('h');
+    }));
+    holder.unlock();  // hands an entry of "svc" to the first thread's waiter
+    second.lock();    // most often before the first one's next poll claims it
+    ASSERT_TRUE(got.get());
+    EXPECT_EQ(sole_count(srv, "both"), "2");
+
+    first.unlock();
+    EXPECT_FALSE(other.try_lock()) << "taken while the second thread still holds";
+    EXPECT_TRUE(second.verify());
+    std::error_code ec;
+    second.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(exists(srv, "both"), "0");
+    EXPECT_TRUE(other.try_lock());
+    other.unlock();
 }
 
 TEST(RecursiveMutex, FencedWaiterOrOneWhoseOwnerTheIdCannotCarryIsToldNotHanded) {

@@ -561,6 +561,7 @@ TEST(Waiting, ReentrantWaitersGivingUpAroundHandOversNeverOverlapAndLeaveNothing
     constexpr int rounds = 150;
     std::atomic<int> inside{0};
     std::atomic<int> overlaps{0};
+    std::atomic<int> not_held{0};
     std::atomic<int> taken{0};
     std::vector<std::jthread> workers;
     for (int t = 0; t < threads; ++t) {
@@ -582,6 +583,11 @@ TEST(Waiting, ReentrantWaitersGivingUpAroundHandOversNeverOverlapAndLeaveNothing
                 if (inside.fetch_add(1) != 0) {
                     overlaps.fetch_add(1);
                 }
+                // Not a hand-over it only believes in (the grace that keeps others out would
+                // hide that from the overlap count).
+                if (!m.verify()) {
+                    not_held.fetch_add(1);
+                }
                 std::this_thread::sleep_for(300us);
                 inside.fetch_sub(1);
                 taken.fetch_add(1);
@@ -591,6 +597,7 @@ TEST(Waiting, ReentrantWaitersGivingUpAroundHandOversNeverOverlapAndLeaveNothing
     }
     workers.clear();
     EXPECT_EQ(overlaps.load(), 0);
+    EXPECT_EQ(not_held.load(), 0);
     EXPECT_GT(taken.load(), 0);
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }

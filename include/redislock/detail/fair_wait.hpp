@@ -48,6 +48,9 @@ struct queue_place {
     /// event) before its lease can be reported lost.
     const wait_tally* tally = nullptr;
 
+    /// How long a queue entry outlives the wait its reply asks for.
+    static constexpr std::chrono::milliseconds kept{2000};
+
     /// The script argument saying how long a queue entry outlives the wait its reply asks for
     /// ('0': do not join).
     std::string_view keep() const { return join ? std::string_view{"2000"} : "0"; }
@@ -55,9 +58,11 @@ struct queue_place {
 
 /// Takes waiter `waiter` out of `lk`'s queue (see lua/queue_leave.lua): at once if the server
 /// answers within a few milliseconds, so a process that exits right after giving up leaves
-/// nothing handed to it; else in the background, for a while.
+/// nothing handed to it; else in the background, for at least 2 s and until `lapses_by`, when
+/// its entry lapses by itself (until then a release may still hand the lock to it).
 template <connection C>
-void leave_queue(const lock_identity<C>& lk, const std::string& waiter, bool simple) noexcept {
+void leave_queue(const lock_identity<C>& lk, const std::string& waiter, bool simple,
+                 steady::time_point lapses_by) noexcept {
     const auto leave = [core = lk.core, key = lk.name, queue = lk.queue_key, lapses = lk.lapse_key,
                         channel = lk.channel, waiter, grace = std::string{lk.grace_text.view()},
                         simple](steady::time_point deadline) {
@@ -74,7 +79,8 @@ void leave_queue(const lock_identity<C>& lk, const std::string& waiter, bool sim
     };
     try {
         if (!leave(steady::now() + std::chrono::milliseconds{10})) {
-            background_reaper().add(leave, steady::now() + std::chrono::seconds{2});
+            background_reaper().add(leave,
+                                    std::max(steady::now() + std::chrono::seconds{2}, lapses_by));
         }
     } catch (...) {
         // Out of memory: the entry lapses by itself.
@@ -138,6 +144,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
     std::string listen;  // the channel this call is told on, once it enrolled
     const std::string_view trying = line.reader ? "r" : "w";  // a try that does not join
     std::optional<steady::time_point> first_join;  // when the first attempt that joined was sent
+    steady::time_point lapses_by{};  // when the queue entry lapses at the latest, as last told
     std::optional<local_gates::place> place;
     std::shared_ptr<wake_slot> slot;
     bool joined = false;
@@ -150,16 +157,17 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         std::shared_ptr<wake_slot>& slot;
         bool& joined;
         bool& acquired;
+        const steady::time_point& lapses_by;
         bool simple;
         ~cleanup() {
             if (slot) {
                 room.notify.withdraw(listen, waiter);
             }
             if (joined && !acquired) {
-                leave_queue(lk, waiter, simple);
+                leave_queue(lk, waiter, simple, lapses_by);
             }
         }
-    } on_exit{lk, room, listen, waiter, slot, joined, acquired, line.simple};
+    } on_exit{lk, room, listen, waiter, slot, joined, acquired, lapses_by, line.simple};
 
     const local_gates::view gate = room.gates.look(lk.name);
     // Whether the last attempt got a definite "not acquired": until then a possible re-entry
@@ -174,6 +182,10 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
     }
     backoff policy{lk.options};
     std::exception_ptr unacknowledged;
+    // A hand-over may be claimed without a round trip until an attempt's outcome is unknown: it
+    // may have taken the handed lock over and been given up since, which frees it, so a message
+    // read later could be stale. The next attempt claims a hand-over then.
+    bool claim_on_message = true;
     for (bool first = true;; first = false) {
         // Only the thread at the head of its process's gate joins the queue in Redis: one that
         // joined and then waited in the gate could be told its turn while it cannot come. An
@@ -217,6 +229,11 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 attempt_context(deadline, stop),
                 queue_place{join ? std::string_view{waiter_id()} : trying, join, may_wait, &tally});
             refused = ttl.has_value();
+            if (join && ttl) {
+                const auto lapse = steady::now() + std::max(*ttl, holder_ttl::zero()) +
+                                   queue_place::kept;
+                lapses_by = std::max(lapses_by, lapse);
+            }
             if (!ttl) {
                 acquired = true;
                 if (join) {
@@ -251,6 +268,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 }
                 throw;
             }
+            claim_on_message = false;
             ttl = holder_ttl{-1};
         }
         const auto now = steady::now();
@@ -276,7 +294,8 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         if constexpr (!std::is_same_v<std::remove_cvref_t<Granted>, no_hand_over>) {
             // Handed over: take it without a round trip while at least half a lease, counted
             // from the first join, is left; else the next attempt claims it afresh.
-            if (line.handed && refused && woken && slot && slot->named() && first_join &&
+            if (line.handed && claim_on_message && refused && woken && slot && slot->named() &&
+                first_join &&
                 valid_until(*first_join, lk.options.lease) - steady::now() > lk.options.lease / 2 &&
                 grant) {
                 ++tally.attempts;  // the hand-over is the attempt that succeeded

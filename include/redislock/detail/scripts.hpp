@@ -135,15 +135,21 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
+-- plainly would take the lock for handed to it: one met here (its lock name used by another
+-- kind too) is told as the waiter after them is.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-        words[i] = id
+        if string.find(id, '^[gh]') then
+            words[i] = '?' .. id
+        else
+            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+            words[i] = id
+        end
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -176,7 +182,9 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
+-- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
+-- its leave takes back this one entry. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -189,7 +197,8 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         queue_notify(q, w, channel, run, now, grace)
         return #run > 0
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
     redis.call('PEXPIRE', key, lease)
     queue_leave(q, w, run[1])
     queue_tell(channel, run)
@@ -265,7 +274,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "0e2eaaeb48e7f56dc61b2756053be18aad59fb58"};
+    "189ee36095555220ec51f4578b2d337d7db0d1df"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -383,15 +392,21 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
+-- plainly would take the lock for handed to it: one met here (its lock name used by another
+-- kind too) is told as the waiter after them is.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-        words[i] = id
+        if string.find(id, '^[gh]') then
+            words[i] = '?' .. id
+        else
+            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+            words[i] = id
+        end
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -424,7 +439,9 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
+-- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
+-- its leave takes back this one entry. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -437,7 +454,8 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         queue_notify(q, w, channel, run, now, grace)
         return #run > 0
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
     redis.call('PEXPIRE', key, lease)
     queue_leave(q, w, run[1])
     queue_tell(channel, run)
@@ -468,7 +486,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "8a9aed512e9cad83026a46605719dc0ce4d694dd"};
+    "be53ed61ca807b0d93335c1c8d7c8484bbc7a8fd"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -561,15 +579,21 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
+-- plainly would take the lock for handed to it: one met here (its lock name used by another
+-- kind too) is told as the waiter after them is.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-        words[i] = id
+        if string.find(id, '^[gh]') then
+            words[i] = '?' .. id
+        else
+            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+            words[i] = id
+        end
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -602,7 +626,9 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
+-- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
+-- its leave takes back this one entry. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -615,7 +641,8 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         queue_notify(q, w, channel, run, now, grace)
         return #run > 0
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
     redis.call('PEXPIRE', key, lease)
     queue_leave(q, w, run[1])
     queue_tell(channel, run)
@@ -654,16 +681,18 @@ if kind == 'string' then
         return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
     end
 end
--- A reentrant lock handed to this waiter: its one entry goes. An entry re-entered since (by
--- another call of the same owner) stays; its lease bounds it.
+-- A reentrant lock handed to this waiter: the entry the release made for it goes, and with it
+-- the mark, so the leave sent again changes nothing. Re-entries other calls of the owner made
+-- since stay.
 local acquisition, owner = string.match(ARGV[1], '^h(%x+)%.%d+%.([^@]+)')
-if kind == 'hash' and acquisition then
-    local entry = redis.call('HMGET', KEYS[1], 'id:' .. owner, owner)
-    if entry[1] == acquisition and entry[2] == '1' then
-        redis.call('DEL', KEYS[1])
-        return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1
-            or 0
+if kind == 'hash' and acquisition and redis.call('HGET', KEYS[1], 'handed:' .. owner) ==
+    acquisition then
+    redis.call('HDEL', KEYS[1], 'handed:' .. owner)
+    if redis.call('HINCRBY', KEYS[1], owner, -1) > 0 then
+        return 0
     end
+    redis.call('DEL', KEYS[1])
+    return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 -- Held by a writer (or a simple or reentrant holder): its release tells the queue.
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
@@ -688,12 +717,13 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "5acc4a970eb32b0dee7de0b93cf8689839236776"};
+    "b712f58083a5682698e385428d027dab1a81a0ab"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
     R"lua(-- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries, and whose
--- field id:<owner> names the acquisition those entries belong to.
+-- field id:<owner> names the acquisition those entries belong to (handed:<owner> marks one a
+-- release handed to a waiter, see _queue.lua).
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
 -- ARGV[1]  the owner id
@@ -705,7 +735,8 @@ inline constexpr script recursive_acquire{
 --          gave up, whose release may not have landed) is then taken over, not re-entered
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
---          is taken over too, whatever ARGV[5] says: only this call can have counted it
+--          is claimed as it is, whatever ARGV[5] says, with any re-entries other calls of the
+--          owner made since
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[9]  the waiting queue; ARGV[10] its lapse times (see _queue.lua and mutex_acquire.lua)
@@ -719,6 +750,9 @@ local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 -- A new acquisition's entry. `taken_over`: the hash exists (an entry of ours being taken over),
 -- so a stale fence goes.
 local function fresh(taken_over)
+    if taken_over then
+        redis.call('HDEL', KEYS[1], 'handed:' .. ARGV[1])
+    end
     local fence = 0
     if ARGV[3] == '1' then
         -- Never below the server's clock in microseconds, so tokens keep growing after a
@@ -750,8 +784,12 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-local taken_over = id and ((ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])) or
-    id == string.match(ARGV[7], '^h(%x+)%.'))
+if id and id == string.match(ARGV[7], '^h(%x+)%.') then
+    redis.call('HDEL', KEYS[1], 'handed:' .. ARGV[1])  -- claimed: no longer the waiter's to leave
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+end
+local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
 if id and not taken_over then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -838,15 +876,21 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
+-- plainly would take the lock for handed to it: one met here (its lock name used by another
+-- kind too) is told as the waiter after them is.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-        words[i] = id
+        if string.find(id, '^[gh]') then
+            words[i] = '?' .. id
+        else
+            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+            words[i] = id
+        end
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -879,7 +923,9 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
+-- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
+-- its leave takes back this one entry. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -892,7 +938,8 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         queue_notify(q, w, channel, run, now, grace)
         return #run > 0
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
     redis.call('PEXPIRE', key, lease)
     queue_leave(q, w, run[1])
     queue_tell(channel, run)
@@ -952,7 +999,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "fd2bec5e566f68a8705adc019f110abb3790a379"};
+    "befc520fe10581ae7158da4753fc5ec86e9debaf"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1088,15 +1135,21 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
+-- plainly would take the lock for handed to it: one met here (its lock name used by another
+-- kind too) is told as the waiter after them is.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-        words[i] = id
+        if string.find(id, '^[gh]') then
+            words[i] = '?' .. id
+        else
+            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+            words[i] = id
+        end
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -1129,7 +1182,9 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
+-- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
+-- its leave takes back this one entry. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1142,7 +1197,8 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         queue_notify(q, w, channel, run, now, grace)
         return #run > 0
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
     redis.call('PEXPIRE', key, lease)
     queue_leave(q, w, run[1])
     queue_tell(channel, run)
@@ -1173,7 +1229,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "bbbdb2d980ec13e9541e3b462a2fe266c9bb02ce"};
+    "3d0d65773f41bdd0189fcbf1ec2d2f02358ae728"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1312,15 +1368,21 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
+-- plainly would take the lock for handed to it: one met here (its lock name used by another
+-- kind too) is told as the waiter after them is.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-        words[i] = id
+        if string.find(id, '^[gh]') then
+            words[i] = '?' .. id
+        else
+            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+            words[i] = id
+        end
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -1353,7 +1415,9 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
+-- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
+-- its leave takes back this one entry. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1366,7 +1430,8 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         queue_notify(q, w, channel, run, now, grace)
         return #run > 0
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
     redis.call('PEXPIRE', key, lease)
     queue_leave(q, w, run[1])
     queue_tell(channel, run)
@@ -1474,7 +1539,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "edf60f152a8c9d8b4c6f4f52b6017e4a52d68fce"};
+    "8256964bcc14ab82ac82fac763be49d02cc2c98b"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1646,15 +1711,21 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
+-- plainly would take the lock for handed to it: one met here (its lock name used by another
+-- kind too) is told as the waiter after them is.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-        words[i] = id
+        if string.find(id, '^[gh]') then
+            words[i] = '?' .. id
+        else
+            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+            words[i] = id
+        end
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -1687,7 +1758,9 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
+-- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
+-- its leave takes back this one entry. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1700,7 +1773,8 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         queue_notify(q, w, channel, run, now, grace)
         return #run > 0
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
     redis.call('PEXPIRE', key, lease)
     queue_leave(q, w, run[1])
     queue_tell(channel, run)
@@ -1735,7 +1809,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "07a628f7689e551bef127fae4045424cc45def60"};
+    "0cb4afd76fa119918441dcc9d013f9f43a427255"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -1817,15 +1891,21 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
+-- plainly would take the lock for handed to it: one met here (its lock name used by another
+-- kind too) is told as the waiter after them is.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-        words[i] = id
+        if string.find(id, '^[gh]') then
+            words[i] = '?' .. id
+        else
+            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+            words[i] = id
+        end
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -1858,7 +1938,9 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
+-- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
+-- its leave takes back this one entry. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1871,7 +1953,8 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         queue_notify(q, w, channel, run, now, grace)
         return #run > 0
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
     redis.call('PEXPIRE', key, lease)
     queue_leave(q, w, run[1])
     queue_tell(channel, run)

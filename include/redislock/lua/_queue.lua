@@ -77,15 +77,21 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
+-- plainly would take the lock for handed to it: one met here (its lock name used by another
+-- kind too) is told as the waiter after them is.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-        words[i] = id
+        if string.find(id, '^[gh]') then
+            words[i] = '?' .. id
+        else
+            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+            words[i] = id
+        end
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -118,7 +124,9 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
+-- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
+-- its leave takes back this one entry. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -131,7 +139,8 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         queue_notify(q, w, channel, run, now, grace)
         return #run > 0
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition)
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
     redis.call('PEXPIRE', key, lease)
     queue_leave(q, w, run[1])
     queue_tell(channel, run)

@@ -21,16 +21,18 @@ if kind == 'string' then
         return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
     end
 end
--- A reentrant lock handed to this waiter: its one entry goes. An entry re-entered since (by
--- another call of the same owner) stays; its lease bounds it.
+-- A reentrant lock handed to this waiter: the entry the release made for it goes, and with it
+-- the mark, so the leave sent again changes nothing. Re-entries other calls of the owner made
+-- since stay.
 local acquisition, owner = string.match(ARGV[1], '^h(%x+)%.%d+%.([^@]+)')
-if kind == 'hash' and acquisition then
-    local entry = redis.call('HMGET', KEYS[1], 'id:' .. owner, owner)
-    if entry[1] == acquisition and entry[2] == '1' then
-        redis.call('DEL', KEYS[1])
-        return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1
-            or 0
+if kind == 'hash' and acquisition and redis.call('HGET', KEYS[1], 'handed:' .. owner) ==
+    acquisition then
+    redis.call('HDEL', KEYS[1], 'handed:' .. owner)
+    if redis.call('HINCRBY', KEYS[1], owner, -1) > 0 then
+        return 0
     end
+    redis.call('DEL', KEYS[1])
+    return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 -- Held by a writer (or a simple or reentrant holder): its release tells the queue.
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then

@@ -1,5 +1,6 @@
 -- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries, and whose
--- field id:<owner> names the acquisition those entries belong to.
+-- field id:<owner> names the acquisition those entries belong to (handed:<owner> marks one a
+-- release handed to a waiter, see _queue.lua).
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
 -- ARGV[1]  the owner id
@@ -11,7 +12,8 @@
 --          gave up, whose release may not have landed) is then taken over, not re-entered
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
---          is taken over too, whatever ARGV[5] says: only this call can have counted it
+--          is claimed as it is, whatever ARGV[5] says, with any re-entries other calls of the
+--          owner made since
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[9]  the waiting queue; ARGV[10] its lapse times (see _queue.lua and mutex_acquire.lua)
@@ -25,6 +27,9 @@ local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
 -- A new acquisition's entry. `taken_over`: the hash exists (an entry of ours being taken over),
 -- so a stale fence goes.
 local function fresh(taken_over)
+    if taken_over then
+        redis.call('HDEL', KEYS[1], 'handed:' .. ARGV[1])
+    end
     local fence = 0
     if ARGV[3] == '1' then
         -- Never below the server's clock in microseconds, so tokens keep growing after a
@@ -56,8 +61,12 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-local taken_over = id and ((ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])) or
-    id == string.match(ARGV[7], '^h(%x+)%.'))
+if id and id == string.match(ARGV[7], '^h(%x+)%.') then
+    redis.call('HDEL', KEYS[1], 'handed:' .. ARGV[1])  -- claimed: no longer the waiter's to leave
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+end
+local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
 if id and not taken_over then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
