@@ -470,14 +470,14 @@ TEST(RecursiveAcquireScript, EntryHandedToTheCallIsClaimedAsItIsByItsNextAttempt
 
     // Its message lost, the handed call tries again, even through an object that believes it
     // holds (a lease it has not yet found lost): it claims the handed entry as it is, keeping the
-    // re-entry, under the handed acquisition id and a fresh lease; the mark goes.
+    // re-entry, under the handed acquisition id and a fresh lease; the mark stays.
     const auto again = run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "0",
                                    "", "5000", o2);
     EXPECT_EQ(integers(again), (std::vector<std::int64_t>{1, 0}));
     EXPECT_EQ(acquisition_id(again), "00bb");
     EXPECT_EQ(sole_count(srv, "s"), "2");
     EXPECT_EQ(srv.cli({"HGET", "s", "id:o2"}), "00bb");
-    EXPECT_EQ(srv.cli({"HEXISTS", "s", "handed:o2"}), "0");
+    EXPECT_EQ(srv.cli({"HGET", "s", "handed:o2"}), "00bb");
     EXPECT_GT(pttl(srv, "s"), 50'000);
 
     // Sent again (its reply lost), the claim changes nothing; each call then leaves its entry.
@@ -532,6 +532,24 @@ TEST(RecursiveQueueLeaveScript, WaiterHandedTheLockThatGivesUpHandsItOn) {
         integers(run_release(client, "s", "o3", "1", "60000", "{s}:released", std::string{"00a3"})),
         std::vector<std::int64_t>{1});
     EXPECT_EQ(exists(srv, "s"), "0");
+}
+
+// The attempt that claimed a handed entry lost its reply, and its call gave up: its leave still
+// takes the entry back, so the lock is free for others, not held by no one for a lease.
+TEST(RecursiveQueueLeaveScript, WaiterWhoseClaimWentUnansweredTakesItsEntryBackWhenItGivesUp) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
+    const std::string o2 = handed_waiter("00b2", "o2");
+    ASSERT_EQ(integers(queue_as(client, "s", "o2", o2)).at(0), 0);
+    ASSERT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")).at(0), 2);
+    ASSERT_EQ(integers(run_acquire(client, "s", "o2", "60000", "0", std::string{"c2"}, "1", "",
+                                   "5000", o2)),
+              (std::vector<std::int64_t>{1, 0}));  // this reply never reached the caller
+
+    EXPECT_EQ(integers(run_leave(client, "s", o2)), std::vector<std::int64_t>{0});
+    EXPECT_EQ(exists(srv, "s"), "0");
+    EXPECT_EQ(integers(run_acquire(client, "s", "o3", "60000", "0", std::nullopt, "1")).at(0), 1);
 }
 
 TEST(RecursiveQueueLeaveScript, HeadLeavingAFreeLockHandsItToAnHWaiterNext) {

@@ -277,6 +277,10 @@ private:
         if (got.status == 0) {
             return detail::holder_ttl{got.value};
         }
+        // Status 1 is a new acquisition for this object. One handed to this call and claimed by
+        // this attempt may already hold re-entries of other threads sharing an explicit owner:
+        // giving it up (below, or after a lost release) drops those too, as for any acquisition
+        // such threads share.
         if (got.status == 1) {  // a new acquisition (a re-entry's entry is not given up)
             if (auto refused = detail::refuse_grant(*state_, sent, grant.replicas, [&] {
                     release::abandon(state_, owner, got.acquisition, sent + state_->options.lease);

@@ -145,6 +145,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
     const std::string_view trying = line.reader ? "r" : "w";  // a try that does not join
     std::optional<steady::time_point> first_join;  // when the first attempt that joined was sent
     steady::time_point lapses_by{};  // when the queue entry lapses at the latest, as last told
+    holder_ttl longest_wait{0};      // the longest wait a joining attempt was told
     std::optional<local_gates::place> place;
     std::shared_ptr<wake_slot> slot;
     bool joined = false;
@@ -230,9 +231,9 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 queue_place{join ? std::string_view{waiter_id()} : trying, join, may_wait, &tally});
             refused = ttl.has_value();
             if (join && ttl) {
-                const auto lapse = steady::now() + std::max(*ttl, holder_ttl::zero()) +
-                                   queue_place::kept;
-                lapses_by = std::max(lapses_by, lapse);
+                longest_wait = std::max(longest_wait, *ttl);
+                lapses_by = std::max(lapses_by, steady::now() + std::max(*ttl, holder_ttl::zero()) +
+                                                    queue_place::kept);
             }
             if (!ttl) {
                 acquired = true;
@@ -269,6 +270,12 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 throw;
             }
             claim_on_message = false;
+            if (join) {
+                // The attempt may have joined (or kept its place) with a wait not told: the
+                // holder's lease left, assumed no longer than the longest known or this lock's.
+                const auto assumed = std::max(longest_wait, holder_ttl{lk.options.lease});
+                lapses_by = std::max(lapses_by, steady::now() + assumed + queue_place::kept);
+            }
             ttl = holder_ttl{-1};
         }
         const auto now = steady::now();

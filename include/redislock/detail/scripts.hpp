@@ -182,9 +182,10 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
--- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
--- its leave takes back this one entry. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
+-- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
+-- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
+-- was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -274,7 +275,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "189ee36095555220ec51f4578b2d337d7db0d1df"};
+    "0db872c691e983fb42219cd0432064a1b8140887"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -439,9 +440,10 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
--- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
--- its leave takes back this one entry. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
+-- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
+-- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
+-- was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -486,7 +488,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "be53ed61ca807b0d93335c1c8d7c8484bbc7a8fd"};
+    "fb19a133e46cd343322b28dbd5cc609d17a56f8a"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -626,9 +628,10 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
--- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
--- its leave takes back this one entry. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
+-- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
+-- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
+-- was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -717,7 +720,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "b712f58083a5682698e385428d027dab1a81a0ab"};
+    "dd16c75234fea9eb9291f86c1db9791a9d6b3ac0"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -785,7 +788,8 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
 if id and id == string.match(ARGV[7], '^h(%x+)%.') then
-    redis.call('HDEL', KEYS[1], 'handed:' .. ARGV[1])  -- claimed: no longer the waiter's to leave
+    -- The mark stays: a call that acquires never leaves the queue, and one whose reply is lost
+    -- and that gives up then still takes back its one entry.
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
@@ -923,9 +927,10 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
--- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
--- its leave takes back this one entry. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
+-- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
+-- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
+-- was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -999,7 +1004,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "befc520fe10581ae7158da4753fc5ec86e9debaf"};
+    "77858edc1e3b7e8ffde17e836ca845c575205bfb"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1182,9 +1187,10 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
--- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
--- its leave takes back this one entry. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
+-- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
+-- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
+-- was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1229,7 +1235,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "3d0d65773f41bdd0189fcbf1ec2d2f02358ae728"};
+    "03e434f7f9d337f14d94fa34ac268c343ea7bccd"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1415,9 +1421,10 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
--- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
--- its leave takes back this one entry. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
+-- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
+-- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
+-- was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1539,7 +1546,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "8256964bcc14ab82ac82fac763be49d02cc2c98b"};
+    "67125f3f9ba1b0a7b682ebe6cb65d87cd4093d7f"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1758,9 +1765,10 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
--- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
--- its leave takes back this one entry. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
+-- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
+-- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
+-- was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1809,7 +1817,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "0cb4afd76fa119918441dcc9d013f9f43a427255"};
+    "afeb2b2995d6d9c6b2b2a41655db029acfb576dd"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -1938,9 +1946,10 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
--- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
--- its leave takes back this one entry. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
+-- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
+-- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
+-- was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)

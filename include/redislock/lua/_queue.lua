@@ -124,9 +124,10 @@ end
 
 -- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
 -- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the waiter's until an attempt of
--- its claims it (a claim without a round trip leaves the mark): if the waiter gives up instead,
--- its leave takes back this one entry. True when someone was told.
+-- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
+-- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
+-- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
+-- was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)

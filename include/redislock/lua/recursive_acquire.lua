@@ -62,7 +62,8 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
 if id and id == string.match(ARGV[7], '^h(%x+)%.') then
-    redis.call('HDEL', KEYS[1], 'handed:' .. ARGV[1])  -- claimed: no longer the waiter's to leave
+    -- The mark stays: a call that acquires never leaves the queue, and one whose reply is lost
+    -- and that gives up then still takes back its one entry.
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
