@@ -221,6 +221,18 @@ redislock::reply run_release(redislock::client& client, std::string_view key,
                                         queue_key, lapse_key});
 }
 
+// o1 takes "s", the waiters (owner, waiter id) queue in this order, and o1's release hands the
+// lock to the first or tells it.
+void release_to(redislock::client& client,
+                const std::vector<std::pair<std::string, std::string>>& waiters) {
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
+    for (const auto& [owner, waiter] : waiters) {
+        ASSERT_EQ(integers(queue_as(client, "s", owner, waiter)).at(0), 0) << waiter;
+    }
+    ASSERT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")),
+              std::vector<std::int64_t>{2});
+}
+
 redislock::reply run_extend(redislock::client& client, std::string_view key, std::string_view owner,
                             std::string_view lease_ms,
                             std::optional<std::string> id = std::nullopt) {
@@ -455,10 +467,8 @@ TEST(RecursiveReleaseScript, LastEntryHandsTheLockToAnHWaiterAtTheHeadAndTellsIt
 TEST(RecursiveAcquireScript, EntryHandedToTheCallIsClaimedAsItIsByItsNextAttempt) {
     redis_server srv;
     redislock::client client{srv.uri()};
-    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
     const std::string o2 = handed_waiter("00bb", "o2");
-    ASSERT_EQ(integers(queue_as(client, "s", "o2", o2)).at(0), 0);
-    ASSERT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")).at(0), 2);
+    ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
     ASSERT_EQ(srv.cli({"HGET", "s", "id:o2"}), "00bb");
     ASSERT_EQ(srv.cli({"HGET", "s", "handed:o2"}), "00bb");
 
@@ -497,13 +507,10 @@ TEST(RecursiveAcquireScript, EntryHandedToTheCallIsClaimedAsItIsByItsNextAttempt
 TEST(RecursiveQueueLeaveScript, WaiterHandedTheLockThatGivesUpHandsItOn) {
     redis_server srv;
     redislock::client client{srv.uri()};
-    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
     subscriber released{srv, "{s}:released"};
     const std::string o2 = handed_waiter("00a2", "o2");
     const std::string o3 = handed_waiter("00a3", "o3");
-    ASSERT_EQ(integers(queue_as(client, "s", "o2", o2)).at(0), 0);
-    ASSERT_EQ(integers(queue_as(client, "s", "o3", o3)).at(0), 0);
-    ASSERT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")).at(0), 2);
+    ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}, {"o3", o3}}));
     ASSERT_EQ(released.next(), o2);
 
     // o2 gave up before it heard: its entry goes to o3.
@@ -539,10 +546,8 @@ TEST(RecursiveQueueLeaveScript, WaiterHandedTheLockThatGivesUpHandsItOn) {
 TEST(RecursiveQueueLeaveScript, WaiterWhoseClaimWentUnansweredTakesItsEntryBackWhenItGivesUp) {
     redis_server srv;
     redislock::client client{srv.uri()};
-    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
     const std::string o2 = handed_waiter("00b2", "o2");
-    ASSERT_EQ(integers(queue_as(client, "s", "o2", o2)).at(0), 0);
-    ASSERT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")).at(0), 2);
+    ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
     ASSERT_EQ(integers(run_acquire(client, "s", "o2", "60000", "0", std::string{"c2"}, "1", "",
                                    "5000", o2)),
               (std::vector<std::int64_t>{1, 0}));  // this reply never reached the caller
