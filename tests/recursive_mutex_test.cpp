@@ -152,16 +152,17 @@ redislock::reply queue_as(redislock::client& client, std::string_view key, std::
     return run_acquire(client, key, owner, "60000", "0", std::nullopt, "1", "", "5000", waiter);
 }
 
-// Waiter `waiter` gives up and leaves `key`'s queue (lua/queue_leave.lua).
+// Waiter `waiter` gives up and leaves `key`'s queue (lua/queue_leave.lua); `kind` 'k': its call
+// counted the entry handed to it.
 redislock::reply run_leave(redislock::client& client, std::string_view key,
-                           std::string_view waiter) {
+                           std::string_view waiter, std::string_view kind = "") {
     const std::string channel = redislock::detail::derived_key(key, "released");
     const std::string queue_key = redislock::detail::derived_key(key, "queue");
     const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::queue_leave,
         std::array<std::string_view, 1>{key},
-        std::array<std::string_view, 6>{waiter, channel, "2000", "", queue_key, lapse_key});
+        std::array<std::string_view, 6>{waiter, channel, "2000", kind, queue_key, lapse_key});
 }
 
 // The waiter ids in `key`'s waiting queue, first to last.
@@ -555,6 +556,36 @@ TEST(RecursiveQueueLeaveScript, WaiterWhoseClaimWentUnansweredTakesItsEntryBackW
     EXPECT_EQ(integers(run_leave(client, "s", o2)), std::vector<std::int64_t>{0});
     EXPECT_EQ(exists(srv, "s"), "0");
     EXPECT_EQ(integers(run_acquire(client, "s", "o3", "60000", "0", std::nullopt, "1")).at(0), 1);
+}
+
+// A call that counted the entry handed to it and then failed to record it gave the entry back
+// itself: its leave takes nothing back, as another thread of the owner may hold it.
+TEST(RecursiveQueueLeaveScript, WaiterThatCountedItsHandedEntryTakesNothingBack) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::string o2 = handed_waiter("00c2", "o2");
+    ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
+
+    EXPECT_EQ(integers(run_leave(client, "s", o2, "k")), std::vector<std::int64_t>{0});
+    EXPECT_EQ(sole_count(srv, "s"), "1");
+    EXPECT_EQ(srv.cli({"HGET", "s", "handed:o2"}), "00c2");
+}
+
+// The object gave up the acquisition handed to its call (its grant came too late): the call's
+// next attempt takes the entry over under a new id, as for any given-up acquisition, rather than
+// claim it.
+TEST(RecursiveAcquireScript, HandedEntryTheObjectGaveUpIsTakenOverNotClaimed) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::string o2 = handed_waiter("00d2", "o2");
+    ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
+
+    const auto again = run_acquire(client, "s", "o2", "60000", "0", std::string{"c9"}, "1", "00d2",
+                                   "5000", o2);
+    EXPECT_EQ(integers(again), (std::vector<std::int64_t>{1, 0}));
+    EXPECT_EQ(acquisition_id(again), "c9");
+    EXPECT_EQ(sole_count(srv, "s"), "1");
+    EXPECT_EQ(srv.cli({"HEXISTS", "s", "handed:o2"}), "0");
 }
 
 TEST(RecursiveQueueLeaveScript, HeadLeavingAFreeLockHandsItToAnHWaiterNext) {

@@ -288,6 +288,9 @@ private:
                 return refused;
             }
         }
+        if (place.counted != nullptr) {
+            *place.counted = true;
+        }
         on_entered(owner, got, sent, place.tally);
         return std::nullopt;
     }

@@ -47,6 +47,10 @@ struct queue_place {
     /// The call's wait so far, attempts counted: an attempt that acquires reports it (acquired
     /// event) before its lease can be reported lost.
     const wait_tally* tally = nullptr;
+    /// Set by an attempt whose entry the server counted, before the lock records it: should the
+    /// recording throw (and give the entry back itself), the call's leaving the queue must not
+    /// take back an entry handed to it too.
+    bool* counted = nullptr;
 
     /// How long a queue entry outlives the wait its reply asks for.
     static constexpr std::chrono::milliseconds kept{2000};
@@ -56,21 +60,21 @@ struct queue_place {
     std::string_view keep() const { return join ? std::string_view{"2000"} : "0"; }
 };
 
-/// Takes waiter `waiter` out of `lk`'s queue (see lua/queue_leave.lua): at once if the server
-/// answers within a few milliseconds, so a process that exits right after giving up leaves
-/// nothing handed to it; else in the background, for at least 2 s and until `lapses_by`, when
-/// its entry lapses by itself (until then a release may still hand the lock to it).
+/// Takes waiter `waiter` out of `lk`'s queue (see lua/queue_leave.lua, whose ARGV[4] `kind` is):
+/// at once if the server answers within a few milliseconds, so a process that exits right after
+/// giving up leaves nothing handed to it; else in the background, for at least 2 s and until
+/// `lapses_by`, when its entry lapses by itself (until then a release may still hand the lock to
+/// it).
 template <connection C>
-void leave_queue(const lock_identity<C>& lk, const std::string& waiter, bool simple,
+void leave_queue(const lock_identity<C>& lk, const std::string& waiter, std::string_view kind,
                  steady::time_point lapses_by) noexcept {
     const auto leave = [core = lk.core, key = lk.name, queue = lk.queue_key, lapses = lk.lapse_key,
                         channel = lk.channel, waiter, grace = std::string{lk.grace_text.view()},
-                        simple](steady::time_point deadline) {
+                        kind](steady::time_point deadline) {
         try {
             const reply r = detail::run_script(
                 core->connection, scripts::queue_leave, std::array<std::string_view, 1>{key},
-                std::array<std::string_view, 6>{waiter, channel, grace, simple ? "m" : "", queue,
-                                                lapses},
+                std::array<std::string_view, 6>{waiter, channel, grace, kind, queue, lapses},
                 call_context{key, deadline}, &core->events);
             return !r.is_error() || r.is_error_code("WRONGTYPE");
         } catch (...) {
@@ -150,6 +154,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
     std::shared_ptr<wake_slot> slot;
     bool joined = false;
     bool acquired = false;
+    bool counted = false;  // see queue_place::counted
     struct cleanup {
         const lock_identity<C>& lk;
         waiting_room& room;
@@ -158,6 +163,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         std::shared_ptr<wake_slot>& slot;
         bool& joined;
         bool& acquired;
+        bool& counted;
         const steady::time_point& lapses_by;
         bool simple;
         ~cleanup() {
@@ -165,10 +171,10 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 room.notify.withdraw(listen, waiter);
             }
             if (joined && !acquired) {
-                leave_queue(lk, waiter, simple, lapses_by);
+                leave_queue(lk, waiter, simple ? "m" : counted ? "k" : "", lapses_by);
             }
         }
-    } on_exit{lk, room, listen, waiter, slot, joined, acquired, lapses_by, line.simple};
+    } on_exit{lk, room, listen, waiter, slot, joined, acquired, counted, lapses_by, line.simple};
 
     const local_gates::view gate = room.gates.look(lk.name);
     // Whether the last attempt got a definite "not acquired": until then a possible re-entry
@@ -226,9 +232,9 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             }
             refused = false;
             ++tally.attempts;
-            ttl = attempt(
-                attempt_context(deadline, stop),
-                queue_place{join ? std::string_view{waiter_id()} : trying, join, may_wait, &tally});
+            ttl = attempt(attempt_context(deadline, stop),
+                          queue_place{join ? std::string_view{waiter_id()} : trying, join,
+                                      may_wait, &tally, &counted});
             refused = ttl.has_value();
             if (join && ttl) {
                 longest_wait = std::max(longest_wait, *ttl);
@@ -306,7 +312,14 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 valid_until(*first_join, lk.options.lease) - steady::now() > lk.options.lease / 2 &&
                 grant) {
                 ++tally.attempts;  // the hand-over is the attempt that succeeded
-                if (granted(*grant, *first_join, tally)) {
+                bool taken = false;
+                try {
+                    taken = granted(*grant, *first_join, tally);
+                } catch (...) {
+                    counted = true;  // the lock gave back what it could not record
+                    throw;
+                }
+                if (taken) {
                     acquired = true;
                     room.gates.note_contention(lk.name, true);
                     return true;

@@ -499,7 +499,9 @@ inline constexpr script queue_leave{
 -- ARGV[1]  the waiter id
 -- ARGV[2]  the release channel
 -- ARGV[3]  the grace, ms, a told waiter has to come
--- ARGV[4]  'm' for a simple lock (then kept free for the next head), '' for the other kinds
+-- ARGV[4]  'm' for a simple lock (then kept free for the next head), '' for the other kinds,
+--          'k' for a reentrant waiter that counted the entry handed to it (and gave it back
+--          itself): the entry is then not taken back
 -- ARGV[5]  the waiting queue; ARGV[6] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  1 left and waiters told; 0 left
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -688,8 +690,8 @@ end
 -- the mark, so the leave sent again changes nothing. Re-entries other calls of the owner made
 -- since stay.
 local acquisition, owner = string.match(ARGV[1], '^h(%x+)%.%d+%.([^@]+)')
-if kind == 'hash' and acquisition and redis.call('HGET', KEYS[1], 'handed:' .. owner) ==
-    acquisition then
+if kind == 'hash' and acquisition and ARGV[4] ~= 'k' and
+    redis.call('HGET', KEYS[1], 'handed:' .. owner) == acquisition then
     redis.call('HDEL', KEYS[1], 'handed:' .. owner)
     if redis.call('HINCRBY', KEYS[1], owner, -1) > 0 then
         return 0
@@ -720,7 +722,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "dd16c75234fea9eb9291f86c1db9791a9d6b3ac0"};
+    "77837646e35fd23609fd67c4a4639189cdbb8a74"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -738,8 +740,8 @@ inline constexpr script recursive_acquire{
 --          gave up, whose release may not have landed) is then taken over, not re-entered
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
---          is claimed as it is, whatever ARGV[5] says, with any re-entries other calls of the
---          owner made since
+--          is claimed as it is, with any re-entries other calls of the owner made since, even
+--          when ARGV[5] is '0' (unless the object gave it up: ARGV[6])
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[9]  the waiting queue; ARGV[10] its lapse times (see _queue.lua and mutex_acquire.lua)
@@ -787,7 +789,7 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-if id and id == string.match(ARGV[7], '^h(%x+)%.') then
+if id and id == string.match(ARGV[7], '^h(%x+)%.') and not (ARGV[5] == '1' and id == ARGV[6]) then
     -- The mark stays: a call that acquires never leaves the queue, and one whose reply is lost
     -- and that gives up then still takes back its one entry.
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -1004,7 +1006,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "77858edc1e3b7e8ffde17e836ca845c575205bfb"};
+    "e2ad189ecc1a9c02c864460061d22899826c5331"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",

@@ -5,7 +5,9 @@
 -- ARGV[1]  the waiter id
 -- ARGV[2]  the release channel
 -- ARGV[3]  the grace, ms, a told waiter has to come
--- ARGV[4]  'm' for a simple lock (then kept free for the next head), '' for the other kinds
+-- ARGV[4]  'm' for a simple lock (then kept free for the next head), '' for the other kinds,
+--          'k' for a reentrant waiter that counted the entry handed to it (and gave it back
+--          itself): the entry is then not taken back
 -- ARGV[5]  the waiting queue; ARGV[6] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  1 left and waiters told; 0 left
 --#include _queue.lua
@@ -25,8 +27,8 @@ end
 -- the mark, so the leave sent again changes nothing. Re-entries other calls of the owner made
 -- since stay.
 local acquisition, owner = string.match(ARGV[1], '^h(%x+)%.%d+%.([^@]+)')
-if kind == 'hash' and acquisition and redis.call('HGET', KEYS[1], 'handed:' .. owner) ==
-    acquisition then
+if kind == 'hash' and acquisition and ARGV[4] ~= 'k' and
+    redis.call('HGET', KEYS[1], 'handed:' .. owner) == acquisition then
     redis.call('HDEL', KEYS[1], 'handed:' .. owner)
     if redis.call('HINCRBY', KEYS[1], owner, -1) > 0 then
         return 0
