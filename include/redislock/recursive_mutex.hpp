@@ -237,6 +237,14 @@ private:
                 if (now >= detail::valid_until(since, opts.lease)) {
                     return false;
                 }
+                {
+                    // Handed again after this object gave it up (a claim whose grant came too
+                    // late): its release may still land, so the next attempt takes it over.
+                    std::lock_guard guard{state_->mutex};
+                    if (state_->given_up == acquisition.view()) {
+                        return false;
+                    }
+                }
                 // Held from now: the wait before the hand-over is not hold time.
                 on_entered(owner, detail::entry_reply{1, 0, acquisition.str()}, since, &wait, now);
                 return true;

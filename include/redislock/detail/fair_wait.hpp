@@ -231,6 +231,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 first_join = steady::now();
             }
             refused = false;
+            counted = false;
             ++tally.attempts;
             ttl = attempt(attempt_context(deadline, stop),
                           queue_place{join ? std::string_view{waiter_id()} : trying, join,

@@ -12,8 +12,8 @@
 --          gave up, whose release may not have landed) is then taken over, not re-entered
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
---          is claimed as it is, with any re-entries other calls of the owner made since, even
---          when ARGV[5] is '0' (unless the object gave it up: ARGV[6])
+--          is claimed as it is, with any re-entries other calls of the owner made since,
+--          whatever ARGV[5] says, unless the object gave it up (ARGV[6])
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[9]  the waiting queue; ARGV[10] its lapse times (see _queue.lua and mutex_acquire.lua)
@@ -61,7 +61,7 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-if id and id == string.match(ARGV[7], '^h(%x+)%.') and not (ARGV[5] == '1' and id == ARGV[6]) then
+if id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.') then
     -- The mark stays: a call that acquires never leaves the queue, and one whose reply is lost
     -- and that gives up then still takes back its one entry.
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
