@@ -93,11 +93,13 @@ bool nothing_left(redis_server& srv) {
     return srv.cli({"DBSIZE"}) == "0";
 }
 
-// A hiredis connection that can fail chosen commands before sending them.
+// A hiredis connection that can fail chosen commands before sending them, and opening subscriber
+// links.
 struct hooked_connection {
     std::shared_ptr<redislock::hiredis_connection> inner;
     std::shared_ptr<std::function<bool(redislock::command)>> fail_before =
         std::make_shared<std::function<bool(redislock::command)>>();
+    std::shared_ptr<std::atomic<bool>> refuse_links = std::make_shared<std::atomic<bool>>(false);
 
     redislock::reply execute(redislock::command argv) {
         return execute(argv, redislock::call_context{});
@@ -109,6 +111,9 @@ struct hooked_connection {
         return inner->execute(argv, how);
     }
     std::unique_ptr<redislock::subscriber_link> open_subscriber(std::string_view channel) {
+        if (*refuse_links) {
+            throw redislock::connection_error{"injected: no subscriber link"};
+        }
         return inner->open_subscriber(channel);
     }
     const redislock::endpoint& config() const { return inner->config(); }
@@ -313,6 +318,39 @@ TEST(Waiting, NotifierOutlivesAConnectionThatThrows) {
     EXPECT_TRUE(eventually([&] { return waiter.got(); }, 3s));
     waiter.join();
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
+// A client whose subscriber links cannot be opened tells its hook so, naming the lock, and its
+// waiter still gets the lock, by polling.
+TEST(Waiting, WaiterWhoseLinkCannotBeOpenedIsToldAndPolls) {
+    redis_server srv;
+    hooked_connection conn{std::make_shared<redislock::hiredis_connection>(srv.uri())};
+    *conn.refuse_links = true;
+    std::mutex mutex;
+    std::vector<std::string> refusals;
+    redislock::basic_client<hooked_connection> client{
+        conn, {.on_event = [&](const redislock::lock_event& e) {
+            if (e.type == redislock::event_type::subscription_refused) {
+                std::lock_guard guard{mutex};
+                refusals.push_back(std::string{e.name} + ": " + std::string{e.detail});
+            }
+        }}};
+    redislock::client holder_client{srv.uri()};
+    auto holder = holder_client.mutex("unlinked", {.lease = 30s});
+    auto waiter = client.mutex("unlinked", {.lease = 30s, .backoff_max = 200ms});
+    ASSERT_TRUE(holder.try_lock());
+    waiting_thread t{waiter, 20s};
+    ASSERT_TRUE(eventually([&] {
+        std::lock_guard guard{mutex};
+        return !refusals.empty();
+    }));
+    holder.unlock();
+    EXPECT_TRUE(eventually([&] { return t.got(); }, 5s));
+    t.join();
+    std::lock_guard guard{mutex};
+    ASSERT_EQ(refusals.size(), 1u);
+    EXPECT_EQ(refusals.front(),
+              "unlinked: could not open a subscriber link: injected: no subscriber link");
 }
 
 // A holder that dies without releasing delays the waiter by its lease, not more.
@@ -693,6 +731,7 @@ struct scripted_wire {
     std::mutex mutex;
     std::vector<std::string> sent;  // "VERB channel"
     std::vector<redislock::reply> queued;
+    bool broken = false;  // the next read() finds the connection closed
     int pipe[2]{-1, -1};
 
     scripted_wire() {
@@ -725,6 +764,9 @@ public:
     }
     void read(std::vector<redislock::reply>& out) override {
         std::lock_guard guard{wire_->mutex};
+        if (wire_->broken) {
+            throw redislock::connection_error{"injected: closed by the server"};
+        }
         char drained[64];
         for (std::size_t i = 0; i < wire_->queued.size(); ++i) {
             (void)!::read(wire_->pipe[0], drained, 1);
@@ -746,15 +788,23 @@ redislock::reply push_message(const char* kind, const std::string& channel) {
 
 // A notifier on one scripted link, for waiter 'w@1' of lock 'lk'. Its refusal reports are kept
 // as "name: why", and `after_report` runs after each. With `node_throws` set, naming a channel's
-// node throws.
+// node throws; with `open_throws` set, opening the link does (`opens` counts the tries).
 struct scripted_notifier {
     std::shared_ptr<scripted_wire> wire = std::make_shared<scripted_wire>();
     std::atomic<bool> node_throws{false};
+    std::atomic<bool> open_throws{false};
+    std::atomic<int> opens{0};
     std::mutex reports_mutex;
     std::vector<std::string> reports;
     std::function<void()> after_report = [] {};
     redislock::detail::notifier notifier{
-        [w = wire](std::string_view) { return std::make_unique<scripted_link>(w); },
+        [this](std::string_view) {
+            ++opens;
+            if (open_throws) {
+                throw redislock::connection_error{"injected: connection refused"};
+            }
+            return std::make_unique<scripted_link>(wire);
+        },
         [this](std::string_view) {
             if (node_throws) {
                 throw std::runtime_error{"injected: no node"};
@@ -904,6 +954,39 @@ TEST(Notifier, ConnectionThatCannotNameTheNodeIsReported) {
     ASSERT_TRUE(eventually([&] { return !n.reported().empty(); }));
     EXPECT_EQ(n.reported().front(), "lk: injected: no node");
     EXPECT_EQ(n.wire->count("SSUBSCRIBE ch"), 0u);
+    n.notifier.withdraw("ch", "w@1");
+}
+
+// A subscriber link that cannot be opened (its server out of reach, or refusing connections) is
+// reported like a refusal, with what the connection threw: once while the tries keep failing,
+// and again after the channel was subscribed in between.
+TEST(Notifier, LinkThatCannotBeOpenedIsReportedOnceUntilSubscribedAgain) {
+    scripted_notifier n;
+    n.open_throws = true;
+    const std::string told = "lk: could not open a subscriber link: injected: connection refused";
+    for (int i = 0; i < 3; ++i) {
+        EXPECT_FALSE(n.enroll("ch", 2s));
+    }
+    EXPECT_GE(n.opens.load(), 3);
+    ASSERT_TRUE(eventually([&] { return !n.reported().empty(); }));
+    EXPECT_EQ(n.reported(), std::vector<std::string>{told});
+
+    n.open_throws = false;
+    std::jthread waiter{[&] { EXPECT_TRUE(n.enroll("ch", 5s)); }};
+    ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE ch") == 1; }));
+    n.push({push_message("ssubscribe", "ch")});
+    waiter.join();
+
+    n.open_throws = true;
+    {
+        std::lock_guard guard{n.wire->mutex};
+        n.wire->broken = true;
+    }
+    n.wire->push(push_message("smessage", "ch"));
+    ASSERT_TRUE(eventually([&] { return !n.slot->subscribed(); }));
+    EXPECT_FALSE(n.enroll("ch", 2s));
+    ASSERT_TRUE(eventually([&] { return n.reported().size() == 2; }));
+    EXPECT_EQ(n.reported().back(), told);
     n.notifier.withdraw("ch", "w@1");
 }
 

@@ -111,7 +111,8 @@ enum class event_type {
     lost,             ///< a held lock was found lost
     reconnected,      ///< a broken connection was replaced, or a Sentinel master switched
     script_reloaded,  ///< NOSCRIPT was answered with SCRIPT LOAD
-    subscription_refused,  ///< waiters of a lock poll: their channel was refused
+    subscription_refused,  ///< waiters of a lock poll: their channel was refused, or no
+                           ///< subscriber link could be opened
 };
 
 /// Which lock an event is about.

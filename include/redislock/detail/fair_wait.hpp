@@ -57,7 +57,10 @@ struct queue_place {
 
     /// The script argument saying how long a queue entry outlives the wait its reply asks for
     /// ('0': do not join).
-    std::string_view keep() const { return join ? std::string_view{"2000"} : "0"; }
+    std::string_view keep() const {
+        static const std::string kept_text = std::to_string(kept.count());
+        return join ? std::string_view{kept_text} : "0";
+    }
 };
 
 /// Takes waiter `waiter` out of `lk`'s queue (see lua/queue_leave.lua, whose ARGV[4] `kind` is):

@@ -296,6 +296,7 @@ private:
         steady::time_point failed_at{};
         steady::time_point retry_after{};  // not subscribed again before then
         steady::time_point unused_since = steady::now();
+        bool open_failure_told = false;  // since it was last subscribed (see fail_open)
     };
 
     struct link_state {
@@ -588,6 +589,7 @@ private:
                 return;
             }
         }
+        std::string why;
         try {
             std::unique_ptr<subscriber_link> link = open_(channel);
             if (link) {
@@ -598,10 +600,38 @@ private:
                 poke();  // the next round subscribes the node's channels at once, not a tick later
                 return;
             }
+            why = "the connection opened no subscriber link";
         } catch (...) {
+            try {
+                why = "could not open a subscriber link: ";
+                why += message_of_current_exception();
+            } catch (...) {
+                // Out of memory: told without the reason.
+            }
         }
         retry_at = steady::now() + retry_pause;
-        fail_channels_of(node);
+        fail_open(node, why);
+    }
+
+    // Opening a link to `node` failed (`why`): its channels' waiters poll until the next try.
+    // Each channel is told once (subscription_refused) until it is subscribed again, not at every
+    // try while its server stays out of reach.
+    void fail_open(const std::string& node, std::string_view why) noexcept {
+        {
+            std::lock_guard guard{mutex_};
+            const auto now = steady::now();
+            for (auto& [name, ch] : channels_) {
+                if (ch.node != node) {
+                    continue;
+                }
+                if (!ch.open_failure_told) {
+                    note_refusal_locked(ch, why);
+                    ch.open_failure_told = true;
+                }
+                fail_locked(ch, now);
+            }
+        }
+        settled_.notify_all();
     }
 
     // Needs links_mutex_. Skips a channel whose link failed since it was planned.
@@ -707,6 +737,7 @@ private:
             if (auto it = channels_.find(channel); it != channels_.end()) {
                 it->second.status = link_status::active;
                 it->second.node = node;
+                it->second.open_failure_told = false;
                 for (auto& [id, slot] : it->second.waiters) {
                     slot->set_subscribed(true);
                 }

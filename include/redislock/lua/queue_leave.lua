@@ -40,21 +40,18 @@ end
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
     return 0
 end
+-- A free lock goes to the head, as a release would hand it on: a simple lock is kept free for
+-- it or handed to a 'g' head; a lock of another kind is handed to an 'h' head, others are told
+-- they may go (telling an 'h' waiter by name would read as a hand-over).
+if kind == 'none' then
+    local hand_on = ARGV[4] == 'm' and queue_hand_on or queue_hand_on_entry
+    return hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+end
+-- Read-held: only readers may join now.
 queue_prune(queue, lapses, now)
 local run = queue_runners(queue)
-if kind == 'hash' and string.sub(run[1] or 'w', 1, 1) ~= 'r' then
-    return 0  -- read-held: only readers may join now
-end
-if #run == 0 then
+if string.sub(run[1] or 'w', 1, 1) ~= 'r' then
     return 0
-end
-if kind == 'none' and ARGV[4] == 'm' then
-    return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
-end
--- A free lock of another kind: an 'h' head is handed it, as a release would (telling it by name
--- that it may go would read as a hand-over).
-if kind == 'none' then
-    return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
