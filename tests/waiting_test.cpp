@@ -788,28 +788,34 @@ redislock::reply push_message(const char* kind, const std::string& channel) {
 
 // A notifier on one scripted link, for waiter 'w@1' of lock 'lk'. Its refusal reports are kept
 // as "name: why", and `after_report` runs after each. With `node_throws` set, naming a channel's
-// node throws; with `open_throws` set, opening the link does (`opens` counts the tries).
+// node throws; with `open_throws` set, opening a link does, and with `down_throws` opening one
+// for a channel starting "down" does (`opens` counts the tries). The node of every channel is
+// "node"; with `node_per_channel` set, the channel itself, and with `nodeless` set, "" (as for a
+// connection that does not name nodes).
 struct scripted_notifier {
     std::shared_ptr<scripted_wire> wire = std::make_shared<scripted_wire>();
     std::atomic<bool> node_throws{false};
+    std::atomic<bool> node_per_channel{false};
+    std::atomic<bool> nodeless{false};
     std::atomic<bool> open_throws{false};
+    std::atomic<bool> down_throws{false};
     std::atomic<int> opens{0};
     std::mutex reports_mutex;
     std::vector<std::string> reports;
     std::function<void()> after_report = [] {};
     redislock::detail::notifier notifier{
-        [this](std::string_view) {
+        [this](std::string_view channel) {
             ++opens;
-            if (open_throws) {
+            if (open_throws || (down_throws && channel.starts_with("down"))) {
                 throw redislock::connection_error{"injected: connection refused"};
             }
             return std::make_unique<scripted_link>(wire);
         },
-        [this](std::string_view) {
+        [this](std::string_view channel) {
             if (node_throws) {
                 throw std::runtime_error{"injected: no node"};
             }
-            return std::string{"node"};
+            return nodeless ? std::string{} : node_per_channel ? std::string{channel} : "node";
         },
         {},
         [this](std::string_view name, std::string_view why) {
@@ -959,13 +965,15 @@ TEST(Notifier, ConnectionThatCannotNameTheNodeIsReported) {
 
 // A subscriber link that cannot be opened (its server out of reach, or refusing connections) is
 // reported like a refusal, with what the connection threw: once while the tries keep failing,
-// and again after the channel was subscribed in between.
+// across the waits of that time, and again after the channel was subscribed in between.
 TEST(Notifier, LinkThatCannotBeOpenedIsReportedOnceUntilSubscribedAgain) {
     scripted_notifier n;
     n.open_throws = true;
     const std::string told = "lk: could not open a subscriber link: injected: connection refused";
     for (int i = 0; i < 3; ++i) {
         EXPECT_FALSE(n.enroll("ch", 2s));
+        n.notifier.withdraw("ch", "w@1");
+        std::this_thread::sleep_for(500ms);  // rounds that forget the channel without waiters
     }
     EXPECT_GE(n.opens.load(), 3);
     ASSERT_TRUE(eventually([&] { return !n.reported().empty(); }));
@@ -988,6 +996,57 @@ TEST(Notifier, LinkThatCannotBeOpenedIsReportedOnceUntilSubscribedAgain) {
     ASSERT_TRUE(eventually([&] { return n.reported().size() == 2; }));
     EXPECT_EQ(n.reported().back(), told);
     n.notifier.withdraw("ch", "w@1");
+}
+
+// On a connection that does not name nodes, every channel is on the one node "": a failed open
+// is told for the locks someone waits for, not for one refused earlier and left since.
+TEST(Notifier, FailedOpenIsToldOnlyForLocksSomeoneWaitsFor) {
+    scripted_notifier n;
+    n.nodeless = true;
+    std::jthread refused{[&] { EXPECT_FALSE(n.enroll_other("b", 3s)); }};
+    ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE b") == 1; }));
+    n.wire->push(redislock::reply::error("NOPERM b"));
+    refused.join();
+    n.notifier.withdraw("b", "w@2");
+    {
+        std::lock_guard guard{n.wire->mutex};
+        n.wire->broken = true;
+    }
+    n.wire->push(push_message("smessage", "b"));
+    ASSERT_TRUE(eventually([&] { return n.opens.load() == 1 && n.reported().size() == 1; }));
+    std::this_thread::sleep_for(300ms);  // the notifier's thread finds the link lost
+
+    n.open_throws = true;
+    EXPECT_FALSE(n.enroll("ch", 2s));
+    ASSERT_TRUE(eventually([&] { return n.reported().size() >= 2; }));
+    std::this_thread::sleep_for(300ms);
+    const std::vector<std::string> expected{
+        "other: NOPERM b", "lk: could not open a subscriber link: injected: connection refused"};
+    EXPECT_EQ(n.reported(), expected);
+    n.notifier.withdraw("ch", "w@1");
+}
+
+// A node whose link cannot be opened does not keep the links to other nodes from being opened.
+TEST(Notifier, NodeThatCannotBeReachedDelaysNoOtherNode) {
+    scripted_notifier n;
+    n.node_per_channel = true;
+    n.down_throws = true;
+    std::atomic<bool> done{false};
+    std::jthread down{[&] {
+        while (!done) {
+            (void)n.enroll("down", 300ms);  // first in the channels' order
+        }
+        n.notifier.withdraw("down", "w@1");
+    }};
+    ASSERT_TRUE(eventually([&] { return n.opens.load() >= 2; }));
+    std::jthread up{[&] { EXPECT_TRUE(n.enroll_other("up", 5s)); }};
+    EXPECT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE up") == 1; }, 2s))
+        << "the other node's link was not opened";
+    n.push({push_message("ssubscribe", "up")});
+    up.join();
+    done = true;
+    down.join();
+    n.notifier.withdraw("up", "w@2");
 }
 
 }  // namespace

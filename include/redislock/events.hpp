@@ -26,7 +26,8 @@
 //   refused          | are told on was refused: the server said no | server's error, or what the
 //                    | (NOPERM under a channel ACL, MOVED while    | connection threw)
 //                    | its slot moves, no sharded pub/sub), or the |
-//                    | connection could not name its node. Those   |
+//                    | connection could not name its node or open  |
+//                    | a subscriber link to it. Those              |
 //                    | waiters poll, bounded by the holder's lease,|
 //                    | until it is asked for again (10 s after     |
 //                    | NOPERM, else 200 ms; never again without    |
@@ -76,7 +77,8 @@
 // or the reaper that finishes background releases); what the sentinel_connection's subscription
 // thread finds when it checks the master (after +switch-master, or after it subscribed again) is
 // reported on that thread: a pool opened to a new master, or a connection of the master's pool
-// reopened; subscription_refused on the client's subscriber thread, once per refusal.
+// reopened; subscription_refused on the client's subscriber thread, once per lock while the same
+// refusal lasts (again for another reason, after a subscription succeeded, or a minute later).
 //
 // Lifetime: the hook may be called as long as any lock of the client, or a release or queue
 // exit left to the background reaper, is alive: after the client itself is gone, and for a

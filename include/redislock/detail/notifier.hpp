@@ -296,7 +296,6 @@ private:
         steady::time_point failed_at{};
         steady::time_point retry_after{};  // not subscribed again before then
         steady::time_point unused_since = steady::now();
-        bool open_failure_told = false;  // since it was last subscribed (see fail_open)
     };
 
     struct link_state {
@@ -366,7 +365,7 @@ private:
     }
 
     // One round: plans, opens and sends, waits for input, reads it. False once stopping.
-    bool run_round(steady::time_point& retry_at) {
+    bool run_round(steady::time_point retry_at) {
         std::vector<std::pair<std::string, std::string>> to_send;  // channel, command
         std::vector<std::string> to_open;
         {
@@ -416,15 +415,32 @@ private:
         return report_refusals();
     }
 
-    // Needs mutex_. Keeps a refusal for report_refusals(); dropped when memory runs out.
-    void note_refusal_locked(const channel_state& ch, std::string_view why) noexcept {
+    // Needs mutex_. Keeps a refusal of `channel` for report_refusals(), unless the same one was
+    // told within retell_after and the channel was not subscribed since: a cause that lasts (a
+    // server out of reach, a slot on the move) is told once, not at every try. Dropped when
+    // memory runs out.
+    void note_refusal_locked(const std::string& channel, const channel_state& ch,
+                             std::string_view why) noexcept {
         if (!report_) {
+            return;
+        }
+        const auto now = steady::now();
+        if (auto told = told_.find(channel);
+            told != told_.end() && told->second.why == why && now - told->second.at < retell_after) {
             return;
         }
         try {
             refusals_.emplace_back(ch.name, why);
-            poke();  // refused on a spinner's thread: this thread tells it soon
         } catch (...) {
+            return;  // not told, so not remembered either
+        }
+        poke();  // refused on a spinner's thread: this thread tells it soon
+        try {
+            told_refusal& told = told_[channel];
+            told.at = now;
+            told.why.assign(why);
+        } catch (...) {
+            // Out of memory: the next refusal is told again.
         }
     }
 
@@ -474,6 +490,7 @@ private:
     // passed (a refused one keeps its longer pause); every waiter tries again (a message may be
     // missing) and polls meanwhile.
     void reset() noexcept {
+        reopen_after_.clear();
         std::lock_guard reading{links_mutex_};
         links_.clear();
         std::lock_guard guard{mutex_};
@@ -531,6 +548,7 @@ private:
     void plan_locked(std::vector<std::pair<std::string, std::string>>& to_send,
                      std::vector<std::string>& to_open, steady::time_point retry_at) {
         const auto now = steady::now();
+        std::erase_if(told_, [&](const auto& told) { return now - told.second.at >= retell_after; });
         for (auto it = channels_.begin(); it != channels_.end();) {
             channel_state& ch = it->second;
             if (ch.status == link_status::wanted && now >= ch.retry_after) {
@@ -539,7 +557,7 @@ private:
                         ch.node = node_of_ ? node_of_(it->first) : std::string{};
                     } catch (...) {
                         // The connection cannot name the node now: its waiters poll a while.
-                        note_refusal_locked(ch, message_of_current_exception());
+                        note_refusal_locked(it->first, ch, message_of_current_exception());
                         refuse_locked(ch, retry_pause);
                         settled_.notify_all();
                         ++it;
@@ -547,7 +565,7 @@ private:
                     }
                 }
                 if (links_.count(ch.node) == 0) {
-                    if (now >= retry_at) {
+                    if (now >= retry_at && now >= reopen_time(ch.node)) {
                         to_open.push_back(it->first);
                     }
                 } else {
@@ -568,8 +586,9 @@ private:
     }
 
     // Called with no lock held. Skips a channel no longer wanted (a link of its node failed
-    // since it was planned) and every channel once an open failed this round.
-    void open_link(const std::string& channel, steady::time_point& retry_at) {
+    // since it was planned) and, once an open failed, the channels of that node until its pause
+    // is over: another node's are still opened.
+    void open_link(const std::string& channel, steady::time_point retry_at) {
         if (steady::now() < retry_at) {
             return;
         }
@@ -589,6 +608,9 @@ private:
                 return;
             }
         }
+        if (steady::now() < reopen_time(node)) {
+            return;
+        }
         std::string why;
         try {
             std::unique_ptr<subscriber_link> link = open_(channel);
@@ -597,10 +619,11 @@ private:
                     std::lock_guard reading{links_mutex_};
                     links_[node].link = std::move(link);
                 }
+                reopen_after_.erase(node);
                 poke();  // the next round subscribes the node's channels at once, not a tick later
                 return;
             }
-            why = "the connection opened no subscriber link";
+            why = "could not open a subscriber link: the connection opened none";
         } catch (...) {
             try {
                 why = "could not open a subscriber link: ";
@@ -609,24 +632,32 @@ private:
                 // Out of memory: told without the reason.
             }
         }
-        retry_at = steady::now() + retry_pause;
+        try {
+            reopen_after_[node] = steady::now() + retry_pause;
+        } catch (...) {
+            // Out of memory: tried again next round.
+        }
         fail_open(node, why);
     }
 
-    // Opening a link to `node` failed (`why`): its channels' waiters poll until the next try.
-    // Each channel is told once (subscription_refused) until it is subscribed again, not at every
-    // try while its server stays out of reach.
+    // When a link to `node` may be opened again after a failed open. This thread's only.
+    steady::time_point reopen_time(const std::string& node) const noexcept {
+        const auto it = reopen_after_.find(node);
+        return it == reopen_after_.end() ? steady::time_point{} : it->second;
+    }
+
+    // Opening a link to `node` failed (`why`): the waiters of its channels poll until the next
+    // try, and each channel someone waits for is told (see note_refusal_locked).
     void fail_open(const std::string& node, std::string_view why) noexcept {
         {
             std::lock_guard guard{mutex_};
             const auto now = steady::now();
-            for (auto& [name, ch] : channels_) {
+            for (auto& [channel, ch] : channels_) {
                 if (ch.node != node) {
                     continue;
                 }
-                if (!ch.open_failure_told) {
-                    note_refusal_locked(ch, why);
-                    ch.open_failure_told = true;
+                if (ch.status == link_status::wanted && !ch.waiters.empty()) {
+                    note_refusal_locked(channel, ch, why);
                 }
                 fail_locked(ch, now);
             }
@@ -705,7 +736,7 @@ private:
                 std::lock_guard guard{mutex_};
                 if (!state.awaiting.empty()) {
                     if (auto it = channels_.find(state.awaiting.front()); it != channels_.end()) {
-                        note_refusal_locked(it->second, r.text());
+                        note_refusal_locked(it->first, it->second, r.text());
                     }
                 }
                 unsupported_ = true;
@@ -737,7 +768,7 @@ private:
             if (auto it = channels_.find(channel); it != channels_.end()) {
                 it->second.status = link_status::active;
                 it->second.node = node;
-                it->second.open_failure_told = false;
+                told_.erase(channel);
                 for (auto& [id, slot] : it->second.waiters) {
                     slot->set_subscribed(true);
                 }
@@ -811,7 +842,7 @@ private:
             if (it == channels_.end()) {
                 return;
             }
-            note_refusal_locked(it->second, why);
+            note_refusal_locked(channel, it->second, why);
             refuse_locked(it->second, pause);
         }
         settled_.notify_all();
@@ -854,6 +885,7 @@ private:
     static constexpr std::chrono::milliseconds tick{200};
     static constexpr std::chrono::milliseconds retry_pause{200};
     static constexpr std::chrono::seconds refused_pause{10};
+    static constexpr std::chrono::minutes retell_after{1};
 
     // 64 random bits: two clients that drew the same would only hear each other's messages.
     const std::string id_suffix_ = "@" + std::string{token::random().view().substr(0, 16)};
@@ -863,6 +895,8 @@ private:
     steady::duration spin_;
     std::atomic<int> spinners_{0};    // waiters in wait()'s spin
     std::atomic<bool> poked_{false};  // the pipe may hold a byte (see wait_while_spinning)
+    // When a link to each node whose open failed may be tried again; this thread's only.
+    std::map<std::string, steady::time_point> reopen_after_;
     // The links, read by this notifier's thread or by a spinning waiter. Taken before mutex_.
     std::mutex links_mutex_;
     std::map<std::string, link_state> links_;
@@ -870,6 +904,11 @@ private:
     std::condition_variable_any settled_;
     std::map<std::string, channel_state> channels_;
     std::vector<std::pair<std::string, std::string>> refusals_;  // lock name, why; not yet told
+    struct told_refusal {
+        std::string why;
+        steady::time_point at;
+    };
+    std::map<std::string, told_refusal> told_;  // per channel: the last refusal told
     bool stopping_ = false;
     bool unsupported_ = false;
     int pipe_[2]{-1, -1};
