@@ -233,13 +233,11 @@ int run(int argc, char** argv) {
     // The same lock timed against raw_hiredis within each iteration (see paired_with_raw).
     const std::string paired_name{"cluster_mutex_lock_unlock_paired"};
     reporter.expect_paired(paired_name);
-    benchmark::RegisterBenchmark(
-        paired_name.c_str(),
-        [&raw, m = cc.mutex("{bench:raw}:paired")](benchmark::State& state) mutable {
-            redislock::bench::paired_with_raw(
-                state, raw, [&m] { return redislock::bench::lock_unlock_once(m); });
-        })
-        ->UseRealTime();
+    benchmark::RegisterBenchmark(paired_name.c_str(), [&raw, m = cc.mutex("{bench:raw}:paired")](
+                                                          benchmark::State& state) mutable {
+        redislock::bench::paired_with_raw(state, raw,
+                                          [&m] { return redislock::bench::lock_unlock_once(m); });
+    })->UseRealTime();
     benchmark::RunSpecifiedBenchmarks(&reporter);
     benchmark::Shutdown();
     if (locks > 0) {

@@ -104,9 +104,8 @@ public:
         counter_->fetch_add(commands.size(), std::memory_order_relaxed);
         return inner_.execute_pipeline(commands);
     }
-    std::vector<redislock::reply> execute_pipeline(
-        std::span<const redislock::command> commands,
-        std::span<const redislock::call_context> hows) {
+    std::vector<redislock::reply> execute_pipeline(std::span<const redislock::command> commands,
+                                                   std::span<const redislock::call_context> hows) {
         counter_->fetch_add(commands.size(), std::memory_order_relaxed);
         return inner_.execute_pipeline(commands, hows);
     }
@@ -287,9 +286,9 @@ void run_variant(const char* variant, worker_fn fn, int processes, int threads,
         return static_cast<double>(waits[static_cast<std::size_t>(q * (waits.size() - 1))]) / 1e6;
     };
     const double n = std::max<double>(1, static_cast<double>(acquisitions));
-    std::printf("%-15s %dx%d %10.0f %9.3f %9.3f %9.2f %8.2f %8.2f %6.1f%% %7" PRIu64 "\n",
-                variant, processes, threads, static_cast<double>(acquisitions) / seconds,
-                pct(0.5), pct(0.99), waits.empty() ? 0.0 : static_cast<double>(waits.back()) / 1e6,
+    std::printf("%-15s %dx%d %10.0f %9.3f %9.3f %9.2f %8.2f %8.2f %6.1f%% %7" PRIu64 "\n", variant,
+                processes, threads, static_cast<double>(acquisitions) / seconds, pct(0.5),
+                pct(0.99), waits.empty() ? 0.0 : static_cast<double>(waits.back()) / 1e6,
                 static_cast<double>(commands) / n, static_cast<double>(server_calls(srv)) / n,
                 100.0 * static_cast<double>(rewins) / n, page.overlaps.load());
     std::fflush(stdout);
@@ -343,10 +342,10 @@ int main(int argc, char** argv) {
         for (const auto& [processes, threads] : shapes) {
             run_variant("redislock", library_worker, processes, threads, srv, page, seconds,
                         client_first, client_last);
-            run_variant("raw_busy_poll", raw_worker<false>, processes, threads, srv, page,
-                        seconds, client_first, client_last);
-            run_variant("raw_sleep_poll", raw_worker<true>, processes, threads, srv, page,
-                        seconds, client_first, client_last);
+            run_variant("raw_busy_poll", raw_worker<false>, processes, threads, srv, page, seconds,
+                        client_first, client_last);
+            run_variant("raw_sleep_poll", raw_worker<true>, processes, threads, srv, page, seconds,
+                        client_first, client_last);
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "contention_bench: %s\n", e.what());

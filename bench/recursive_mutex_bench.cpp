@@ -60,17 +60,19 @@ auto own_scripts(redislock::bench::raw_baseline& raw) {
     namespace scripts = redislock::detail::scripts;
     using lock = redislock::bench::library_arguments;
     return redislock::bench::own_scripts{
-        raw, scripts::recursive_acquire, scripts::recursive_release,
+        raw,
+        scripts::recursive_acquire,
+        scripts::recursive_release,
         "bench:recursive_raw_scripts",
         [](std::string_view sha, const lock& a, std::string_view id) {
             return std::array<std::string_view, 15>{"EVALSHA", sha,     "2", a.name,  a.fence,
-                                                     a.owner,   a.lease, "0", id,      "1",
-                                                     "",        "w",     "0", a.queue, a.lapses};
+                                                    a.owner,   a.lease, "0", id,      "1",
+                                                    "",        "w",     "0", a.queue, a.lapses};
         },
         [](std::string_view sha, const lock& a, std::string_view id) {
-            return std::array<std::string_view, 12>{"EVALSHA", sha,       "1",     a.name,
-                                                     a.owner,   "1",       a.lease, a.channel,
-                                                     id,        a.grace,   a.queue, a.lapses};
+            return std::array<std::string_view, 12>{"EVALSHA", sha,     "1",     a.name,
+                                                    a.owner,   "1",     a.lease, a.channel,
+                                                    id,        a.grace, a.queue, a.lapses};
         }};
 }
 
@@ -86,11 +88,10 @@ void register_variants(redislock::bench::suite& suite) {
                      [m = client.recursive_mutex("bench:recursive_paired")]() mutable {
                          return redislock::bench::lock_unlock_once(m);
                      });
-    suite.add_paired_against(
-        "recursive_mutex_vs_own_scripts_paired", own_scripts(suite.raw()),
-        [m = client.recursive_mutex("bench:recursive_vs_scripts")]() mutable {
-            return redislock::bench::lock_unlock_once(m);
-        });
+    suite.add_paired_against("recursive_mutex_vs_own_scripts_paired", own_scripts(suite.raw()),
+                             [m = client.recursive_mutex("bench:recursive_vs_scripts")]() mutable {
+                                 return redislock::bench::lock_unlock_once(m);
+                             });
 }
 
 }  // namespace

@@ -74,18 +74,19 @@ auto own_scripts(redislock::bench::raw_baseline& raw, std::string_view mode) {
     namespace scripts = redislock::detail::scripts;
     using lock = redislock::bench::library_arguments;
     return redislock::bench::own_scripts{
-        raw, scripts::shared_acquire, scripts::shared_release,
+        raw,
+        scripts::shared_acquire,
+        scripts::shared_release,
         "bench:shared_raw_scripts_" + std::string{mode},
         [mode](std::string_view sha, const lock& a, std::string_view id) {
-            return std::array<std::string_view, 16>{"EVALSHA", sha,      "2",     a.name,
-                                                     a.fence,   a.owner,  mode,    a.lease,
-                                                     "0",       mode,     id,      "1",
-                                                     "",        "0",      a.queue, a.lapses};
+            return std::array<std::string_view, 16>{
+                "EVALSHA", sha,  "2", a.name, a.fence, a.owner, mode,    a.lease,
+                "0",       mode, id,  "1",    "",      "0",     a.queue, a.lapses};
         },
         [mode](std::string_view sha, const lock& a, std::string_view id) {
-            return std::array<std::string_view, 12>{"EVALSHA", sha,  "1",       a.name,
-                                                     a.owner,   mode, "1",       a.channel,
-                                                     id,        a.grace, a.queue, a.lapses};
+            return std::array<std::string_view, 12>{"EVALSHA", sha,     "1",     a.name,
+                                                    a.owner,   mode,    "1",     a.channel,
+                                                    id,        a.grace, a.queue, a.lapses};
         }};
 }
 

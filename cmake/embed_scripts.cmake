@@ -64,5 +64,9 @@ file(WRITE ${OUTPUT}
 
 namespace redislock::detail::scripts {
 
-${body}}  // namespace redislock::detail::scripts
+// The scripts are embedded as written.
+// clang-format off
+${body}// clang-format on
+
+}  // namespace redislock::detail::scripts
 ")

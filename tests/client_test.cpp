@@ -31,11 +31,12 @@ TEST(Client, InstanceIdsAreRandomAndDistinct) {
 
 TEST(Client, WaitSpinOutsideZeroToOneHourIsRefusedBeforeConnecting) {
     // No server listens on port 1: the option is checked first, so the error names it.
-    for (const auto spin : {std::chrono::microseconds{-1},
-                            std::chrono::microseconds{std::chrono::hours{1}} + 1us,
-                            std::chrono::microseconds::max()}) {
+    for (const auto spin :
+         {std::chrono::microseconds{-1}, std::chrono::microseconds{std::chrono::hours{1}} + 1us,
+          std::chrono::microseconds::max()}) {
         try {
-            redislock::client c{"redis://127.0.0.1:1", redislock::client_options{.wait_spin = spin}};
+            redislock::client c{"redis://127.0.0.1:1",
+                                redislock::client_options{.wait_spin = spin}};
             ADD_FAILURE() << "wait_spin " << spin.count() << " us was accepted";
         } catch (const redislock::invalid_argument& e) {
             EXPECT_NE(std::string{e.what()}.find("wait_spin"), std::string::npos) << e.what();

@@ -161,8 +161,8 @@ TEST(FaultConnection, ReleaseWhoseReplyIsLostIsNotReportedLost) {
     EXPECT_EQ(ec, errc::connection_failed);
     EXPECT_FALSE(m.owned());
     EXPECT_EQ(srv.cli({"EXISTS", "k"}), "0");  // deleted by the first send
-    EXPECT_TRUE(eventually(
-        [&] { return count(client.connection().log(), "EVALSHA mutex_release") >= 2; }));
+    EXPECT_TRUE(
+        eventually([&] { return count(client.connection().log(), "EVALSHA mutex_release") >= 2; }));
     // One retry, no more: "not ours" ends it (a retry would follow within 10 ms), and is not
     // taken for a loss.
     std::this_thread::sleep_for(300ms);
@@ -376,8 +376,7 @@ TEST(FaultConnection, FencedAcquisitionWhoseReplyIsLostTakesBackItsKey) {
     redis_server srv;
     fault_client client{srv.uri()};
     auto m = client.mutex("k", {.fencing = true});
-    client.connection().inject(fault::throw_after_send, "EVALSHA", 1,
-                               scripts::mutex_acquire);
+    client.connection().inject(fault::throw_after_send, "EVALSHA", 1, scripts::mutex_acquire);
 
     EXPECT_THROW((void)m.try_lock(), redislock::connection_error);
 

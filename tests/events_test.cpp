@@ -698,9 +698,9 @@ TEST(Events, NamesOfEveryEnumeratorAreSpelledOut) {
 // refusal, naming the lock; its waiter still gets the lock, by polling.
 TEST(Events, RefusedSubscriptionIsReportedAndTheWaiterPolls) {
     redis_server srv;
-    ASSERT_EQ(srv.cli({"ACL", "SETUSER", "nochannels", "on", ">pw", "~*", "+@all",
-                       "resetchannels"}),
-              "OK");
+    ASSERT_EQ(
+        srv.cli({"ACL", "SETUSER", "nochannels", "on", ">pw", "~*", "+@all", "resetchannels"}),
+        "OK");
     std::mutex mutex;
     std::vector<std::string> refusals;
     redislock::client holder_client{srv.uri()};

@@ -255,9 +255,9 @@ TEST(FaultyConnection, ClientOwnsACopyWhileTheTestChangesRulesThroughItsHandle) 
     auto m = client.mutex("copied", {.lease = 5s});
     ASSERT_TRUE(m.try_lock());
     // Loaded first, so the release's EVALSHA runs (no NOSCRIPT and resend).
-    ASSERT_EQ(srv.cli({"SCRIPT", "LOAD",
-                       std::string{redislock::detail::scripts::mutex_release.source}}),
-              redislock::detail::scripts::mutex_release.sha1);
+    ASSERT_EQ(
+        srv.cli({"SCRIPT", "LOAD", std::string{redislock::detail::scripts::mutex_release.source}}),
+        redislock::detail::scripts::mutex_release.sha1);
     // The release's reply is lost: the key is gone on the server all the same.
     handle.add(
         {.command = "EVALSHA", .script = "mutex_release", .action = fault_action::drop_reply});

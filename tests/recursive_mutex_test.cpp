@@ -117,8 +117,7 @@ std::string waiter_for(std::string_view owner) {
 // not join the waiting queue; otherwise a refused attempt queues waiter_for(owner).
 redislock::reply run_acquire(redislock::client& client, std::string_view key,
                              std::string_view owner, std::string_view lease_ms,
-                             std::string_view fencing,
-                             std::optional<std::string> id = std::nullopt,
+                             std::string_view fencing, std::optional<std::string> id = std::nullopt,
                              std::string_view holds_none = "0", std::string_view given_up = "",
                              std::string_view keep = "0", std::string_view waiter_id = "") {
     const std::string fence_key = redislock::detail::derived_key(key, "fence");
@@ -154,8 +153,8 @@ redislock::reply queue_as(redislock::client& client, std::string_view key, std::
 
 // Waiter `waiter` gives up and leaves `key`'s queue (lua/queue_leave.lua); `kind` 'k': its call
 // counted the entry handed to it.
-redislock::reply run_leave(redislock::client& client, std::string_view key,
-                           std::string_view waiter, std::string_view kind = "") {
+redislock::reply run_leave(redislock::client& client, std::string_view key, std::string_view waiter,
+                           std::string_view kind = "") {
     const std::string channel = redislock::detail::derived_key(key, "released");
     const std::string queue_key = redislock::detail::derived_key(key, "queue");
     const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
@@ -191,10 +190,9 @@ std::int64_t server_us(const redis_server& srv) {
 // for any other reply.
 std::int64_t fence_of(const redislock::reply& r, std::int64_t status = 1) {
     const auto values = integers(r);
-    if (!r.is_array() || r.elements().size() != 3 || values.size() != 2 ||
-        values[0] != status) {
-        ADD_FAILURE() << "not {" << status << ", fence, id}: "
-                      << testing::PrintToString(values) << " " << r.text();
+    if (!r.is_array() || r.elements().size() != 3 || values.size() != 2 || values[0] != status) {
+        ADD_FAILURE() << "not {" << status << ", fence, id}: " << testing::PrintToString(values)
+                      << " " << r.text();
         return -1;
     }
     return values[1];
@@ -474,16 +472,16 @@ TEST(RecursiveAcquireScript, EntryHandedToTheCallIsClaimedAsItIsByItsNextAttempt
     ASSERT_EQ(srv.cli({"HGET", "s", "handed:o2"}), "00bb");
 
     // Another call of the same owner comes first: it re-enters, as any entry of the owner.
-    const auto other = run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-other"},
-                                   "1", "", "5000", handed_waiter("00cc", "o2"));
+    const auto other = run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-other"}, "1",
+                                   "", "5000", handed_waiter("00cc", "o2"));
     EXPECT_EQ(integers(other), (std::vector<std::int64_t>{2, 0}));
     EXPECT_EQ(sole_count(srv, "s"), "2");
 
     // Its message lost, the handed call tries again, even through an object that believes it
     // holds (a lease it has not yet found lost): it claims the handed entry as it is, keeping the
     // re-entry, under the handed acquisition id and a fresh lease; the mark stays.
-    const auto again = run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "0",
-                                   "", "5000", o2);
+    const auto again =
+        run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "0", "", "5000", o2);
     EXPECT_EQ(integers(again), (std::vector<std::int64_t>{1, 0}));
     EXPECT_EQ(acquisition_id(again), "00bb");
     EXPECT_EQ(sole_count(srv, "s"), "2");
@@ -492,8 +490,8 @@ TEST(RecursiveAcquireScript, EntryHandedToTheCallIsClaimedAsItIsByItsNextAttempt
     EXPECT_GT(pttl(srv, "s"), 50'000);
 
     // Sent again (its reply lost), the claim changes nothing; each call then leaves its entry.
-    EXPECT_EQ(integers(run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "0",
-                                   "", "5000", o2)),
+    EXPECT_EQ(integers(run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "0", "",
+                                   "5000", o2)),
               (std::vector<std::int64_t>{1, 0}));
     EXPECT_EQ(sole_count(srv, "s"), "2");
     EXPECT_EQ(
@@ -580,8 +578,8 @@ TEST(RecursiveAcquireScript, HandedEntryTheObjectGaveUpIsTakenOverNotClaimed) {
     const std::string o2 = handed_waiter("00d2", "o2");
     ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
 
-    const auto again = run_acquire(client, "s", "o2", "60000", "0", std::string{"c9"}, "1", "00d2",
-                                   "5000", o2);
+    const auto again =
+        run_acquire(client, "s", "o2", "60000", "0", std::string{"c9"}, "1", "00d2", "5000", o2);
     EXPECT_EQ(integers(again), (std::vector<std::int64_t>{1, 0}));
     EXPECT_EQ(acquisition_id(again), "c9");
     EXPECT_EQ(sole_count(srv, "s"), "1");
@@ -1146,7 +1144,8 @@ TEST(RecursiveMutex, ExplicitOwnerLocksOnOneThreadAndUnlocksOnAnother) {
         rm.lock();
     }}.join();
     EXPECT_EQ(owners_of(srv, "x"),
-              std::vector<std::string>{client.instance_id() + ":" + std::to_string(::getpid()) + ":owner:task-7"});
+              std::vector<std::string>{client.instance_id() + ":" + std::to_string(::getpid()) +
+                                       ":owner:task-7"});
     EXPECT_EQ(sole_count(srv, "x"), "2");
 
     std::error_code first;
@@ -1506,9 +1505,9 @@ TEST(RecursiveMutex, ReleaseHandsTheLockToTheWaiterUnderTheIdItQueuedWith) {
 // that. Both entries count: no one else gets the lock until both are left.
 TEST(RecursiveMutex, HandedEntryReenteredByAnotherThreadOfItsOwnerKeepsBothEntries) {
     redis_server srv;
-    ASSERT_EQ(srv.cli({"ACL", "SETUSER", "nochannels", "on", ">pw", "~*", "+@all",
-                       "resetchannels"}),
-              "OK");
+    ASSERT_EQ(
+        srv.cli({"ACL", "SETUSER", "nochannels", "on", ">pw", "~*", "+@all", "resetchannels"}),
+        "OK");
     redislock::client holder_client{srv.uri()};
     redislock::client shared_client{"redis://nochannels:pw@127.0.0.1:" +
                                     std::to_string(srv.port())};

@@ -396,7 +396,8 @@ TEST_F(Redlock, UnlockWithoutAQuorumOfAnswersIsReportedAsReleasedInTheBackground
     resume(0);
     resume(1);
     resume(2);
-    EXPECT_TRUE(eventually([&] { return gone_everywhere("unanswered"); }, 5s)) << where("unanswered");
+    EXPECT_TRUE(eventually([&] { return gone_everywhere("unanswered"); }, 5s))
+        << where("unanswered");
 }
 
 TEST_F(Redlock, TwoMastersDownOneHungOneKilledStillAcquiresWithinTheNodeTimeout) {

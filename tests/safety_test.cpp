@@ -530,7 +530,13 @@ TEST(Safety, LossFoundByAReleaseStopsTheLostToken) {
     expect_told(m, "safety:gone:mutex", lock, unlock);
     auto r = client.recursive_mutex("safety:gone:recursive", counted);
     expect_told(r, "safety:gone:recursive", lock, unlock);
-    expect_told(r, "safety:gone:recursive", [](auto& l) { l.lock(); l.lock(); }, unlock);
+    expect_told(
+        r, "safety:gone:recursive",
+        [](auto& l) {
+            l.lock();
+            l.lock();
+        },
+        unlock);
     EXPECT_EQ(r.depth(), 0u);  // an inner entry found gone ends them all
     auto s = client.shared_mutex("safety:gone:shared", counted);
     expect_told(s, "safety:gone:shared", lock, unlock);

@@ -583,8 +583,8 @@ TEST(SharedAcquireScript, RetryWhoseReplyWasLostTakesItsOwnEntryOverInThatMode) 
     ASSERT_EQ(run_release(client, "doc", "R", "r", "1", std::string{"rc"}), 1);
     ASSERT_FALSE(exists(srv, "doc"));
 
-    const std::int64_t first = fence_of(run_acquire(client, "doc", "W", "w", "1000", "1", "0",
-                                                    std::string{"wc"}, "1"));
+    const std::int64_t first =
+        fence_of(run_acquire(client, "doc", "W", "w", "1000", "1", "0", std::string{"wc"}, "1"));
     ASSERT_GT(first, 0);
     const reply write_retry = run_acquire(client, "doc", "W", "w", "30000", "1", "0", "wc", "1");
     const std::int64_t again = fence_of(write_retry);
@@ -661,14 +661,15 @@ TEST(SharedAcquireScript, GivenUpIdsDropTheOwnersEntriesWithThoseIdsOnly) {
               verdict(1, 0));  // a writer may read
 
     // Without the list, a new id from an object that holds nothing joins the old acquisition.
-    const reply joined = run_acquire(client, "doc", "A", "w", "30000", "1", "0", "other", "1",
-                                     "unrelated ids");
+    const reply joined =
+        run_acquire(client, "doc", "A", "w", "30000", "1", "0", "other", "1", "unrelated ids");
     EXPECT_EQ(verdict_of(joined), verdict(2, old_fence));
     EXPECT_EQ(acquisition_id(joined), "gw");
     ASSERT_EQ(parse_entry(hash_of(srv, "doc")["w:A"]).count, 2);
 
     // Naming both drops both, whatever their counts; the write is entered anew.
-    const reply fresh = run_acquire(client, "doc", "A", "w", "30000", "1", "0", "new", "1", "gr gw");
+    const reply fresh =
+        run_acquire(client, "doc", "A", "w", "30000", "1", "0", "new", "1", "gr gw");
     const std::int64_t fence = fence_of(fresh);
     EXPECT_GT(fence, old_fence);
     EXPECT_EQ(acquisition_id(fresh), "new");
@@ -689,12 +690,12 @@ TEST(SharedAcquireScript, GivenUpIdsDropTheOwnersEntriesWithThoseIdsOnly) {
     ASSERT_EQ(verdict_of(run_acquire(client, "doc", "B", "r", "30000", "0", "0", "shared-id", "1")),
               verdict(1, 0));
     const entry b_before = parse_entry(hash_of(srv, "doc")["r:B"]);
-    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000", "0", "0", "a1", "1",
-                                     "shared-id")),
-              verdict(1, 0));
-    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "A", "w", "30000", "1", "0", "a2", "1",
-                                     "shared-id")),
-              verdict(-1, 0));  // A reads: its upgrade is refused, B's entry is not dropped
+    EXPECT_EQ(
+        verdict_of(run_acquire(client, "doc", "A", "r", "30000", "0", "0", "a1", "1", "shared-id")),
+        verdict(1, 0));
+    EXPECT_EQ(
+        verdict_of(run_acquire(client, "doc", "A", "w", "30000", "1", "0", "a2", "1", "shared-id")),
+        verdict(-1, 0));  // A reads: its upgrade is refused, B's entry is not dropped
     fields = hash_of(srv, "doc");
     const entry b_after = parse_entry(fields["r:B"]);
     EXPECT_EQ(b_after.count, b_before.count);

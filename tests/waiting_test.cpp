@@ -731,7 +731,8 @@ struct scripted_wire {
     std::mutex mutex;
     std::vector<std::string> sent;  // "VERB channel"
     std::vector<redislock::reply> queued;
-    bool broken = false;  // the next read() finds the connection closed
+    bool broken = false;             // the next read() finds the connection closed
+    bool closes_after_send = false;  // a send() breaks it (as a server at maxclients does)
     int pipe[2]{-1, -1};
 
     scripted_wire() {
@@ -761,6 +762,10 @@ public:
     void send(redislock::command argv) override {
         std::lock_guard guard{wire_->mutex};
         wire_->sent.push_back(std::string{argv[0]} + " " + std::string{argv[1]});
+        if (wire_->closes_after_send) {
+            wire_->broken = true;
+            (void)!::write(wire_->pipe[1], "x", 1);
+        }
     }
     void read(std::vector<redislock::reply>& out) override {
         std::lock_guard guard{wire_->mutex};
@@ -789,16 +794,20 @@ redislock::reply push_message(const char* kind, const std::string& channel) {
 // A notifier on one scripted link, for waiter 'w@1' of lock 'lk'. Its refusal reports are kept
 // as "name: why", and `after_report` runs after each. With `node_throws` set, naming a channel's
 // node throws; with `open_throws` set, opening a link does, and with `down_throws` opening one
-// for a channel starting "down" does (`opens` counts the tries). The node of every channel is
-// "node"; with `node_per_channel` set, the channel itself, and with `nodeless` set, "" (as for a
-// connection that does not name nodes).
+// for a channel starting "down" does, after `down_delay` (`opens` counts the tries). The node of
+// every channel is "node"; with `node_per_channel` set, the channel itself, but none ("") for
+// a channel starting "unserved". Made with `names_nodes` false, the notifier has no node namer,
+// as for a connection to one server.
 struct scripted_notifier {
+    explicit scripted_notifier(bool names_nodes = true) : names_nodes{names_nodes} {}
+
+    bool names_nodes;
     std::shared_ptr<scripted_wire> wire = std::make_shared<scripted_wire>();
     std::atomic<bool> node_throws{false};
     std::atomic<bool> node_per_channel{false};
-    std::atomic<bool> nodeless{false};
     std::atomic<bool> open_throws{false};
     std::atomic<bool> down_throws{false};
+    std::chrono::milliseconds down_delay{0};
     std::atomic<int> opens{0};
     std::mutex reports_mutex;
     std::vector<std::string> reports;
@@ -806,17 +815,25 @@ struct scripted_notifier {
     redislock::detail::notifier notifier{
         [this](std::string_view channel) {
             ++opens;
-            if (open_throws || (down_throws && channel.starts_with("down"))) {
+            const bool down = down_throws && channel.starts_with("down");
+            if (down) {
+                std::this_thread::sleep_for(down_delay);
+            }
+            if (open_throws || down) {
                 throw redislock::connection_error{"injected: connection refused"};
             }
             return std::make_unique<scripted_link>(wire);
         },
-        [this](std::string_view channel) {
+        names_nodes ? redislock::detail::notifier::node_namer{[this](std::string_view channel) {
             if (node_throws) {
                 throw std::runtime_error{"injected: no node"};
             }
-            return nodeless ? std::string{} : node_per_channel ? std::string{channel} : "node";
-        },
+            if (channel.starts_with("unserved")) {
+                return std::string{};
+            }
+            return node_per_channel ? std::string{channel} : "node";
+        }}
+                    : redislock::detail::notifier::node_namer{},
         {},
         [this](std::string_view name, std::string_view why) {
             {
@@ -934,8 +951,9 @@ TEST(Notifier, RefusedChannelStaysRefusedAfterItsWaitersLeave) {
         done = true;
     }};
     ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE ch") == 1; }));
-    n.wire->push(redislock::reply::error("NOPERM this user has no permissions to access the 'ch' "
-                                          "channel"));
+    n.wire->push(
+        redislock::reply::error("NOPERM this user has no permissions to access the 'ch' "
+                                "channel"));
     ASSERT_TRUE(eventually([&] { return done.load(); }, 3s));
     waiter.join();
     n.notifier.withdraw("ch", "w@1");
@@ -963,6 +981,19 @@ TEST(Notifier, ConnectionThatCannotNameTheNodeIsReported) {
     n.notifier.withdraw("ch", "w@1");
 }
 
+// Enrolls as waiter 'w@1' of lock 'lk' until the channel is subscribed (a paused node refuses
+// enrollments at once for a while), for at most 5 s.
+bool enroll_until_subscribed(scripted_notifier& n, const std::string& channel) {
+    const auto give_up = std::chrono::steady_clock::now() + 5s;
+    while (!n.enroll(channel, 1s)) {
+        if (std::chrono::steady_clock::now() >= give_up) {
+            return false;
+        }
+        std::this_thread::sleep_for(20ms);
+    }
+    return true;
+}
+
 // A subscriber link that cannot be opened (its server out of reach, or refusing connections) is
 // reported like a refusal, with what the connection threw: once while the tries keep failing,
 // across the waits of that time, and again after the channel was subscribed in between.
@@ -975,12 +1006,12 @@ TEST(Notifier, LinkThatCannotBeOpenedIsReportedOnceUntilSubscribedAgain) {
         n.notifier.withdraw("ch", "w@1");
         std::this_thread::sleep_for(500ms);  // rounds that forget the channel without waiters
     }
-    EXPECT_GE(n.opens.load(), 3);
+    EXPECT_GE(n.opens.load(), 2);
     ASSERT_TRUE(eventually([&] { return !n.reported().empty(); }));
     EXPECT_EQ(n.reported(), std::vector<std::string>{told});
 
     n.open_throws = false;
-    std::jthread waiter{[&] { EXPECT_TRUE(n.enroll("ch", 5s)); }};
+    std::jthread waiter{[&] { EXPECT_TRUE(enroll_until_subscribed(n, "ch")); }};
     ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE ch") == 1; }));
     n.push({push_message("ssubscribe", "ch")});
     waiter.join();
@@ -992,55 +1023,90 @@ TEST(Notifier, LinkThatCannotBeOpenedIsReportedOnceUntilSubscribedAgain) {
     }
     n.wire->push(push_message("smessage", "ch"));
     ASSERT_TRUE(eventually([&] { return !n.slot->subscribed(); }));
-    EXPECT_FALSE(n.enroll("ch", 2s));
-    ASSERT_TRUE(eventually([&] { return n.reported().size() == 2; }));
+    ASSERT_TRUE(eventually([&] {
+        (void)n.enroll("ch", 300ms);
+        return n.reported().size() == 2;
+    }));
     EXPECT_EQ(n.reported().back(), told);
     n.notifier.withdraw("ch", "w@1");
 }
 
-// On a connection that does not name nodes, every channel is on the one node "": a failed open
-// is told for the locks someone waits for, not for one refused earlier and left since.
-TEST(Notifier, FailedOpenIsToldOnlyForLocksSomeoneWaitsFor) {
+// A link the server closes before confirming a subscription (a server at maxclients accepts,
+// answers with an error and closes) counts as a failed open: it is told once, and the node is
+// left alone for a pause that grows, instead of being connected to again at every try.
+TEST(Notifier, LinkClosedBeforeSubscribingPausesItsNode) {
     scripted_notifier n;
-    n.nodeless = true;
+    n.wire->closes_after_send = true;
+    const auto until = std::chrono::steady_clock::now() + 1500ms;
+    while (std::chrono::steady_clock::now() < until) {
+        EXPECT_FALSE(n.enroll("ch", 300ms));
+        std::this_thread::sleep_for(10ms);
+    }
+    n.notifier.withdraw("ch", "w@1");
+    EXPECT_GE(n.opens.load(), 2);
+    EXPECT_LE(n.opens.load(), 5) << "pauses of 200, 400, 800 ms between the tries";
+    const std::vector<std::string> expected{
+        "lk: the subscriber link closed before subscribing: injected: closed by the server"};
+    EXPECT_EQ(n.reported(), expected);
+}
+
+// A channel whose node the connection cannot name now (a Cluster slot no node serves) is refused
+// at once, without an open, and its waiters are told.
+TEST(Notifier, ChannelNoNodeServesIsRefusedWithoutAnOpen) {
+    scripted_notifier n;
+    EXPECT_FALSE(n.enroll("unserved", 3s));
+    ASSERT_TRUE(eventually([&] { return !n.reported().empty(); }));
+    EXPECT_EQ(n.reported().front(), "lk: no node serves the channel's slot now");
+    EXPECT_EQ(n.opens.load(), 0);
+    n.notifier.withdraw("unserved", "w@1");
+}
+
+// On a connection to one server (no node namer), every channel is on the one node "": a failed
+// open is told for the locks someone waits for, not for one refused earlier and left since.
+TEST(Notifier, FailedOpenIsToldOnlyForLocksSomeoneWaitsFor) {
+    scripted_notifier n{false};
     std::jthread refused{[&] { EXPECT_FALSE(n.enroll_other("b", 3s)); }};
     ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE b") == 1; }));
     n.wire->push(redislock::reply::error("NOPERM b"));
     refused.join();
     n.notifier.withdraw("b", "w@2");
+
+    n.open_throws = true;
     {
         std::lock_guard guard{n.wire->mutex};
         n.wire->broken = true;
     }
     n.wire->push(push_message("smessage", "b"));
-    ASSERT_TRUE(eventually([&] { return n.opens.load() == 1 && n.reported().size() == 1; }));
-    std::this_thread::sleep_for(300ms);  // the notifier's thread finds the link lost
-
-    n.open_throws = true;
-    EXPECT_FALSE(n.enroll("ch", 2s));
-    ASSERT_TRUE(eventually([&] { return n.reported().size() >= 2; }));
-    std::this_thread::sleep_for(300ms);
-    const std::vector<std::string> expected{
-        "other: NOPERM b", "lk: could not open a subscriber link: injected: connection refused"};
-    EXPECT_EQ(n.reported(), expected);
+    ASSERT_TRUE(eventually([&] {
+        (void)n.enroll("ch", 300ms);
+        return n.opens.load() >= 2 && n.reported().size() >= 2;
+    }));
     n.notifier.withdraw("ch", "w@1");
+    const auto told = n.reported();
+    EXPECT_EQ(told.front(), "other: NOPERM b");
+    for (std::size_t i = 1; i < told.size(); ++i) {
+        EXPECT_EQ(told[i].rfind("lk: ", 0), 0u) << told[i];
+    }
 }
 
-// A node whose link cannot be opened does not keep the links to other nodes from being opened.
+// A node whose link cannot be opened, even slowly, does not keep the links to other nodes from
+// being opened.
 TEST(Notifier, NodeThatCannotBeReachedDelaysNoOtherNode) {
     scripted_notifier n;
     n.node_per_channel = true;
     n.down_throws = true;
+    n.down_delay = 250ms;  // longer than a round's tick
     std::atomic<bool> done{false};
     std::jthread down{[&] {
         while (!done) {
             (void)n.enroll("down", 300ms);  // first in the channels' order
+            std::this_thread::sleep_for(10ms);
         }
         n.notifier.withdraw("down", "w@1");
     }};
     ASSERT_TRUE(eventually([&] { return n.opens.load() >= 2; }));
     std::jthread up{[&] { EXPECT_TRUE(n.enroll_other("up", 5s)); }};
-    EXPECT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE up") == 1; }, 2s))
+    EXPECT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE up") == 1; }, 3s))
         << "the other node's link was not opened";
     n.push({push_message("ssubscribe", "up")});
     up.join();

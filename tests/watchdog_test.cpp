@@ -350,7 +350,8 @@ TEST(Watchdog, RenewsAThousandLocksFromOneThreadInPipelinedBatches) {
         locks.back().lock();
     }
     EXPECT_EQ(client.watchdog().size(), lock_count);
-    EXPECT_EQ(thread_count(), threads_before + 2) << "one watchdog thread and one loss timer for every lock";
+    EXPECT_EQ(thread_count(), threads_before + 2)
+        << "one watchdog thread and one loss timer for every lock";
 
     // Longer than the lease, so every key still alive at the end was renewed.
     const auto [stats_before, trips_before] = quiet_counts(client);

@@ -176,7 +176,8 @@ void paired(benchmark::State& state, Baseline&& baseline, Op&& op) {
 template <class Op>
 void paired_with_raw(benchmark::State& state, raw_baseline& raw, Op&& op) {
     raw_token tokens;
-    paired(state, [&] { return raw_pair(raw, tokens); }, op);
+    paired(
+        state, [&] { return raw_pair(raw, tokens); }, op);
 }
 
 // SCRIPT LOAD of one of the library's scripts on the raw connection, for a baseline that sends
@@ -230,8 +231,8 @@ public:
         const reply_ptr in = command(raw_->ctx.get(), acquire_argv_(acquire_, lock_, id));
         const reply_ptr out = command(raw_->ctx.get(), release_argv_(release_, lock_, id));
         return in && in->type == REDIS_REPLY_ARRAY && in->elements == 3 &&
-               in->element[0]->type == REDIS_REPLY_INTEGER && in->element[0]->integer == 1 &&
-               out && out->type == REDIS_REPLY_INTEGER && out->integer == 1;
+               in->element[0]->type == REDIS_REPLY_INTEGER && in->element[0]->integer == 1 && out &&
+               out->type == REDIS_REPLY_INTEGER && out->integer == 1;
     }
 
 private:
@@ -448,16 +449,15 @@ public:
                                                        Op op) {
         const std::string text{name};
         reporter_.expect_paired(text);
-        return benchmark::RegisterBenchmark(
-                   text.c_str(),
-                   [this, baseline = std::move(baseline),
-                    op = std::move(op)](benchmark::State& state) mutable {
-                       if constexpr (std::is_null_pointer_v<Baseline>) {
-                           paired_with_raw(state, raw_, op);
-                       } else {
-                           paired(state, baseline, op);
-                       }
-                   })
+        return benchmark::RegisterBenchmark(text.c_str(),
+                                            [this, baseline = std::move(baseline),
+                                             op = std::move(op)](benchmark::State& state) mutable {
+                                                if constexpr (std::is_null_pointer_v<Baseline>) {
+                                                    paired_with_raw(state, raw_, op);
+                                                } else {
+                                                    paired(state, baseline, op);
+                                                }
+                                            })
             ->UseRealTime();
     }
 

@@ -26,12 +26,14 @@
 //   refused          | are told on was refused: the server said no | server's error, or what the
 //                    | (NOPERM under a channel ACL, MOVED while    | connection threw)
 //                    | its slot moves, no sharded pub/sub), or the |
-//                    | connection could not name its node or open  |
-//                    | a subscriber link to it. Those              |
+//                    | connection could not name its node, or open |
+//                    | a subscriber link to it that stayed open    |
+//                    | until a subscription. Those                 |
 //                    | waiters poll, bounded by the holder's lease,|
 //                    | until it is asked for again (10 s after     |
-//                    | NOPERM, else 200 ms; never again without    |
-//                    | sharded pub/sub)                            |
+//                    | NOPERM, 200 ms to 10 s after failed opens,  |
+//                    | else 200 ms; never again without sharded    |
+//                    | pub/sub)                                    |
 //
 // A lock's events come from its own calls, the client's watchdog and its loss timer; the
 // connection's from the connection (see below). An acquisition reports acquired once, then
@@ -105,14 +107,14 @@ namespace redislock {
 
 /// What happened; see the table at the top of events.hpp.
 enum class event_type {
-    acquired,         ///< a lock call took the lock
-    contended,        ///< an attempt found the lock held
-    released,         ///< unlock() or destruction gave the lock back
-    renewal_retried,  ///< a watchdog renewal failed and will be sent again
-    renewal_failed,   ///< a lease the watchdog renewed was given up
-    lost,             ///< a held lock was found lost
-    reconnected,      ///< a broken connection was replaced, or a Sentinel master switched
-    script_reloaded,  ///< NOSCRIPT was answered with SCRIPT LOAD
+    acquired,              ///< a lock call took the lock
+    contended,             ///< an attempt found the lock held
+    released,              ///< unlock() or destruction gave the lock back
+    renewal_retried,       ///< a watchdog renewal failed and will be sent again
+    renewal_failed,        ///< a lease the watchdog renewed was given up
+    lost,                  ///< a held lock was found lost
+    reconnected,           ///< a broken connection was replaced, or a Sentinel master switched
+    script_reloaded,       ///< NOSCRIPT was answered with SCRIPT LOAD
     subscription_refused,  ///< waiters of a lock poll: their channel was refused, or no
                            ///< subscriber link could be opened
 };

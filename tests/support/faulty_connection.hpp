@@ -55,10 +55,10 @@ namespace redislock::test {
 /// Every script the library embeds, to name them in rules and logs.
 inline std::span<const redislock::script> embedded_scripts() {
     namespace s = redislock::detail::scripts;
-    static const std::array all{s::mutex_acquire,      s::mutex_extend,       s::mutex_release,
-                                s::queue_leave,        s::recursive_acquire,  s::recursive_extend,
-                                s::recursive_release,  s::shared_acquire,     s::shared_extend,
-                                s::shared_release,     s::compare_and_delete};
+    static const std::array all{s::mutex_acquire,     s::mutex_extend,      s::mutex_release,
+                                s::queue_leave,       s::recursive_acquire, s::recursive_extend,
+                                s::recursive_release, s::shared_acquire,    s::shared_extend,
+                                s::shared_release,    s::compare_and_delete};
     return all;
 }
 
@@ -176,7 +176,9 @@ public:
     }
 
     /// Faults the rules with a finite count have still to inject.
-    std::size_t pending_faults() const { return pending([](const fault_rule&) { return true; }); }
+    std::size_t pending_faults() const {
+        return pending([](const fault_rule&) { return true; });
+    }
 
     /// As pending_faults(), for the rules on exactly `command` and `script` (empty: any).
     std::size_t pending_faults(std::string_view command, std::string_view script) const {

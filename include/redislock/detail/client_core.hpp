@@ -121,7 +121,7 @@ struct client_core {
     }
 
     steady::duration wait_spin;  // checked before the connection is made
-    event_sink events;  // before the connection, which may report to it until its end
+    event_sink events;           // before the connection, which may report to it until its end
     C connection;
     std::string instance_id = token::random().str();
     per_process<loss_timer> timer{[] { return std::make_unique<loss_timer>(); }};

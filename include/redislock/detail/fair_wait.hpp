@@ -221,8 +221,8 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 slot = std::make_shared<wake_slot>(grace);
             }
             const auto budget = steady::now() + command_budget(lk.core->connection);
-            (void)room.notify.enroll(listen, lk.name, waiter_id(), slot,
-                                    std::min(deadline, budget), stop);
+            (void)room.notify.enroll(listen, lk.name, waiter_id(), slot, std::min(deadline, budget),
+                                     stop);
         }
         if (slot) {
             slot->reset();
@@ -237,8 +237,8 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             counted = false;
             ++tally.attempts;
             ttl = attempt(attempt_context(deadline, stop),
-                          queue_place{join ? std::string_view{waiter_id()} : trying, join,
-                                      may_wait, &tally, &counted});
+                          queue_place{join ? std::string_view{waiter_id()} : trying, join, may_wait,
+                                      &tally, &counted});
             refused = ttl.has_value();
             if (join && ttl) {
                 longest_wait = std::max(longest_wait, *ttl);

@@ -282,8 +282,7 @@ void report_loss(const State& lk, lock_kind kind, loss_reason reason,
 
 /// Tells that an acquisition of `lk` whose lease `t` was given back ended well.
 template <class State, class Lease>
-void report_release(const State& lk, const Lease& t,
-                    std::string_view detail = {}) noexcept {
+void report_release(const State& lk, const Lease& t, std::string_view detail = {}) noexcept {
     lk.core->events.emit([&] {
         lock_event e;
         e.type = event_type::released;
@@ -562,37 +561,37 @@ private:
         }
         const loss_reason reason = m.shutdown ? loss_reason::client_shutdown : loss_reason::expired;
         const auto held = hook ? micros_since(m.acquired_at) : std::chrono::microseconds{};
-        return [hook, on_lost = st.options.on_lost, told = st.options.on_lost_reason,
-                name = st.name, kind = m.kind, reason, held, capped = m.capped,
-                failed = m.renewed && !m.shutdown] {
-            if (failed) {
+        return
+            [hook, on_lost = st.options.on_lost, told = st.options.on_lost_reason, name = st.name,
+             kind = m.kind, reason, held, capped = m.capped, failed = m.renewed && !m.shutdown] {
+                if (failed) {
+                    emit_to(hook, [&] {
+                        lock_event e;
+                        e.type = event_type::renewal_failed;
+                        e.kind = kind;
+                        e.name = name;
+                        e.reason = reason;
+                        e.detail = capped ? "max_hold reached"
+                                          : "no renewal was confirmed before the local deadline";
+                        return e;
+                    });
+                }
                 emit_to(hook, [&] {
                     lock_event e;
-                    e.type = event_type::renewal_failed;
+                    e.type = event_type::lost;
                     e.kind = kind;
                     e.name = name;
                     e.reason = reason;
-                    e.detail = capped ? "max_hold reached"
-                                      : "no renewal was confirmed before the local deadline";
+                    e.held = held;
                     return e;
                 });
-            }
-            emit_to(hook, [&] {
-                lock_event e;
-                e.type = event_type::lost;
-                e.kind = kind;
-                e.name = name;
-                e.reason = reason;
-                e.held = held;
-                return e;
-            });
-            if (on_lost) {
-                on_lost();
-            }
-            if (told) {
-                told(reason);
-            }
-        };
+                if (on_lost) {
+                    on_lost();
+                }
+                if (told) {
+                    told(reason);
+                }
+            };
     }
 
     // On the watchdog thread: a renewal found the lease gone or gave it up.
@@ -653,7 +652,8 @@ private:
         }
     }
 
-    void renewed_for(const key_type& key, steady::time_point sent, std::chrono::milliseconds lease) {
+    void renewed_for(const key_type& key, steady::time_point sent,
+                     std::chrono::milliseconds lease) {
         std::lock_guard guard{st_->mutex};
         if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
             t->valid_until = valid_until(sent, lease);

@@ -58,10 +58,10 @@ struct lock_identity {
     lock_options options;
     decimal lease_text;
     std::string fence_key;
-    std::string channel;     // release messages: ids of the waiters that may go
-    std::string queue_key;   // waiters in order (lua/_queue.lua)
-    std::string lapse_key;   // when each waiter's entry lapses
-    decimal grace_text{0};   // ms a waiter told to go has to come (fair_wait.hpp)
+    std::string channel;    // release messages: ids of the waiters that may go
+    std::string queue_key;  // waiters in order (lua/_queue.lua)
+    std::string lapse_key;  // when each waiter's entry lapses
+    decimal grace_text{0};  // ms a waiter told to go has to come (fair_wait.hpp)
 };
 
 }  // namespace redislock::detail

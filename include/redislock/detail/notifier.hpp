@@ -301,6 +301,16 @@ private:
     struct link_state {
         std::unique_ptr<subscriber_link> link;
         std::vector<std::string> awaiting;  // channels sent, in order, not yet confirmed
+        bool confirmed = false;             // a subscription on it was confirmed
+        std::string lost_why;               // why it was dropped, when it was
+    };
+
+    // A node whose link could not be opened, or closed before any subscription on it was
+    // confirmed: no link to it is opened before `until`.
+    struct node_pause {
+        steady::time_point until;
+        steady::duration length{};  // the next failure doubles it
+        std::string why;            // as its waiters are told
     };
 
     // Needs mutex_. Starts the thread on first use.
@@ -376,11 +386,17 @@ private:
             }
             plan_locked(to_send, to_open, retry_at);
         }
-        // With no lock held: opening may resolve a master and tell the event hook.
+        // With no lock held: opening may resolve a master and tell the event hook. An open that
+        // failed slowly (a node that does not answer) ends the opening for this round: the links
+        // already open are served first, and that node's pause lets the others go next.
         for (const std::string& channel : to_open) {
-            open_link(channel, retry_at);
+            const auto started = steady::now();
+            const bool failed = !open_link(channel, retry_at);
             if (stopped()) {
                 return false;  // see report_refusals
+            }
+            if (failed && steady::now() - started >= tick) {
+                break;
             }
         }
         if (!report_refusals()) {
@@ -425,8 +441,8 @@ private:
             return;
         }
         const auto now = steady::now();
-        if (auto told = told_.find(channel);
-            told != told_.end() && told->second.why == why && now - told->second.at < retell_after) {
+        if (auto told = told_.find(channel); told != told_.end() && told->second.why == why &&
+                                             now - told->second.at < retell_after) {
             return;
         }
         try {
@@ -437,8 +453,8 @@ private:
         poke();  // refused on a spinner's thread: this thread tells it soon
         try {
             told_refusal& told = told_[channel];
-            told.at = now;
             told.why.assign(why);
+            told.at = now;
         } catch (...) {
             // Out of memory: the next refusal is told again.
         }
@@ -490,7 +506,6 @@ private:
     // passed (a refused one keeps its longer pause); every waiter tries again (a message may be
     // missing) and polls meanwhile.
     void reset() noexcept {
-        reopen_after_.clear();
         std::lock_guard reading{links_mutex_};
         links_.clear();
         std::lock_guard guard{mutex_};
@@ -536,8 +551,7 @@ private:
             if (spinner && !it->second.link->reads_without_blocking()) {
                 ++it;
             } else if (!drain(it->first, it->second)) {
-                lose(it->first);
-                it = links_.erase(it);
+                it = drop_link_locked(it);
             } else {
                 ++it;
             }
@@ -548,16 +562,27 @@ private:
     void plan_locked(std::vector<std::pair<std::string, std::string>>& to_send,
                      std::vector<std::string>& to_open, steady::time_point retry_at) {
         const auto now = steady::now();
-        std::erase_if(told_, [&](const auto& told) { return now - told.second.at >= retell_after; });
+        if (now - last_pruned_ >= std::chrono::seconds{1}) {
+            last_pruned_ = now;
+            std::erase_if(told_, [&](const auto& t) { return now - t.second.at >= retell_after; });
+            std::erase_if(paused_,
+                          [&](const auto& p) { return now - p.second.until >= max_pause; });
+        }
         for (auto it = channels_.begin(); it != channels_.end();) {
             channel_state& ch = it->second;
             if (ch.status == link_status::wanted && now >= ch.retry_after) {
-                if (ch.node.empty()) {
+                if (ch.node.empty() && node_of_) {
                     try {
-                        ch.node = node_of_ ? node_of_(it->first) : std::string{};
+                        ch.node = node_of_(it->first);
+                        if (ch.node.empty()) {
+                            note_refusal_locked(it->first, ch,
+                                                "no node serves the channel's slot now");
+                        }
                     } catch (...) {
-                        // The connection cannot name the node now: its waiters poll a while.
                         note_refusal_locked(it->first, ch, message_of_current_exception());
+                    }
+                    if (ch.node.empty()) {
+                        // The connection cannot name the node now: its waiters poll a while.
                         refuse_locked(ch, retry_pause);
                         settled_.notify_all();
                         ++it;
@@ -565,7 +590,13 @@ private:
                     }
                 }
                 if (links_.count(ch.node) == 0) {
-                    if (now >= retry_at && now >= reopen_time(ch.node)) {
+                    if (auto paused = paused_.find(ch.node);
+                        paused != paused_.end() && now < paused->second.until) {
+                        // Its node is paused: its waiters poll until the pause is over.
+                        note_refusal_locked(it->first, ch, paused->second.why);
+                        refuse_locked(ch, paused->second.until - now);
+                        settled_.notify_all();
+                    } else if (now >= retry_at) {
                         to_open.push_back(it->first);
                     }
                 } else {
@@ -585,19 +616,18 @@ private:
         }
     }
 
-    // Called with no lock held. Skips a channel no longer wanted (a link of its node failed
-    // since it was planned) and, once an open failed, the channels of that node until its pause
-    // is over: another node's are still opened.
-    void open_link(const std::string& channel, steady::time_point retry_at) {
+    // Called with no lock held. Skips a channel no longer wanted (a link of its node failed, or
+    // its node was paused, since it was planned). False when an open was tried and failed.
+    bool open_link(const std::string& channel, steady::time_point retry_at) {
         if (steady::now() < retry_at) {
-            return;
+            return true;
         }
         std::string node;
         {
             std::lock_guard guard{mutex_};
             auto it = channels_.find(channel);
             if (it == channels_.end() || it->second.status != link_status::wanted) {
-                return;
+                return true;
             }
             node = it->second.node;
         }
@@ -605,13 +635,11 @@ private:
             // Only this thread adds links: one missing now is still missing below.
             std::lock_guard reading{links_mutex_};
             if (links_.count(node) != 0) {
-                return;
+                return true;
             }
         }
-        if (steady::now() < reopen_time(node)) {
-            return;
-        }
-        std::string why;
+        const auto started = steady::now();
+        std::string why = "could not open a subscriber link: ";
         try {
             std::unique_ptr<subscriber_link> link = open_(channel);
             if (link) {
@@ -619,47 +647,78 @@ private:
                     std::lock_guard reading{links_mutex_};
                     links_[node].link = std::move(link);
                 }
-                reopen_after_.erase(node);
                 poke();  // the next round subscribes the node's channels at once, not a tick later
-                return;
+                return true;
             }
-            why = "could not open a subscriber link: the connection opened none";
+            why += "the connection opened none";
         } catch (...) {
             try {
-                why = "could not open a subscriber link: ";
                 why += message_of_current_exception();
             } catch (...) {
                 // Out of memory: told without the reason.
             }
         }
-        try {
-            reopen_after_[node] = steady::now() + retry_pause;
-        } catch (...) {
-            // Out of memory: tried again next round.
-        }
-        fail_open(node, why);
+        std::lock_guard reading{links_mutex_};
+        fail_node_locked(node, why, steady::now() - started);
+        return false;
     }
 
-    // When a link to `node` may be opened again after a failed open. This thread's only.
-    steady::time_point reopen_time(const std::string& node) const noexcept {
-        const auto it = reopen_after_.find(node);
-        return it == reopen_after_.end() ? steady::time_point{} : it->second;
-    }
-
-    // Opening a link to `node` failed (`why`): the waiters of its channels poll until the next
-    // try, and each channel someone waits for is told (see note_refusal_locked).
-    void fail_open(const std::string& node, std::string_view why) noexcept {
+    // Needs links_mutex_. Drops link `it`, whose drain failed or whose send threw; one that
+    // never confirmed a subscription counts as a failed open (a server at maxclients accepts,
+    // answers with an error and closes). Returns the next link.
+    std::map<std::string, link_state>::iterator drop_link_locked(
+        std::map<std::string, link_state>::iterator it) noexcept {
+        bool unsupported = false;  // told already; every waiter polls from now on
         {
             std::lock_guard guard{mutex_};
-            const auto now = steady::now();
+            unsupported = unsupported_;
+        }
+        if (it->second.confirmed || unsupported) {
+            lose(it->first);
+        } else {
+            std::string why = "the subscriber link closed before subscribing";
+            try {
+                if (!it->second.lost_why.empty()) {
+                    why.append(": ").append(it->second.lost_why);
+                }
+            } catch (...) {
+                // Out of memory: told without the reason.
+            }
+            fail_node_locked(it->first, why, steady::duration::zero());
+        }
+        return links_.erase(it);
+    }
+
+    // Needs links_mutex_. A link to `node` could not be opened, or closed before it confirmed a
+    // subscription (`why`, after `took`): no link to it is opened again before a pause, twice
+    // the last one (from retry_pause to max_pause) and at least twice what the failed open took,
+    // so that a node whose opens time out holds this thread up in few rounds. Meanwhile its
+    // channels' waiters poll, and those of each channel someone waits for are told.
+    void fail_node_locked(const std::string& node, std::string_view why,
+                          steady::duration took) noexcept {
+        const auto now = steady::now();
+        auto until = now + retry_pause;
+        try {
+            node_pause& paused = paused_[node];
+            paused.length = std::clamp<steady::duration>(std::max(paused.length * 2, took * 2),
+                                                         retry_pause, max_pause);
+            paused.why.assign(why);
+            paused.until = until = now + paused.length;
+        } catch (...) {
+            // Out of memory: paused as briefly as can be.
+        }
+        {
+            std::lock_guard guard{mutex_};
             for (auto& [channel, ch] : channels_) {
                 if (ch.node != node) {
                     continue;
                 }
-                if (ch.status == link_status::wanted && !ch.waiters.empty()) {
+                const bool asked =
+                    ch.status == link_status::wanted || ch.status == link_status::sent;
+                if (asked && !ch.waiters.empty()) {
                     note_refusal_locked(channel, ch, why);
                 }
-                fail_locked(ch, now);
+                refuse_locked(ch, until - now);
             }
         }
         settled_.notify_all();
@@ -688,8 +747,7 @@ private:
                 link->second.awaiting.push_back(channel);
             }
         } catch (...) {
-            lose(node);
-            links_.erase(link);
+            (void)drop_link_locked(link);
         }
     }
 
@@ -710,16 +768,23 @@ private:
     // Reads a link's input; false when the link is lost. A reply that cannot be handled (out
     // of memory) loses the link too: its waiters then try again and subscribe anew, instead of
     // waiting for a message that was read and dropped.
-    bool drain(const std::string& node, link_state& state) {
+    bool drain(const std::string& node, link_state& state) noexcept {
         try {
             std::vector<reply> replies;
             state.link->read(replies);
             for (const reply& r : replies) {
                 if (!handle(node, state, r)) {
+                    if (r.is_error()) {
+                        state.lost_why = r.text();
+                    }
                     return false;
                 }
             }
         } catch (...) {
+            try {
+                state.lost_why = message_of_current_exception();
+            } catch (...) {
+            }
             return false;
         }
         return true;
@@ -764,6 +829,8 @@ private:
                 sent != state.awaiting.end()) {
                 state.awaiting.erase(sent);
             }
+            state.confirmed = true;
+            paused_.erase(node);  // needs links_mutex_, held by whoever drains the link
             std::lock_guard guard{mutex_};
             if (auto it = channels_.find(channel); it != channels_.end()) {
                 it->second.status = link_status::active;
@@ -886,6 +953,7 @@ private:
     static constexpr std::chrono::milliseconds retry_pause{200};
     static constexpr std::chrono::seconds refused_pause{10};
     static constexpr std::chrono::minutes retell_after{1};
+    static constexpr std::chrono::seconds max_pause{10};  // see fail_node_locked
 
     // 64 random bits: two clients that drew the same would only hear each other's messages.
     const std::string id_suffix_ = "@" + std::string{token::random().view().substr(0, 16)};
@@ -895,8 +963,8 @@ private:
     steady::duration spin_;
     std::atomic<int> spinners_{0};    // waiters in wait()'s spin
     std::atomic<bool> poked_{false};  // the pipe may hold a byte (see wait_while_spinning)
-    // When a link to each node whose open failed may be tried again; this thread's only.
-    std::map<std::string, steady::time_point> reopen_after_;
+    // The nodes whose links failed lately (see fail_node_locked). Needs links_mutex_.
+    std::map<std::string, node_pause> paused_;
     // The links, read by this notifier's thread or by a spinning waiter. Taken before mutex_.
     std::mutex links_mutex_;
     std::map<std::string, link_state> links_;
@@ -909,6 +977,7 @@ private:
         steady::time_point at;
     };
     std::map<std::string, told_refusal> told_;  // per channel: the last refusal told
+    steady::time_point last_pruned_{};          // of told_ and paused_, by plan_locked()
     bool stopping_ = false;
     bool unsupported_ = false;
     int pipe_[2]{-1, -1};

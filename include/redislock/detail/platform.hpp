@@ -5,7 +5,8 @@
 #include <version>
 
 #if !defined(__cpp_lib_jthread)
-#error "redislock needs C++20's <stop_token> (std::stop_source, std::stop_token): GCC >= 11 or clang >= 14 with libstdc++, or a libc++ that provides it, with -std=c++20"
+#error \
+    "redislock needs C++20's <stop_token> (std::stop_source, std::stop_token): GCC >= 11 or clang >= 14 with libstdc++, or a libc++ that provides it, with -std=c++20"
 #endif
 
 #if !defined(__unix__) && !defined(__APPLE__)

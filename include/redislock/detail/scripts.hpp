@@ -8,6 +8,8 @@
 
 namespace redislock::detail::scripts {
 
+// The scripts are embedded as written.
+// clang-format off
 inline constexpr script compare_and_delete{
     "compare_and_delete",
     R"lua(-- Deletes a key if it still holds our token: a Redlock master's release, the same as
@@ -1990,5 +1992,7 @@ local function queue_allows(q, id)
     return #ahead < 64
 end
 )lua";
+
+// clang-format on
 
 }  // namespace redislock::detail::scripts
