@@ -733,6 +733,7 @@ struct scripted_wire {
     std::vector<redislock::reply> queued;
     bool broken = false;             // the next read() finds the connection closed
     bool closes_after_send = false;  // a send() breaks it (as a server at maxclients does)
+    std::string error_after_send;    // a send() is answered so
     int pipe[2]{-1, -1};
 
     scripted_wire() {
@@ -764,6 +765,9 @@ public:
         wire_->sent.push_back(std::string{argv[0]} + " " + std::string{argv[1]});
         if (wire_->closes_after_send) {
             wire_->broken = true;
+            (void)!::write(wire_->pipe[1], "x", 1);
+        } else if (!wire_->error_after_send.empty()) {
+            wire_->queued.push_back(redislock::reply::error(wire_->error_after_send));
             (void)!::write(wire_->pipe[1], "x", 1);
         }
     }
@@ -1031,9 +1035,8 @@ TEST(Notifier, LinkThatCannotBeOpenedIsReportedOnceUntilSubscribedAgain) {
     n.notifier.withdraw("ch", "w@1");
 }
 
-// A link the server closes before confirming a subscription (a server at maxclients accepts,
-// answers with an error and closes) counts as a failed open: it is told once, and the node is
-// left alone for a pause that grows, instead of being connected to again at every try.
+// A link the server closes before it answered a subscription counts as a failed open: it is told
+// once, and the node is left alone for a pause, instead of being connected to again at every try.
 TEST(Notifier, LinkClosedBeforeSubscribingPausesItsNode) {
     scripted_notifier n;
     n.wire->closes_after_send = true;
@@ -1044,9 +1047,26 @@ TEST(Notifier, LinkClosedBeforeSubscribingPausesItsNode) {
     }
     n.notifier.withdraw("ch", "w@1");
     EXPECT_GE(n.opens.load(), 2);
-    EXPECT_LE(n.opens.load(), 5) << "pauses of 200, 400, 800 ms between the tries";
+    EXPECT_LE(n.opens.load(), 9) << "a pause of 200 ms between the tries";
     const std::vector<std::string> expected{
-        "lk: the subscriber link closed before subscribing: injected: closed by the server"};
+        "lk: the subscriber link failed before subscribing: injected: closed by the server"};
+    EXPECT_EQ(n.reported(), expected);
+}
+
+// A server at maxclients answers the first command of a new connection with an error (and closes
+// it): told once per lock as the link's failure, not as a refusal of the channel too.
+TEST(Notifier, ServerThatAnswersTheFirstSubscriptionWithAnErrorAndClosesIsToldOnce) {
+    scripted_notifier n;
+    n.wire->error_after_send = "ERR max number of clients reached";
+    const auto until = std::chrono::steady_clock::now() + 1s;
+    while (std::chrono::steady_clock::now() < until) {
+        EXPECT_FALSE(n.enroll("ch", 300ms));
+        std::this_thread::sleep_for(10ms);
+    }
+    n.notifier.withdraw("ch", "w@1");
+    EXPECT_GE(n.opens.load(), 2);
+    const std::vector<std::string> expected{
+        "lk: the subscriber link failed before subscribing: ERR max number of clients reached"};
     EXPECT_EQ(n.reported(), expected);
 }
 
@@ -1082,11 +1102,9 @@ TEST(Notifier, FailedOpenIsToldOnlyForLocksSomeoneWaitsFor) {
         return n.opens.load() >= 2 && n.reported().size() >= 2;
     }));
     n.notifier.withdraw("ch", "w@1");
-    const auto told = n.reported();
-    EXPECT_EQ(told.front(), "other: NOPERM b");
-    for (std::size_t i = 1; i < told.size(); ++i) {
-        EXPECT_EQ(told[i].rfind("lk: ", 0), 0u) << told[i];
-    }
+    const std::vector<std::string> expected{
+        "other: NOPERM b", "lk: could not open a subscriber link: injected: connection refused"};
+    EXPECT_EQ(n.reported(), expected);
 }
 
 // A node whose link cannot be opened, even slowly, does not keep the links to other nodes from

@@ -27,13 +27,13 @@
 //                    | (NOPERM under a channel ACL, MOVED while    | connection threw)
 //                    | its slot moves, no sharded pub/sub), or the |
 //                    | connection could not name its node, or open |
-//                    | a subscriber link to it that stayed open    |
-//                    | until a subscription. Those                 |
+//                    | a subscriber link to it (one that fails     |
+//                    | before its first answer counts). Those      |
 //                    | waiters poll, bounded by the holder's lease,|
 //                    | until it is asked for again (10 s after     |
-//                    | NOPERM, 200 ms to 10 s after failed opens,  |
-//                    | else 200 ms; never again without sharded    |
-//                    | pub/sub)                                    |
+//                    | NOPERM, up to 10 s after an open that timed |
+//                    | out, else 200 ms; never again without       |
+//                    | sharded pub/sub)                            |
 //
 // A lock's events come from its own calls, the client's watchdog and its loss timer; the
 // connection's from the connection (see below). An acquisition reports acquired once, then

@@ -301,16 +301,15 @@ private:
     struct link_state {
         std::unique_ptr<subscriber_link> link;
         std::vector<std::string> awaiting;  // channels sent, in order, not yet confirmed
-        bool confirmed = false;             // a subscription on it was confirmed
+        bool answered = false;              // the server answered a subscription on it (yes or no)
         std::string lost_why;               // why it was dropped, when it was
     };
 
-    // A node whose link could not be opened, or closed before any subscription on it was
-    // confirmed: no link to it is opened before `until`.
+    // A node whose link could not be opened, or failed before the server answered a
+    // subscription on it: no link to it is opened before `until`.
     struct node_pause {
         steady::time_point until;
-        steady::duration length{};  // the next failure doubles it
-        std::string why;            // as its waiters are told
+        std::string why;  // as its waiters are told
     };
 
     // Needs mutex_. Starts the thread on first use.
@@ -562,6 +561,7 @@ private:
     void plan_locked(std::vector<std::pair<std::string, std::string>>& to_send,
                      std::vector<std::string>& to_open, steady::time_point retry_at) {
         const auto now = steady::now();
+        std::vector<std::string> retried;  // channels of nodes that failed lately: opened last
         if (now - last_pruned_ >= std::chrono::seconds{1}) {
             last_pruned_ = now;
             std::erase_if(told_, [&](const auto& t) { return now - t.second.at >= retell_after; });
@@ -574,12 +574,14 @@ private:
                 if (ch.node.empty() && node_of_) {
                     try {
                         ch.node = node_of_(it->first);
-                        if (ch.node.empty()) {
+                        if (ch.node.empty() && !ch.waiters.empty()) {
                             note_refusal_locked(it->first, ch,
                                                 "no node serves the channel's slot now");
                         }
                     } catch (...) {
-                        note_refusal_locked(it->first, ch, message_of_current_exception());
+                        if (!ch.waiters.empty()) {
+                            note_refusal_locked(it->first, ch, message_of_current_exception());
+                        }
                     }
                     if (ch.node.empty()) {
                         // The connection cannot name the node now: its waiters poll a while.
@@ -593,11 +595,19 @@ private:
                     if (auto paused = paused_.find(ch.node);
                         paused != paused_.end() && now < paused->second.until) {
                         // Its node is paused: its waiters poll until the pause is over.
-                        note_refusal_locked(it->first, ch, paused->second.why);
+                        if (!ch.waiters.empty()) {
+                            note_refusal_locked(it->first, ch, paused->second.why);
+                        }
                         refuse_locked(ch, paused->second.until - now);
                         settled_.notify_all();
                     } else if (now >= retry_at) {
-                        to_open.push_back(it->first);
+                        // A node that failed lately is tried after the others: its open may
+                        // take long and end the round's opening (see run_round).
+                        if (paused != paused_.end()) {
+                            retried.push_back(it->first);
+                        } else {
+                            to_open.push_back(it->first);
+                        }
                     }
                 } else {
                     ch.status = link_status::sent;
@@ -614,6 +624,7 @@ private:
             }
             ++it;
         }
+        to_open.insert(to_open.end(), retried.begin(), retried.end());
     }
 
     // Called with no lock held. Skips a channel no longer wanted (a link of its node failed, or
@@ -663,9 +674,9 @@ private:
         return false;
     }
 
-    // Needs links_mutex_. Drops link `it`, whose drain failed or whose send threw; one that
-    // never confirmed a subscription counts as a failed open (a server at maxclients accepts,
-    // answers with an error and closes). Returns the next link.
+    // Needs links_mutex_. Drops link `it`, whose drain failed or whose send threw; one on which
+    // the server never answered a subscription counts as a failed open (a server at maxclients
+    // accepts, answers with an error and closes). Returns the next link.
     std::map<std::string, link_state>::iterator drop_link_locked(
         std::map<std::string, link_state>::iterator it) noexcept {
         bool unsupported = false;  // told already; every waiter polls from now on
@@ -673,37 +684,37 @@ private:
             std::lock_guard guard{mutex_};
             unsupported = unsupported_;
         }
-        if (it->second.confirmed || unsupported) {
+        if (it->second.answered || unsupported) {
             lose(it->first);
         } else {
-            std::string why = "the subscriber link closed before subscribing";
+            constexpr std::string_view failed = "the subscriber link failed before subscribing";
+            std::string why;
             try {
+                why.append(failed);
                 if (!it->second.lost_why.empty()) {
                     why.append(": ").append(it->second.lost_why);
                 }
             } catch (...) {
-                // Out of memory: told without the reason.
+                why.clear();  // out of memory: told without the reason
             }
-            fail_node_locked(it->first, why, steady::duration::zero());
+            fail_node_locked(it->first, why.empty() ? failed : why, steady::duration::zero());
         }
         return links_.erase(it);
     }
 
-    // Needs links_mutex_. A link to `node` could not be opened, or closed before it confirmed a
-    // subscription (`why`, after `took`): no link to it is opened again before a pause, twice
-    // the last one (from retry_pause to max_pause) and at least twice what the failed open took,
-    // so that a node whose opens time out holds this thread up in few rounds. Meanwhile its
-    // channels' waiters poll, and those of each channel someone waits for are told.
+    // Needs links_mutex_. A link to `node` could not be opened, or failed before the server
+    // answered a subscription on it (`why`, after `took`): no link to it is opened again before
+    // retry_pause, or as long as the failed open took (up to max_pause), so that a node whose
+    // opens time out holds this thread up at most half the time. Meanwhile its channels' waiters
+    // poll, and those of each channel someone waits for are told.
     void fail_node_locked(const std::string& node, std::string_view why,
                           steady::duration took) noexcept {
         const auto now = steady::now();
-        auto until = now + retry_pause;
+        const auto until = now + std::clamp<steady::duration>(took, retry_pause, max_pause);
         try {
             node_pause& paused = paused_[node];
-            paused.length = std::clamp<steady::duration>(std::max(paused.length * 2, took * 2),
-                                                         retry_pause, max_pause);
             paused.why.assign(why);
-            paused.until = until = now + paused.length;
+            paused.until = until;
         } catch (...) {
             // Out of memory: paused as briefly as can be.
         }
@@ -747,6 +758,10 @@ private:
                 link->second.awaiting.push_back(channel);
             }
         } catch (...) {
+            try {
+                link->second.lost_why = message_of_current_exception();
+            } catch (...) {
+            }
             (void)drop_link_locked(link);
         }
     }
@@ -808,9 +823,18 @@ private:
                 settled_.notify_all();
                 return false;
             }
-            if (state.awaiting.empty()) {
+            // An error that is not about the channel, on a link that has had no answer yet (a
+            // server at maxclients answers so and closes), is the link's failure: an open that
+            // failed.
+            static constexpr std::array<std::string_view, 6> about_the_channel{
+                "NOPERM", "MOVED", "ASK", "TRYAGAIN", "CROSSSLOT", "CLUSTERDOWN"};
+            const bool about_channel =
+                std::any_of(about_the_channel.begin(), about_the_channel.end(),
+                            [&](std::string_view code) { return r.is_error_code(code); });
+            if (state.awaiting.empty() || (!state.answered && !about_channel)) {
                 return false;
             }
+            state.answered = true;
             const std::string channel = state.awaiting.front();
             state.awaiting.erase(state.awaiting.begin());
             refuse(channel, r.is_error_code("NOPERM") ? refused_pause : retry_pause, r.text());
@@ -829,7 +853,7 @@ private:
                 sent != state.awaiting.end()) {
                 state.awaiting.erase(sent);
             }
-            state.confirmed = true;
+            state.answered = true;
             paused_.erase(node);  // needs links_mutex_, held by whoever drains the link
             std::lock_guard guard{mutex_};
             if (auto it = channels_.find(channel); it != channels_.end()) {
