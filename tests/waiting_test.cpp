@@ -798,10 +798,10 @@ redislock::reply push_message(const char* kind, const std::string& channel) {
 // A notifier on one scripted link, for waiter 'w@1' of lock 'lk'. Its refusal reports are kept
 // as "name: why", and `after_report` runs after each. With `node_throws` set, naming a channel's
 // node throws; with `open_throws` set, opening a link does, and with `down_throws` opening one
-// for a channel starting "down" does, after `down_delay` (`opens` counts the tries). The node of
-// every channel is "node"; with `node_per_channel` set, the channel itself, but none ("") for
-// a channel starting "unserved". Made with `names_nodes` false, the notifier has no node namer,
-// as for a connection to one server.
+// for a channel starting "down" does, after `down_delay`, until `down_moved` names another node
+// for it (`opens` counts the tries). The node of every channel is "node"; with
+// `node_per_channel` set, the channel itself, but none ("") for a channel starting "unserved". Made
+// with `names_nodes` false, the notifier has no node namer, as for a connection to one server.
 struct scripted_notifier {
     explicit scripted_notifier(bool names_nodes = true) : names_nodes{names_nodes} {}
 
@@ -811,6 +811,7 @@ struct scripted_notifier {
     std::atomic<bool> node_per_channel{false};
     std::atomic<bool> open_throws{false};
     std::atomic<bool> down_throws{false};
+    std::atomic<bool> down_moved{false};  // a "down" channel's slot moved to node "elsewhere"
     std::chrono::milliseconds down_delay{0};
     std::atomic<int> opens{0};
     std::mutex reports_mutex;
@@ -819,7 +820,7 @@ struct scripted_notifier {
     redislock::detail::notifier notifier{
         [this](std::string_view channel) {
             ++opens;
-            const bool down = down_throws && channel.starts_with("down");
+            const bool down = down_throws && channel.starts_with("down") && !down_moved;
             if (down) {
                 std::this_thread::sleep_for(down_delay);
             }
@@ -834,6 +835,9 @@ struct scripted_notifier {
             }
             if (channel.starts_with("unserved")) {
                 return std::string{};
+            }
+            if (down_moved && channel.starts_with("down")) {
+                return std::string{"elsewhere"};
             }
             return node_per_channel ? std::string{channel} : "node";
         }}
@@ -1068,6 +1072,25 @@ TEST(Notifier, ServerThatAnswersTheFirstSubscriptionWithAnErrorAndClosesIsToldOn
     const std::vector<std::string> expected{
         "lk: the subscriber link failed before subscribing: ERR max number of clients reached"};
     EXPECT_EQ(n.reported(), expected);
+}
+
+// A channel whose node timed out opening is named again soon, not after that node's whole pause:
+// its slot may have moved to a node that answers (a Cluster failover).
+TEST(Notifier, ChannelOfANodeThatTimedOutIsNamedAgainSoon) {
+    scripted_notifier n;
+    n.node_per_channel = true;
+    n.down_throws = true;
+    n.down_delay = 2s;  // the node is then left alone 2 s
+    EXPECT_FALSE(n.enroll("down-x", 5s));
+    ASSERT_EQ(n.opens.load(), 1);
+    const stopwatch since_failure;
+    n.down_moved = true;
+    std::jthread waiter{[&] { EXPECT_TRUE(enroll_until_subscribed(n, "down-x")); }};
+    ASSERT_TRUE(eventually([&] { return n.wire->count("SSUBSCRIBE down-x") == 1; }, 5s));
+    EXPECT_LT(since_failure.elapsed(), 1500ms) << "named again only after the node's pause";
+    n.push({push_message("ssubscribe", "down-x")});
+    waiter.join();
+    n.notifier.withdraw("down-x", "w@1");
 }
 
 // A channel whose node the connection cannot name now (a Cluster slot no node serves) is refused

@@ -395,6 +395,7 @@ private:
                 return false;  // see report_refusals
             }
             if (failed && steady::now() - started >= tick) {
+                poke();  // the next round opens the others at once
                 break;
             }
         }
@@ -594,11 +595,13 @@ private:
                 if (links_.count(ch.node) == 0) {
                     if (auto paused = paused_.find(ch.node);
                         paused != paused_.end() && now < paused->second.until) {
-                        // Its node is paused: its waiters poll until the pause is over.
+                        // Its node is paused: its waiters poll, and it is named again soon
+                        // (see fail_node_locked).
                         if (!ch.waiters.empty()) {
                             note_refusal_locked(it->first, ch, paused->second.why);
                         }
-                        refuse_locked(ch, paused->second.until - now);
+                        refuse_locked(ch, std::min<steady::duration>(paused->second.until - now,
+                                                                     retry_pause));
                         settled_.notify_all();
                     } else if (now >= retry_at) {
                         // A node that failed lately is tried after the others: its open may
@@ -729,7 +732,9 @@ private:
                 if (asked && !ch.waiters.empty()) {
                     note_refusal_locked(channel, ch, why);
                 }
-                refuse_locked(ch, until - now);
+                // Named again after retry_pause at most: its slot may have moved to another
+                // node meanwhile (a failover); the node's pause keeps this one from reopening.
+                refuse_locked(ch, std::min<steady::duration>(until - now, retry_pause));
             }
         }
         settled_.notify_all();
@@ -815,7 +820,8 @@ private:
             if (r.text().find("unknown command") != std::string::npos) {
                 std::lock_guard guard{mutex_};
                 if (!state.awaiting.empty()) {
-                    if (auto it = channels_.find(state.awaiting.front()); it != channels_.end()) {
+                    if (auto it = channels_.find(state.awaiting.front());
+                        it != channels_.end() && !it->second.waiters.empty()) {
                         note_refusal_locked(it->first, it->second, r.text());
                     }
                 }
@@ -933,7 +939,9 @@ private:
             if (it == channels_.end()) {
                 return;
             }
-            note_refusal_locked(channel, it->second, why);
+            if (!it->second.waiters.empty()) {
+                note_refusal_locked(channel, it->second, why);
+            }
             refuse_locked(it->second, pause);
         }
         settled_.notify_all();
