@@ -1002,6 +1002,18 @@ bool enroll_until_subscribed(scripted_notifier& n, const std::string& channel) {
     return true;
 }
 
+// Enrolls as waiter 'w@1' of lock 'lk' again and again for `how_long`, each refused, as a waiter
+// that polls does; then withdraws.
+void enroll_refused_for(scripted_notifier& n, const std::string& channel,
+                        std::chrono::milliseconds how_long) {
+    const auto until = std::chrono::steady_clock::now() + how_long;
+    while (std::chrono::steady_clock::now() < until) {
+        EXPECT_FALSE(n.enroll(channel, 300ms));
+        std::this_thread::sleep_for(10ms);
+    }
+    n.notifier.withdraw(channel, "w@1");
+}
+
 // A subscriber link that cannot be opened (its server out of reach, or refusing connections) is
 // reported like a refusal, with what the connection threw: once while the tries keep failing,
 // across the waits of that time, and again after the channel was subscribed in between.
@@ -1044,12 +1056,7 @@ TEST(Notifier, LinkThatCannotBeOpenedIsReportedOnceUntilSubscribedAgain) {
 TEST(Notifier, LinkClosedBeforeSubscribingPausesItsNode) {
     scripted_notifier n;
     n.wire->closes_after_send = true;
-    const auto until = std::chrono::steady_clock::now() + 1500ms;
-    while (std::chrono::steady_clock::now() < until) {
-        EXPECT_FALSE(n.enroll("ch", 300ms));
-        std::this_thread::sleep_for(10ms);
-    }
-    n.notifier.withdraw("ch", "w@1");
+    enroll_refused_for(n, "ch", 1500ms);
     EXPECT_GE(n.opens.load(), 2);
     EXPECT_LE(n.opens.load(), 9) << "a pause of 200 ms between the tries";
     const std::vector<std::string> expected{
@@ -1062,12 +1069,7 @@ TEST(Notifier, LinkClosedBeforeSubscribingPausesItsNode) {
 TEST(Notifier, ServerThatAnswersTheFirstSubscriptionWithAnErrorAndClosesIsToldOnce) {
     scripted_notifier n;
     n.wire->error_after_send = "ERR max number of clients reached";
-    const auto until = std::chrono::steady_clock::now() + 1s;
-    while (std::chrono::steady_clock::now() < until) {
-        EXPECT_FALSE(n.enroll("ch", 300ms));
-        std::this_thread::sleep_for(10ms);
-    }
-    n.notifier.withdraw("ch", "w@1");
+    enroll_refused_for(n, "ch", 1s);
     EXPECT_GE(n.opens.load(), 2);
     const std::vector<std::string> expected{
         "lk: the subscriber link failed before subscribing: ERR max number of clients reached"};
