@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -27,6 +31,7 @@
 #include <redislock/detail/wait.hpp>
 #include <redislock/redislock.hpp>
 
+#include "support/faulty_connection.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_util.hpp"
 
@@ -911,6 +916,139 @@ TEST(Mutex, ReleaseTellsATaggedWaiterOnItsClientsChannel) {
     EXPECT_LE(ttl, 5000);
     ASSERT_EQ(srv.cli({"SPUBLISH", "{t}:released", "marker"}), "1");
     EXPECT_EQ(shared_channel.next(), "marker");
+}
+
+// The premise of run_script_after_ping (script.hpp): Redis writes the clients it queued in one
+// event-loop pass newest first. A script that publishes therefore has its caller's reply written
+// before the message, unless a reply to a command just before it in the same read (a PING) has
+// queued the caller first. The kernel's receive timestamps tell which reached its socket first.
+TEST(Mutex, PingAheadOfAPublishingScriptPutsTheMessageOnTheWireFirst) {
+    redis_server srv;
+    const auto open = [&] {
+        const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in at{};
+        at.sin_family = AF_INET;
+        at.sin_port = htons(static_cast<std::uint16_t>(srv.port()));
+        at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        const int on = 1;
+        const timeval timeout{5, 0};
+        if (fd < 0 || ::connect(fd, reinterpret_cast<const sockaddr*>(&at), sizeof at) != 0 ||
+            ::setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof on) != 0 ||
+            ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout) != 0) {
+            throw std::runtime_error{"cannot connect to the test server"};
+        }
+        return fd;
+    };
+    const auto send_all = [](int fd, std::string_view bytes) {
+        ASSERT_EQ(::send(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+    };
+    // Reads what the socket holds; returns when its first bytes arrived, in ns.
+    const auto arrival = [](int fd) -> std::int64_t {
+        char data[512];
+        alignas(cmsghdr) char control[CMSG_SPACE(sizeof(timespec))];
+        iovec io{data, sizeof data};
+        msghdr msg{};
+        msg.msg_iov = &io;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        if (::recvmsg(fd, &msg, 0) <= 0) {
+            ADD_FAILURE() << "no reply";
+            return -1;
+        }
+        for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS) {
+                timespec at{};
+                std::memcpy(&at, CMSG_DATA(c), sizeof at);
+                return std::int64_t{at.tv_sec} * 1'000'000'000 + at.tv_nsec;
+            }
+        }
+        ADD_FAILURE() << "no receive timestamp";
+        return -1;
+    };
+    const int waiter = open();
+    const int caller = open();
+    send_all(waiter, "*2\r\n$10\r\nSSUBSCRIBE\r\n$2\r\nch\r\n");
+    (void)arrival(waiter);
+    const std::string_view script = "redis.call('SPUBLISH', 'ch', 'm') return 1";
+    const std::string eval = "*3\r\n$4\r\nEVAL\r\n$" + std::to_string(script.size()) + "\r\n" +
+                             std::string{script} + "\r\n$1\r\n0\r\n";
+    for (const bool ping : {false, true}) {
+        SCOPED_TRACE(ping ? "behind a PING" : "alone");
+        // One send: the server reads both commands in one pass.
+        send_all(caller, (ping ? "*1\r\n$4\r\nPING\r\n" : "") + eval);
+        const std::int64_t reply_at = arrival(caller);
+        const std::int64_t message_at = arrival(waiter);
+        if (ping) {
+            EXPECT_LT(message_at, reply_at);
+        } else {
+            EXPECT_LT(reply_at, message_at);
+        }
+    }
+    ::close(waiter);
+    ::close(caller);
+}
+
+// A release sends its script behind a PING, in the same round trip, while the name was contended
+// lately (the releaser's last release handed the lock on, or it waited for this acquisition);
+// otherwise the script goes alone. A NOSCRIPT answer to the pipelined script is recovered.
+TEST(Mutex, ReleaseGoesBehindAPingOnlyWhileTheNameIsContended) {
+    redis_server srv;
+    using faulty = redislock::test::faulty_connection<redislock::hiredis_connection>;
+    faulty conn{srv.uri()};
+    redislock::basic_client<faulty> client{conn};
+    redislock::client other{srv.uri()};
+    auto m = client.mutex("k", {.lease = 10s});
+    auto rival = other.mutex("k", {.lease = 10s});
+    // Uncontended, and the first release that hands the lock on: the script alone.
+    m.lock();
+    m.unlock();  // loads the script
+    m.lock();
+    std::atomic<bool> rival_holds{false};
+    std::atomic<bool> rival_may_go{false};
+    std::thread rival_thread{[&] {
+        rival.lock();
+        rival_holds = true;
+        while (!rival_may_go) {
+            std::this_thread::sleep_for(1ms);
+        }
+        rival.unlock();
+    }};
+    ASSERT_TRUE(redislock::test::eventually(
+        [&] {
+            return srv.cli({"ZCARD", "{k}:queue"}) == "1";
+        },
+        5s));
+    auto trips = conn.inner().round_trips();
+    m.unlock();
+    EXPECT_EQ(conn.inner().round_trips() - trips, 1u);
+    EXPECT_EQ(conn.count("PING"), 0u);
+    ASSERT_TRUE(redislock::test::eventually([&] { return rival_holds.load(); }, 5s));
+
+    // Now contended: waiting for the rival and then releasing sends PING and the script in one
+    // round trip, and the lock is free after it.
+    std::thread let_go{[&] {
+        std::this_thread::sleep_for(100ms);
+        rival_may_go = true;
+    }};
+    ASSERT_TRUE(m.try_lock_for(5s));
+    let_go.join();
+    rival_thread.join();
+    ASSERT_EQ(srv.cli({"SCRIPT", "FLUSH"}), "OK");  // the pipelined script meets NOSCRIPT
+    conn.clear_log();
+    trips = conn.inner().round_trips();
+    m.unlock();
+    EXPECT_EQ(conn.log_text(), (std::vector<std::string>{"PING", "EVALSHA mutex_release",
+                                                         "SCRIPT LOAD", "EVALSHA mutex_release"}));
+    EXPECT_EQ(conn.inner().round_trips() - trips, 3u);
+    EXPECT_EQ(srv.cli({"EXISTS", "k"}), "0");
+
+    // That release handed nothing on: the next one goes alone again.
+    m.lock();
+    conn.clear_log();
+    m.unlock();
+    EXPECT_EQ(conn.log_text(), (std::vector<std::string>{"EVALSHA mutex_release"}));
+    EXPECT_EQ(srv.cli({"EXISTS", "k"}), "0");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -99,6 +99,42 @@ reply run_script(C& conn, const script& s, const std::array<std::string_view, Ke
     return detail::execute(conn, argv, how);
 }
 
+/// As run_script, for a script that may publish to a waiting client: the EVALSHA goes behind a
+/// PING in one pipeline, so that the message reaches the waiter before this caller's reply.
+/// Redis queues a client for writing at its first reply of an event-loop pass and writes the
+/// clients it queued newest first. The PING's reply queues the caller before the script's message
+/// queues the waiter's subscriber link, so the message is written first; without it the caller's
+/// reply goes out first, and the caller it wakes takes the CPU the waiter needs when both run on
+/// one core. The PING's own reply (even an error) is ignored. A connection that cannot route a
+/// pipeline per command (contextual_pipelining_connection) runs the script alone.
+/// @throws as run_script; redislock::connection_error when the pipeline's replies do not match.
+template <connection C, std::size_t KeyCount, std::size_t ArgCount>
+reply run_script_after_ping(C& conn, const script& s,
+                            const std::array<std::string_view, KeyCount>& keys,
+                            const std::array<std::string_view, ArgCount>& args,
+                            call_context how = {}, const event_sink* events = nullptr) {
+    if constexpr (contextual_pipelining_connection<C> && KeyCount > 0) {
+        const auto argv = evalsha_argv(s, keys, args);
+        how.key = keys[0];
+        static constexpr std::array<std::string_view, 1> ping{"PING"};
+        const std::array<command, 2> commands{command{ping}, command{argv}};
+        const std::array<call_context, 2> hows{call_context{how.key, how.deadline, how.stop, true},
+                                               how};
+        std::vector<reply> replies = conn.execute_pipeline(commands, hows);
+        if (replies.size() != 2) {
+            throw connection_error{"redislock: a pipeline of 2 commands got " +
+                                   std::to_string(replies.size()) + " replies"};
+        }
+        if (!replies[1].is_error_code("NOSCRIPT")) {
+            return std::move(replies[1]);
+        }
+        reload_script(conn, s, how, events);
+        return detail::execute(conn, argv, how);
+    } else {
+        return run_script(conn, s, keys, args, how, events);
+    }
+}
+
 /// What a write acknowledged by replicas returned: its own reply, and how many replicas WAIT
 /// counted (-1 when no WAIT was sent).
 struct acknowledged_reply {

@@ -29,16 +29,22 @@ struct mutex_release {
 
     enum class release_outcome { released, handed_on, not_ours, unreachable, refused };
 
-    // One compare-and-delete of `token`, ending by `deadline`; tells the next waiter, if any.
+    // One compare-and-delete of `token`, ending by `deadline`; tells the next waiter, if any
+    // (`waiters_likely`: as soon as it can, see run_script_after_ping).
     static release_outcome release_once(const state& st, const detail::token& token,
-                                        steady::time_point deadline) noexcept {
+                                        steady::time_point deadline,
+                                        bool waiters_likely = false) noexcept {
         try {
-            const reply r = detail::run_script(
-                st.core->connection, scripts::mutex_release,
-                std::array<std::string_view, 1>{st.name},
-                std::array<std::string_view, 5>{token.view(), st.channel, st.grace_text.view(),
-                                                st.queue_key, st.lapse_key},
-                call_context{{}, deadline}, &st.core->events);
+            const std::array<std::string_view, 1> keys{st.name};
+            const std::array<std::string_view, 5> args{
+                token.view(), st.channel, st.grace_text.view(), st.queue_key, st.lapse_key};
+            const call_context how{{}, deadline};
+            const reply r =
+                waiters_likely
+                    ? detail::run_script_after_ping(st.core->connection, scripts::mutex_release,
+                                                    keys, args, how, &st.core->events)
+                    : detail::run_script(st.core->connection, scripts::mutex_release, keys, args,
+                                         how, &st.core->events);
             if (r.is_integer()) {
                 switch (r.as_integer()) {
                     case 1:
@@ -63,7 +69,8 @@ struct mutex_release {
     // Stops the timer and renewals of `g`, then releases it.
     static std::error_code leave(const std::shared_ptr<state>& st, given_up g) noexcept {
         lease_tracker<state>{st}.end(g.lease);
-        const auto outcome = release_once(*st, g.token, st->core->untimed_deadline());
+        const auto outcome = release_once(*st, g.token, st->core->untimed_deadline(),
+                                          st->core->waiting->gates.look(st->name).contended);
         switch (outcome) {
             case release_outcome::released:
             case release_outcome::handed_on:
