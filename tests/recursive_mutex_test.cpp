@@ -5,6 +5,7 @@
 
 #include <sys/time.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include <functional>
 #include <future>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -1735,4 +1737,140 @@ TEST(RecursiveMutex, ThreadsAndProcessesNeverOverlapAndLoseNoIncrement) {
     EXPECT_EQ(exists(srv, "stress"), "0");
 }
 
+// A hiredis connection, with its subscriber links, that notes which threads run a script.
+struct script_counting_connection {
+    struct record {
+        std::mutex mutex;
+        std::string sha1;
+        std::vector<std::thread::id> runs;
+    };
+    std::shared_ptr<redislock::hiredis_connection> inner;
+    std::shared_ptr<record> noted = std::make_shared<record>();
+
+    explicit script_counting_connection(const std::string& uri)
+        : inner{std::make_shared<redislock::hiredis_connection>(uri)} {}
+    // Notes the runs of `s` from now on, forgetting earlier ones.
+    void note(const redislock::script& s) {
+        std::lock_guard guard{noted->mutex};
+        noted->sha1 = s.sha1;
+        noted->runs.clear();
+    }
+    // How many runs were noted, and by how many threads.
+    std::pair<std::size_t, std::size_t> runs() const {
+        std::lock_guard guard{noted->mutex};
+        std::vector<std::thread::id> threads = noted->runs;
+        std::sort(threads.begin(), threads.end());
+        return {noted->runs.size(),
+                static_cast<std::size_t>(
+                    std::distance(threads.begin(), std::unique(threads.begin(), threads.end())))};
+    }
+    redislock::reply execute(redislock::command argv) {
+        return execute(argv, redislock::call_context{});
+    }
+    redislock::reply execute(redislock::command argv, const redislock::call_context& how) {
+        if (argv.size() > 1 && argv[0] == "EVALSHA") {
+            std::lock_guard guard{noted->mutex};
+            if (argv[1] == noted->sha1) {
+                noted->runs.push_back(std::this_thread::get_id());
+            }
+        }
+        return inner->execute(argv, how);
+    }
+    std::unique_ptr<redislock::subscriber_link> open_subscriber(std::string_view channel) {
+        return inner->open_subscriber(channel);
+    }
+    const redislock::endpoint& config() const { return inner->config(); }
+};
+
+// A thread that holds no reentrant or read-write lock cannot re-enter the one it waits for, so
+// it queues in its client's local gate without trying first: while a lock of either kind is held
+// elsewhere, only the first of four waiting threads of one client sends attempts (its try, then
+// its attempt that joins the queue), where each used to try once. A thread that holds another
+// lock still tries first, as its own release may be what the gate waits for.
+TEST(LocalGate, ThreadsThatHoldNothingQueueWithoutTryingFirst) {
+    namespace scripts = redislock::detail::scripts;
+    redis_server srv;
+    script_counting_connection conn{srv.uri()};
+    redislock::basic_client<script_counting_connection> client{conn};
+    redislock::client other{srv.uri()};
+
+    const auto expect_attempts = [&](const redislock::script& script, auto make, auto&& holder,
+                                     bool hold_another, std::size_t threads_in_redis) {
+        SCOPED_TRACE(std::string{script.name} + (hold_another ? ", one holding another" : ""));
+        holder.lock();
+        conn.note(script);
+        std::vector<std::jthread> waiters;
+        std::atomic<int> acquired{0};
+        for (int i = 0; i < 4; ++i) {
+            waiters.emplace_back([&, i] {
+                std::optional<redislock::basic_shared_mutex<script_counting_connection>> another;
+                if (hold_another && i == 3) {
+                    another.emplace(client.shared_mutex("another"));
+                    another->lock();
+                }
+                auto m = make();
+                if (m.try_lock_for(10s)) {
+                    ++acquired;
+                    m.unlock();
+                }
+            });
+            if (i == 0) {
+                // The first thread is the one in Redis: its try, then its attempt that joins.
+                ASSERT_TRUE(
+                    redislock::test::eventually([&] { return conn.runs().first >= 2; }, 5s));
+            }
+        }
+        std::this_thread::sleep_for(300ms);  // a thread that tries first has done so by now
+        EXPECT_EQ(conn.runs().second, threads_in_redis);
+        holder.unlock();
+        waiters.clear();
+        EXPECT_EQ(acquired.load(), 4);
+    };
+    expect_attempts(
+        scripts::recursive_acquire, [&] { return client.recursive_mutex("r", {.lease = 10s}); },
+        other.recursive_mutex("r", {.lease = 10s}), false, 1);
+    expect_attempts(
+        scripts::shared_acquire, [&] { return client.shared_mutex("w", {.lease = 10s}); },
+        other.shared_mutex("w", {.lease = 10s}), false, 1);
+    expect_attempts(
+        scripts::recursive_acquire, [&] { return client.recursive_mutex("r", {.lease = 10s}); },
+        other.recursive_mutex("r", {.lease = 10s}), true, 2);
+}
+
+// The count behind the local gate's choice (detail/thread_holds.hpp): a thread's holds of both
+// kinds under its own owner are counted while it has them; holds of an explicit owner are not
+// (its waits always try first); a hold ended from another thread stays counted on its own.
+TEST(LocalGate, ThreadCountsItsOwnHoldsOfBothKinds) {
+    using redislock::detail::thread_may_hold_any;
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    std::thread{[&] {
+        auto r = client.recursive_mutex("r");
+        auto w = client.shared_mutex("w");
+        EXPECT_FALSE(thread_may_hold_any());
+        r.lock();
+        r.lock();
+        EXPECT_TRUE(thread_may_hold_any());
+        r.unlock();
+        EXPECT_TRUE(thread_may_hold_any());
+        r.unlock();
+        EXPECT_FALSE(thread_may_hold_any());
+        w.lock();
+        w.lock_shared();  // a downgrade: two holds
+        w.unlock();
+        EXPECT_TRUE(thread_may_hold_any());
+        w.unlock_shared();
+        EXPECT_FALSE(thread_may_hold_any());
+
+        auto shared_owner = client.recursive_mutex("o", {.owner = "job-7"});
+        shared_owner.lock();
+        EXPECT_FALSE(thread_may_hold_any());
+        shared_owner.unlock();
+
+        auto dropped = std::make_unique<redislock::recursive_mutex>(client.recursive_mutex("d"));
+        dropped->lock();
+        std::thread{[&] { dropped.reset(); }}.join();
+        EXPECT_TRUE(thread_may_hold_any());
+    }}.join();
+}
 }  // namespace

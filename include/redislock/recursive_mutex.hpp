@@ -216,9 +216,10 @@ private:
         checked();
         const std::string owner = state_->caller_owner();
         const lock_options& opts = state_->options;
-        // Always a possible re-entry: the owner may hold through another object. A fenced
-        // acquisition draws its token, and one that waits for replicas checks WAIT, in its own
-        // round trip: neither can be handed over; nor can an owner the waiter id cannot carry.
+        // A possible re-entry whenever the owner may hold through another object (see
+        // thread_holds.hpp). A fenced acquisition draws its token, and one that waits for
+        // replicas checks WAIT, in its own round trip: neither can be handed over; nor can an
+        // owner the waiter id cannot carry.
         const bool handed = !opts.fencing && opts.min_replicas == 0 &&
                             owner.find_first_of("@ ") == std::string::npos;
         return detail::acquire_in_line(
@@ -227,7 +228,7 @@ private:
                 return attempt(owner, detail::token::random(), how, place);
             },
             deadline, stop,
-            detail::line_options{.reentry = true,
+            detail::line_options{.reentry = !opts.owner.empty() || detail::thread_may_hold_any(),
                                  .handed = handed,
                                  .owner = owner,
                                  .kind = lock_kind::recursive_mutex},

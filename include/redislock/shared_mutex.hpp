@@ -197,17 +197,19 @@ private:
         checked();
         const std::string owner = state_->caller_owner();
         // A reader asking to write is refused by the script ({-1, 0}), not here: only the server
-        // knows whether this owner also writes through another object (then it re-enters), which
-        // makes every acquisition a possible re-entry.
+        // knows whether this owner also writes through another object (then it re-enters). So
+        // an acquisition is a possible re-entry whenever the owner may hold any lock (see
+        // thread_holds.hpp).
         return detail::acquire_in_line(
             *state_,
             [&](const call_context& how, const detail::queue_place& place) {
                 return attempt(owner, kind, detail::token::random(), how, place);
             },
             deadline, stop,
-            detail::line_options{.reader = kind == mode::read,
-                                 .reentry = true,
-                                 .kind = detail::shared_lock_kind(kind)});
+            detail::line_options{
+                .reader = kind == mode::read,
+                .reentry = !state_->options.owner.empty() || detail::thread_may_hold_any(),
+                .kind = detail::shared_lock_kind(kind)});
     }
 
     [[noreturn]] void throw_upgrade() const {

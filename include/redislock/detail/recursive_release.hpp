@@ -88,6 +88,7 @@ struct recursive_release {
                     std::lock_guard guard{st->mutex};
                     if (st->epoch == entry.epoch && st->depth > 0) {
                         st->depth = 0;
+                        st->mark.uncount();
                     }
                     return std::error_code{errc::lock_lost};
                 }

@@ -16,6 +16,7 @@
 #include <redislock/connection.hpp>
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_identity.hpp>
+#include <redislock/detail/thread_holds.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/events.hpp>
 
@@ -96,6 +97,9 @@ struct recursive_state : lock_identity<C> {
             lease.valid_until = valid_until(sent, this->options.lease);
             lease.acquired_at = taken.value_or(sent);
             lease.kind = lock_kind::recursive_mutex;
+            if (this->options.owner.empty()) {
+                mark.count();
+            }
         }
         ++depth;
         return e;
@@ -115,6 +119,7 @@ struct recursive_state : lock_identity<C> {
         // Counted out before the round trip, so an acquisition through this object that lands
         // right after the release never mistakes the entry for a live one.
         if (--depth == 0) {
+            mark.uncount();
             out.last = true;
             out.ended = std::exchange(lease, {});
             // Entries whose re-entry or release had an unknown outcome are left too: without a
@@ -128,6 +133,7 @@ struct recursive_state : lock_identity<C> {
     // Counts every entry out (the object is going away); none when none is held.
     left give_up_all() {
         left out{{}, std::exchange(depth, 0), true, {}};
+        mark.uncount();
         if (out.entries > 0) {
             out.entries += std::exchange(uncertain, 0);
         }
@@ -149,6 +155,7 @@ struct recursive_state : lock_identity<C> {
     std::size_t uncertain = 0;
     std::int64_t fence = 0;
     tracked_lease<C> lease;
+    thread_hold_mark mark;  // the holder thread's count of its holds (thread_holds.hpp)
 };
 
 }  // namespace redislock::detail

@@ -20,6 +20,7 @@
 #include <redislock/connection.hpp>
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_identity.hpp>
+#include <redislock/detail/thread_holds.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/error.hpp>
 #include <redislock/events.hpp>
@@ -52,6 +53,7 @@ struct shared_hold {
     std::uint64_t generation = 0;  // fork generation of the first entry
     std::uint64_t epoch = 0;       // which acquisition: renewals and releases name it
     std::string acquisition{};     // the acquisition's id in Redis
+    thread_hold_mark mark;         // the owner thread's count of its holds (thread_holds.hpp)
 
     // Held by the parent this process was forked from: only the parent may release it.
     bool inherited_by_fork() const { return generation != current_fork_generation(); }
@@ -164,6 +166,9 @@ struct shared_state : lock_identity<C> {
             h->epoch = ++last_epoch;
             h->acquisition = got.acquisition;
             e.first_entry = shared_hold_ref{owner, kind, h->epoch, got.acquisition, false};
+            if (this->options.owner.empty()) {
+                h->mark.count();
+            }
         }
         ++h->depth;
         if (!e.first_entry) {
@@ -217,6 +222,11 @@ struct shared_state : lock_identity<C> {
 
     // Drops holds with no entries left.
     void erase_released() {
+        for (shared_hold<C>& h : holds) {
+            if (h.depth == 0) {
+                h.mark.uncount();
+            }
+        }
         std::erase_if(holds, [](const shared_hold<C>& h) { return h.depth == 0; });
     }
 
