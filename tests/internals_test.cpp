@@ -5,11 +5,13 @@
 
 #include <hiredis/hiredis.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -18,6 +20,7 @@
 
 #include <redislock/redislock.hpp>
 
+#include "support/redis_server.hpp"
 #include "support/test_util.hpp"
 
 namespace {
@@ -259,4 +262,68 @@ TEST(LocalGates, TurnsGoInArrivalOrderAndThoseWhoGiveUpAreSkipped) {
     EXPECT_TRUE(gates.look("name").idle);
 }
 
+// A pipelining connection that answers every batch with the replies it was given.
+struct scripted_pipeline {
+    std::vector<redislock::reply> answers;
+    std::vector<std::string> sent;
+
+    redislock::reply execute(redislock::command argv) {
+        return execute(argv, redislock::call_context{});
+    }
+    redislock::reply execute(redislock::command argv, const redislock::call_context&) {
+        sent.emplace_back(argv[0]);
+        return redislock::reply::integer(1);
+    }
+    std::vector<redislock::reply> execute_pipeline(std::span<const redislock::command> commands,
+                                                   std::span<const redislock::call_context>) {
+        for (const auto& argv : commands) {
+            sent.emplace_back(argv[0]);
+        }
+        return answers;
+    }
+    const redislock::endpoint& config() const {
+        static const redislock::endpoint e = redislock::endpoint::from_uri("redis://127.0.0.1:1");
+        return e;
+    }
+};
+
+// run_script_after_ping: the script's reply is returned as the server gave it, errors included;
+// an error reply a connection stood in for an answer that never came is told as no answer.
+TEST(RunScriptAfterPing, ReturnsTheScriptsReplyAndTellsAStandInErrorAsNoAnswer) {
+    using redislock::reply;
+    const auto run = [](std::vector<reply> answers) {
+        scripted_pipeline conn{std::move(answers), {}};
+        const reply r = redislock::detail::run_script_after_ping(
+            conn, redislock::detail::scripts::mutex_release, std::array<std::string_view, 1>{"k"},
+            std::array<std::string_view, 1>{"token"});
+        EXPECT_EQ(conn.sent, (std::vector<std::string>{"PING", "EVALSHA"}));
+        return r;
+    };
+    EXPECT_EQ(run({reply::status("PONG"), reply::integer(2)}).as_integer(), 2);
+    EXPECT_EQ(run({reply::error("ERR no PING here"), reply::integer(1)}).as_integer(), 1);
+    EXPECT_EQ(run({reply::status("PONG"), reply::error("WRONGTYPE not a lock")}).text(),
+              "WRONGTYPE not a lock");
+    EXPECT_THROW(
+        (void)run({reply::status("PONG"), reply::error("ERR redislock: node 127.0.0.1:7000: no")}),
+        redislock::connection_error);
+    EXPECT_THROW((void)run({reply::status("PONG")}), redislock::connection_error);
+}
+
+// A hold taken over from a thread that ended while holding is counted on the thread that takes
+// it, though that thread may get the ended one's std::thread::id.
+TEST(ThreadHolds, HoldTakenOverFromAnEndedThreadIsCountedOnTheNewOne) {
+    using redislock::detail::thread_may_hold_any;
+    redislock::test::redis_server srv;
+    redislock::client client{srv.uri()};
+    auto held = client.recursive_mutex("h", {.lease = 10s});
+    std::thread{[&] { held.lock(); }}.join();  // ends holding
+    (void)srv.cli({"DEL", "h"});               // and its hold is lost
+    std::thread{[&] {
+        EXPECT_FALSE(thread_may_hold_any());
+        held.lock();
+        EXPECT_TRUE(thread_may_hold_any());
+        held.unlock();
+        EXPECT_FALSE(thread_may_hold_any());
+    }}.join();
+}
 }  // namespace

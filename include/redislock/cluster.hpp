@@ -35,8 +35,9 @@
 // replies come back in the order of the commands; the commands a reply redirected or refused
 // are sent again, grouped by node the same way. When some nodes answer and another cannot be
 // reached before the deadline (or does not answer within the command timeout), that node's
-// commands get an error reply ("ERR redislock: ...") instead of an exception, so a watchdog's
-// renewals on healthy nodes still count; when no command could be served the call throws.
+// commands get an error reply ("ERR redislock: ...", detail::unanswered_prefix) instead of an
+// exception, so a watchdog's renewals on healthy nodes still count; when no command could be
+// served the call throws.
 //
 // Counters: round_trips() counts batches sent on behalf of callers (one per command, pipeline
 // group or ASKING pair), in total and per node; map_refreshes() counts slot-map reads, and
@@ -601,7 +602,8 @@ private:
                     }
                     // In a pipeline the other nodes' commands still go out and count (a hung
                     // node must not keep the watchdog's renewals from the healthy ones).
-                    results[i] = reply::error("ERR " + items[i].problem);
+                    results[i] =
+                        reply::error(std::string{detail::unanswered_prefix} + items[i].problem);
                     items[i].done = true;
                     o.failure = std::current_exception();
                 } else {

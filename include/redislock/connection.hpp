@@ -52,7 +52,10 @@
 // execute() returns error replies as reply values (reply::is_error()); it throws
 // redislock::connection_error (or timeout_error) when the command could not be sent or its
 // reply not read. It must be safe to call from several threads at once: the locks of one client
-// share its connection.
+// share its connection. execute_pipeline() throws the same way, except that a connection whose
+// batch spans several nodes may, when some commands were answered and others got no answer,
+// return for each unanswered one an error reply starting with "ERR redislock: "
+// (detail::unanswered_prefix), which no server sends.
 //
 // Optional capabilities are detected at compile time; a connection without them still works
 // (the library then sends one command per call).
@@ -73,6 +76,12 @@ namespace redislock {
 
 /// One command: its name and arguments, e.g. {"SET", key, value, "NX"}.
 using command = std::span<const std::string_view>;
+
+namespace detail {
+/// How a pipelined command's error reply starts when a connection stands it in for an answer
+/// that never came (see the top of this file).
+inline constexpr std::string_view unanswered_prefix = "ERR redislock: ";
+}  // namespace detail
 
 template <class C>
 concept connection = requires(C& c, command argv) {

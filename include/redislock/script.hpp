@@ -106,7 +106,9 @@ reply run_script(C& conn, const script& s, const std::array<std::string_view, Ke
 /// queues the waiter's subscriber link, so the message is written first; without it the caller's
 /// reply goes out first, and the caller it wakes takes the CPU the waiter needs when both run on
 /// one core. The PING's own reply (even an error) is ignored. A connection that cannot route a
-/// pipeline per command (contextual_pipelining_connection) runs the script alone.
+/// pipeline per command (contextual_pipelining_connection) runs the script alone. A script that
+/// got no answer while the PING did is told as run_script tells it, by connection_error, not as
+/// the error reply a connection may stand in for it ("ERR redislock: ...", see connection.hpp).
 /// @throws as run_script; redislock::connection_error when the pipeline's replies do not match.
 template <connection C, std::size_t KeyCount, std::size_t ArgCount>
 reply run_script_after_ping(C& conn, const script& s,
@@ -124,6 +126,9 @@ reply run_script_after_ping(C& conn, const script& s,
         if (replies.size() != 2) {
             throw connection_error{"redislock: a pipeline of 2 commands got " +
                                    std::to_string(replies.size()) + " replies"};
+        }
+        if (replies[1].is_error() && replies[1].text().starts_with(unanswered_prefix)) {
+            throw connection_error{replies[1].text().substr(4)};
         }
         if (!replies[1].is_error_code("NOSCRIPT")) {
             return std::move(replies[1]);

@@ -69,8 +69,13 @@ struct mutex_release {
     // Stops the timer and renewals of `g`, then releases it.
     static std::error_code leave(const std::shared_ptr<state>& st, given_up g) noexcept {
         lease_tracker<state>{st}.end(g.lease);
-        const auto outcome = release_once(*st, g.token, st->core->untimed_deadline(),
-                                          st->core->waiting->gates.look(st->name).contended);
+        bool contended = false;
+        try {
+            contended = st->core->waiting->gates.look(st->name).contended;
+        } catch (...) {
+            // Out of memory building the waiting room: the release goes alone.
+        }
+        const auto outcome = release_once(*st, g.token, st->core->untimed_deadline(), contended);
         switch (outcome) {
             case release_outcome::released:
             case release_outcome::handed_on:

@@ -13,7 +13,9 @@
 #pragma once
 
 #include <cstddef>
-#include <thread>
+#include <cstdint>
+
+#include <redislock/detail/owner.hpp>
 
 namespace redislock::detail {
 
@@ -28,13 +30,15 @@ inline bool thread_may_hold_any() noexcept {
     return thread_hold_count() > 0;
 }
 
-/// Kept in each hold: the thread whose count includes it, if any.
+/// Kept in each hold: the thread whose count includes it, if any, by its detail::thread_number()
+/// (0: none), which no other thread of the process gets, even after that thread ended or in a
+/// forked child (std::thread::id values are reused).
 struct thread_hold_mark {
-    std::thread::id counted_on{};
+    std::uint64_t counted_on = 0;
 
     /// Counts the hold on the calling thread, unless it already is.
     void count() noexcept {
-        const auto me = std::this_thread::get_id();
+        const std::uint64_t me = thread_number();
         if (counted_on != me) {
             ++thread_hold_count();
             counted_on = me;
@@ -43,9 +47,9 @@ struct thread_hold_mark {
 
     /// Uncounts the hold when the calling thread counted it; else leaves it counted.
     void uncount() noexcept {
-        if (counted_on == std::this_thread::get_id()) {
+        if (counted_on == thread_number()) {
             --thread_hold_count();
-            counted_on = {};
+            counted_on = 0;
         }
     }
 };
