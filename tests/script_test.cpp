@@ -752,6 +752,67 @@ TEST(MutexQueueScript, HeadLeavingALockKeptForItHandsItToTheNext) {
     EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wC"}));
 }
 
+// A 'g' waiter takes the lock handed to it under its own token (see queue_hand_on). One that
+// gives up before its message is read holds the lock: its leave frees it, handing it to the next
+// 'g' waiter the same way, and to no one when none waits; no queue is left behind.
+TEST(MutexQueueScript, HandedWaiterLeavingHandsTheLockOnOrFreesIt) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    subscriber released{srv, std::string{channel}};
+    const std::string first = "g00aa.60000";
+    const std::string second = "g00bb.30000";
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "60000"}), "OK");
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "00aa", first)).first, 0);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "00bb", second)).first, 0);
+    ASSERT_EQ(release(conn, "holder"), reply::integer(2));
+    ASSERT_EQ(srv.cli({"GET", "lock"}), "00aa");
+    ASSERT_EQ(released.next(), first);
+    ASSERT_EQ(queue_of(srv), (std::vector<std::string>{second}));
+
+    // The next 'g' waiter gets it under its own token and lease, and leaves the queue with it.
+    EXPECT_EQ(leave(conn, first), reply::integer(1));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "00bb");
+    const int pttl = std::stoi(srv.cli({"PTTL", "lock"}));
+    EXPECT_GT(pttl, 25'000);
+    EXPECT_LE(pttl, 30'000);
+    EXPECT_EQ(released.next(), second);
+    EXPECT_EQ(srv.cli({"EXISTS", std::string{queue_key}, std::string{lapse_key}}), "0");
+    // The same leave again (a retry from the background) takes nothing from the new holder.
+    EXPECT_EQ(leave(conn, first), reply::integer(0));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "00bb");
+
+    // The last one gives up too: the lock is free for anyone, and no one is told.
+    EXPECT_EQ(leave(conn, second), reply::integer(0));
+    EXPECT_EQ(srv.cli({"EXISTS", "lock", std::string{queue_key}, std::string{lapse_key}}), "0");
+    ASSERT_EQ(srv.cli({"SPUBLISH", std::string{channel}, "marker"}), "1");
+    EXPECT_EQ(released.next(), "marker");
+    EXPECT_EQ(verdict_of(acquire(conn, "c", "60000")),
+              (std::pair<std::int64_t, std::int64_t>{1, 0}));
+}
+
+// The same leave with a plain waiter next keeps the lock free for it, and tells it.
+TEST(MutexQueueScript, HandedWaiterLeavingKeepsTheLockForTheNextWaiter) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    subscriber released{srv, std::string{channel}};
+    const std::string first = "g00aa.60000";
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "60000"}), "OK");
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "00aa", first)).first, 0);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB")).first, 0);
+    ASSERT_EQ(release(conn, "holder"), reply::integer(2));
+    ASSERT_EQ(srv.cli({"GET", "lock"}), "00aa");
+    ASSERT_EQ(released.next(), first);
+
+    EXPECT_EQ(leave(conn, first), reply::integer(1));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "queued:wB");
+    EXPECT_EQ(released.next(), "wB");
+    EXPECT_EQ(verdict_of(acquire(conn, "c", "60000", "0", std::string{"wC"})).first, 0);
+    EXPECT_EQ(verdict_of(acquire(conn, "b", "60000", "0", std::string{"wB"})),
+              (std::pair<std::int64_t, std::int64_t>{1, 0}));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "b");
+    EXPECT_EQ(srv.cli({"EXISTS", std::string{queue_key}, std::string{lapse_key}}), "0");
+}
+
 TEST(MutexQueueScript, LeavingWhileTheLockIsHeldTellsNobody) {
     redis_server srv;
     hiredis_connection conn{srv.uri()};

@@ -3,15 +3,19 @@
 // that give up delay no one beyond the holder's lease and leave nothing behind.
 
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
@@ -243,27 +247,36 @@ TEST(Waiting, ChannelsAreSubscribedWhileAWaiterSpins) {
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 
-// With the subscriber connection killed mid-wait, the waiter still gets the lock: it tries
-// again, subscribes anew, and at the latest its holder's lease bounds the wait. One still
-// spinning is not left to the lease either. (Whether the spinner or the notifier's thread reads
-// the link is a matter of latency, which contention_bench shows, not of correctness.)
+// With the subscriber connection killed mid-wait, a waiter of every kind (a reader behind a
+// writer) still gets the lock: it tries again, subscribes anew, and at the latest its holder's
+// lease bounds the wait; a simple or reentrant lock handed to it meanwhile is claimed by that
+// next attempt. One still spinning is not left to the lease either. (Whether the spinner or the
+// notifier's thread reads the link is a matter of latency, which contention_bench shows, not of
+// correctness.)
 TEST_P(WaitingWithSpin, LostSubscriberConnectionStillAcquiresWithinTheHoldersLease) {
     redis_server srv;
-    redislock::client client{srv.uri()};
-    redislock::client other{srv.uri(), redislock::client_options{.wait_spin = GetParam()}};
     // The long lease leaves a waiter that spins when the link dies no way to acquire in time
     // but finding out about the loss.
     const auto lease = GetParam() > 1s ? 30s : 2s;
-    auto holder = client.mutex("lost", {.lease = lease});
-    auto waiter = other.mutex("lost", {.lease = lease});
-    ASSERT_TRUE(holder.try_lock());
-    waiting_thread t{waiter, 10s};
-    ASSERT_TRUE(eventually([&] { return zcard(srv, "{lost}:queue") == 1; }));
-    EXPECT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "pubsub"}), "0");
-    holder.unlock();
-    EXPECT_TRUE(eventually([&] { return t.got(); }, 3s));
-    t.join();
-    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    for (kind k : {kind::simple, kind::reentrant, kind::writer, kind::reader}) {
+        SCOPED_TRACE(kind_name(k));
+        srv.flushall();
+        // Fresh clients: each kind's waiter has a link of its own to lose.
+        redislock::client client{srv.uri()};
+        redislock::client other{srv.uri(), redislock::client_options{.wait_spin = GetParam()}};
+        any_lock holder =
+            make_lock(client, k == kind::reader ? kind::writer : k, "lost", {.lease = lease});
+        any_lock waiter = make_lock(other, k, "lost", {.lease = lease});
+        ASSERT_TRUE(holder.try_lock_for(0ms));
+        waiting_thread t{waiter, 10s};
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{lost}:queue") == 1; }));
+        ASSERT_TRUE(eventually([&] { return subscribed(srv, "{lost}"); }));
+        EXPECT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "pubsub"}), "0");
+        holder.unlock();
+        EXPECT_TRUE(eventually([&] { return t.got(); }, 3s));
+        t.join();
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    }
 }
 
 // The subscriber connections' ids the server lists, in one string.
@@ -372,6 +385,85 @@ TEST(Waiting, HolderCrashDelaysTheWaiterOnlyUntilItsLeaseEnds) {
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 
+// A forked child, killed (if still running) and reaped when it goes out of scope.
+struct child_process {
+    pid_t pid = -1;
+
+    // Kills the child with SIGKILL, as a crash would end it; returns its wait status.
+    std::optional<int> crash() {
+        ::kill(pid, SIGKILL);
+        const std::optional<int> status = redislock::test::wait_child(pid, 10s);
+        pid = -1;
+        return status;
+    }
+    ~child_process() {
+        if (pid > 0) {
+            (void)crash();
+        }
+    }
+};
+
+// A holder of any kind that dies without releasing while a waiter already waits (a reader
+// behind a writer too) keeps the lock until its lease ends, and delays the waiter no longer:
+// the waiter sleeps only as long as the lease it was told is left.
+TEST(Waiting, HolderCrashWhileAWaiterWaitsDelaysItOnlyUntilTheLeaseEnds) {
+    using redislock::test::monotonic_ns;
+    redis_server srv;
+    constexpr auto lease = 2s;
+    for (kind k : {kind::simple, kind::reentrant, kind::writer, kind::reader}) {
+        SCOPED_TRACE(kind_name(k));
+        srv.flushall();
+        int held[2];
+        ASSERT_EQ(::pipe(held), 0);
+        child_process child{::fork()};
+        if (child.pid == 0) {
+            // Tells the parent when it sent the attempt that acquired, then holds until killed.
+            redislock::client client{srv.uri()};
+            any_lock holder =
+                make_lock(client, k == kind::reader ? kind::writer : k, "crash", {.lease = lease});
+            const std::int64_t sent = monotonic_ns();
+            if (!holder.try_lock_for(0ms) ||
+                ::write(held[1], &sent, sizeof sent) != static_cast<ssize_t>(sizeof sent)) {
+                std::_Exit(1);
+            }
+            std::this_thread::sleep_for(20s);
+            std::_Exit(2);
+        }
+        ::close(held[1]);
+        pollfd readable{held[0], POLLIN, 0};
+        std::int64_t sent = 0;
+        const bool told = ::poll(&readable, 1, 10'000) == 1 &&
+                          ::read(held[0], &sent, sizeof sent) == static_cast<ssize_t>(sizeof sent);
+        ::close(held[0]);
+        ASSERT_TRUE(told) << "the child did not acquire";
+
+        redislock::client client{srv.uri()};
+        any_lock waiter =
+            make_lock(client, k, "crash", {.lease = lease, .backoff_min = 1s, .backoff_max = 5s});
+        std::atomic<std::int64_t> acquired{0};
+        std::jthread t{[&] {
+            if (waiter.try_lock_for(10s)) {
+                acquired = monotonic_ns();
+                waiter.unlock();
+            }
+        }};
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{crash}:queue") == 1; }));
+        const std::optional<int> status = child.crash();
+        EXPECT_LT(std::chrono::nanoseconds{monotonic_ns() - sent}, lease)
+            << "the holder's lease ended before it crashed: the waiter was not left waiting";
+        ASSERT_TRUE(status.has_value());
+        EXPECT_TRUE(WIFSIGNALED(*status)) << "the child did not hold until killed";
+        t.join();
+        ASSERT_NE(acquired.load(), 0) << "not acquired";
+        // The lease runs from the server's grant, after `sent`; the margin below it is for the
+        // clocks' rates only.
+        const std::chrono::nanoseconds waited{acquired.load() - sent};
+        EXPECT_GE(waited, lease - 50ms) << "acquired while the crashed holder's lease ran";
+        EXPECT_LT(waited, lease + 1500ms) << "left waiting well past the holder's lease";
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    }
+}
+
 // Each client hears a lock's releases on a channel of its own beside the lock's: a release tells
 // every waiter it lets go (here two readers of two clients), each on its client's channel, and
 // publishes nothing on a channel the other clients hear too.
@@ -426,34 +518,41 @@ TEST(Waiting, EachClientIsToldOnItsOwnChannel) {
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 
-// Threads of one client that wait for one name queue locally: one entry in Redis.
+// Threads of one client that wait for one name queue locally: one entry in Redis, for every
+// kind (readers behind a writer too). A thread of a reentrant kind sends one attempt before the
+// gate (it may hold the lock through another object), which does not join the queue.
 TEST(Waiting, ThreadsOfOneProcessPutOneWaiterInRedis) {
     redis_server srv;
-    redislock::client holder_client{srv.uri()};
-    redislock::client client{srv.uri()};
-    auto holder = holder_client.mutex("gate");
-    ASSERT_TRUE(holder.try_lock());
-    constexpr int threads = 4;
-    std::atomic<int> acquired{0};
-    std::vector<std::thread> pool;
-    for (int i = 0; i < threads; ++i) {
-        pool.emplace_back([&] {
-            auto m = client.mutex("gate");
-            if (m.try_lock_for(20s)) {
-                ++acquired;
-                m.unlock();
-            }
-        });
+    for (kind k : {kind::simple, kind::reentrant, kind::writer, kind::reader}) {
+        SCOPED_TRACE(kind_name(k));
+        srv.flushall();
+        redislock::client holder_client{srv.uri()};
+        redislock::client client{srv.uri()};
+        any_lock holder = make_lock(holder_client, k == kind::reader ? kind::writer : k, "gate");
+        ASSERT_TRUE(holder.try_lock_for(0ms));
+        constexpr int threads = 4;
+        std::atomic<int> started{0};
+        std::atomic<int> acquired{0};
+        std::vector<std::jthread> pool;
+        for (int i = 0; i < threads; ++i) {
+            pool.emplace_back([&] {
+                any_lock lock = make_lock(client, k, "gate");
+                ++started;
+                if (lock.try_lock_for(20s)) {
+                    ++acquired;
+                    lock.unlock();
+                }
+            });
+        }
+        ASSERT_TRUE(eventually([&] { return started.load() == threads; }));
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{gate}:queue") == 1; }));
+        std::this_thread::sleep_for(200ms);  // time for any other thread to (wrongly) queue too
+        EXPECT_EQ(zcard(srv, "{gate}:queue"), 1);
+        holder.unlock();
+        pool.clear();
+        EXPECT_EQ(acquired.load(), threads);
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
     }
-    ASSERT_TRUE(eventually([&] { return zcard(srv, "{gate}:queue") == 1; }));
-    std::this_thread::sleep_for(200ms);  // time for any other thread to (wrongly) queue too
-    EXPECT_EQ(zcard(srv, "{gate}:queue"), 1);
-    holder.unlock();
-    for (auto& t : pool) {
-        t.join();
-    }
-    EXPECT_EQ(acquired.load(), threads);
-    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 
 // Waiters of separate clients (as separate processes would) get the lock in arrival order,
@@ -536,6 +635,80 @@ TEST(Waiting, NeitherReadersNorWritersStarve) {
     }
 }
 
+// Writers that leave the lock no gap (4 threads of 2 clients: while one holds, the next of each
+// client already waits) do not starve a reader either: queued by arrival, it lets in only the
+// writers queued before it joined, at most one per client (the others wait in their client's
+// local gate), and none that came after it.
+TEST(Waiting, ReaderAmongGaplessWritersWaitsOnlyForThoseQueuedBeforeIt) {
+    using clock = std::chrono::steady_clock;
+    redis_server srv;
+    constexpr int writer_clients = 2;
+    constexpr int writers_per_client = 2;
+    std::vector<std::unique_ptr<redislock::client>> clients;
+    for (int i = 0; i < writer_clients; ++i) {
+        clients.push_back(std::make_unique<redislock::client>(srv.uri()));
+    }
+    std::mutex times_mutex;
+    std::vector<clock::time_point> acquisitions;  // when each writer's lock() returned
+    std::vector<std::jthread> writers;
+    for (int i = 0; i < writer_clients * writers_per_client; ++i) {
+        writers.emplace_back([&, &client = *clients[i % writer_clients]](std::stop_token stop) {
+            auto rw = client.shared_mutex("gapless");
+            const auto give_up = clock::now() + 60s;
+            for (int round = 0; round < 100'000 && !stop.stop_requested() && clock::now() < give_up;
+                 ++round) {
+                if (rw.try_lock_for(10s, stop)) {
+                    {
+                        std::lock_guard guard{times_mutex};
+                        acquisitions.push_back(clock::now());
+                    }
+                    std::this_thread::sleep_for(2ms);
+                    rw.unlock();
+                }
+            }
+        });
+    }
+    const auto rounds = [&] {
+        std::lock_guard guard{times_mutex};
+        return acquisitions.size();
+    };
+    ASSERT_TRUE(eventually([&] { return rounds() > 50; }));
+
+    // The reader's client notes when its first attempt that joins the queue is sent (ARGV[9] of
+    // shared_acquire.lua, argv[13] of the EVALSHA, is '0' for one that does not).
+    hooked_connection conn{std::make_shared<redislock::hiredis_connection>(srv.uri())};
+    std::atomic<clock::rep> joined{0};
+    *conn.fail_before = [&](redislock::command argv) {
+        if (is_script(argv, redislock::detail::scripts::shared_acquire) && argv.size() > 13 &&
+            argv[13] != "0") {
+            clock::rep none = 0;
+            joined.compare_exchange_strong(none, clock::now().time_since_epoch().count());
+        }
+        return false;
+    };
+    redislock::basic_client<hooked_connection> reader_client{conn};
+    auto reader = reader_client.shared_mutex("gapless");
+    const bool got = reader.try_lock_shared_for(10s);
+    const clock::time_point got_at = clock::now();
+    if (got) {
+        reader.unlock_shared();
+    }
+    for (auto& w : writers) {
+        w.request_stop();
+    }
+    writers.clear();
+    ASSERT_TRUE(got) << "the reader starved";
+    ASSERT_NE(joined.load(), 0) << "the writers left a gap: the reader got in without queueing";
+    const clock::time_point joined_at{clock::duration{joined.load()}};
+    const auto let_in = std::count_if(acquisitions.begin(), acquisitions.end(),
+                                      [&](auto at) { return at > joined_at && at < got_at; });
+    // A slack of 2: a writer the server let in before the reader joined may return after, and a
+    // reader woken later than its grace loses its turn. One let in regardless of arrival order
+    // would starve here, or see hundreds of writers go first.
+    EXPECT_LE(let_in, writer_clients + 2);
+    EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
 // A waiter that gives up (deadline or stop request) leaves the queue, and one standing first
 // lets the next waiter go at once rather than after its entry lapses.
 TEST(Waiting, WaitersThatGiveUpLeaveNothingBehind) {
@@ -560,6 +733,59 @@ TEST(Waiting, WaitersThatGiveUpLeaveNothingBehind) {
     EXPECT_TRUE(eventually([&] { return srv.cli({"EXISTS", "{quit}:queue"}) == "0"; }, 3s));
     holder.unlock();
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+}
+
+// Readers and writers that give up (deadline or stop request) after joining the queue of a
+// read-write lock leave it, and add no field to the lock's hash: once the holder releases,
+// nothing is left. A writer waits behind a reader, a reader only behind a writer.
+TEST(Waiting, ReadWriteWaitersThatGiveUpLeaveNothingBehind) {
+    redis_server srv;
+    redislock::client holder_client{srv.uri()};
+    redislock::client client{srv.uri()};
+    for (const bool write_held : {true, false}) {
+        SCOPED_TRACE(write_held ? "held by a writer" : "held by a reader");
+        auto holder = holder_client.shared_mutex("quit", {.lease = 30s});
+        ASSERT_TRUE(write_held ? holder.try_lock() : holder.try_lock_shared());
+        const std::string fields = srv.cli({"HKEYS", "quit"});
+        auto waiter = client.shared_mutex("quit");
+        std::vector<bool> readers{false};
+        if (write_held) {
+            readers.push_back(true);
+        }
+        for (const bool reader : readers) {
+            SCOPED_TRACE(reader ? "reader" : "writer");
+            {
+                std::atomic<bool> got{true};
+                std::jthread timed{[&] {
+                    got = reader ? waiter.try_lock_shared_for(1s) : waiter.try_lock_for(1s);
+                }};
+                ASSERT_TRUE(eventually([&] { return zcard(srv, "{quit}:queue") == 1; }));
+                timed.join();
+                EXPECT_FALSE(got.load());
+                EXPECT_TRUE(eventually([&] { return zcard(srv, "{quit}:queue") == 0; }, 3s));
+            }
+            {
+                std::atomic<bool> got{true};
+                std::atomic<bool> ended{false};
+                // Stopped by its own stop source, also when an assertion ends the test.
+                std::jthread stopped{[&](std::stop_token stop) {
+                    got = reader ? waiter.lock_shared(stop) : waiter.lock(stop);
+                    ended = true;
+                }};
+                ASSERT_TRUE(eventually([&] { return zcard(srv, "{quit}:queue") == 1; }));
+                stopped.request_stop();
+                EXPECT_TRUE(eventually([&] { return ended.load(); }, 3s))
+                    << "the stop request was missed";
+                stopped.join();
+                EXPECT_FALSE(got.load());
+                EXPECT_TRUE(eventually([&] { return zcard(srv, "{quit}:queue") == 0; }, 3s));
+            }
+        }
+        EXPECT_EQ(srv.cli({"EXISTS", "{quit}:queue", "{quit}:waiting"}), "0");
+        EXPECT_EQ(srv.cli({"HKEYS", "quit"}), fields);
+        write_held ? holder.unlock() : holder.unlock_shared();
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    }
 }
 
 // The head of the queue gives up: the one behind it gets the lock at the next release, not after
