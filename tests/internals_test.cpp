@@ -274,12 +274,15 @@ struct scripted_pipeline {
         sent.emplace_back(argv[0]);
         return redislock::reply::integer(1);
     }
-    std::vector<redislock::reply> execute_pipeline(std::span<const redislock::command> commands,
-                                                   std::span<const redislock::call_context>) {
+    std::vector<redislock::reply> execute_pipeline(std::span<const redislock::command> commands) {
         for (const auto& argv : commands) {
             sent.emplace_back(argv[0]);
         }
         return answers;
+    }
+    std::vector<redislock::reply> execute_pipeline(std::span<const redislock::command> commands,
+                                                   std::span<const redislock::call_context>) {
+        return execute_pipeline(commands);
     }
     const redislock::endpoint& config() const {
         static const redislock::endpoint e = redislock::endpoint::from_uri("redis://127.0.0.1:1");
@@ -307,6 +310,21 @@ TEST(RunScriptAfterPing, ReturnsTheScriptsReplyAndTellsAStandInErrorAsNoAnswer) 
         (void)run({reply::status("PONG"), reply::error("ERR redislock: node 127.0.0.1:7000: no")}),
         redislock::connection_error);
     EXPECT_THROW((void)run({reply::status("PONG")}), redislock::connection_error);
+}
+
+// A write acknowledged by replicas whose own answer never came, though its WAIT's did, is told
+// as no answer, not as the stand-in error reply: the write may have landed.
+TEST(RunScriptAfterPing, AcknowledgedWriteWithoutAnAnswerIsNoAnswer) {
+    using redislock::reply;
+    scripted_pipeline conn{
+        {reply::error("ERR redislock: node 127.0.0.1:7000: no"), reply::integer(1)}, {}};
+    const std::array<std::string_view, 2> set{"SET", "k"};
+    EXPECT_THROW((void)redislock::detail::execute_acknowledged(conn, set, {}, 1, 100ms),
+                 redislock::connection_error);
+    conn.answers = {reply::status("OK"), reply::integer(1)};
+    const auto acknowledged = redislock::detail::execute_acknowledged(conn, set, {}, 1, 100ms);
+    EXPECT_EQ(acknowledged.value.text(), "OK");
+    EXPECT_EQ(acknowledged.replicas, 1);
 }
 
 // A hold taken over from a thread that ended while holding is counted on the thread that takes

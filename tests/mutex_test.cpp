@@ -1006,14 +1006,20 @@ TEST(Mutex, ReleaseGoesBehindAPingOnlyWhileTheNameIsContended) {
     m.lock();
     std::atomic<bool> rival_holds{false};
     std::atomic<bool> rival_may_go{false};
-    std::thread rival_thread{[&] {
-        rival.lock();
-        rival_holds = true;
-        while (!rival_may_go) {
-            std::this_thread::sleep_for(1ms);
+    std::jthread rival_thread{[&] {
+        if (rival.try_lock_for(10s)) {
+            rival_holds = true;
+            for (int i = 0; i < 10'000 && !rival_may_go; ++i) {
+                std::this_thread::sleep_for(1ms);
+            }
+            rival.unlock();
         }
-        rival.unlock();
     }};
+    // Should an assertion end the test early, the rival lets go before it is joined.
+    const struct let_go_at_exit {
+        std::atomic<bool>& flag;
+        ~let_go_at_exit() { flag = true; }
+    } rival_lets_go{rival_may_go};
     ASSERT_TRUE(redislock::test::eventually(
         [&] {
             return srv.cli({"ZCARD", "{k}:queue"}) == "1";
@@ -1027,7 +1033,7 @@ TEST(Mutex, ReleaseGoesBehindAPingOnlyWhileTheNameIsContended) {
 
     // Now contended: waiting for the rival and then releasing sends PING and the script in one
     // round trip, and the lock is free after it.
-    std::thread let_go{[&] {
+    std::jthread let_go{[&] {
         std::this_thread::sleep_for(100ms);
         rival_may_go = true;
     }};

@@ -1800,6 +1800,7 @@ TEST(LocalGate, ThreadsThatHoldNothingQueueWithoutTryingFirst) {
         holder.lock();
         conn.note(script);
         std::vector<std::jthread> waiters;
+        std::atomic<int> started{0};
         std::atomic<int> acquired{0};
         for (int i = 0; i < 4; ++i) {
             waiters.emplace_back([&, i] {
@@ -1809,6 +1810,7 @@ TEST(LocalGate, ThreadsThatHoldNothingQueueWithoutTryingFirst) {
                     another->lock();
                 }
                 auto m = make();
+                ++started;
                 if (m.try_lock_for(10s)) {
                     ++acquired;
                     m.unlock();
@@ -1820,6 +1822,9 @@ TEST(LocalGate, ThreadsThatHoldNothingQueueWithoutTryingFirst) {
                     redislock::test::eventually([&] { return conn.runs().first >= 2; }, 5s));
             }
         }
+        ASSERT_TRUE(redislock::test::eventually([&] { return started.load() == 4; }, 5s));
+        ASSERT_TRUE(redislock::test::eventually(
+            [&] { return conn.runs().second >= threads_in_redis; }, 5s));
         std::this_thread::sleep_for(300ms);  // a thread that tries first has done so by now
         EXPECT_EQ(conn.runs().second, threads_in_redis);
         holder.unlock();

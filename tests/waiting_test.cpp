@@ -417,16 +417,21 @@ TEST(Waiting, HolderCrashWhileAWaiterWaitsDelaysItOnlyUntilTheLeaseEnds) {
         ASSERT_EQ(::pipe(held), 0);
         child_process child{::fork()};
         if (child.pid == 0) {
-            // Tells the parent when it sent the attempt that acquired, then holds until killed.
-            redislock::client client{srv.uri()};
-            any_lock holder =
-                make_lock(client, k == kind::reader ? kind::writer : k, "crash", {.lease = lease});
-            const std::int64_t sent = monotonic_ns();
-            if (!holder.try_lock_for(0ms) ||
-                ::write(held[1], &sent, sizeof sent) != static_cast<ssize_t>(sizeof sent)) {
-                std::_Exit(1);
+            // Tells the parent when it sent the attempt that acquired, then holds until killed;
+            // nothing it throws may reach the test runner's copy in this process.
+            try {
+                redislock::client client{srv.uri()};
+                any_lock holder = make_lock(client, k == kind::reader ? kind::writer : k, "crash",
+                                            {.lease = lease});
+                const std::int64_t sent = monotonic_ns();
+                if (!holder.try_lock_for(0ms) ||
+                    ::write(held[1], &sent, sizeof sent) != static_cast<ssize_t>(sizeof sent)) {
+                    std::_Exit(1);
+                }
+                std::this_thread::sleep_for(20s);
+            } catch (...) {
+                std::_Exit(3);
             }
-            std::this_thread::sleep_for(20s);
             std::_Exit(2);
         }
         ::close(held[1]);
@@ -519,8 +524,7 @@ TEST(Waiting, EachClientIsToldOnItsOwnChannel) {
 }
 
 // Threads of one client that wait for one name queue locally: one entry in Redis, for every
-// kind (readers behind a writer too). A thread of a reentrant kind sends one attempt before the
-// gate (it may hold the lock through another object), which does not join the queue.
+// kind (readers behind a writer too).
 TEST(Waiting, ThreadsOfOneProcessPutOneWaiterInRedis) {
     redis_server srv;
     for (kind k : {kind::simple, kind::reentrant, kind::writer, kind::reader}) {
@@ -688,9 +692,16 @@ TEST(Waiting, ReaderAmongGaplessWritersWaitsOnlyForThoseQueuedBeforeIt) {
     };
     redislock::basic_client<hooked_connection> reader_client{conn};
     auto reader = reader_client.shared_mutex("gapless");
-    const bool got = reader.try_lock_shared_for(10s);
-    const clock::time_point got_at = clock::now();
-    if (got) {
+    // A try that finds the lock free between two writers gets in without queueing, which says
+    // nothing about the order: read again until a read queued (a few times at most).
+    bool got = false;
+    clock::time_point got_at;
+    for (int round = 0; round < 5 && joined.load() == 0; ++round) {
+        got = reader.try_lock_shared_for(10s);
+        got_at = clock::now();
+        if (!got) {
+            break;
+        }
         reader.unlock_shared();
     }
     for (auto& w : writers) {
@@ -702,10 +713,10 @@ TEST(Waiting, ReaderAmongGaplessWritersWaitsOnlyForThoseQueuedBeforeIt) {
     const clock::time_point joined_at{clock::duration{joined.load()}};
     const auto let_in = std::count_if(acquisitions.begin(), acquisitions.end(),
                                       [&](auto at) { return at > joined_at && at < got_at; });
-    // A slack of 2: a writer the server let in before the reader joined may return after, and a
-    // reader woken later than its grace loses its turn. One let in regardless of arrival order
-    // would starve here, or see hundreds of writers go first.
-    EXPECT_LE(let_in, writer_clients + 2);
+    // A slack of 4: a writer the server let in before the reader joined may return after, and a
+    // reader woken later than its grace (on a loaded machine) loses its turn. One let in
+    // regardless of arrival order would starve here, or see hundreds of writers go first.
+    EXPECT_LE(let_in, writer_clients + 4);
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 

@@ -906,7 +906,7 @@ private:
             if (first.empty()) {
                 first = what;
             }
-            results[i] = reply::error("ERR " + what);
+            results[i] = reply::error("ERR " + what);  // starts with detail::unanswered_prefix
         }
         if (served > 0) {
             return std::move(results);

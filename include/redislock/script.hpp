@@ -99,6 +99,15 @@ reply run_script(C& conn, const script& s, const std::array<std::string_view, Ke
     return detail::execute(conn, argv, how);
 }
 
+/// Throws connection_error when `r` is the error reply a connection stood in for a pipelined
+/// command's answer that never came ("ERR redislock: ...", see connection.hpp): the command may
+/// have run or not, as when a single command gets no answer.
+inline void throw_if_unanswered(const reply& r) {
+    if (r.is_error() && r.text().starts_with(unanswered_prefix)) {
+        throw connection_error{r.text().substr(4)};
+    }
+}
+
 /// As run_script, for a script that may publish to a waiting client: the EVALSHA goes behind a
 /// PING in one pipeline, so that the message reaches the waiter before this caller's reply.
 /// Redis queues a client for writing at its first reply of an event-loop pass and writes the
@@ -127,9 +136,7 @@ reply run_script_after_ping(C& conn, const script& s,
             throw connection_error{"redislock: a pipeline of 2 commands got " +
                                    std::to_string(replies.size()) + " replies"};
         }
-        if (replies[1].is_error() && replies[1].text().starts_with(unanswered_prefix)) {
-            throw connection_error{replies[1].text().substr(4)};
-        }
+        throw_if_unanswered(replies[1]);
         if (!replies[1].is_error_code("NOSCRIPT")) {
             return std::move(replies[1]);
         }
@@ -149,7 +156,8 @@ struct acknowledged_reply {
 
 /// Sends `argv` and, when `min_replicas` > 0, WAIT min_replicas timeout right behind it in one
 /// pipeline, so the WAIT covers the write on the same connection.
-/// @throws as the connection's execute / execute_pipeline.
+/// @throws as the connection's execute / execute_pipeline; connection_error when the write got
+///         no answer though the WAIT did (see throw_if_unanswered).
 template <connection C>
 acknowledged_reply execute_acknowledged(C& conn, command argv, const call_context& how,
                                         int min_replicas, std::chrono::milliseconds timeout) {
@@ -172,6 +180,7 @@ acknowledged_reply execute_acknowledged(C& conn, command argv, const call_contex
             throw connection_error{"redislock: a pipeline of 2 commands got " +
                                    std::to_string(replies.size()) + " replies"};
         }
+        throw_if_unanswered(replies[0]);
         const std::int64_t acknowledged = replies[1].is_integer() ? replies[1].as_integer() : 0;
         return {std::move(replies[0]), acknowledged};
     } else {
