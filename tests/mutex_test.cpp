@@ -243,6 +243,30 @@ TEST(Mutex, UnlockFromAnotherThreadIsNotHolderAndTheLockStaysHeld) {
     EXPECT_EQ(srv.cli({"EXISTS", "k"}), "0");
 }
 
+// The holder is known by a number no later thread gets: a thread that may have been given an
+// ended holder's std::thread::id neither unlocks the lock it left nor is refused a lock() as if
+// it held it (each kind that keeps a holder thread).
+TEST(Mutex, ThreadThatCameAfterAnEndedHolderIsNotTheHolder) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto simple = client.mutex("s", {.lease = 10s});
+    auto reentrant = client.recursive_mutex("r", {.lease = 10s});
+    std::thread{[&] {
+        simple.lock();
+        reentrant.lock();
+    }}.join();  // ends holding both
+    std::thread{[&] {
+        std::error_code ec;
+        simple.unlock(ec);
+        EXPECT_EQ(ec, errc::not_holder);
+        EXPECT_FALSE(simple.try_lock());
+        reentrant.unlock(ec);
+        EXPECT_EQ(ec, errc::not_holder);
+    }}.join();
+    EXPECT_EQ(srv.cli({"EXISTS", "s"}), "1");
+    EXPECT_EQ(srv.cli({"EXISTS", "r"}), "1");
+}
+
 TEST(Mutex, UnlockWhenNotHeldIsNotHeld) {
     redis_server srv;
     redislock::client client{srv.uri()};

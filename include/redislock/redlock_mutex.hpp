@@ -66,7 +66,6 @@
 #include <string>
 #include <string_view>
 #include <system_error>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -311,7 +310,7 @@ private:
             }
             state_->held = true;
             state_->acq = acq;
-            state_->holder = std::this_thread::get_id();
+            state_->holder = detail::thread_number();
             state_->generation = detail::current_fork_generation();
             state_->lease.valid_until = detail::valid_until(acq->sent, state_->options.lease);
             state_->lease.acquired_at = acq->sent;

@@ -2,10 +2,10 @@
 // channel derived from the name. Each kind's state extends it with what it tracks.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 
 #include <redislock/connection.hpp>
@@ -43,10 +43,11 @@ struct lock_identity {
         grace_text = decimal{handoff_grace(options.lease).count()};
     }
 
-    /// True when the calling thread is the one `holder` names, or an explicit owner makes every
+    /// True when the calling thread is the one `holder` names (its thread_number(), which no
+    /// later thread gets, where a std::thread::id is reused), or an explicit owner makes every
     /// caller the same owner.
-    bool caller_is(std::thread::id holder) const {
-        return !options.owner.empty() || holder == std::this_thread::get_id();
+    bool caller_is(std::uint64_t holder) const {
+        return !options.owner.empty() || holder == thread_number();
     }
 
     /// The owner id of the calling thread, or of lock_options::owner (reentrant kinds).

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <utility>
 
 #include <redislock/connection.hpp>
@@ -56,7 +55,7 @@ struct mutex_state : lock_identity<C> {
         tracked_lease<C> previous = std::exchange(lease, {});
         held = true;
         token = t;
-        holder = std::this_thread::get_id();
+        holder = thread_number();
         generation = current_fork_generation();
         lease.valid_until = valid_until(g.sent, this->options.lease);
         lease.acquired_at = g.taken.value_or(g.sent);
@@ -80,7 +79,7 @@ struct mutex_state : lock_identity<C> {
     mutable std::mutex mutex;  // guards the members below; never held across a round trip
     bool held = false;
     detail::token token;
-    std::thread::id holder;
+    std::uint64_t holder = 0;      // thread_number() of the holder thread
     std::uint64_t generation = 0;  // fork generation of the acquisition
     std::int64_t fence = 0;
     tracked_lease<C> lease;

@@ -10,7 +10,6 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include <redislock/connection.hpp>
@@ -88,7 +87,7 @@ struct recursive_state : lock_identity<C> {
             }
             e.first_entry = ++epoch;
             e.previous = std::exchange(lease, {});
-            holder = std::this_thread::get_id();
+            holder = thread_number();
             generation = current_fork_generation();
             holder_owner = owner;
             acquisition = got.acquisition;
@@ -142,10 +141,10 @@ struct recursive_state : lock_identity<C> {
         return out;
     }
 
-    mutable std::mutex mutex;  // guards the members below; never held across a round trip
-    std::size_t depth = 0;     // entries made through this object by its holder
-    std::uint64_t epoch = 0;   // outermost acquisitions through this object so far
-    std::thread::id holder;
+    mutable std::mutex mutex;      // guards the members below; never held across a round trip
+    std::size_t depth = 0;         // entries made through this object by its holder
+    std::uint64_t epoch = 0;       // outermost acquisitions through this object so far
+    std::uint64_t holder = 0;      // thread_number() of the holder thread
     std::uint64_t generation = 0;  // fork generation of the first entry
     std::string holder_owner;
     std::string acquisition;  // id of the acquisition the entries belong to, in Redis

@@ -12,12 +12,12 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/names.hpp>
+#include <redislock/detail/owner.hpp>
 #include <redislock/detail/quorum_round.hpp>
 #include <redislock/detail/redlock_core.hpp>
 #include <redislock/detail/token.hpp>
@@ -57,9 +57,7 @@ struct redlock_state {
         channel = derived_key(name, "released");
     }
 
-    bool caller_is_holder() const {
-        return !options.owner.empty() || holder == std::this_thread::get_id();
-    }
+    bool caller_is_holder() const { return !options.owner.empty() || holder == thread_number(); }
     // Held by the parent this process was forked from: only the parent may release it.
     bool inherited_by_fork() const { return generation != current_fork_generation(); }
     const tracked_lease<C>* held_lease() const { return held ? &lease : nullptr; }
@@ -89,7 +87,7 @@ struct redlock_state {
     mutable std::mutex mutex;  // guards the members below; never held across a round
     bool held = false;
     std::shared_ptr<redlock_acquisition> acq;
-    std::thread::id holder;
+    std::uint64_t holder = 0;  // thread_number() of the holder thread (see lock_identity)
     std::uint64_t generation = 0;
     tracked_lease<C> lease;
     // The last acquisition's, kept after unlock(): see lost_token().
