@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -104,8 +105,14 @@ struct loss_times {
 
 // Defect 1, for one kind: `held` was acquired through `proxy` with the watchdog and a 1.5 s
 // lease. The proxy stalls; `rival_try_lock` (a healthy direct path) is tried until it gets in.
-// The loss must be told (on_lost, lost_token(), owned()) by the local deadline + 100 ms and
-// before the rival is inside.
+// What the library promises apart from the scheduler: owned() (read from the clock) is false once
+// the rival is inside, and the local deadline came before the rival got in. on_lost and
+// lost_token() are told by the loss timer's thread, woken at the local deadline: they must come by
+// the deadline + 100 ms and before the rival, on a machine that runs a woken thread soon enough.
+// A probe thread woken for the same deadline measures that: when the probe itself woke late (a
+// busy machine), the bounds move by its lateness, and the order against the rival is checked only
+// when the probe woke within the first half of the time between the deadline and the rival's
+// entry (docs/guarantees.md states the margin).
 template <class Lock, class RivalTryLock>
 void expect_loss_told_by_local_deadline(Lock& held, loss_times& loss, fault_proxy& proxy,
                                         RivalTryLock rival_try_lock) {
@@ -119,7 +126,13 @@ void expect_loss_told_by_local_deadline(Lock& held, loss_times& loss, fault_prox
     std::stop_callback on_stop{lost, [&] { loss.stopped(); }};
 
     proxy.stall();
-    const std::int64_t local_deadline_ns = monotonic_ns() + held.remaining().count() * ns_per_ms;
+    const auto left = held.remaining();
+    const std::int64_t local_deadline_ns = monotonic_ns() + left.count() * ns_per_ms;
+    std::atomic<std::int64_t> probe_ns{0};
+    std::jthread probe{[&, wake = std::chrono::steady_clock::now() + left] {
+        std::this_thread::sleep_until(wake);
+        probe_ns = monotonic_ns();
+    }};
 
     std::int64_t rival_ns = 0;
     bool owned_when_rival_entered = true;
@@ -132,21 +145,37 @@ void expect_loss_told_by_local_deadline(Lock& held, loss_times& loss, fault_prox
         }
         std::this_thread::sleep_for(5ms);
     }
+    probe.join();
     ASSERT_NE(rival_ns, 0) << "the rival never got the lock after the holder's path stalled";
     ASSERT_TRUE(eventually([&] { return loss.on_lost_ns.load() != 0; }, 5s))
         << "on_lost never came";
 
     EXPECT_FALSE(owned_when_rival_entered);
+    EXPECT_LT(local_deadline_ns, rival_ns) << "the local deadline came after the rival was inside";
     EXPECT_TRUE(lost.stop_requested());
     EXPECT_NE(loss.stop_ns.load(), 0);
-    EXPECT_LE(loss.on_lost_ns.load(), local_deadline_ns + 100 * ns_per_ms)
+    const std::int64_t probe_late = std::max<std::int64_t>(probe_ns.load() - local_deadline_ns, 0);
+    const std::int64_t told_by = local_deadline_ns + probe_late + 100 * ns_per_ms;
+    EXPECT_LE(loss.on_lost_ns.load(), told_by)
         << "on_lost came " << (loss.on_lost_ns.load() - local_deadline_ns) / ns_per_ms
-        << " ms after the local deadline";
-    EXPECT_LE(loss.stop_ns.load(), local_deadline_ns + 100 * ns_per_ms)
+        << " ms after the local deadline (a thread woken for it: " << probe_late / ns_per_ms
+        << " ms)";
+    EXPECT_LE(loss.stop_ns.load(), told_by)
         << "lost_token() was stopped " << (loss.stop_ns.load() - local_deadline_ns) / ns_per_ms
-        << " ms after the local deadline";
-    EXPECT_LT(loss.on_lost_ns.load(), rival_ns) << "on_lost came after the rival was inside";
-    EXPECT_LT(loss.stop_ns.load(), rival_ns) << "lost_token() stopped after the rival was inside";
+        << " ms after the local deadline (a thread woken for it: " << probe_late / ns_per_ms
+        << " ms)";
+    if (probe_late < (rival_ns - local_deadline_ns) / 2) {
+        EXPECT_LT(loss.on_lost_ns.load(), rival_ns) << "on_lost came after the rival was inside";
+        EXPECT_LT(loss.stop_ns.load(), rival_ns)
+            << "lost_token() stopped after the rival was inside";
+    } else {
+        std::printf(
+            "[ note ] a thread woken for the local deadline ran %lld ms late, %lld ms "
+            "before the rival got in: the order of on_lost and the rival is the "
+            "scheduler's, not checked\n",
+            static_cast<long long>(probe_late / ns_per_ms),
+            static_cast<long long>((rival_ns - local_deadline_ns - probe_late) / ns_per_ms));
+    }
     EXPECT_EQ(loss.on_lost_calls.load(), 1);
     proxy.resume();
 }
