@@ -133,8 +133,10 @@ TEST(SentinelConnection, OnlyHarmlessCommandsAreRepeated) {
     EXPECT_TRUE(safe_to_repeat(cmd({"EVALSHA", "abc", "1", "k"})));
     EXPECT_TRUE(safe_to_repeat(cmd({"evalsha", "abc", "1", "k"})));
     EXPECT_TRUE(safe_to_repeat(cmd({"SCRIPT", "LOAD", "return 1"})));
-    EXPECT_TRUE(safe_to_repeat(cmd({"SET", "k", "v", "NX", "PX", "100"})));
     EXPECT_TRUE(safe_to_repeat(cmd({"PTTL", "k"})));
+    // A SET NX sent again after one that landed late answers nil: the caller's own key would
+    // look taken by someone else.
+    EXPECT_FALSE(safe_to_repeat(cmd({"SET", "k", "v", "NX", "PX", "100"})));
     EXPECT_FALSE(safe_to_repeat(cmd({"SET", "k", "v"})));
     EXPECT_FALSE(safe_to_repeat(cmd({"INCR", "k"})));
     EXPECT_FALSE(safe_to_repeat(cmd({"DEL", "k"})));
@@ -713,6 +715,72 @@ TEST(Sentinel, VerifyOnADemotedMasterThatBecameAReplicaIsFalse) {
     ASSERT_EQ(topo.node(old_master).cli({"EXISTS", "s:verify"}), "1");
     EXPECT_FALSE(m.verify());
     m.unlock();
+}
+
+// A SET NX whose reply is lost (the master stalls past the command timeout) may still land
+// later. Sent again, it would find its own key and answer nil: the lock would seem taken by
+// someone else, and the key would stay behind, an orphan, for its whole lease. The stalled
+// attempt's outcome is unknown: it is abandoned (the reaper deletes the key if it landed) and the
+// wait goes on, so a free lock is taken within the call's deadline and nothing is left behind.
+// The stall (SIGSTOP) ends after the command timeout and before the connection's check of the
+// master does, so that a repeat of the SET would run after the first one landed.
+TEST(Sentinel, WaitThroughAStallPastTheCommandTimeoutTakesAFreeLockAndLeavesNoOrphan) {
+    using redislock::test::eventually;
+    redis_sentinel topo;
+    redislock::sentinel_client client{topo.uri("command_timeout=250")};
+    const int master = topo.master_port();
+    auto& node = topo.node(master);
+    const auto stall = [&node] {
+        node.pause();  // commands sent meanwhile run once it resumes
+        return std::jthread{[&node] {
+            std::this_thread::sleep_for(400ms);
+            node.resume();
+        }};
+    };
+    const auto key_state = [&node](const std::string& key) {
+        return "'" + node.cli({"GET", key}) + "' for " + node.cli({"PTTL", key}) + " ms";
+    };
+    const auto gone = [&node](const std::string& key) {
+        return eventually([&] { return node.cli({"EXISTS", key}) == "0"; }, 2s);
+    };
+
+    auto m = client.mutex("s:stall", {.lease = 5s});
+    ASSERT_TRUE(m.try_lock());  // the master's connections are open
+    m.unlock();
+    {
+        auto resumer = stall();
+        redislock::test::stopwatch took;
+        const bool got = m.try_lock_for(2s);
+        const auto elapsed = took.elapsed();
+        resumer.join();
+        std::cout << "[ measured ] try_lock_for(2s) of a free lock through a 400 ms stall: "
+                  << (got ? "true" : "false") << " after " << elapsed.count() << " ms\n";
+        EXPECT_TRUE(got) << "a free lock was not taken within 2 s; the key holds "
+                         << key_state("s:stall");
+        if (got) {
+            EXPECT_TRUE(m.verify());
+            m.unlock();
+        }
+        EXPECT_TRUE(gone("s:stall")) << "an orphan is left: " << key_state("s:stall");
+    }
+    {
+        // A lock() that can be stopped rides out the failure in the same way, and does not wait
+        // for an orphan of its own.
+        auto other = client.mutex("s:stall-2", {.lease = 5s});
+        std::stop_source never;
+        auto resumer = stall();
+        redislock::test::stopwatch took;
+        const bool got = other.lock(never.get_token());
+        const auto elapsed = took.elapsed();
+        resumer.join();
+        std::cout << "[ measured ] lock(stop) of a free lock through a 400 ms stall: "
+                  << elapsed.count() << " ms (lease 5000 ms)\n";
+        EXPECT_TRUE(got);
+        EXPECT_LT(elapsed, 4s) << "lock() waited for an orphan of its own";
+        EXPECT_TRUE(other.verify());
+        other.unlock();
+        EXPECT_TRUE(gone("s:stall-2")) << "an orphan is left: " << key_state("s:stall-2");
+    }
 }
 
 }  // namespace

@@ -20,11 +20,15 @@
 // Retries: a call that fails that way re-resolves and is retried once, within its deadline,
 // when that is safe: after READONLY always (the node did not run the command); after a
 // connection error or timeout (the command may have run) only for commands whose repetition
-// cannot do harm: reads (GET, PTTL, EXISTS, PING, TIME, ROLE), SCRIPT, PUBLISH, WAIT, SET with NX
-// (a repeat can only fail), and scripts (EVAL/EVALSHA). The library's lock scripts are all
-// compare-and-act on the caller's token: running one twice acts at most once, so retrying them
-// is safe. A pipeline is retried only when each of its commands is. Scripts of your own sent
-// through this connection are retried too: they must be safe to run twice.
+// cannot do harm: reads (GET, PTTL, EXISTS, PING, TIME, ROLE), SCRIPT, PUBLISH, WAIT, and scripts
+// (EVAL/EVALSHA). The library's lock scripts are all compare-and-act on the caller's token, and
+// an acquisition script sent again finds its own token and answers "acquired": running one twice
+// acts at most once, so retrying them is safe. A SET, even with NX, is not sent again: when the
+// first one landed late, the repeat finds its key and answers nil, which would say "taken by
+// someone else" of a lock that is the caller's own; the caller gets the error instead, as from
+// hiredis_connection, and a lock abandons the attempt (its reaper deletes the key if it landed).
+// A pipeline is retried only when each of its commands is. Scripts of your own sent through
+// this connection are retried too: they must be safe to run twice.
 //
 // Reconnections: the reconnect handler (set_reconnect_handler), which a sentinel_client turns
 // into a reconnected event, is told the master's address ("host:port") when
@@ -104,19 +108,13 @@ inline bool safe_to_repeat(command argv) noexcept {
     if (argv.empty()) {
         return false;
     }
+    // Not SET, even with NX: a repeat after a first one that landed late answers nil, "taken",
+    // where the key is the caller's own.
     constexpr std::array<std::string_view, 14> repeatable{
         "EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO", "SCRIPT", "GET",     "PTTL",
         "EXISTS",  "PING", "TIME",       "ROLE",    "WAIT",   "PUBLISH", "SPUBLISH"};
-    for (std::string_view name : repeatable) {
-        if (equals_ignoring_case(argv[0], name)) {
-            return true;
-        }
-    }
-    if (equals_ignoring_case(argv[0], "SET")) {
-        return std::any_of(argv.begin() + 1, argv.end(),
-                           [](std::string_view arg) { return equals_ignoring_case(arg, "NX"); });
-    }
-    return false;
+    return std::any_of(repeatable.begin(), repeatable.end(),
+                       [&](std::string_view name) { return equals_ignoring_case(argv[0], name); });
 }
 
 inline bool is_readonly(const reply& r) {
