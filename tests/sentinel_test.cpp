@@ -783,4 +783,56 @@ TEST(Sentinel, WaitThroughAStallPastTheCommandTimeoutTakesAFreeLockAndLeavesNoOr
     }
 }
 
+// A waiter subscribed on the master it found first, a failover, then the holder's release on
+// the new master: the old master stays a writable master for ~10 s, so its subscriber link does
+// not break by itself, and the release's message, published on the new master, would never reach
+// it. The waiter is woken within a second of the release.
+TEST(Sentinel, AWaiterIsWokenByAReleaseOnTheNewMasterAfterAFailover) {
+    using redislock::test::eventually;
+    redis_sentinel topo;
+    redislock::sentinel_client holder_client{topo.uri()};
+    redislock::sentinel_client waiter_client{topo.uri()};
+    const int old_master = topo.master_port();
+    auto holder = holder_client.mutex("s:deaf", {.lease = 20s});
+    ASSERT_TRUE(holder.try_lock());
+
+    auto waiter = waiter_client.mutex("s:deaf", {.lease = 20s});
+    std::atomic<std::int64_t> acquired_ns{0};
+    std::atomic<bool> got{false};
+    std::jthread waiting{[&] {
+        got = waiter.try_lock_for(12s);
+        acquired_ns = redislock::test::monotonic_ns();
+        if (got) {
+            waiter.unlock();
+        }
+    }};
+    ASSERT_TRUE(eventually(
+        [&] {
+            return !topo.node(old_master).cli({"PUBSUB", "SHARDCHANNELS"}).empty();
+        },
+        5s))
+        << "the waiter subscribed on the first master";
+
+    topo.failover();
+    const int new_master = topo.wait_agreed_master([&](int p) { return p != old_master; });
+    ASSERT_TRUE(eventually(
+        [&] {
+            return holder_client.connection().master().port == new_master &&
+                   waiter_client.connection().master().port == new_master;
+        },
+        5s))
+        << "both clients follow the switch";
+    ASSERT_EQ(topo.node(new_master).cli({"GET", "s:deaf"}).size(), 32U)
+        << "the holder's key was replicated to the new master";
+
+    const std::int64_t released_ns = redislock::test::monotonic_ns();
+    holder.unlock();
+    waiting.join();
+    const auto woken_after_ms = (acquired_ns.load() - released_ns) / 1'000'000;
+    std::cout << "[ measured ] waiter across a failover: acquired " << woken_after_ms
+              << " ms after the release on the new master\n";
+    EXPECT_TRUE(got) << "the waiter never got the lock";
+    EXPECT_LT(woken_after_ms, 1000) << "the waiter slept through the release";
+}
+
 }  // namespace

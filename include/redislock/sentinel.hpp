@@ -15,7 +15,10 @@
 // re-resolves as soon as a switch is announced; a call that gets a READONLY reply or a
 // connection error re-resolves too. A demoted master is never used again: on a switch the old
 // pool is dropped (calls already in flight on it finish there), and when no sentinel confirms a
-// master the pool is dropped as well, so calls fail until one does.
+// master the pool is dropped as well, so calls fail until one does. Subscriber links (notified
+// waiting) opened to the old master report themselves broken once the pool is replaced, even
+// though the old master may stay up and writable for a while: their waiters try again and
+// subscribe on the new master, where releases publish.
 //
 // Retries: a call that fails that way re-resolves and is retried once, within its deadline,
 // when that is safe: after READONLY always (the node did not run the command); after a
@@ -90,6 +93,7 @@
 #include <redislock/hiredis.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/sentinel_endpoint.hpp>
+#include <redislock/subscriber.hpp>
 
 namespace redislock {
 
@@ -129,6 +133,53 @@ struct master_view {
     /// The sentinel leads a failover of this master: until it ends, it may show the new config
     /// epoch with the old master's address while the others already name the new master.
     bool failover_in_progress = false;
+};
+
+/// A subscriber link to the master of one generation of a sentinel_connection. A demoted master
+/// stays up, and may stay a writable master for a while, so a link to it does not break by
+/// itself while releases publish on the new master: once the connection has moved on (its
+/// generation changed), the link says it is broken, and the notifier wakes its waiters, who try
+/// again and subscribe on the master in use then.
+class master_subscriber_link final : public subscriber_link {
+public:
+    master_subscriber_link(std::unique_ptr<subscriber_link> link,
+                           std::shared_ptr<hiredis_connection> pool,
+                           const std::atomic<std::uint64_t>& current, std::uint64_t generation)
+        : link_{std::move(link)},
+          pool_{std::move(pool)},
+          current_{current},
+          generation_{generation} {}
+
+    int fd() const noexcept override { return link_->fd(); }
+
+    void send(command argv) override {
+        check();
+        link_->send(argv);
+    }
+
+    void read(std::vector<reply>& out) override {
+        check();
+        link_->read(out);
+    }
+
+    bool buffered() const noexcept override { return link_->buffered(); }
+    bool reads_without_blocking() const noexcept override {
+        return link_->reads_without_blocking();
+    }
+
+private:
+    void check() const {
+        if (current_.load(std::memory_order_acquire) != generation_) {
+            throw connection_error{
+                "redislock: " + pool_->config().describe() +
+                " is no longer the master in use: its subscriber link is closed"};
+        }
+    }
+
+    std::unique_ptr<subscriber_link> link_;
+    std::shared_ptr<hiredis_connection> pool_;  // the link may share its TLS context
+    const std::atomic<std::uint64_t>& current_;
+    std::uint64_t generation_;
 };
 
 }  // namespace detail
@@ -201,11 +252,15 @@ public:
                     [&](hiredis_connection& c) { return c.execute_pipeline(commands, hows); });
     }
 
-    /// A subscriber link to the master in use now (see subscriber.hpp); after a failover the
-    /// notifier finds its link broken and opens one to the new master.
+    /// A subscriber link to the master in use now (see subscriber.hpp). Once the connection
+    /// moves to another master (or drops this one), the link reports itself broken on its next
+    /// read, although the old master may still be up: the notifier then wakes its waiters, who
+    /// try again on the new master and subscribe there.
     /// @throws redislock::connection_error when no master can be found
     std::unique_ptr<subscriber_link> open_subscriber(std::string_view channel) {
-        return state_->current().first->open_subscriber(channel);
+        auto [pool, generation] = state_->current();
+        return std::make_unique<detail::master_subscriber_link>(
+            pool->open_subscriber(channel), pool, state_->published_generation, generation);
     }
 
     /// The master in use now, resolving it first if there is none.
@@ -295,6 +350,8 @@ private:
         std::mutex mutex;  // guards master, generation, watcher, fork_seen
         pool_ptr master;
         std::uint64_t generation = 0;  // bumped whenever `master` is replaced or dropped
+        // `generation` as subscriber links read it, without the mutex.
+        std::atomic<std::uint64_t> published_generation{0};
         std::atomic<std::uint64_t> switches{0};
         std::string last_master;  // "host:port" of the last confirmed master
         std::jthread watcher;
@@ -302,6 +359,12 @@ private:
 
         std::timed_mutex resolve_mutex;  // one resolution at a time; guards what follows
         std::vector<std::unique_ptr<hiredis_connection>> sentinel_links;
+
+        // Needs `mutex`.
+        void bump_generation_locked() noexcept {
+            ++generation;
+            published_generation.store(generation, std::memory_order_release);
+        }
 
         // The master's pool and the generation it belongs to; resolves when there is none.
         std::pair<pool_ptr, std::uint64_t> current(
@@ -419,7 +482,7 @@ private:
                         return {};
                     }
                     master = std::move(pool);
-                    ++generation;
+                    bump_generation_locked();
                     return first ? std::string{} : master->config().describe();
                 } catch (const error& e) {
                     why += std::string{" "} + e.what() + ";";
@@ -434,7 +497,7 @@ private:
                 std::lock_guard lock{mutex};
                 if (master) {
                     master.reset();
-                    ++generation;
+                    bump_generation_locked();
                 }
             }
             throw connection_error{"redislock: no sentinel of " + config.describe() +
