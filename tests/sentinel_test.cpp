@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <new>
@@ -929,6 +930,89 @@ TEST(Sentinel, AWaiterIsWokenByAReleaseOnTheNewMasterAfterAFailover) {
               << " ms after the release on the new master\n";
     EXPECT_TRUE(got) << "the waiter never got the lock";
     EXPECT_LT(woken_after_ms, 1000) << "the waiter slept through the release";
+}
+
+// The ports of the replicas `master` lists (INFO replication).
+std::vector<int> replica_ports(redis_sentinel& topo, int master) {
+    std::vector<int> ports;
+    const std::string info = topo.node(master).cli({"INFO", "replication"});
+    for (std::size_t at = 0; (at = info.find(",port=", at)) != std::string::npos;) {
+        at += 6;
+        ports.push_back(std::stoi(info.substr(at)));
+    }
+    return ports;
+}
+
+// A holder whose watchdog renews its lease through a planned failover. Once the failover is
+// announced the old master's confirmations no longer count: the replica it promotes keeps the
+// key with the expiry of the last renewal it received before, and a rival may take the lock
+// there once that expiry passes. So at every moment the holder believes it holds, its local
+// deadline must come no later than the key's expiry on the replica that becomes the master
+// (checked against both replicas all along, since which one is promoted is known only after).
+TEST(Sentinel, RenewalsTheOldMasterConfirmsDuringAFailoverDoNotExtendTheHoldersDeadline) {
+    using clock = std::chrono::steady_clock;
+    redis_sentinel topo;
+    redislock::sentinel_client client{topo.uri()};
+    const int old_master = topo.master_port();
+    const std::vector<int> replicas = replica_ports(topo, old_master);
+    ASSERT_EQ(replicas.size(), 2U);
+    std::vector<std::unique_ptr<redislock::hiredis_connection>> probes;
+    for (int port : replicas) {
+        probes.push_back(std::make_unique<redislock::hiredis_connection>("redis://127.0.0.1:" +
+                                                                         std::to_string(port)));
+    }
+    auto holder = client.mutex("s:renewed", {.lease = 2s, .watchdog = true});
+    ASSERT_TRUE(holder.try_lock());
+
+    // The holder's deadline, then each replica's expiry of the key (a missing key: expired).
+    struct sample {
+        clock::time_point believed;
+        std::vector<clock::time_point> expires;
+    };
+    std::vector<sample> samples;
+    std::atomic<bool> sampling{true};
+    std::jthread sampler{[&] {
+        const std::array<std::string_view, 2> pttl{"PTTL", "s:renewed"};
+        while (sampling) {
+            if (holder.owned()) {
+                sample one{clock::now() + holder.remaining(), {}};
+                for (auto& probe : probes) {
+                    const std::int64_t ms = probe->execute(pttl).as_integer();
+                    one.expires.push_back(clock::now() +
+                                          std::chrono::milliseconds{std::max<std::int64_t>(ms, 0)});
+                }
+                samples.push_back(std::move(one));
+            }
+            std::this_thread::sleep_for(10ms);
+        }
+    }};
+    topo.failover();
+    const int new_master = topo.wait_agreed_master([&](int p) { return p != old_master; });
+    std::this_thread::sleep_for(2s);  // renewals on the new master
+    sampling = false;
+    sampler.join();
+
+    const auto promoted = static_cast<std::size_t>(
+        std::find(replicas.begin(), replicas.end(), new_master) - replicas.begin());
+    ASSERT_LT(promoted, replicas.size());
+    std::int64_t worst_ms = std::numeric_limits<std::int64_t>::min();
+    int beyond = 0;
+    for (const sample& one : samples) {
+        const auto ahead = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               one.believed - one.expires[promoted])
+                               .count();
+        worst_ms = std::max(worst_ms, ahead);
+        beyond += ahead > 0 ? 1 : 0;
+    }
+    std::cout << "[ measured ] holder (lease 2 s, watchdog) through a planned failover: "
+              << samples.size() << " samples while held, " << beyond
+              << " with the holder's deadline past the promoted replica's expiry (at most "
+              << worst_ms << " ms past), " << (holder.owned() ? "still held" : "told lost")
+              << " after the switch\n";
+    EXPECT_GT(samples.size(), 10U);
+    EXPECT_EQ(beyond, 0) << "the holder counted on its lock up to " << worst_ms
+                         << " ms after the new master would let a rival take it";
+    holder.unlock();
 }
 
 // What the sentinels announce, as heard on each of them, with the time it was heard
