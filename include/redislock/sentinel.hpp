@@ -10,21 +10,45 @@
 // older epoch), and the node it names must answer ROLE with "master". A pool of
 // hiredis_connection contexts is then kept to that node.
 //
-// When the master changes: a background thread keeps a subscription to +switch-master on one
-// reachable sentinel (moving to the next one when it fails or stops answering its PINGs) and
-// re-resolves as soon as a switch is announced; a call that gets a READONLY reply or a
-// connection error re-resolves too. A demoted master is never used again: on a switch the old
-// pool is dropped (calls already in flight on it finish there), and when no sentinel confirms a
-// master the pool is dropped as well, so calls fail until one does.
+// When the master changes: background threads, one per configured sentinel, each keep a
+// subscription on their sentinel (reopened after a pause when it fails or stops answering its
+// PINGs) and re-resolve as soon as a switch is announced (+switch-master); a call that gets a
+// READONLY reply or a connection error re-resolves too. A demoted master is never used again: on a
+// switch the old pool is dropped (calls already in flight on it finish there), and when no sentinel
+// confirms a master the pool is dropped as well, so calls fail until one does. Subscriber links
+// (notified waiting) opened to the old master report themselves broken once the pool is replaced,
+// even though the old master may stay up and writable for a while: their waiters try again and
+// subscribe on the new master, where releases publish.
+//
+// Failovers under way: between the promotion of a replica and +switch-master the old master
+// still accepts writes, which the failover loses, even those a replica that was not promoted
+// acknowledged. The sentinel that leads a failover announces its steps first (+elected-leader,
+// +selected-slave, +failover-state-send-slaveof-noone, +promoted-slave...), and only that one:
+// hence a subscription on every sentinel. From the first step announced for the master in use
+// until the connection follows the next master (or the failover ends without a switch, as that
+// sentinel's SENTINEL MASTER flags tell, asked every 250 ms meanwhile), nothing is sent to the
+// master: a call waits, until its deadline (an untimed one for the command timeout), then fails
+// with timeout_error having sent nothing. A reply that comes after a step was announced, or after
+// the connection moved to another master, is not returned: the command is sent again on the next
+// master when that is safe (see "Retries"), else the call fails with connection_error, its
+// outcome unknown. So a lock is never granted, and a renewal never confirmed, by a master after
+// its failover was announced; settled_since() tells the locks whether anything disturbed the
+// master since a moment (a lock handed over by a release message takes it only if not). Should
+// every sentinel fall silent, a failover stops holding calls back after twice the sentinels'
+// failover-timeout.
 //
 // Retries: a call that fails that way re-resolves and is retried once, within its deadline,
 // when that is safe: after READONLY always (the node did not run the command); after a
 // connection error or timeout (the command may have run) only for commands whose repetition
-// cannot do harm: reads (GET, PTTL, EXISTS, PING, TIME, ROLE), SCRIPT, PUBLISH, WAIT, SET with NX
-// (a repeat can only fail), and scripts (EVAL/EVALSHA). The library's lock scripts are all
-// compare-and-act on the caller's token: running one twice acts at most once, so retrying them
-// is safe. A pipeline is retried only when each of its commands is. Scripts of your own sent
-// through this connection are retried too: they must be safe to run twice.
+// cannot do harm: reads (GET, PTTL, EXISTS, PING, TIME, ROLE), SCRIPT, PUBLISH, WAIT, and scripts
+// (EVAL/EVALSHA). The library's lock scripts are all compare-and-act on the caller's token, and
+// an acquisition script sent again finds its own token and answers "acquired": running one twice
+// acts at most once, so retrying them is safe. A SET, even with NX, is not sent again: when the
+// first one landed late, the repeat finds its key and answers nil, which would say "taken by
+// someone else" of a lock that is the caller's own; the caller gets the error instead, as from
+// hiredis_connection, and a lock abandons the attempt (its reaper deletes the key if it landed).
+// A pipeline is retried only when each of its commands is. Scripts of your own sent through
+// this connection are retried too: they must be safe to run twice.
 //
 // Reconnections: the reconnect handler (set_reconnect_handler), which a sentinel_client turns
 // into a reconnected event, is told the master's address ("host:port") when
@@ -37,21 +61,24 @@
 //   in the constructor, is not a reconnection.
 // The handler runs with no internal lock held (a report made while the master is being resolved
 // waits until the resolution ends), on the thread whose call opened the connection or the pool:
-// a caller's, or the subscription thread when a check it makes after +switch-master (or after
+// a caller's, or a subscription thread when a check it makes after +switch-master (or after
 // resubscribing) opens a pool to a new master or reopens a connection of the master's pool.
-// Connections to the sentinels themselves (the queries and the +switch-master subscription,
-// which is reopened on another sentinel whenever it fails) are never reported: a sentinel that
-// restarts or hangs would flood the handler with events that say nothing about the master.
+// Connections to the sentinels themselves (the queries and the subscriptions, which are reopened
+// whenever they fail) are never reported: a sentinel that restarts or hangs would flood the
+// handler with events that say nothing about the master.
 //
-// What this does not do: a failover loses writes the old master had not yet replicated, and
-// clients of other processes learn of a switch at slightly different times, so for a moment
-// two masters may both accept a lock. Only replica acknowledgement narrows that.
+// What this does not do: a failover loses writes the old master had not yet replicated. One the
+// connection hears of only through +switch-master (every link to the leading sentinel lost, its
+// announcements missed) is not held back: until the switch, the old master may grant locks whose
+// writes the failover loses, and a rival may take the same lock on the new master. Replica
+// acknowledgement (lock_options::min_replicas) narrows that; docs/planned-switchover.md says what
+// is promised when.
 //
 // Thread safety: every member may be called from any number of threads.
-// Lifetime: movable, not copyable. The destructor stops and joins the subscription thread
+// Lifetime: movable, not copyable. The destructor stops and joins the subscription threads
 // (within the sentinels' connect and command timeouts).
-// fork(): a child never uses its parent's sockets or thread: the pools drop inherited contexts,
-// and the child starts its own subscription thread on its first call. As with any library that
+// fork(): a child never uses its parent's sockets or threads: the pools drop inherited contexts,
+// and the child starts its own subscription threads on its first call. As with any library that
 // uses threads, fork from a quiet moment (not during a failover the parent is following).
 #pragma once
 
@@ -79,6 +106,7 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/failover_fence.hpp>
 #include <redislock/detail/reconnect_relay.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/endpoint.hpp>
@@ -86,6 +114,7 @@
 #include <redislock/hiredis.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/sentinel_endpoint.hpp>
+#include <redislock/subscriber.hpp>
 
 namespace redislock {
 
@@ -104,19 +133,13 @@ inline bool safe_to_repeat(command argv) noexcept {
     if (argv.empty()) {
         return false;
     }
+    // Not SET, even with NX: a repeat after a first one that landed late answers nil, "taken",
+    // where the key is the caller's own.
     constexpr std::array<std::string_view, 14> repeatable{
         "EVALSHA", "EVAL", "EVALSHA_RO", "EVAL_RO", "SCRIPT", "GET",     "PTTL",
         "EXISTS",  "PING", "TIME",       "ROLE",    "WAIT",   "PUBLISH", "SPUBLISH"};
-    for (std::string_view name : repeatable) {
-        if (equals_ignoring_case(argv[0], name)) {
-            return true;
-        }
-    }
-    if (equals_ignoring_case(argv[0], "SET")) {
-        return std::any_of(argv.begin() + 1, argv.end(),
-                           [](std::string_view arg) { return equals_ignoring_case(arg, "NX"); });
-    }
-    return false;
+    return std::any_of(repeatable.begin(), repeatable.end(),
+                       [&](std::string_view name) { return equals_ignoring_case(argv[0], name); });
 }
 
 inline bool is_readonly(const reply& r) {
@@ -131,6 +154,125 @@ struct master_view {
     /// The sentinel leads a failover of this master: until it ends, it may show the new config
     /// epoch with the old master's address while the others already name the new master.
     bool failover_in_progress = false;
+    std::size_t sentinel = 0;  ///< which of the configured sentinels gave it
+};
+
+/// The sentinels' channels a connection listens to: +switch-master, the steps of a failover
+/// (only the sentinel that leads it announces them), and the ends of one that was aborted.
+inline constexpr std::array<std::string_view, 13> sentinel_channels{
+    "+switch-master",
+    "+elected-leader",
+    "+failover-state-select-slave",
+    "+selected-slave",
+    "+failover-state-send-slaveof-noone",
+    "+failover-state-wait-promotion",
+    "+promoted-slave",
+    "+failover-state-reconf-slaves",
+    "+failover-end",
+    "+failover-end-for-timeout",
+    "-failover-abort-not-elected",
+    "-failover-abort-no-good-slave",
+    "-failover-abort-slave-timeout"};
+
+/// What one sentinel announcement says about a master.
+struct sentinel_event {
+    enum class kind {
+        other,     ///< nothing the connection acts on
+        switched,  ///< +switch-master
+        step,      ///< a step of a failover: the master is being replaced
+        aborted,   ///< the failover ended without a switch
+    };
+    kind what = kind::other;
+    std::string master_name;
+    /// The master it is about ("ip:port"; for a switch, the old one).
+    std::string master_address;
+};
+
+/// Parses a message on one of sentinel_channels: "+switch-master" carries
+/// "<name> <old-ip> <old-port> <new-ip> <new-port>"; the others "master <name> <ip> <port> ..."
+/// or, for a replica, "slave <id> <ip> <port> @ <name> <master-ip> <master-port>".
+inline sentinel_event parse_sentinel_event(std::string_view channel, std::string_view payload) {
+    std::vector<std::string_view> words;
+    while (!payload.empty()) {
+        const auto space = payload.find(' ');
+        if (space != 0) {
+            words.push_back(payload.substr(0, space));
+        }
+        payload = space == std::string_view::npos ? std::string_view{} : payload.substr(space + 1);
+    }
+    const auto named = [&](std::size_t at) {
+        sentinel_event e;
+        if (at + 2 < words.size()) {
+            e.master_name = words[at];
+            e.master_address = std::string{words[at + 1]} + ":" + std::string{words[at + 2]};
+        }
+        return e;
+    };
+    if (channel == "+switch-master") {
+        sentinel_event e = named(0);
+        e.what = sentinel_event::kind::switched;
+        return e;
+    }
+    sentinel_event e;
+    if (!words.empty() && words[0] == "master") {
+        e = named(1);
+    } else if (auto at = std::find(words.begin(), words.end(), "@"); at != words.end()) {
+        e = named(static_cast<std::size_t>(at - words.begin()) + 1);
+    }
+    if (channel.starts_with("-failover-abort")) {
+        e.what = sentinel_event::kind::aborted;
+    } else if (std::find(sentinel_channels.begin() + 1, sentinel_channels.end(), channel) !=
+               sentinel_channels.end()) {
+        e.what = sentinel_event::kind::step;
+    }
+    return e;
+}
+
+/// A subscriber link to the master of one generation of a sentinel_connection. A demoted master
+/// stays up, and may stay a writable master for a while, so a link to it does not break by
+/// itself while releases publish on the new master: once the connection has moved on (its
+/// generation changed), the link says it is broken, and the notifier wakes its waiters, who try
+/// again and subscribe on the master in use then.
+class master_subscriber_link final : public subscriber_link {
+public:
+    master_subscriber_link(std::unique_ptr<subscriber_link> link,
+                           std::shared_ptr<hiredis_connection> pool,
+                           const std::atomic<std::uint64_t>& current, std::uint64_t generation)
+        : link_{std::move(link)},
+          pool_{std::move(pool)},
+          current_{current},
+          generation_{generation} {}
+
+    int fd() const noexcept override { return link_->fd(); }
+
+    void send(command argv) override {
+        check();
+        link_->send(argv);
+    }
+
+    void read(std::vector<reply>& out) override {
+        check();
+        link_->read(out);
+    }
+
+    bool buffered() const noexcept override { return link_->buffered(); }
+    bool reads_without_blocking() const noexcept override {
+        return link_->reads_without_blocking();
+    }
+
+private:
+    void check() const {
+        if (current_.load(std::memory_order_acquire) != generation_) {
+            throw connection_error{
+                "redislock: " + pool_->config().describe() +
+                " is no longer the master in use: its subscriber link is closed"};
+        }
+    }
+
+    std::unique_ptr<subscriber_link> link_;
+    std::shared_ptr<hiredis_connection> pool_;  // the link may share its TLS context
+    const std::atomic<std::uint64_t>& current_;
+    std::uint64_t generation_;
 };
 
 }  // namespace detail
@@ -172,7 +314,7 @@ public:
     /// Sends one command to the current master (see "Retries" above).
     /// @throws redislock::connection_error, redislock::timeout_error
     reply execute(command argv) {
-        return call(detail::safe_to_repeat(argv), no_deadline(),
+        return call(detail::safe_to_repeat(argv), no_deadline(), nullptr,
                     [&](hiredis_connection& c) { return c.execute(argv); });
     }
 
@@ -180,13 +322,13 @@ public:
     /// only while the deadline has not passed.
     /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
     reply execute(command argv, const call_context& how) {
-        return call(how.repeatable && detail::safe_to_repeat(argv), how.deadline,
+        return call(how.repeatable && detail::safe_to_repeat(argv), how.deadline, how.stop,
                     [&](hiredis_connection& c) { return c.execute(argv, how); });
     }
 
     /// Sends every command to the current master in one round trip.
     std::vector<reply> execute_pipeline(std::span<const command> commands) {
-        return call(all_safe(commands), no_deadline(),
+        return call(all_safe(commands), no_deadline(), nullptr,
                     [&](hiredis_connection& c) { return c.execute_pipeline(commands); });
     }
 
@@ -194,20 +336,26 @@ public:
     std::vector<reply> execute_pipeline(std::span<const command> commands,
                                         std::span<const call_context> hows) {
         auto deadline = no_deadline();
+        const std::stop_token* stop = nullptr;
         for (const call_context& how : hows) {
             deadline = std::min(deadline, how.deadline);
+            stop = stop != nullptr ? stop : how.stop;
         }
         const bool repeatable = std::all_of(hows.begin(), hows.end(),
                                             [](const call_context& how) { return how.repeatable; });
-        return call(repeatable && all_safe(commands), deadline,
+        return call(repeatable && all_safe(commands), deadline, stop,
                     [&](hiredis_connection& c) { return c.execute_pipeline(commands, hows); });
     }
 
-    /// A subscriber link to the master in use now (see subscriber.hpp); after a failover the
-    /// notifier finds its link broken and opens one to the new master.
+    /// A subscriber link to the master in use now (see subscriber.hpp). Once the connection
+    /// moves to another master (or drops this one), the link reports itself broken on its next
+    /// read, although the old master may still be up: the notifier then wakes its waiters, who
+    /// try again on the new master and subscribe there.
     /// @throws redislock::connection_error when no master can be found
     std::unique_ptr<subscriber_link> open_subscriber(std::string_view channel) {
-        return state_->current().first->open_subscriber(channel);
+        auto [pool, generation] = state_->current();
+        return std::make_unique<detail::master_subscriber_link>(
+            pool->open_subscriber(channel), pool, state_->published_generation, generation);
     }
 
     /// The master in use now, resolving it first if there is none.
@@ -218,6 +366,13 @@ public:
     /// address than the one before it).
     std::uint64_t switches() const noexcept {
         return state_->switches.load(std::memory_order_relaxed);
+    }
+
+    /// False while a failover of the master is under way, and when one was announced or the
+    /// connection moved to another master at or after `since`: what the master confirmed since
+    /// then may be lost (see "Failovers under way" at the top of this header).
+    bool settled_since(std::chrono::steady_clock::time_point since) const {
+        return state_->fence.settled_since(since);
     }
 
     /// The settings the connection was made with.
@@ -251,32 +406,50 @@ private:
         return std::any_of(rs.begin(), rs.end(), detail::is_readonly);
     }
 
-    // Runs `f` on the current master's pool; on READONLY or a connection error re-resolves, and
-    // retries once if that is safe and the deadline allows.
+    // Runs `f` on the current master's pool once no failover of it is under way; on READONLY or
+    // a connection error re-resolves, and retries once if that is safe and the deadline allows.
+    // A reply that comes after a failover was announced, or after the master changed, may come
+    // from a master whose writes the failover loses: it is not returned. The command is sent
+    // again on the next master when that is safe, else the call fails as after a broken
+    // connection (its outcome is unknown).
     template <class F>
     std::invoke_result_t<F&, hiredis_connection&> call(bool repeatable, clock::time_point deadline,
-                                                       F&& f) {
-        auto [pool, generation] = state_->current(deadline);
-        try {
-            auto result = f(*pool);
-            if (!readonly_reply(result)) {
-                return result;
+                                                       const std::stop_token* stop, F&& f) {
+        for (bool last = false;; last = true) {
+            state_->await_settled(deadline, stop, last);
+            const std::uint64_t disturbances = state_->fence.disturbances();
+            auto [pool, generation] = state_->current(deadline);
+            std::optional<std::invoke_result_t<F&, hiredis_connection&>> result;
+            try {
+                result.emplace(f(*pool));
+            } catch (const cancelled_error&) {
+                throw;
+            } catch (const connection_error&) {
+                state_->re_resolve(generation, deadline);
+                if (!repeatable || last || clock::now() >= deadline) {
+                    throw;
+                }
+                continue;
+            }
+            if (state_->fence.disturbances() != disturbances) {
+                if (!repeatable || last || clock::now() >= deadline) {
+                    throw connection_error{"redislock: a failover of '" + config().master_name +
+                                           "' was announced, or its master changed, while " +
+                                           pool->config().describe() +
+                                           " ran the command: its outcome is unknown"};
+                }
+                continue;
+            }
+            if (!readonly_reply(*result)) {
+                return std::move(*result);
             }
             // The node was demoted. A command refused with READONLY did not run, so a single one
             // may always be sent again; in a pipeline the others may have run.
             state_->re_resolve(generation, deadline);
-            if (!(repeatable || single(result)) || clock::now() >= deadline) {
-                return result;
-            }
-        } catch (const cancelled_error&) {
-            throw;
-        } catch (const connection_error&) {
-            state_->re_resolve(generation, deadline);
-            if (!repeatable || clock::now() >= deadline) {
-                throw;
+            if (!(repeatable || single(*result)) || last || clock::now() >= deadline) {
+                return std::move(*result);
             }
         }
-        return f(*state_->current(deadline).first);
     }
 
     static bool single(const reply&) noexcept { return true; }
@@ -294,16 +467,58 @@ private:
         // Before the master's pool, which reports to it until it closes.
         detail::reconnect_relay reconnect;
 
-        std::mutex mutex;  // guards master, generation, watcher, fork_seen
+        std::mutex mutex;  // guards master, generation, watchers, fork_seen
         pool_ptr master;
         std::uint64_t generation = 0;  // bumped whenever `master` is replaced or dropped
+        // `generation` as subscriber links read it, without the mutex.
+        std::atomic<std::uint64_t> published_generation{0};
         std::atomic<std::uint64_t> switches{0};
-        std::string last_master;  // "host:port" of the last confirmed master
-        std::jthread watcher;
+        std::string last_master;             // "host:port" of the last confirmed master
+        std::vector<std::jthread> watchers;  // one per sentinel
         std::uint64_t fork_seen = detail::current_fork_generation();
+
+        // A failover of the master announced and not yet followed (see "Failovers under way").
+        detail::failover_fence fence;
+        // The sentinels' failover-timeout, as SENTINEL MASTER last said (ms).
+        std::atomic<long long> failover_timeout_ms{180'000};
+        // When a subscription thread next asks the sentinels whether a raised failover is over.
+        std::atomic<clock::rep> next_fence_check{0};
 
         std::timed_mutex resolve_mutex;  // one resolution at a time; guards what follows
         std::vector<std::unique_ptr<hiredis_connection>> sentinel_links;
+
+        // Needs `mutex`.
+        void bump_generation_locked() noexcept {
+            ++generation;
+            published_generation.store(generation, std::memory_order_release);
+        }
+
+        // Returns once no failover of the master is under way; a call that cannot wait that
+        // long (its deadline, or for an untimed one the command timeout) throws timeout_error,
+        // and one stopped meanwhile cancelled_error. `again`: the command was sent once before.
+        void await_settled(clock::time_point deadline, const std::stop_token* stop, bool again) {
+            if (!fence.up()) {
+                return;
+            }
+            const auto until = deadline != clock::time_point::max()
+                                   ? deadline
+                                   : clock::now() + config.node.command_timeout;
+            if (fence.wait_lifted(until, stop)) {
+                return;
+            }
+            const auto raised = fence.raised();
+            const std::string what = "a failover of '" + config.master_name + "'" +
+                                     (raised ? " (" + raised->master + ")" : std::string{}) +
+                                     " is under way";
+            const std::string sent =
+                again ? "; the command, sent before it was announced, was not sent again: its "
+                        "outcome is unknown"
+                      : ": nothing is sent to the master until the sentinels name the next one";
+            if (stop != nullptr && stop->stop_requested()) {
+                throw cancelled_error{"redislock: stopped while " + what + sent};
+            }
+            throw timeout_error{"redislock: " + what + sent};
+        }
 
         // The master's pool and the generation it belongs to; resolves when there is none.
         std::pair<pool_ptr, std::uint64_t> current(
@@ -415,14 +630,20 @@ private:
                     const bool first = last_master.empty();
                     if (!first && last_master != address) {
                         switches.fetch_add(1, std::memory_order_relaxed);
+                        fence.note_switch();  // what is under way on the old master is disturbed
                     }
                     last_master = address;
-                    if (master == pool) {
-                        return {};
+                    std::string reopened;
+                    if (master != pool) {
+                        master = std::move(pool);
+                        bump_generation_locked();
+                        reopened = first ? std::string{} : master->config().describe();
                     }
-                    master = std::move(pool);
-                    ++generation;
-                    return first ? std::string{} : master->config().describe();
+                    // The failover raised for another master is followed: calls go on here.
+                    if (const auto raised = fence.raised(); raised && raised->master != address) {
+                        fence.lift();
+                    }
+                    return reopened;
                 } catch (const error& e) {
                     why += std::string{" "} + e.what() + ";";
                 }
@@ -436,7 +657,7 @@ private:
                 std::lock_guard lock{mutex};
                 if (master) {
                     master.reset();
-                    ++generation;
+                    bump_generation_locked();
                 }
             }
             throw connection_error{"redislock: no sentinel of " + config.describe() +
@@ -459,6 +680,7 @@ private:
                             std::make_unique<hiredis_connection>(config.sentinel(where));
                     }
                     if (auto view = ask(*sentinel_links[i], name, why, bound)) {
+                        view->sentinel = i;
                         views.push_back(std::move(*view));
                     }
                 } catch (const error& e) {
@@ -499,6 +721,10 @@ private:
                     } else if (key == "flags") {
                         view.failover_in_progress =
                             value.find("failover_in_progress") != std::string::npos;
+                    } else if (key == "failover-timeout") {
+                        if (const long long ms = std::atoll(value.c_str()); ms > 0) {
+                            failover_timeout_ms.store(ms, std::memory_order_relaxed);
+                        }
                     }
                 }
                 if (!view.host.empty() && view.port > 0) {
@@ -525,70 +751,100 @@ private:
 
         void start_watcher() {
             std::lock_guard lock{mutex};
-            watcher = std::jthread{[this](std::stop_token stop) { watch(stop); }};
+            start_watchers_locked();
+        }
+
+        // Needs `mutex`. One subscription thread per sentinel: only the sentinel that leads a
+        // failover announces its steps, and a hung sentinel must not hold up the others.
+        void start_watchers_locked() {
+            for (std::size_t i = 0; i < config.sentinels.size(); ++i) {
+                watchers.emplace_back([this, i](std::stop_token stop) { watch(stop, i); });
+            }
         }
 
         void stop_watcher() {
-            std::jthread finished;
+            std::vector<std::jthread> finished;
             {
                 std::lock_guard lock{mutex};
                 if (fork_seen != detail::current_fork_generation()) {
-                    if (watcher.joinable()) {
-                        watcher.detach();  // the parent's thread, absent in this process
+                    for (std::jthread& w : watchers) {
+                        if (w.joinable()) {
+                            w.detach();  // the parent's threads, absent in this process
+                        }
                     }
                     return;
                 }
-                finished = std::move(watcher);
+                finished = std::move(watchers);
             }
-            // jthread's destructor requests the stop and joins, outside the mutex the thread
-            // takes while resolving.
+            // All asked to stop first, then joined (outside the mutex the threads take while
+            // resolving): each ends within the sentinels' connect and command timeouts.
+            for (std::jthread& w : finished) {
+                w.request_stop();
+            }
         }
 
-        // In a forked child the parent's thread does not exist: forget it, start our own.
+        // In a forked child the parent's threads do not exist: forget them, start our own.
         void restart_watcher_after_fork() {
             const auto now = detail::current_fork_generation();
             if (now == fork_seen) {
                 return;
             }
             fork_seen = now;
-            if (watcher.joinable()) {
-                watcher.detach();
-                watcher = std::jthread{[this](std::stop_token stop) { watch(stop); }};
+            if (watchers.empty()) {
+                return;
             }
+            for (std::jthread& w : watchers) {
+                if (w.joinable()) {
+                    w.detach();
+                }
+            }
+            watchers.clear();
+            start_watchers_locked();
         }
 
-        // The subscription thread: +switch-master on one sentinel at a time.
-        void watch(std::stop_token stop) {
+        // The subscription thread of sentinel `index`: its announcements about the master,
+        // reconnecting after a pause whenever the link fails.
+        void watch(std::stop_token stop, std::size_t index) {
             using namespace std::chrono;
-            std::size_t next = 0;
+            const auto& where = config.sentinels[index];
             bool subscribed_before = false;
             while (!stop.stop_requested()) {
-                const auto& where = config.sentinels[next++ % config.sentinels.size()];
                 try {
                     hiredis_connection link{config.sentinel(where)};
                     detail::context_ptr ctx = link.open_dedicated();
-                    if (!follow(*ctx, stop, subscribed_before)) {
+                    if (!follow(*ctx, stop, index, subscribed_before)) {
                         return;
                     }
                 } catch (const std::exception&) {
-                    // Unreachable or failed sentinel: the next one, after a pause.
+                    // Unreachable or failed sentinel: again after a pause.
                 }
                 std::mutex pause_mutex;
                 std::condition_variable_any pause;
                 std::unique_lock pause_lock{pause_mutex};
-                pause.wait_for(pause_lock, stop, milliseconds{200}, [] { return false; });
+                for (int slice = 0; slice < 4 && !stop.stop_requested(); ++slice) {
+                    check_fence_if_due();
+                    pause.wait_for(pause_lock, stop, milliseconds{50}, [] { return false; });
+                }
             }
         }
 
-        // Reads one subscription until it fails (returns true: try another sentinel) or a stop
-        // is requested (returns false). PINGs the sentinel so a hung one is noticed.
-        bool follow(redisContext& ctx, std::stop_token& stop, bool& subscribed_before) {
+        // Reads one subscription until it fails (returns true: open it again) or a stop is
+        // requested (returns false). PINGs the sentinel so a hung one is noticed.
+        bool follow(redisContext& ctx, std::stop_token& stop, std::size_t index,
+                    bool& subscribed_before) {
             using namespace std::chrono;
             constexpr milliseconds slice{50};
             constexpr milliseconds ping_every{1000};
             const milliseconds silence_limit =
                 std::max(milliseconds{3000}, config.node.command_timeout);
-            if (redisAppendCommand(&ctx, "SUBSCRIBE +switch-master") != REDIS_OK) {
+            std::array<const char*, detail::sentinel_channels.size() + 1> argv{"SUBSCRIBE"};
+            std::array<std::size_t, detail::sentinel_channels.size() + 1> lengths{9};
+            for (std::size_t i = 0; i < detail::sentinel_channels.size(); ++i) {
+                argv[i + 1] = detail::sentinel_channels[i].data();
+                lengths[i + 1] = detail::sentinel_channels[i].size();
+            }
+            if (redisAppendCommandArgv(&ctx, static_cast<int>(argv.size()), argv.data(),
+                                       lengths.data()) != REDIS_OK) {
                 return true;
             }
             auto last_heard = clock::now();
@@ -601,6 +857,7 @@ private:
                     break;
                 }
             }
+            bool confirmed = false;  // this link's first subscription was confirmed
             while (!stop.stop_requested()) {
                 void* raw = nullptr;
                 if (redisGetReplyFromReader(&ctx, &raw) != REDIS_OK) {
@@ -609,10 +866,11 @@ private:
                 if (raw != nullptr) {
                     detail::hiredis_reply_ptr owned{raw};
                     last_heard = clock::now();
-                    handle(detail::convert_reply(*static_cast<redisReply*>(raw)),
+                    handle(detail::convert_reply(*static_cast<redisReply*>(raw)), index, confirmed,
                            subscribed_before);
                     continue;
                 }
+                check_fence_if_due();
                 const auto now = clock::now();
                 if (now - last_heard > silence_limit) {
                     return true;  // no pong: the sentinel hangs
@@ -639,26 +897,113 @@ private:
             return false;
         }
 
-        void handle(const reply& r, bool& subscribed_before) {
+        void handle(const reply& r, std::size_t index, bool& confirmed, bool& subscribed_before) {
             if (!r.is_array() || r.elements().size() < 3 || !r.elements()[0].is_string()) {
                 return;  // a pong, or a reply we do not act on
             }
             const std::string& kind = r.elements()[0].text();
             if (kind == "subscribe") {
-                // Switches announced while no subscription was up were missed: check now.
-                if (subscribed_before) {
+                // Announcements made while this link was down may have been missed: check now.
+                if (!confirmed && subscribed_before) {
                     check_now();
                 }
+                confirmed = true;
                 subscribed_before = true;
                 return;
             }
-            if (kind != "message" || !r.elements()[2].is_string()) {
+            if (kind != "message" || !r.elements()[1].is_string() || !r.elements()[2].is_string()) {
                 return;
             }
-            // "<master-name> <old-ip> <old-port> <new-ip> <new-port>"
-            const std::string& text = r.elements()[2].text();
-            if (text.starts_with(config.master_name + " ")) {
+            const detail::sentinel_event e =
+                detail::parse_sentinel_event(r.elements()[1].text(), r.elements()[2].text());
+            if (e.master_name != config.master_name) {
+                return;
+            }
+            switch (e.what) {
+                case detail::sentinel_event::kind::switched:
+                    check_now();  // a new master lifts the failover raised for the old one
+                    break;
+                case detail::sentinel_event::kind::step:
+                    raise_fence(e.master_address, index);
+                    break;
+                case detail::sentinel_event::kind::aborted:
+                    check_fence_now();
+                    break;
+                case detail::sentinel_event::kind::other:
+                    break;
+            }
+        }
+
+        // A sentinel announced a step of a failover of the master at `failing`: nothing more is
+        // sent to it until the connection follows the next master or the failover ends.
+        void raise_fence(const std::string& failing, std::size_t announcer) {
+            {
+                std::lock_guard lock{mutex};
+                if (!last_master.empty() && last_master != failing) {
+                    return;  // not the master in use (a late announcement of a past failover)
+                }
+            }
+            // No failover lasts longer than the sentinels' failover-timeout for its promotion and
+            // again for the replicas' reconfiguration: should every sentinel fall silent, calls
+            // go on after that.
+            const auto bound =
+                2 * std::chrono::milliseconds{failover_timeout_ms.load()} + std::chrono::seconds{1};
+            if (fence.raise(failing, announcer, bound)) {
+                next_fence_check.store(
+                    (clock::now() + fence_check_every).time_since_epoch().count());
+            }
+        }
+
+        static constexpr std::chrono::milliseconds fence_check_every{250};
+
+        // While a failover is raised, one subscription thread at a time asks the sentinels,
+        // every fence_check_every, whether it is over.
+        void check_fence_if_due() {
+            if (!fence.up()) {
+                return;
+            }
+            auto due = next_fence_check.load();
+            const auto now = clock::now();
+            if (now.time_since_epoch().count() < due ||
+                !next_fence_check.compare_exchange_strong(
+                    due, (now + fence_check_every).time_since_epoch().count())) {
+                return;
+            }
+            check_fence_now();
+        }
+
+        // The failover raised is over when the sentinel that announced it no longer has one in
+        // progress (it switched, or aborted), or the sentinels name another master, which the
+        // connection then follows (resolve_serially lifts the failover once it confirms it).
+        void check_fence_now() {
+            const auto raised = fence.raised();
+            if (!raised) {
+                return;
+            }
+            bool over = false;
+            bool elsewhere = false;
+            {
+                std::unique_lock serial{resolve_mutex, std::defer_lock};
+                if (!serial.try_lock_for(std::chrono::milliseconds{100})) {
+                    return;  // a resolution is under way: it lifts the failover if it is followed
+                }
+                std::string why;
+                const call_context bound{.deadline = clock::now() + config.node.command_timeout};
+                const auto views = ask_sentinels(why, bound);
+                for (const detail::master_view& view : views) {
+                    if (view.sentinel == raised->announcer) {
+                        over = !view.failover_in_progress;
+                    }
+                }
+                elsewhere =
+                    !views.empty() &&
+                    views.front().host + ":" + std::to_string(views.front().port) != raised->master;
+            }
+            if (over || elsewhere) {
                 check_now();
+            }
+            if (over) {
+                fence.lift();  // aborted, or over with the switch: either way the check followed it
             }
         }
 

@@ -26,6 +26,7 @@
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
 #include <redislock/detail/event_sink.hpp>
+#include <redislock/detail/failover_fence.hpp>
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_identity.hpp>
 #include <redislock/detail/reaper.hpp>
@@ -310,11 +311,13 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         }
         if constexpr (!std::is_same_v<std::remove_cvref_t<Granted>, no_hand_over>) {
             // Handed over: take it without a round trip while at least half a lease, counted
-            // from the first join, is left; else the next attempt claims it afresh.
+            // from the first join, is left, and no failover of the master was announced since
+            // (the release that handed it may have run on a master being replaced, whose writes
+            // the failover loses); else the next attempt claims it afresh.
             if (line.handed && claim_on_message && refused && woken && slot && slot->named() &&
                 first_join &&
                 valid_until(*first_join, lk.options.lease) - steady::now() > lk.options.lease / 2 &&
-                grant) {
+                grant && settled_since(*lk.conn, *first_join)) {
                 ++tally.attempts;  // the hand-over is the attempt that succeeded
                 bool taken = false;
                 try {
