@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -81,7 +82,8 @@ protected:
     static inline redislock::test::redis_cluster* cluster_ = nullptr;
 };
 
-// Failures seen on other threads, reported by the test's thread.
+// Failures seen on other threads, reported by the test's thread; and when each call guarded
+// ended, counted from the object's creation.
 class problems {
 public:
     template <class F>
@@ -91,6 +93,15 @@ public:
         } catch (const std::exception& e) {
             add(what + ": " + e.what());
         }
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - start_)
+                            .count();
+        std::lock_guard lock{mutex_};
+        timeline_ += " " + what + " " + std::to_string(ms) + " ms;";
+    }
+    std::string timeline() const {
+        std::lock_guard lock{mutex_};
+        return timeline_;
     }
     void add(const std::string& problem) {
         std::lock_guard lock{mutex_};
@@ -110,8 +121,10 @@ public:
     }
 
 private:
+    const std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
     mutable std::mutex mutex_;
     std::vector<std::string> list_;
+    std::string timeline_;
 };
 
 // Runs `test(kind, make, reentrant)` for the three lock kinds; make(client, name, options)
@@ -189,11 +202,9 @@ TEST_F(ClusterMigration, UnfencedLocksOfEveryKindWorkWhileTheirSlotMigrates) {
             });
         }};
         std::jthread fresh_name{[&] {
-            seen.guard("lock() of a fresh name", [&] {
-                auto f = make(cc, fresh, options);
-                f.lock();
-                f.unlock();
-            });
+            auto f = make(cc, fresh, options);
+            seen.guard("lock() of a fresh name", [&] { f.lock(); });
+            seen.guard("its unlock()", [&] { f.unlock(); });
         }};
         std::jthread other_name{[&] {
             seen.guard("try_lock() of a fresh name", [&] {
@@ -212,12 +223,14 @@ TEST_F(ClusterMigration, UnfencedLocksOfEveryKindWorkWhileTheirSlotMigrates) {
         }
         EXPECT_TRUE(redislock::test::eventually([&] { return rival_done.load(); }, 30s));
         std::error_code ec;
-        holder.unlock(ec);
+        seen.guard("release", [&] { holder.unlock(ec); });
         EXPECT_FALSE(ec) << ec.message();
         for (std::jthread* t : {&mover, &rival, &waiter, &fresh_name, &other_name}) {
             t->join();
         }
         EXPECT_TRUE(seen.empty()) << seen.text();
+        std::printf("[ %-10s] after the migration began:%s\n", kind.c_str(),
+                    seen.timeline().c_str());
         EXPECT_EQ(rival_got.load(), 0) << "the lock was held";
         EXPECT_TRUE(waiter_got.load());
         EXPECT_EQ(count_existing({name, fresh, other, derived_key(name, "queue"),
@@ -260,7 +273,11 @@ TEST_F(ClusterMigration, TryLockDuringAStuckMigrationIsFalseAndAFailedReleaseWri
             redislock::test::stopwatch watch;
             bool got = false;
             EXPECT_NO_THROW(got = f.try_lock());
-            EXPECT_LT(watch.elapsed(), 1500ms);
+            const auto took = watch.elapsed();
+            EXPECT_LT(took, 1500ms);
+            std::printf(
+                "[ %-10s] try_lock() of a fresh name during a stuck migration: %s in %lld ms\n",
+                kind.c_str(), got ? "true" : "false", static_cast<long long>(took.count()));
             if (got) {
                 f.unlock();
             }
