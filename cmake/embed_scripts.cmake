@@ -3,7 +3,7 @@
 # pieces, not scripts: a line `--#include _name.lua` in a script is replaced by that file.
 # A script that may call Redis on a key not taken from KEYS is refused (script_keys.cmake).
 # Usage: cmake -DLUA_DIR=<dir> -DOUTPUT=<file> -P embed_scripts.cmake
-cmake_policy(VERSION 3.16)
+cmake_policy(VERSION 3.20)
 include(${CMAKE_CURRENT_LIST_DIR}/script_keys.cmake)
 if(NOT LUA_DIR OR NOT OUTPUT)
     message(FATAL_ERROR "usage: cmake -DLUA_DIR=<dir> -DOUTPUT=<file> -P embed_scripts.cmake")

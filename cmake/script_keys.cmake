@@ -17,7 +17,7 @@
 #   function, and a function taking a key is never used as a value;
 # - commands whose keys follow a count (EVAL, ZUNIONSTORE...), long strings and comments
 #   ([[...]]), load, loadstring, dofile, rawget, getfenv and _G are refused outright.
-cmake_policy(VERSION 3.16)
+cmake_policy(VERSION 3.20)
 
 string(ASCII 1 _rl_semi)   # ';' would split CMake lists
 string(ASCII 2 _rl_open)   # '[' and ']' would hold list items together
