@@ -1,7 +1,10 @@
 # Writes a C++ header that embeds every include/redislock/lua/*.lua file with its SHA1 (the same
 # digest Redis computes for SCRIPT LOAD and EVALSHA). Files whose name starts with '_' are shared
 # pieces, not scripts: a line `--#include _name.lua` in a script is replaced by that file.
+# A script that may call Redis on a key not taken from KEYS is refused (script_keys.cmake).
 # Usage: cmake -DLUA_DIR=<dir> -DOUTPUT=<file> -P embed_scripts.cmake
+cmake_policy(VERSION 3.20)
+include(${CMAKE_CURRENT_LIST_DIR}/script_keys.cmake)
 if(NOT LUA_DIR OR NOT OUTPUT)
     message(FATAL_ERROR "usage: cmake -DLUA_DIR=<dir> -DOUTPUT=<file> -P embed_scripts.cmake")
 endif()
@@ -23,6 +26,7 @@ foreach(script IN LISTS scripts)
         file(READ ${LUA_DIR}/${piece} piece_source)
         string(REPLACE "${directive}\n" "${piece_source}" source "${source}")
     endforeach()
+    redislock_check_script_keys(${script} "${source}")
     string(SHA1 digest "${source}")
     if(source MATCHES "\\)lua\"")
         message(FATAL_ERROR "${script} contains the raw string delimiter )lua\"")
@@ -45,6 +49,7 @@ foreach(piece IN LISTS pieces)
                             "named <identifier>_piece.lua")
     endif()
     file(READ ${LUA_DIR}/${piece} source)
+    redislock_check_script_keys(${piece} "${source}")
     if(source MATCHES "\\)lua\"")
         message(FATAL_ERROR "${piece} contains the raw string delimiter )lua\"")
     endif()

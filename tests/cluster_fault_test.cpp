@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <future>
 #include <map>
 #include <memory>
 #include <random>
@@ -326,36 +327,46 @@ TEST_F(ClusterUnderChange, LocksFollowASlotThroughEachStepOfItsMigration) {
         return target.execute_pipeline(both)[1] == reply::integer(1);
     };
 
-    auto held = cc.recursive_mutex(name, {.lease = 20s, .fencing = true});
+    // One owner for every thread: the re-entry below runs on a thread of its own.
+    auto held = cc.recursive_mutex(name, {.lease = 20s, .fencing = true, .owner = "stepwise"});
     held.lock();
     const auto fence = held.fencing_token();
     cluster_->begin_migration(slot, from, to);
 
-    // The name's keys are still on the source, which serves them.
-    held.lock();
-    EXPECT_EQ(conn.ask_redirections(), 0u);
-    // A name of the same slot that does not exist yet is created on the target, through ASK.
+    // A name of the same slot that does not exist yet is created on the target, through ASK (a
+    // simple lock's plain SET NX declares its one key).
     auto fresh = cc.mutex(neighbour, {.lease = 20s});
     fresh.lock();
     EXPECT_GT(conn.ask_redirections(), 0u);
     EXPECT_TRUE(on_target(neighbour));
 
-    // Once the keys moved, the holder reaches them through ASK as well.
+    // The holder's re-entry declares the name's queue keys, which do not exist: with the slot
+    // half-migrated it is answered TRYAGAIN, on the source and, once the keys moved, on the
+    // target, and waits for the slot to settle.
+    auto reentry = std::async(std::launch::async, [&] { held.lock(); });
+    EXPECT_EQ(reentry.wait_for(300ms), std::future_status::timeout)
+        << "served while its keys were partly missing";
     cluster_->move_keys(slot, from, to);
     EXPECT_TRUE(on_target(name));
+    // A renewal or check declares the lock's key alone: it reaches it through ASK at once.
     EXPECT_TRUE(held.verify());
+    EXPECT_EQ(reentry.wait_for(300ms), std::future_status::timeout)
+        << "served while its keys were partly missing";
+
+    // After SETSLOT NODE the source answers MOVED and the map follows; the re-entry gets in.
+    const auto moved_before = conn.moved_redirections();
+    cluster_->finish_migration(slot, from, to);
+    ASSERT_EQ(reentry.wait_for(20s), std::future_status::ready);
+    EXPECT_NO_THROW(reentry.get());
+    EXPECT_GT(conn.moved_redirections(), moved_before);
+    EXPECT_EQ(conn.node_for_key(name), "127.0.0.1:" + std::to_string(to));
     held.unlock();
     EXPECT_TRUE(held.owned()) << "entered twice";
     held.unlock();
     EXPECT_FALSE(on_target(name));
 
-    // After SETSLOT NODE the source answers MOVED and the map follows.
-    cluster_->finish_migration(slot, from, to);
-    const auto moved_before = conn.moved_redirections();
     held.lock();
     EXPECT_GT(held.fencing_token(), fence) << "the fence counter moved with the slot";
-    EXPECT_GT(conn.moved_redirections(), moved_before);
-    EXPECT_EQ(conn.node_for_key(name), "127.0.0.1:" + std::to_string(to));
     held.unlock();
     fresh.unlock();
     const std::array<std::string_view, 3> exists{"EXISTS", name, neighbour};

@@ -235,6 +235,67 @@ TEST(ClusterRedirect, TryagainIsRetriedUntilItSucceeds) {
     EXPECT_EQ(calls.load(), 4);
 }
 
+// A slot being migrated sends a script whose keys are all missing on the source to the target
+// (ASK), which answers TRYAGAIN while some of them are still missing there. Each round is a
+// redirection followed by a pause, not nodes that disagree: it is retried until the target
+// serves, however many rounds that takes.
+TEST(ClusterRedirect, AskAnsweredWithTryagainIsRetriedUntilTheTargetServes) {
+    fake_redis_node source;
+    fake_redis_node target;
+    const int ps = source.port();
+    const auto ranges = [ps] { return std::vector<std::tuple<int, int, int>>{{0, 16383, ps}}; };
+    std::atomic<int> asked{0};
+    source.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        return resp::error("ASK " + slot_text(c.argv[3]) + " " + target.address());
+    }));
+    target.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        if (!c.asked) {
+            return resp::error("MOVED " + slot_text(c.argv[3]) + " " + source.address());
+        }
+        return ++asked <= 30
+                   ? resp::error("TRYAGAIN Multiple keys request during rehashing of slot")
+                   : resp::integer(1);
+    }));
+    hiredis_cluster_connection conn{source.uri()};
+    const std::array<std::string_view, 5> argv{"EVALSHA", "0123", "2", "a{m}", "b{m}"};
+    reply r;
+    ASSERT_NO_THROW(
+        r = conn.execute(argv, call_context{.deadline = std::chrono::steady_clock::now() + 20s}));
+    EXPECT_EQ(r, reply::integer(1));
+    EXPECT_EQ(asked.load(), 31);
+}
+
+// TRYAGAIN says the command did not run: when it lasts until the call's deadline, the caller
+// gets that answer, not an exception that says the command may have run. Without a deadline of
+// the caller's, one command timeout bounds the retries (three are for a failover, where nodes
+// do not answer at all).
+TEST(ClusterRedirect, TryagainUntilTheDeadlineIsAnsweredAsTryagain) {
+    fake_redis_node a;
+    const int pa = a.port();
+    a.on_command(cluster_handler(
+        [pa] {
+            return std::vector<std::tuple<int, int, int>>{{0, 16383, pa}};
+        },
+        [](const fake_command&) {
+            return resp::error("TRYAGAIN Multiple keys request during rehashing of slot");
+        }));
+    hiredis_cluster_connection conn{a.uri() + "?command_timeout=300"};
+    const std::array<std::string_view, 5> argv{"EVALSHA", "0123", "2", "a{m}", "b{m}"};
+    redislock::test::stopwatch timed;
+    reply r;
+    ASSERT_NO_THROW(
+        r = conn.execute(argv, call_context{.deadline = std::chrono::steady_clock::now() + 200ms}));
+    EXPECT_TRUE(r.is_error_code("TRYAGAIN")) << r.text();
+    EXPECT_GE(timed.elapsed(), 100ms) << "retried with backoff before giving up";
+    EXPECT_GE(a.received("EVALSHA").size(), 3u);
+
+    redislock::test::stopwatch untimed;
+    ASSERT_NO_THROW(r = conn.execute(argv));
+    EXPECT_TRUE(r.is_error_code("TRYAGAIN")) << r.text();
+    EXPECT_GE(untimed.elapsed(), 200ms);
+    EXPECT_LT(untimed.elapsed(), 900ms) << "one command timeout, not three";
+}
+
 TEST(ClusterRedirect, EveryTransientErrorIsRetried) {
     for (const std::string error :
          {"TRYAGAIN Multiple keys request during rehashing of slot",

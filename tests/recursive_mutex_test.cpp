@@ -127,11 +127,16 @@ redislock::reply run_acquire(redislock::client& client, std::string_view key,
     const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
     const std::string offered = id.value_or(id_for(owner));
     const std::string waiter = waiter_id.empty() ? waiter_for(owner) : std::string{waiter_id};
+    const std::array<std::string_view, 8> args{owner,      lease_ms, fencing, offered,
+                                               holds_none, given_up, waiter,  keep};
+    if (fencing == "1") {
+        return redislock::detail::run_script(
+            client.connection(), redislock::detail::scripts::recursive_acquire,
+            std::array<std::string_view, 4>{key, queue_key, lapse_key, fence_key}, args);
+    }
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_acquire,
-        std::array<std::string_view, 2>{key, fence_key},
-        std::array<std::string_view, 10>{owner, lease_ms, fencing, offered, holds_none, given_up,
-                                         waiter, keep, queue_key, lapse_key});
+        std::array<std::string_view, 3>{key, queue_key, lapse_key}, args);
 }
 
 // `owner` tries `key` once and, refused, joins its waiting queue as waiter_for(owner).
@@ -162,8 +167,8 @@ redislock::reply run_leave(redislock::client& client, std::string_view key, std:
     const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::queue_leave,
-        std::array<std::string_view, 1>{key},
-        std::array<std::string_view, 6>{waiter, channel, "2000", kind, queue_key, lapse_key});
+        std::array<std::string_view, 3>{key, queue_key, lapse_key},
+        std::array<std::string_view, 4>{waiter, channel, "2000", kind});
 }
 
 // The waiter ids in `key`'s waiting queue, first to last.
@@ -217,9 +222,8 @@ redislock::reply run_release(redislock::client& client, std::string_view key,
     const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_release,
-        std::array<std::string_view, 1>{key},
-        std::array<std::string_view, 8>{owner, entries, lease_ms, channel, acquisition, grace,
-                                        queue_key, lapse_key});
+        std::array<std::string_view, 3>{key, queue_key, lapse_key},
+        std::array<std::string_view, 6>{owner, entries, lease_ms, channel, acquisition, grace});
 }
 
 // o1 takes "s", the waiters (owner, waiter id) queue in this order, and o1's release hands the
@@ -437,6 +441,23 @@ TEST(RecursiveReleaseScript, LastEntryWithAWaiterQueuedPublishesTheWaitersId) {
     EXPECT_EQ(exists(srv, "s"), "0");
     EXPECT_EQ(integers(queue_owner(client, "s", "o2")), (std::vector<std::int64_t>{1, 0}));
     EXPECT_EQ(queue_of(srv, "s"), (std::vector<std::string>{"wo3"}));
+}
+
+// A queue key another program made a string: joining and the last release refuse before their
+// first write, so neither writes and then fails half-way.
+TEST(RecursiveReleaseScript, QueueKeyOfAnotherTypeIsRefusedBeforeAnyWrite) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
+    ASSERT_EQ(integers(queue_owner(client, "s", "o2")).at(0), 0);
+    ASSERT_EQ(srv.cli({"SET", "{s}:waiting", "not a queue"}), "OK");
+
+    const redislock::reply joined = queue_owner(client, "s", "o3");
+    EXPECT_TRUE(joined.is_error()) << joined.text();
+    EXPECT_EQ(queue_of(srv, "s"), (std::vector<std::string>{"wo2"}));
+    const redislock::reply released = run_release(client, "s", "o1", "1", "60000", "{s}:released");
+    EXPECT_TRUE(released.is_error()) << released.text();
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1") << "the release wrote";
 }
 
 TEST(RecursiveReleaseScript, LastEntryHandsTheLockToAnHWaiterAtTheHeadAndTellsItAlone) {
@@ -723,9 +744,8 @@ TEST(RecursiveAcquireScript, ReentryReturnsTheFirstEntrysAcquisitionId) {
     // A re-entry offering another id still joins the first acquisition.
     const auto reentry = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_acquire,
-        std::array<std::string_view, 2>{"s", "{s}:fence"},
-        std::array<std::string_view, 10>{"o1", "60000", "0", "other-id", "0", "", "wo1", "0",
-                                         "{s}:queue", "{s}:waiting"});
+        std::array<std::string_view, 3>{"s", "{s}:queue", "{s}:waiting"},
+        std::array<std::string_view, 8>{"o1", "60000", "0", "other-id", "0", "", "wo1", "0"});
     EXPECT_EQ(integers(reentry), (std::vector<std::int64_t>{2, 0}));
     EXPECT_EQ(acquisition_id(reentry), id_for("o1"));
     EXPECT_EQ(acquisition_id(run_acquire(client, "s", "o2", "60000", "0")), "");

@@ -64,9 +64,12 @@ reply acquire(hiredis_connection& conn, std::string_view token, std::string_view
               std::string_view fencing = "0", std::optional<std::string> waiter = std::nullopt,
               std::string_view keep = "0") {
     const std::string id = waiter.value_or("w" + std::string{token});
-    return run_script(
-        conn, scripts::mutex_acquire, keys2{"lock", fence_key},
-        std::array<std::string_view, 7>{token, lease, fencing, id, keep, queue_key, lapse_key});
+    const args5 args{token, lease, fencing, id, keep};
+    if (fencing == "1") {
+        return run_script(conn, scripts::mutex_acquire,
+                          keys4{"lock", queue_key, lapse_key, fence_key}, args);
+    }
+    return run_script(conn, scripts::mutex_acquire, keys3{"lock", queue_key, lapse_key}, args);
 }
 
 reply acquire_fenced(hiredis_connection& conn, std::string_view token, std::string_view lease) {
@@ -81,15 +84,14 @@ reply wait_in_line(hiredis_connection& conn, std::string_view token, std::string
 }
 
 reply release(hiredis_connection& conn, std::string_view token, std::string_view grace = "2000") {
-    return run_script(conn, scripts::mutex_release, keys1{"lock"},
-                      args5{token, channel, grace, queue_key, lapse_key});
+    return run_script(conn, scripts::mutex_release, keys3{"lock", queue_key, lapse_key},
+                      args3{token, channel, grace});
 }
 
 reply leave(hiredis_connection& conn, std::string_view waiter, std::string_view grace = "2000",
             std::string_view simple = "m") {
-    return run_script(
-        conn, scripts::queue_leave, keys1{"lock"},
-        std::array<std::string_view, 6>{waiter, channel, grace, simple, queue_key, lapse_key});
+    return run_script(conn, scripts::queue_leave, keys3{"lock", queue_key, lapse_key},
+                      args4{waiter, channel, grace, simple});
 }
 
 // The ids in the waiting queue, first to last, as the server has them.
@@ -447,9 +449,9 @@ TEST(MutexAcquireScript, ResentAttemptIsAcquiredAndOtherTypesAreWrongtypeAtOutOf
     ASSERT_GT(srv.fill_memory_until_oom(), 0);
     EXPECT_EQ(verdict_of(acquire(conn, "mine", "60000", "0", std::nullopt, "5000")),
               (std::pair<std::int64_t, std::int64_t>{1, 0}));
-    const reply other = run_script(
-        conn, scripts::mutex_acquire, keys2{"{lock}:hash", fence_key},
-        std::array<std::string_view, 7>{"t", "60000", "0", "wt", "5000", queue_key, lapse_key});
+    const reply other =
+        run_script(conn, scripts::mutex_acquire, keys3{"{lock}:hash", queue_key, lapse_key},
+                   args5{"t", "60000", "0", "wt", "5000"});
     EXPECT_TRUE(other.is_error_code("WRONGTYPE")) << other.text();
 }
 
@@ -486,9 +488,8 @@ TEST(MutexAcquireScript, KeysOfOtherTypesAreWrongtypeAndNothingIsWritten) {
         const std::string lapses = "{" + key_text + "}:waiting";
         const std::string fence = "{" + key_text + "}:fence";
         // Even an attempt that would wait in line joins no queue.
-        const reply r = run_script(
-            conn, scripts::mutex_acquire, std::array<std::string_view, 2>{key, fence},
-            std::array<std::string_view, 7>{"mine", "5000", "1", "wmine", "5000", queue, lapses});
+        const reply r = run_script(conn, scripts::mutex_acquire, keys4{key, queue, lapses, fence},
+                                   args5{"mine", "5000", "1", "wmine", "5000"});
         EXPECT_TRUE(r.is_error_code("WRONGTYPE")) << key << ": " << r.text();
         EXPECT_EQ(srv.cli({"EXISTS", fence, queue, lapses}), "0") << key;
     }
@@ -834,6 +835,31 @@ TEST(MutexQueueScript, LeavingWhileTheLockIsHeldTellsNobody) {
     EXPECT_EQ(srv.cli({"EXISTS", "lock", std::string{queue_key}, std::string{lapse_key}}), "0");
     EXPECT_EQ(verdict_of(acquire(conn, "c", "60000")),
               (std::pair<std::int64_t, std::int64_t>{1, 0}));
+}
+
+// A queue key another program made a string: each script that may write the queue refuses
+// before its first write, so it never writes and then fails half-way.
+TEST(MutexQueueScript, QueueKeyOfAnotherTypeIsRefusedBeforeAnyWrite) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "60000"}), "OK");
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA")).first, 0);
+    ASSERT_EQ(srv.cli({"SET", std::string{lapse_key}, "not a queue"}), "OK");
+
+    // Joining would add wB to the queue, then fail on the lapse times.
+    const reply joined = wait_in_line(conn, "b", "wB");
+    EXPECT_TRUE(joined.is_error()) << joined.text();
+    EXPECT_NE(joined.text().find(lapse_key), std::string::npos) << joined.text();
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wA"}));
+    // Releasing would delete the lock, then fail on the queue.
+    const reply released = release(conn, "holder");
+    EXPECT_TRUE(released.is_error()) << released.text();
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "holder");
+    // Leaving would take wA out of the queue, then fail on the lapse times.
+    const reply left = leave(conn, "wA");
+    EXPECT_TRUE(left.is_error()) << left.text();
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wA"}));
+    EXPECT_EQ(srv.cli({"GET", std::string{lapse_key}}), "not a queue");
 }
 
 }  // namespace

@@ -179,11 +179,16 @@ reply run_acquire(redislock::client& client, std::string_view name, std::string_
     const std::string lapse_key = redislock::detail::derived_key(name, "waiting");
     const std::string offered = id.value_or(id_for(owner));
     const std::string waiter = waiter_for(owner, kind);
+    const std::array<std::string_view, 9> args{owner,   kind,       lease,    fencing, waiter,
+                                               offered, holds_none, given_up, queue_ms};
+    if (kind == "w" && fencing == "1") {
+        return redislock::detail::run_script(
+            client.connection(), redislock::detail::scripts::shared_acquire,
+            std::array<std::string_view, 4>{name, queue_key, lapse_key, fence_key}, args);
+    }
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::shared_acquire,
-        std::array<std::string_view, 2>{name, fence_key},
-        std::array<std::string_view, 11>{owner, kind, lease, fencing, waiter, offered, holds_none,
-                                         given_up, queue_ms, queue_key, lapse_key});
+        std::array<std::string_view, 3>{name, queue_key, lapse_key}, args);
 }
 
 std::int64_t run_release(redislock::client& client, std::string_view name, std::string_view owner,
@@ -196,9 +201,8 @@ std::int64_t run_release(redislock::client& client, std::string_view name, std::
     const std::string acquisition = id.value_or(id_for(owner));
     const reply r = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::shared_release,
-        std::array<std::string_view, 1>{name},
-        std::array<std::string_view, 8>{owner, kind, entries, channel, acquisition, grace,
-                                        queue_key, lapse_key});
+        std::array<std::string_view, 3>{name, queue_key, lapse_key},
+        std::array<std::string_view, 6>{owner, kind, entries, channel, acquisition, grace});
     EXPECT_TRUE(r.is_integer()) << r.text();
     return r.as_integer();
 }
@@ -463,6 +467,27 @@ TEST(SharedAcquireScript, ReadersQueuedBeforeAWriterGoTogetherAfterAWriterReleas
     EXPECT_EQ(verdict_of(run_acquire(client, "doc", "X", "w", "30000", "0", "5000")),
               verdict(1, 0));
     EXPECT_EQ(queue_of(srv, "doc"), std::vector<std::string>{"rR3"});
+}
+
+// A queue key another program made a string: joining and the last release refuse before their
+// first write, so neither writes and then fails half-way.
+TEST(SharedAcquireScript, QueueKeyOfAnotherTypeIsRefusedBeforeAnyWrite) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "W", "w", "30000")), verdict(1, 0));
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", "R", "r", "30000", "0", "5000")).first, 0);
+    ASSERT_EQ(srv.cli({"SET", "{doc}:waiting", "not a queue"}), "OK");
+
+    const reply joined = run_acquire(client, "doc", "X", "w", "30000", "0", "5000");
+    EXPECT_TRUE(joined.is_error()) << joined.text();
+    EXPECT_EQ(queue_of(srv, "doc"), (std::vector<std::string>{"rR"}));
+    const std::string acquisition = id_for("W");
+    const reply released = redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::shared_release,
+        std::array<std::string_view, 3>{"doc", "{doc}:queue", "{doc}:waiting"},
+        std::array<std::string_view, 6>{"W", "w", "1", "{doc}:released", acquisition, "2000"});
+    EXPECT_TRUE(released.is_error()) << released.text();
+    EXPECT_EQ(hash_of(srv, "doc")["mode"], "write") << "the release wrote";
 }
 
 TEST(SharedAcquireScript, WriterMayReadDespiteAnotherQueuedWriter) {
@@ -1912,14 +1937,13 @@ TEST(SharedMutex, FencingTokensIncreaseAcrossWriteAcquisitionsAndReadersHaveNone
 // found it held would; returns the reply's status (0: refused, and queued).
 std::int64_t queue_waiter(redislock::client& client, const std::string& name, std::string_view kind,
                           std::string_view waiter) {
-    const std::string fence_key = redislock::detail::derived_key(name, "fence");
     const std::string queue_key = redislock::detail::derived_key(name, "queue");
     const std::string lapse_key = redislock::detail::derived_key(name, "waiting");
     const reply r = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::shared_acquire,
-        std::array<std::string_view, 2>{name, fence_key},
-        std::array<std::string_view, 11>{"script-owner", kind, "60000", "0", waiter, "script-id",
-                                         "1", "", "5000", queue_key, lapse_key});
+        std::array<std::string_view, 3>{name, queue_key, lapse_key},
+        std::array<std::string_view, 9>{"script-owner", kind, "60000", "0", waiter, "script-id",
+                                        "1", "", "5000"});
     return verdict_of(r).first;
 }
 

@@ -679,12 +679,16 @@ TEST(Waiting, ReaderAmongGaplessWritersWaitsOnlyForThoseQueuedBeforeIt) {
     ASSERT_TRUE(eventually([&] { return rounds() > 50; }));
 
     // The reader's client notes when its first attempt that joins the queue is sent (ARGV[9] of
-    // shared_acquire.lua, argv[13] of the EVALSHA, is '0' for one that does not).
+    // shared_acquire.lua, after EVALSHA, its digest, the key count and the keys, is '0' for one
+    // that does not).
     hooked_connection conn{std::make_shared<redislock::hiredis_connection>(srv.uri())};
     std::atomic<clock::rep> joined{0};
     *conn.fail_before = [&](redislock::command argv) {
-        if (is_script(argv, redislock::detail::scripts::shared_acquire) && argv.size() > 13 &&
-            argv[13] != "0") {
+        if (!is_script(argv, redislock::detail::scripts::shared_acquire) || argv.size() < 3) {
+            return false;
+        }
+        const std::size_t keep = 3 + std::stoul(std::string{argv[2]}) + 8;
+        if (argv.size() > keep && argv[keep] != "0") {
             clock::rep none = 0;
             joined.compare_exchange_strong(none, clock::now().time_since_epoch().count());
         }

@@ -19,10 +19,15 @@
 //   per refresh interval, one thread reading for all) and the command is sent again there.
 // - ASK: ASKING and the command go to the named node in one pipeline on one connection; the map
 //   is left alone.
-// - TRYAGAIN, CLUSTERDOWN, LOADING, MASTERDOWN, and a node that refuses or drops connections (a
-//   failover in progress): the command is sent again after a short backoff, until the call's
-//   deadline (call_context::deadline, else 3 x command_timeout); then the call throws a
-//   connection_error (timeout_error when the caller's deadline passed) naming the node and slot.
+// - TRYAGAIN (a slot being migrated, the command's keys partly on each side; also after an ASK,
+//   from a target that lacks some of them): the command did not run. It is sent again after a
+//   short backoff, on the node the map names (which may ASK again: such a round is not counted
+//   as a redirection), until the call's deadline, else one command_timeout; then the call
+//   returns that TRYAGAIN reply, unless an earlier attempt may have run (then as below).
+// - CLUSTERDOWN, LOADING, MASTERDOWN, and a node that refuses or drops connections (a failover in
+//   progress): the command is sent again after a short backoff, until the call's deadline
+//   (call_context::deadline, else 3 x command_timeout); then the call throws a connection_error
+//   (timeout_error when the caller's deadline passed) naming the node and slot.
 //   A simple SET (the simple lock's acquisition) whose connection broke after it may have been
 //   sent is not sent again: the error goes to the caller, which cleans up as on one node. A node
 //   that accepted the command but did not answer within the command timeout ends the call with
@@ -48,6 +53,17 @@
 // cluster_client turns into a reconnected event. Only replacements count: opening the first
 // connection to a node (one used for the first time, or new after a failover or resharding) is
 // not reported.
+//
+// Slot migrations (resharding): every lock script declares all the keys it touches (the lock,
+// its waiting queue and the queue's lapse times, and the fencing counter when it draws a token),
+// so a node never runs one on keys it does not have. While a slot is half-migrated, a script
+// whose keys are partly on each side is answered TRYAGAIN and changes nothing: lock calls wait
+// for the slot as for a held lock (try_lock() answers false after one command timeout,
+// try_lock_for() and lock(stop_token) by their deadline, an untimed lock() once the slot
+// settles), and a release that cannot run within the command timeout is left to the client's
+// reaper, which finishes it once the slot settles (within the lease). MIGRATE without REPLACE,
+// as `redis-cli --cluster reshard` sends it, moves every key of a lock: none is ever created a
+// second time on the target.
 //
 // Failover caveat: Redis replicates asynchronously. A lock acquired on a master that dies before
 // the write reached its replica is lost when the replica is promoted, and another client may
@@ -256,6 +272,7 @@ public:
                 if (!may_retry_after(e, argv, how)) {
                     throw;
                 }
+                start.may_have_run = !never_sent(e);
             }
         }
         std::vector<reply> replies = run(std::span<const command>{&argv, 1},
@@ -421,9 +438,11 @@ private:
         detail::cluster_node* target = nullptr;  // set by a redirection
         bool asking = false;
         bool done = false;
-        int redirections = 0;
-        int sends = 0;        // how many times the command went out
-        std::string problem;  // why the last attempt did not give a final reply
+        int redirections = 0;          // followed since the last pause
+        int sends = 0;                 // how many times the command went out
+        std::string problem;           // why the last attempt did not give a final reply
+        std::optional<reply> refusal;  // the last attempt's TRYAGAIN, which did not run it
+        bool may_have_run = false;     // an attempt's connection broke after it was sent
     };
 
     // A WAIT counts the replicas of the writes sent before it on its connection. When the write
@@ -480,6 +499,10 @@ private:
         const auto deadline = caller_deadline
                                   ? bound.deadline
                                   : started + state_->options.command_timeout * deadline_factor;
+        // A slot being migrated answers at once, and so does the cluster once it is moved: one
+        // command timeout is enough when only TRYAGAIN kept a command from running.
+        const auto migration_deadline =
+            caller_deadline ? bound.deadline : started + state_->options.command_timeout;
         std::vector<item> items(commands.size());
         for (std::size_t i = 0; i < commands.size(); ++i) {
             std::optional<std::string_view> key;
@@ -496,6 +519,7 @@ private:
             items.front().target = start->target;
             items.front().asking = start->asking;
             items.front().redirections = start->redirections;
+            items.front().may_have_run = start->may_have_run;
         }
 
         auto backoff = std::chrono::duration_cast<steady::duration>(first_backoff);
@@ -506,6 +530,7 @@ private:
             const std::uint64_t generation = state_->generation.load(std::memory_order_acquire);
             bool wait = false;
             bool stale_map = false;
+            bool migrating_only = true;  // nothing but TRYAGAIN is waited for
             // Group what is left by node; a command with no known node waits for a new map.
             std::vector<std::pair<detail::cluster_node*, std::vector<std::size_t>>> groups;
             for (std::size_t i = 0; i < items.size(); ++i) {
@@ -516,6 +541,7 @@ private:
                 if (node == nullptr) {
                     items[i].problem = "no node serves the slot in the current map";
                     wait = stale_map = true;
+                    migrating_only = false;
                     continue;
                 }
                 auto group = std::find_if(groups.begin(), groups.end(),
@@ -531,6 +557,7 @@ private:
                 served += o.served;
                 wait = wait || o.wait;
                 stale_map = stale_map || o.stale_map;
+                migrating_only = migrating_only && !o.unsettled;
                 if (o.failure && !failure) {
                     failure = o.failure;
                 }
@@ -549,7 +576,7 @@ private:
                 continue;  // redirected or reloaded: send again at once
             }
             const auto now = steady::now();
-            if (now + backoff >= deadline) {
+            if (now + backoff >= (migrating_only ? migration_deadline : deadline)) {
                 return give_up(commands, items, results, served, caller_deadline, now - started);
             }
             if (!detail::sleep_unless_stopped(
@@ -564,6 +591,7 @@ private:
     struct outcome {
         std::size_t served = 0;
         bool wait = false;           // something to retry after a pause
+        bool unsettled = false;      // ... for another reason than TRYAGAIN
         bool stale_map = false;      // the map needs reading again
         std::exception_ptr failure;  // a failure that ended some commands for good
     };
@@ -596,6 +624,8 @@ private:
                 items[i].problem = "node " + node.address() + ": " + e.what();
                 items[i].target = nullptr;
                 items[i].asking = false;
+                items[i].refusal.reset();
+                items[i].may_have_run = items[i].may_have_run || !never_sent(e);
                 if (!may_retry_after(e, commands[i], i < hows.size() ? hows[i] : call_context{})) {
                     if (commands.size() == 1) {
                         throw;
@@ -607,7 +637,7 @@ private:
                     items[i].done = true;
                     o.failure = std::current_exception();
                 } else {
-                    o.wait = o.stale_map = true;
+                    o.wait = o.stale_map = o.unsettled = true;
                 }
             }
             return o;
@@ -653,7 +683,15 @@ private:
             if (detail::is_transient_cluster_error(r)) {
                 it.problem = "node " + node.address() + " answered " + r.text();
                 o.wait = true;
-                o.stale_map = o.stale_map || !r.text().starts_with("TRYAGAIN");
+                // A pause comes before the next send: an ASK that led here is no loop between
+                // nodes that disagree.
+                it.redirections = 0;
+                if (r.text().starts_with("TRYAGAIN")) {
+                    it.refusal = std::move(r);
+                } else {
+                    it.refusal.reset();
+                    o.stale_map = o.unsettled = true;
+                }
                 continue;
             }
             remember_script(commands[i], r);
@@ -696,7 +734,7 @@ private:
                     }
                 }
             } catch (const connection_error&) {
-                o.wait = o.stale_map = true;
+                o.wait = o.stale_map = o.unsettled = true;
             }
             loaded.push_back(sha1);
         }
@@ -724,16 +762,22 @@ private:
         return r;
     }
 
-    // Whether `argv` may be sent again after it failed with `e`. A node that refuses or does not
-    // accept connections (down, or being replaced) never saw the command. One that took it and
-    // then went silent may still run it: the caller's timeout stands. One whose connection broke
-    // may have run it: every command may run twice without harm but the simple lock's SET NX,
-    // whose second run would find the first one's key and report the lock taken.
+    // True when the failure `e` came before the command could be sent: a node that refuses or
+    // does not accept connections (down, or being replaced) never saw it.
+    static bool never_sent(const connection_error& e) {
+        const std::string_view what{e.what()};
+        return what.find("cannot connect") != std::string_view::npos ||
+               what.find("connecting to") != std::string_view::npos;
+    }
+
+    // Whether `argv` may be sent again after it failed with `e`. A node that never saw the
+    // command may be sent it again. One that took it and then went silent may still run it: the
+    // caller's timeout stands. One whose connection broke may have run it: every command may run
+    // twice without harm but the simple lock's SET NX, whose second run would find the first
+    // one's key and report the lock taken.
     static bool may_retry_after(const connection_error& e, command argv,
                                 const call_context& how = {}) {
-        const std::string_view what{e.what()};
-        if (what.find("cannot connect") != std::string_view::npos ||
-            what.find("connecting to") != std::string_view::npos) {
+        if (never_sent(e)) {
             return true;
         }
         if (dynamic_cast<const timeout_error*>(&e) != nullptr || !how.repeatable) {
@@ -886,14 +930,20 @@ private:
         }
     }
 
-    // Ends a call whose deadline came first: error replies for what was not served when other
-    // commands were, else an exception naming the node and slot of the first one.
-    std::vector<reply> give_up(std::span<const command> commands, const std::vector<item>& items,
+    // Ends a call whose deadline came first. A command last refused with TRYAGAIN, which no
+    // attempt may have run, gets that reply. The others get error replies when some command
+    // got an answer, else the call throws an exception naming the node and slot of the first.
+    std::vector<reply> give_up(std::span<const command> commands, std::vector<item>& items,
                                std::vector<reply>& results, std::size_t served, bool timed_out,
                                steady::duration waited) {
         std::string first;
         for (std::size_t i = 0; i < items.size(); ++i) {
             if (items[i].done) {
+                continue;
+            }
+            if (items[i].refusal && !items[i].may_have_run) {
+                results[i] = std::move(*items[i].refusal);
+                ++served;
                 continue;
             }
             std::string what = "redislock: cluster ";

@@ -244,14 +244,14 @@ private:
             // A try that found the key taken asks the script too: it says WRONGTYPE when the
             // key is not a lock, and takes the lock if it was freed meanwhile.
             if (!set) {
-                auto [r, acks] = detail::run_script_acknowledged(
-                    *state_->conn, detail::scripts::mutex_acquire,
-                    std::array<std::string_view, 2>{state_->name, state_->fence_key},
-                    std::array{token.view(), state_->lease_text.view(),
-                               std::string_view{opts.fencing ? "1" : "0"}, place.waiter,
-                               place.keep(), std::string_view{state_->queue_key},
-                               std::string_view{state_->lapse_key}},
-                    how, opts.min_replicas, opts.replica_timeout, &state_->core->events);
+                auto [r, acks] = state_->with_acquisition_keys(opts.fencing, [&](const auto& keys) {
+                    return detail::run_script_acknowledged(
+                        *state_->conn, detail::scripts::mutex_acquire, keys,
+                        std::array{token.view(), state_->lease_text.view(),
+                                   std::string_view{opts.fencing ? "1" : "0"}, place.waiter,
+                                   place.keep()},
+                        how, opts.min_replicas, opts.replica_timeout, &state_->core->events);
+                });
                 replicas = acks;
                 if (r.is_error()) {
                     detail::throw_reply_error(r, "lock", state_->name);

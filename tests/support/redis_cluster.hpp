@@ -292,18 +292,23 @@ public:
         return out;
     }
 
+    /// How MIGRATE moves a key the target already has: `plain` refuses it (BUSYKEY), as
+    /// `redis-cli --cluster reshard` sends it; `replace` overwrites the target's copy.
+    enum class migrate_mode { plain, replace };
+
     /// Moves `slot` to the master on `to`, keys included, the way redis-cli --cluster reshard
     /// does: IMPORTING on the target, MIGRATING on the source, MIGRATE of the keys in batches,
     /// SETSLOT NODE on the target, the source, then every other master. `pause` is slept after
     /// each step, so clients see the ASK and TRYAGAIN states.
-    void migrate_slot(int slot, int to, std::chrono::milliseconds pause = {}) {
+    void migrate_slot(int slot, int to, std::chrono::milliseconds pause = {},
+                      migrate_mode mode = migrate_mode::plain) {
         const int from = master_for_slot(slot);
         if (from == to) {
             return;
         }
         begin_migration(slot, from, to);
         std::this_thread::sleep_for(pause);
-        move_keys(slot, from, to, pause);
+        move_keys(slot, from, to, pause, mode);
         finish_migration(slot, from, to);
     }
 
@@ -315,7 +320,10 @@ public:
     }
 
     /// Step 2: MIGRATE every key of the slot, 10 at a time, sleeping `pause` after each batch.
-    void move_keys(int slot, int from, int to, std::chrono::milliseconds pause = {}) const {
+    /// @throws std::runtime_error when MIGRATE fails (BUSYKEY in `plain` mode: the target
+    ///         already holds a key of that name).
+    void move_keys(int slot, int from, int to, std::chrono::milliseconds pause = {},
+                   migrate_mode mode = migrate_mode::plain) const {
         const std::string s = std::to_string(slot);
         for (int round = 0; round < 1000; ++round) {
             const auto keys =
@@ -323,14 +331,32 @@ public:
             if (keys.empty()) {
                 break;
             }
-            std::vector<std::string> migrate{"MIGRATE", "127.0.0.1", std::to_string(to), "",
-                                             "0",       "5000",      "REPLACE",          "KEYS"};
-            migrate.insert(migrate.end(), keys.begin(), keys.end());
-            const std::string answer = command(from, migrate);
-            if (answer != "OK" && answer != "NOKEY") {
-                throw std::runtime_error("MIGRATE of slot " + s + " failed: " + answer);
-            }
+            move_named_keys(from, to, keys, mode);
             std::this_thread::sleep_for(pause);
+        }
+    }
+
+    /// Part of step 2: MIGRATE these keys alone (those that exist on `from`), leaving the rest
+    /// of their slot where it is.
+    /// @throws std::runtime_error when MIGRATE fails.
+    void move_named_keys(int from, int to, const std::vector<std::string>& keys,
+                         migrate_mode mode = migrate_mode::plain) const {
+        std::vector<std::string> migrate{"MIGRATE", "127.0.0.1", std::to_string(to),
+                                         "",        "0",         "5000"};
+        if (mode == migrate_mode::replace) {
+            migrate.push_back("REPLACE");
+        }
+        migrate.push_back("KEYS");
+        migrate.insert(migrate.end(), keys.begin(), keys.end());
+        std::string answer;
+        try {
+            answer = command(from, migrate);
+        } catch (const std::runtime_error& e) {
+            throw std::runtime_error("MIGRATE of " + std::to_string(keys.size()) + " key(s) from " +
+                                     std::to_string(from) + " failed: " + e.what());
+        }
+        if (answer != "OK" && answer != "NOKEY") {
+            throw std::runtime_error("MIGRATE from " + std::to_string(from) + " failed: " + answer);
         }
     }
 

@@ -24,24 +24,27 @@ struct entry_grant {
     std::int64_t replicas = -1;
 };
 
-/// Runs `s`, the entry script of `lk`, over its keys (name, fence key) and `args` for one attempt
-/// bounded by `how`. Only an `outermost` entry's attempt may be sent twice: a re-entry's count
-/// change must not run twice. When the entry may have landed without an answer (a connection
-/// error or cancellation) runs `unknown()`, then rethrows.
+/// Runs `s`, the entry script of `lk`, over its keys (name, queue, lapse times, and the fencing
+/// counter when the attempt may draw a token: `fenced`) and `args` for one attempt bounded by
+/// `how`. Only an `outermost` entry's attempt may be sent twice: a re-entry's count change must
+/// not run twice. When the entry may have landed without an answer (a connection error or
+/// cancellation) runs `unknown()`, then rethrows.
 /// @throws what run_script_acknowledged() and decode_entry() throw (`unexpected` for a reply of
 ///         another shape).
 template <class State, std::size_t ArgCount, class Unknown>
 entry_grant send_entry(const State& lk, const script& s,
                        const std::array<std::string_view, ArgCount>& args, const call_context& how,
-                       bool outermost, const char* unexpected, Unknown unknown) {
+                       bool outermost, bool fenced, const char* unexpected, Unknown unknown) {
     call_context attempt_how = how;
     attempt_how.repeatable = outermost;
     reply r;
     std::int64_t replicas = -1;
     try {
-        auto acknowledged = detail::run_script_acknowledged(
-            *lk.conn, s, std::array<std::string_view, 2>{lk.name, lk.fence_key}, args, attempt_how,
-            lk.options.min_replicas, lk.options.replica_timeout, &lk.core->events);
+        auto acknowledged = lk.with_acquisition_keys(fenced, [&](const auto& keys) {
+            return detail::run_script_acknowledged(*lk.conn, s, keys, args, attempt_how,
+                                                   lk.options.min_replicas,
+                                                   lk.options.replica_timeout, &lk.core->events);
+        });
         r = std::move(acknowledged.value);
         replicas = acknowledged.replicas;
     } catch (const error& e) {

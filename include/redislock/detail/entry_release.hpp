@@ -17,16 +17,17 @@
 
 namespace redislock::detail {
 
-/// Sends `s`, the release script of `st`, over its name and `args` (which name the count of
-/// `entries` to leave), ending by `deadline`; a release that lets waiters in tells them.
+/// Sends `s`, the release script of `st`, over its keys (name, queue, lapse times) and `args`
+/// (which name the count of `entries` to leave), ending by `deadline`; a release that lets
+/// waiters in tells them.
 template <class State, std::size_t ArgCount>
 reply send_release(const State& st, const script& s,
                    const std::array<std::string_view, ArgCount>& args, std::size_t entries,
                    steady::time_point deadline) {
     call_context how{{}, deadline};
     how.repeatable = entries == drop_all;  // a count change must not run twice
-    reply r = detail::run_script(st.core->connection, s, std::array<std::string_view, 1>{st.name},
-                                 args, how, &st.core->events);
+    reply r =
+        detail::run_script(st.core->connection, s, st.queue_keys(), args, how, &st.core->events);
     if (r.is_integer() && r.as_integer() >= 1) {
         st.core->waiting->gates.note_contention(st.name, r.as_integer() == 2);
     }

@@ -76,10 +76,11 @@ void leave_queue(const lock_identity<C>& lk, const std::string& waiter, std::str
                         channel = lk.channel, waiter, grace = std::string{lk.grace_text.view()},
                         kind](steady::time_point deadline) {
         try {
-            const reply r = detail::run_script(
-                core->connection, scripts::queue_leave, std::array<std::string_view, 1>{key},
-                std::array<std::string_view, 6>{waiter, channel, grace, kind, queue, lapses},
-                call_context{key, deadline}, &core->events);
+            const reply r =
+                detail::run_script(core->connection, scripts::queue_leave,
+                                   std::array<std::string_view, 3>{key, queue, lapses},
+                                   std::array<std::string_view, 4>{waiter, channel, grace, kind},
+                                   call_context{key, deadline}, &core->events);
             return !r.is_error() || r.is_error_code("WRONGTYPE");
         } catch (...) {
             return false;
@@ -121,7 +122,7 @@ using no_hand_over = std::nullptr_t;
 /// long to wait at most before trying again (the holder's PTTL; negative: unknown). With
 /// line_options::handed, a release may hand the lock over while this call sleeps: `granted`
 /// (see no_hand_over) then takes it without another round trip. Failures are handled as
-/// acquire_until() does.
+/// acquire_until() does, a slot being migrated included.
 template <connection C, class Attempt, class Granted = no_hand_over>
 bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time_point deadline,
                      const std::stop_token& stop, const line_options& line,
@@ -274,14 +275,18 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 unacknowledged = std::current_exception();
             }
             const bool endless = deadline == steady::time_point::max() && !stop.stop_possible();
-            if (endless || !is_transient(e) || steady::now() >= deadline || stop.stop_requested()) {
+            // A slot being migrated: the attempt did not run. Not acquired, as if held with no
+            // known lease, until the slot settles or the deadline passes, whatever the call.
+            const bool migrating = is_slot_migrating(e);
+            if (!migrating && (endless || !is_transient(e) || steady::now() >= deadline ||
+                               stop.stop_requested())) {
                 if (unacknowledged && dynamic_cast<const connection_error*>(&e) != nullptr) {
                     std::rethrow_exception(unacknowledged);
                 }
                 throw;
             }
-            claim_on_message = false;
-            if (join) {
+            claim_on_message = claim_on_message && migrating;
+            if (join && !migrating) {
                 // The attempt may have joined (or kept its place) with a wait not told: the
                 // holder's lease left, assumed no longer than the longest known or this lock's.
                 const auto assumed = std::max(longest_wait, holder_ttl{lk.options.lease});

@@ -51,11 +51,26 @@ inline bool is_transient(const reply& r) {
             return true;
         }
     }
-    // A script that reaches a missing key of a slot being migrated (its queue, say): the slot
-    // settles within the migration. Redis 7.0 says "non local key"; later versions say the
-    // undeclared keys were accessed "during rehashing of the slot".
+    // A script that reaches an undeclared key missing on a slot being migrated (the library's
+    // declare every key they touch; a script of the caller's may not): the slot settles within
+    // the migration. Redis 7.0 says "non local key"; later versions say the undeclared keys were
+    // accessed "during rehashing of the slot".
     return r.is_error() && (r.text().find("non local key") != std::string::npos ||
                             r.text().find("rehashing of the slot") != std::string::npos);
+}
+
+/// TRYAGAIN: the lock's slot is being migrated and the keys the command declares are partly on
+/// each side, so it did not run. To an acquisition it is no failure: waits ride it out as they
+/// would a held lock (an untimed lock() too, since the cluster settles the slot), and a wait that
+/// meets it until its deadline, try_lock() included, is not acquired.
+class slot_migrating_error : public unavailable_error {
+public:
+    using unavailable_error::unavailable_error;
+};
+
+/// True when `e` says the attempt did not run because its slot is being migrated.
+inline bool is_slot_migrating(const error& e) {
+    return dynamic_cast<const slot_migrating_error*>(&e) != nullptr;
 }
 
 /// Throws the exception an error reply to `what` on `name` deserves.
@@ -63,6 +78,9 @@ inline bool is_transient(const reply& r) {
                                            std::string_view name) {
     const std::string message =
         "redislock: cannot " + std::string{what} + " '" + std::string{name} + "': " + r.text();
+    if (r.is_error_code("TRYAGAIN")) {
+        throw slot_migrating_error{message};
+    }
     if (is_transient(r)) {
         throw unavailable_error{message};
     }
@@ -177,11 +195,12 @@ inline call_context attempt_context(steady::time_point deadline, const std::stop
 }
 
 /// Tries `attempt(how)` until it acquires, the deadline passes or a stop is requested; rides out
-/// transient failures (connection errors, timeouts, LOADING, READONLY, TRYAGAIN...) while the
-/// wait has time left, then throws the last one. A call without a wait (deadline already past)
-/// throws at once, and so does an untimed, unstoppable lock(): with no deadline and no way to
-/// stop it, riding out an outage would hang its caller silently. `attempt` returns
-/// std::nullopt when it acquired, else the holder's TTL.
+/// transient failures (connection errors, timeouts, LOADING, READONLY...) while the wait has time
+/// left, then throws the last one. A call without a wait (deadline already past) throws at once,
+/// and so does an untimed, unstoppable lock(): with no deadline and no way to stop it, riding out
+/// an outage would hang its caller silently. A slot being migrated (slot_migrating_error) is
+/// waited out as a held lock is, by every call. `attempt` returns std::nullopt when it acquired,
+/// else the holder's TTL.
 template <class Attempt>
 bool acquire_until(Attempt&& attempt, steady::time_point deadline, const std::stop_token& stop,
                    const lock_options& options) {
@@ -203,7 +222,8 @@ bool acquire_until(Attempt&& attempt, steady::time_point deadline, const std::st
                 unacknowledged = std::current_exception();
             }
             const bool endless = deadline == steady::time_point::max() && !stop.stop_possible();
-            if (endless || !is_transient(e) || steady::now() >= deadline || stop.stop_requested()) {
+            if (!is_slot_migrating(e) && (endless || !is_transient(e) ||
+                                          steady::now() >= deadline || stop.stop_requested())) {
                 if (unacknowledged && dynamic_cast<const connection_error*>(&e) != nullptr) {
                     std::rethrow_exception(unacknowledged);
                 }

@@ -2,6 +2,7 @@
 // channel derived from the name. Each kind's state extends it with what it tracks.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -52,6 +53,22 @@ struct lock_identity {
 
     /// The owner id of the calling thread, or of lock_options::owner (reentrant kinds).
     std::string caller_owner() const { return owner_id(core->instance_id, options.owner); }
+
+    /// Calls `f` with the keys of an acquisition script (lua/*_acquire.lua), as a std::array: the
+    /// lock, its queue and the queue's lapse times, then the fencing counter when the attempt
+    /// may draw a token (`fenced`). A script declares every key it may touch and no other: on a
+    /// slot being migrated a declared key that is missing makes the call wait (TRYAGAIN).
+    template <class F>
+    decltype(auto) with_acquisition_keys(bool fenced, F&& f) const {
+        if (fenced) {
+            return f(std::array<std::string_view, 4>{name, queue_key, lapse_key, fence_key});
+        }
+        return f(std::array<std::string_view, 3>{name, queue_key, lapse_key});
+    }
+
+    /// The keys of a release script and of lua/queue_leave.lua: the lock, its queue and the
+    /// queue's lapse times.
+    std::array<std::string_view, 3> queue_keys() const { return {name, queue_key, lapse_key}; }
 
     std::shared_ptr<client_core<C>> core;
     C* conn;

@@ -35,9 +35,9 @@ struct mutex_release {
                                         steady::time_point deadline,
                                         bool waiters_likely = false) noexcept {
         try {
-            const std::array<std::string_view, 1> keys{st.name};
-            const std::array<std::string_view, 5> args{
-                token.view(), st.channel, st.grace_text.view(), st.queue_key, st.lapse_key};
+            const auto keys = st.queue_keys();
+            const std::array<std::string_view, 3> args{token.view(), st.channel,
+                                                       st.grace_text.view()};
             const call_context how{{}, deadline};
             const reply r =
                 waiters_likely

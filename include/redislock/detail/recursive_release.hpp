@@ -50,9 +50,8 @@ struct recursive_release {
         const decimal count{static_cast<long long>(entries)};
         return detail::send_release(
             st, scripts::recursive_release,
-            std::array<std::string_view, 8>{entry.owner, count.view(), lease_text, st.channel,
-                                            entry.acquisition, st.grace_text.view(), st.queue_key,
-                                            st.lapse_key},
+            std::array<std::string_view, 6>{entry.owner, count.view(), lease_text, st.channel,
+                                            entry.acquisition, st.grace_text.view()},
             entries, deadline);
     }
 

@@ -27,26 +27,31 @@ return 0
 inline constexpr script mutex_acquire{
     "mutex_acquire",
     R"lua(-- Takes a simple lock, respecting the waiting queue, and draws its fencing token if asked.
--- Everything that can fail is checked before the first write, so an error never leaves the lock
--- set. A key holding 'queued:<id>' is the lock kept free for waiter <id>, told it may go; one
+-- Everything that can fail is checked before the first write, so an error never leaves anything
+-- written. A key holding 'queued:<id>' is the lock kept free for waiter <id>, told it may go; one
 -- holding the token of waiter 'g<token>.<lease>' was handed to it, and its attempt takes it.
 -- KEYS[1]  the lock's key
--- KEYS[2]  the fencing counter (same hash slot as KEYS[1]; expires a day after its last use)
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua; same hash slot)
+-- KEYS[4]  the fencing counter (same slot; expires a day after its last use), declared only when
+--          ARGV[3] is '1': no other call touches it
 -- ARGV[1]  our token
 -- ARGV[2]  the lease, ms
 -- ARGV[3]  '1' to draw a fencing token
 -- ARGV[4]  the waiter id of this lock() call
 -- ARGV[5]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for (the waiter comes back by then)
--- ARGV[6]  the waiting queue; ARGV[7] its lapse times (see _queue.lua; same slot)
--- The queue keys come last in ARGV, not in KEYS: they often do not exist, and Redis Cluster
--- refuses (TRYAGAIN) a command whose declared keys are partly missing while their slot migrates.
+-- Every key touched is declared, though the queue's often do not exist: while their slot
+-- migrates, Redis Cluster answers TRYAGAIN to a call whose keys are partly there (the call did
+-- not run), and the caller tries again within its deadline.
 -- Returns  {1, fencing token or 0} acquired; {0, ms} not acquired: wait at most ms for a
 --          message before trying again (-1: the holder set no lease)
--- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[2] is not a
---          counter; nothing is written then. Any other refusal to read KEYS[1] (an ACL) as the
---          server gave it.
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[4] is not a
+--          counter; ERR when a queue key is not a sorted set; nothing is written then. Any other
+--          refusal to read KEYS[1] (an ACL) as the server gave it.
+local queue, lapses = KEYS[2], KEYS[3]
+if ARGV[3] == '1' and not KEYS[4] then
+    return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
 -- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
 -- writes nothing when the key exists, whatever its type; a refused write (out of memory, a
 -- replica) is caught: either way the full checks below then run and give the answer.
@@ -228,6 +233,22 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
+
+-- An error reply when a queue key holds something other than a sorted set (another program
+-- wrote it), else nil. Scripts check before their first write that may reach the queue, so they
+-- never write and then fail.
+local function queue_check(q, w)
+    for i, kind in ipairs({redis.call('TYPE', q).ok, redis.call('TYPE', w).ok}) do
+        if kind ~= 'none' and kind ~= 'zset' then
+            return redis.error_reply('ERR ' .. (i == 1 and q or w) .. ' holds a ' .. kind ..
+                                     ', not a waiting queue')
+        end
+    end
+end
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
 local holder = redis.pcall('GET', KEYS[1])
 if type(holder) == 'table' then
     if string.find(holder.err or '', '^WRONGTYPE') then
@@ -235,9 +256,9 @@ if type(holder) == 'table' then
     end
     return holder
 end
-local last = ARGV[3] == '1' and redis.call('GET', KEYS[2])
+local last = ARGV[3] == '1' and redis.call('GET', KEYS[4])
 if last and (#last > 16 or not string.match(last, '^%d+$')) then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+    return redis.error_reply('WRONGTYPE ' .. KEYS[4] .. ' is not a fencing counter')
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -261,7 +282,7 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
     local fence = 0
     if ARGV[3] == '1' then
         fence = math.max((tonumber(last) or 0) + 1, tonumber(time[1]) * 1000000 + tonumber(time[2]))
-        redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+        redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', 86400000)
     end
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     if queued then
@@ -277,7 +298,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "0db872c691e983fb42219cd0432064a1b8140887"};
+    "33e97294384f59d2dce26082c0018979dba81da1"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -296,22 +317,23 @@ return 0
 inline constexpr script mutex_release{
     "mutex_release",
     R"lua(-- Releases a simple lock if it still holds our token. When someone waits, the lock goes to the
--- head of the queue (see queue_hand_on in _queue.lua) and the head is told. DEL comes first:
--- Redis allows it when out of memory, and once a script has written, the rest of it may write
--- too.
+-- head of the queue (see queue_hand_on in _queue.lua) and the head is told. Every check comes
+-- before DEL, the first write: Redis allows DEL when out of memory, and once a script has
+-- written, the rest of it may write too.
 -- KEYS[1]  the lock's key
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  our token
 -- ARGV[2]  the release channel
 -- ARGV[3]  the grace, ms, a told waiter has to come
--- ARGV[4]  the waiting queue; ARGV[5] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  1 released, no one waits; 2 released and a waiter told; 0 not ours (expired, or now
 --          held by someone else)
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Errors   ERR when a queue key is not a sorted set; nothing is written then.
+local queue, lapses = KEYS[2], KEYS[3]
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
     return 0
 end
-redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', queue) == 0 then
+    redis.call('DEL', KEYS[1])
     return 1
 end
 -- A queue exists: only now are its helpers defined (a script's functions are made anew
@@ -486,11 +508,28 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
+
+-- An error reply when a queue key holds something other than a sorted set (another program
+-- wrote it), else nil. Scripts check before their first write that may reach the queue, so they
+-- never write and then fail.
+local function queue_check(q, w)
+    for i, kind in ipairs({redis.call('TYPE', q).ok, redis.call('TYPE', w).ok}) do
+        if kind ~= 'none' and kind ~= 'zset' then
+            return redis.error_reply('ERR ' .. (i == 1 and q or w) .. ' holds a ' .. kind ..
+                                     ', not a waiting queue')
+        end
+    end
+end
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
+redis.call('DEL', KEYS[1])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "fb19a133e46cd343322b28dbd5cc609d17a56f8a"};
+    "737b4bd8f831cee6a0f3e77902ede7f5b3ce4ad9"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -498,14 +537,15 @@ inline constexpr script queue_leave{
 -- it, or it stood before others that may go now, the next waiters are told (or handed the lock,
 -- see queue_hand_on and queue_hand_on_entry in _queue.lua).
 -- KEYS[1]  the lock's key
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  the waiter id
 -- ARGV[2]  the release channel
 -- ARGV[3]  the grace, ms, a told waiter has to come
 -- ARGV[4]  'm' for a simple lock (then kept free for the next head), '' for the other kinds,
 --          'k' for a reentrant waiter that counted the entry handed to it (and gave it back
 --          itself): the entry is then not taken back
--- ARGV[5]  the waiting queue; ARGV[6] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  1 left and waiters told; 0 left
+-- Errors   ERR when a queue key is not a sorted set; nothing is written then.
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
@@ -676,7 +716,23 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+
+-- An error reply when a queue key holds something other than a sorted set (another program
+-- wrote it), else nil. Scripts check before their first write that may reach the queue, so they
+-- never write and then fail.
+local function queue_check(q, w)
+    for i, kind in ipairs({redis.call('TYPE', q).ok, redis.call('TYPE', w).ok}) do
+        if kind ~= 'none' and kind ~= 'zset' then
+            return redis.error_reply('ERR ' .. (i == 1 and q or w) .. ' holds a ' .. kind ..
+                                     ', not a waiting queue')
+        end
+    end
+end
+local queue, lapses = KEYS[2], KEYS[3]
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
 queue_leave(queue, lapses, ARGV[1])
 local kind = redis.call('TYPE', KEYS[1]).ok
 local time = redis.call('TIME')
@@ -708,9 +764,10 @@ end
 -- A free lock goes to the head, as a release would hand it on: a simple lock is kept free for
 -- it or handed to a 'g' head; a lock of another kind is handed to an 'h' head, others are told
 -- they may go (telling an 'h' waiter by name would read as a hand-over).
-if kind == 'none' then
-    local hand_on = ARGV[4] == 'm' and queue_hand_on or queue_hand_on_entry
-    return hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+if kind == 'none' and ARGV[4] == 'm' then
+    return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+elseif kind == 'none' then
+    return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 -- Read-held: only readers may join now.
 queue_prune(queue, lapses, now)
@@ -721,7 +778,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "a7fb5315948a368e7c62fe55a09a15533acef883"};
+    "935e8b4400d40029a353451ba13c4a35a6499ccd"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -729,7 +786,9 @@ inline constexpr script recursive_acquire{
 -- field id:<owner> names the acquisition those entries belong to (handed:<owner> marks one a
 -- release handed to a waiter, see _queue.lua).
 -- KEYS[1]  the lock's hash
--- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
+-- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
+--          when ARGV[3] is '1': no other call touches it
 -- ARGV[1]  the owner id
 -- ARGV[2]  the lease, ms (set again on every entry)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
@@ -743,14 +802,16 @@ inline constexpr script recursive_acquire{
 --          whatever ARGV[5] says, unless the object gave it up (ARGV[6])
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
--- ARGV[9]  the waiting queue; ARGV[10] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, ms, ''} not acquired: wait at most ms for a message before trying again
 --          (the holder's PTTL, or how long the waiter told to go has to come). fence is 0 when
 --          none was drawn.
--- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[2] not a fencing counter;
---          nothing is written then.
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[4] not a fencing counter; ERR
+--          when a queue key is not a sorted set; nothing is written then.
+local queue, lapses = KEYS[2], KEYS[3]
+if ARGV[3] == '1' and not KEYS[4] then
+    return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
 -- A new acquisition's entry. `taken_over`: the hash exists (an entry of ours being taken over),
 -- so a stale fence goes.
 local function fresh(taken_over)
@@ -763,8 +824,8 @@ local function fresh(taken_over)
         -- FLUSHALL or a restart without persistence.
         local time = redis.call('TIME')
         local floor = tonumber(time[1]) * 1000000 + tonumber(time[2])
-        fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, floor)
-        redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+        fence = math.max((tonumber(redis.call('GET', KEYS[4])) or 0) + 1, floor)
+        redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', 86400000)
         redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
     elseif taken_over then
         redis.call('HDEL', KEYS[1], 'fence')
@@ -774,12 +835,11 @@ local function fresh(taken_over)
     return {1, fence, ARGV[4]}
 end
 if ARGV[3] == '1' then
-    local last = redis.call('GET', KEYS[2])
+    local last = redis.call('GET', KEYS[4])
     if last and (#last > 16 or not string.match(last, '^%d+$')) then
-        return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+        return redis.error_reply('WRONGTYPE ' .. KEYS[4] .. ' is not a fencing counter')
     end
 end
--- One key per call: a slot being migrated refuses a call over a present and a missing key.
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
     return fresh(false)  -- free, and no queue to leave (its lapse times go with it)
 end
@@ -973,6 +1033,22 @@ local function queue_allows(q, id)
     return #ahead < 64
 end
 
+-- An error reply when a queue key holds something other than a sorted set (another program
+-- wrote it), else nil. Scripts check before their first write that may reach the queue, so they
+-- never write and then fail.
+local function queue_check(q, w)
+    for i, kind in ipairs({redis.call('TYPE', q).ok, redis.call('TYPE', w).ok}) do
+        if kind ~= 'none' and kind ~= 'zset' then
+            return redis.error_reply('ERR ' .. (i == 1 and q or w) .. ' holds a ' .. kind ..
+                                     ', not a waiting queue')
+        end
+    end
+end
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
+
 -- A new acquisition that leaves the queue, if it was in it.
 local function enter(over)
     local entered = fresh(over)
@@ -1005,7 +1081,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "f01022ef48e33c91a4f6a51488afe818e2be44fd"};
+    "10bc313130b193734f45613653619eed79e75f46"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1028,8 +1104,10 @@ inline constexpr script recursive_release{
     R"lua(-- Leaves a reentrant lock ARGV[2] times; when the count reaches 0, deletes it and, if someone
 -- waits, hands it to the head of the queue or tells the head (see queue_hand_on_entry).
 -- Works when the server is out of memory: PEXPIRE and DEL are not refused there, and once a
--- script has written, Redis lets the rest of it write too.
+-- script has written, Redis lets the rest of it write too. Every check comes before that first
+-- write.
 -- KEYS[1]  the lock's hash
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  the owner id
 -- ARGV[2]  how many entries to leave (1 for unlock; a huge count drops the acquisition)
 -- ARGV[3]  the lease, ms, set again while entries remain; '0' keeps the key's TTL (a release
@@ -1037,11 +1115,11 @@ inline constexpr script recursive_release{
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
--- ARGV[7]  the waiting queue; ARGV[8] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  2 released (key deleted or handed on) and a waiter told; 1 released, no one waits;
 --          0 still held (lease refreshed);
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Errors   ERR when a queue key is not a sorted set; nothing is written then.
+local queue, lapses = KEYS[2], KEYS[3]
 -- A key of another type answers with an error: not ours either.
 local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1])
 if entry.err or entry[1] ~= ARGV[5] then
@@ -1057,8 +1135,8 @@ if left > 0 then
     redis.call('HSET', KEYS[1], ARGV[1], left)
     return 0
 end
-redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', queue) == 0 then
+    redis.call('DEL', KEYS[1])
     return 1
 end
 -- A queue exists: only now are its helpers defined (see mutex_release.lua).
@@ -1232,11 +1310,28 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
+
+-- An error reply when a queue key holds something other than a sorted set (another program
+-- wrote it), else nil. Scripts check before their first write that may reach the queue, so they
+-- never write and then fail.
+local function queue_check(q, w)
+    for i, kind in ipairs({redis.call('TYPE', q).ok, redis.call('TYPE', w).ok}) do
+        if kind ~= 'none' and kind ~= 'zset' then
+            return redis.error_reply('ERR ' .. (i == 1 and q or w) .. ' holds a ' .. kind ..
+                                     ', not a waiting queue')
+        end
+    end
+end
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
+redis.call('DEL', KEYS[1])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "03e434f7f9d337f14d94fa34ac268c343ea7bccd"};
+    "5cbf06a8a1d033a645d9925927e5ecffe8775d28"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1247,7 +1342,10 @@ inline constexpr script shared_acquire{
 --   r:<owner>, w:<owner> = '<count> <expiry ms> <acquisition id>', each holder with its own
 --   lease in server time; fence.
 -- KEYS[1]  the lock's hash
--- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
+-- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
+--          for a writer that draws a fencing token (ARGV[2] 'w', ARGV[4] '1'): no other call
+--          touches it
 -- ARGV[1]  the owner id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  the lease, ms
@@ -1261,17 +1359,20 @@ inline constexpr script shared_acquire{
 --          separated by spaces, or '': entries of this owner with these ids are dropped
 -- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
--- ARGV[10] the waiting queue; ARGV[11] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
 --          {0, ms, ''} must wait: at most ms for a message before trying again;
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
--- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Errors   WRONGTYPE when KEYS[1] is not a read-write lock or KEYS[4] not a fencing counter; ERR
+--          when a queue key is not a sorted set; nothing is written then.
+local queue, lapses = KEYS[2], KEYS[3]
 local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fenced = want == 'w' and ARGV[4] == '1'
-local last_fence = fenced and redis.call('GET', KEYS[2])
+if fenced and not KEYS[4] then
+    return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
+local last_fence = fenced and redis.call('GET', KEYS[4])
 if last_fence and (#last_fence > 16 or not string.match(last_fence, '^%d+$')) then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+    return redis.error_reply('WRONGTYPE ' .. KEYS[4] .. ' is not a fencing counter')
 end
 
 -- Draws a fencing token, never below the server's clock in microseconds, so tokens keep growing
@@ -1279,12 +1380,11 @@ end
 local function draw_fence(time)
     local fence = math.max((tonumber(last_fence) or 0) + 1,
                            tonumber(time[1]) * 1000000 + tonumber(time[2]))
-    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+    redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', 86400000)
     redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
     return fence
 end
 
--- One key per call: a slot being migrated refuses a call over a present and a missing key.
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
     -- Free, and no one waits: enter at once.
     local time = redis.call('TIME')
@@ -1466,6 +1566,22 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
+
+-- An error reply when a queue key holds something other than a sorted set (another program
+-- wrote it), else nil. Scripts check before their first write that may reach the queue, so they
+-- never write and then fail.
+local function queue_check(q, w)
+    for i, kind in ipairs({redis.call('TYPE', q).ok, redis.call('TYPE', w).ok}) do
+        if kind ~= 'none' and kind ~= 'zset' then
+            return redis.error_reply('ERR ' .. (i == 1 and q or w) .. ' holds a ' .. kind ..
+                                     ', not a waiting queue')
+        end
+    end
+end
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
 local kind = redis.call('TYPE', KEYS[1]).ok
 local given_up = {}
 for id in string.gmatch(ARGV[8] or '', '%S+') do
@@ -1547,7 +1663,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "67125f3f9ba1b0a7b682ebe6cb65d87cd4093d7f"};
+    "0ed94db2454d3e070114ea9cfaedf469b2a2df59"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1582,19 +1698,21 @@ inline constexpr script shared_release{
     R"lua(-- Leaves a read-write lock ARGV[3] times in mode ARGV[2]; when that lets waiters in, tells the
 -- ones the queue lets go next.
 -- Works when the server is out of memory: the first write (PEXPIRE, DEL or HDEL) is one Redis
--- allows there, and once a script has written Redis lets the rest of it write too.
+-- allows there, and once a script has written Redis lets the rest of it write too. Every check
+-- comes before that first write.
 -- Layout: see shared_acquire.lua.
 -- KEYS[1]  the lock's hash
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  the owner id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  how many entries to leave (1 for unlock)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
--- ARGV[7]  the waiting queue; ARGV[8] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  2 released and waiters told; 1 released (the key is deleted when no one else holds);
 --          0 still held by outer entries; -1 not held (expired, never, or a later acquisition's)
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Errors   ERR when a queue key is not a sorted set; nothing is written then.
+local queue, lapses = KEYS[2], KEYS[3]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
@@ -1626,9 +1744,12 @@ if count > 0 then
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     return 0
 end
-if not holders then
-    redis.call('DEL', KEYS[1])
-else
+-- Our entry goes; with no one left, the key goes.
+local function leave()
+    if not holders then
+        redis.call('DEL', KEYS[1])
+        return
+    end
     redis.call('HDEL', KEYS[1], field)
     if ARGV[2] == 'w' then
         redis.call('HDEL', KEYS[1], 'fence')
@@ -1637,6 +1758,7 @@ else
     redis.call('PEXPIRE', KEYS[1], latest - now)
 end
 if writer or redis.call('EXISTS', queue) == 0 then
+    leave()
     return 1
 end
 -- A queue exists: only now are its helpers defined (see mutex_release.lua).
@@ -1810,6 +1932,23 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
+
+-- An error reply when a queue key holds something other than a sorted set (another program
+-- wrote it), else nil. Scripts check before their first write that may reach the queue, so they
+-- never write and then fail.
+local function queue_check(q, w)
+    for i, kind in ipairs({redis.call('TYPE', q).ok, redis.call('TYPE', w).ok}) do
+        if kind ~= 'none' and kind ~= 'zset' then
+            return redis.error_reply('ERR ' .. (i == 1 and q or w) .. ' holds a ' .. kind ..
+                                     ', not a waiting queue')
+        end
+    end
+end
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
+leave()
 queue_prune(queue, lapses, now)
 local run = queue_runners(queue)
 if #run == 0 or (holders and string.sub(run[1], 1, 1) ~= 'r') then
@@ -1818,7 +1957,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "afeb2b2995d6d9c6b2b2a41655db029acfb576dd"};
+    "9b1d579e77094f8761cfe70eb70163a12cc59c92"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -1990,6 +2129,18 @@ local function queue_allows(q, id)
         end
     end
     return #ahead < 64
+end
+
+-- An error reply when a queue key holds something other than a sorted set (another program
+-- wrote it), else nil. Scripts check before their first write that may reach the queue, so they
+-- never write and then fail.
+local function queue_check(q, w)
+    for i, kind in ipairs({redis.call('TYPE', q).ok, redis.call('TYPE', w).ok}) do
+        if kind ~= 'none' and kind ~= 'zset' then
+            return redis.error_reply('ERR ' .. (i == 1 and q or w) .. ' holds a ' .. kind ..
+                                     ', not a waiting queue')
+        end
+    end
 end
 )lua";
 

@@ -59,9 +59,8 @@ struct shared_release {
         const decimal count{static_cast<long long>(entries)};
         return detail::send_release(
             st, scripts::shared_release,
-            std::array<std::string_view, 8>{ref.owner, shared_mode_text(ref.kind), count.view(),
-                                            st.channel, ref.acquisition, st.grace_text.view(),
-                                            st.queue_key, st.lapse_key},
+            std::array<std::string_view, 6>{ref.owner, shared_mode_text(ref.kind), count.view(),
+                                            st.channel, ref.acquisition, st.grace_text.view()},
             entries, deadline);
     }
 

@@ -168,3 +168,15 @@ local function queue_allows(q, id)
     end
     return #ahead < 64
 end
+
+-- An error reply when a queue key holds something other than a sorted set (another program
+-- wrote it), else nil. Scripts check before their first write that may reach the queue, so they
+-- never write and then fail.
+local function queue_check(q, w)
+    for i, kind in ipairs({redis.call('TYPE', q).ok, redis.call('TYPE', w).ok}) do
+        if kind ~= 'none' and kind ~= 'zset' then
+            return redis.error_reply('ERR ' .. (i == 1 and q or w) .. ' holds a ' .. kind ..
+                                     ', not a waiting queue')
+        end
+    end
+end

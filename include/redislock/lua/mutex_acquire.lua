@@ -1,24 +1,29 @@
 -- Takes a simple lock, respecting the waiting queue, and draws its fencing token if asked.
--- Everything that can fail is checked before the first write, so an error never leaves the lock
--- set. A key holding 'queued:<id>' is the lock kept free for waiter <id>, told it may go; one
+-- Everything that can fail is checked before the first write, so an error never leaves anything
+-- written. A key holding 'queued:<id>' is the lock kept free for waiter <id>, told it may go; one
 -- holding the token of waiter 'g<token>.<lease>' was handed to it, and its attempt takes it.
 -- KEYS[1]  the lock's key
--- KEYS[2]  the fencing counter (same hash slot as KEYS[1]; expires a day after its last use)
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua; same hash slot)
+-- KEYS[4]  the fencing counter (same slot; expires a day after its last use), declared only when
+--          ARGV[3] is '1': no other call touches it
 -- ARGV[1]  our token
 -- ARGV[2]  the lease, ms
 -- ARGV[3]  '1' to draw a fencing token
 -- ARGV[4]  the waiter id of this lock() call
 -- ARGV[5]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for (the waiter comes back by then)
--- ARGV[6]  the waiting queue; ARGV[7] its lapse times (see _queue.lua; same slot)
--- The queue keys come last in ARGV, not in KEYS: they often do not exist, and Redis Cluster
--- refuses (TRYAGAIN) a command whose declared keys are partly missing while their slot migrates.
+-- Every key touched is declared, though the queue's often do not exist: while their slot
+-- migrates, Redis Cluster answers TRYAGAIN to a call whose keys are partly there (the call did
+-- not run), and the caller tries again within its deadline.
 -- Returns  {1, fencing token or 0} acquired; {0, ms} not acquired: wait at most ms for a
 --          message before trying again (-1: the holder set no lease)
--- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[2] is not a
---          counter; nothing is written then. Any other refusal to read KEYS[1] (an ACL) as the
---          server gave it.
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[4] is not a
+--          counter; ERR when a queue key is not a sorted set; nothing is written then. Any other
+--          refusal to read KEYS[1] (an ACL) as the server gave it.
+local queue, lapses = KEYS[2], KEYS[3]
+if ARGV[3] == '1' and not KEYS[4] then
+    return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
 -- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
 -- writes nothing when the key exists, whatever its type; a refused write (out of memory, a
 -- replica) is caught: either way the full checks below then run and give the answer.
@@ -31,6 +36,10 @@ if ARGV[3] ~= '1' and not queued then
 end
 -- Only now are the queue's helpers defined (a script's functions are made anew on every run).
 --#include _queue.lua
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
 local holder = redis.pcall('GET', KEYS[1])
 if type(holder) == 'table' then
     if string.find(holder.err or '', '^WRONGTYPE') then
@@ -38,9 +47,9 @@ if type(holder) == 'table' then
     end
     return holder
 end
-local last = ARGV[3] == '1' and redis.call('GET', KEYS[2])
+local last = ARGV[3] == '1' and redis.call('GET', KEYS[4])
 if last and (#last > 16 or not string.match(last, '^%d+$')) then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+    return redis.error_reply('WRONGTYPE ' .. KEYS[4] .. ' is not a fencing counter')
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -64,7 +73,7 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
     local fence = 0
     if ARGV[3] == '1' then
         fence = math.max((tonumber(last) or 0) + 1, tonumber(time[1]) * 1000000 + tonumber(time[2]))
-        redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+        redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', 86400000)
     end
     redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
     if queued then

@@ -2,16 +2,21 @@
 -- it, or it stood before others that may go now, the next waiters are told (or handed the lock,
 -- see queue_hand_on and queue_hand_on_entry in _queue.lua).
 -- KEYS[1]  the lock's key
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  the waiter id
 -- ARGV[2]  the release channel
 -- ARGV[3]  the grace, ms, a told waiter has to come
 -- ARGV[4]  'm' for a simple lock (then kept free for the next head), '' for the other kinds,
 --          'k' for a reentrant waiter that counted the entry handed to it (and gave it back
 --          itself): the entry is then not taken back
--- ARGV[5]  the waiting queue; ARGV[6] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  1 left and waiters told; 0 left
+-- Errors   ERR when a queue key is not a sorted set; nothing is written then.
 --#include _queue.lua
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+local queue, lapses = KEYS[2], KEYS[3]
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
 queue_leave(queue, lapses, ARGV[1])
 local kind = redis.call('TYPE', KEYS[1]).ok
 local time = redis.call('TIME')
@@ -43,9 +48,10 @@ end
 -- A free lock goes to the head, as a release would hand it on: a simple lock is kept free for
 -- it or handed to a 'g' head; a lock of another kind is handed to an 'h' head, others are told
 -- they may go (telling an 'h' waiter by name would read as a hand-over).
-if kind == 'none' then
-    local hand_on = ARGV[4] == 'm' and queue_hand_on or queue_hand_on_entry
-    return hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+if kind == 'none' and ARGV[4] == 'm' then
+    return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
+elseif kind == 'none' then
+    return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 -- Read-held: only readers may join now.
 queue_prune(queue, lapses, now)

@@ -2,7 +2,9 @@
 -- field id:<owner> names the acquisition those entries belong to (handed:<owner> marks one a
 -- release handed to a waiter, see _queue.lua).
 -- KEYS[1]  the lock's hash
--- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
+-- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
+--          when ARGV[3] is '1': no other call touches it
 -- ARGV[1]  the owner id
 -- ARGV[2]  the lease, ms (set again on every entry)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
@@ -16,14 +18,16 @@
 --          whatever ARGV[5] says, unless the object gave it up (ARGV[6])
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
--- ARGV[9]  the waiting queue; ARGV[10] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, ms, ''} not acquired: wait at most ms for a message before trying again
 --          (the holder's PTTL, or how long the waiter told to go has to come). fence is 0 when
 --          none was drawn.
--- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[2] not a fencing counter;
---          nothing is written then.
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[4] not a fencing counter; ERR
+--          when a queue key is not a sorted set; nothing is written then.
+local queue, lapses = KEYS[2], KEYS[3]
+if ARGV[3] == '1' and not KEYS[4] then
+    return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
 -- A new acquisition's entry. `taken_over`: the hash exists (an entry of ours being taken over),
 -- so a stale fence goes.
 local function fresh(taken_over)
@@ -36,8 +40,8 @@ local function fresh(taken_over)
         -- FLUSHALL or a restart without persistence.
         local time = redis.call('TIME')
         local floor = tonumber(time[1]) * 1000000 + tonumber(time[2])
-        fence = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) + 1, floor)
-        redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+        fence = math.max((tonumber(redis.call('GET', KEYS[4])) or 0) + 1, floor)
+        redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', 86400000)
         redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
     elseif taken_over then
         redis.call('HDEL', KEYS[1], 'fence')
@@ -47,12 +51,11 @@ local function fresh(taken_over)
     return {1, fence, ARGV[4]}
 end
 if ARGV[3] == '1' then
-    local last = redis.call('GET', KEYS[2])
+    local last = redis.call('GET', KEYS[4])
     if last and (#last > 16 or not string.match(last, '^%d+$')) then
-        return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+        return redis.error_reply('WRONGTYPE ' .. KEYS[4] .. ' is not a fencing counter')
     end
 end
--- One key per call: a slot being migrated refuses a call over a present and a missing key.
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
     return fresh(false)  -- free, and no queue to leave (its lapse times go with it)
 end
@@ -76,6 +79,10 @@ end
 -- Taken over, free with waiters, or held by another owner: only now are the queue's helpers
 -- defined (see mutex_release.lua).
 --#include _queue.lua
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
 
 -- A new acquisition that leaves the queue, if it was in it.
 local function enter(over)

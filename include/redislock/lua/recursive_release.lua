@@ -1,8 +1,10 @@
 -- Leaves a reentrant lock ARGV[2] times; when the count reaches 0, deletes it and, if someone
 -- waits, hands it to the head of the queue or tells the head (see queue_hand_on_entry).
 -- Works when the server is out of memory: PEXPIRE and DEL are not refused there, and once a
--- script has written, Redis lets the rest of it write too.
+-- script has written, Redis lets the rest of it write too. Every check comes before that first
+-- write.
 -- KEYS[1]  the lock's hash
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  the owner id
 -- ARGV[2]  how many entries to leave (1 for unlock; a huge count drops the acquisition)
 -- ARGV[3]  the lease, ms, set again while entries remain; '0' keeps the key's TTL (a release
@@ -10,11 +12,11 @@
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
--- ARGV[7]  the waiting queue; ARGV[8] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  2 released (key deleted or handed on) and a waiter told; 1 released, no one waits;
 --          0 still held (lease refreshed);
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Errors   ERR when a queue key is not a sorted set; nothing is written then.
+local queue, lapses = KEYS[2], KEYS[3]
 -- A key of another type answers with an error: not ours either.
 local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1])
 if entry.err or entry[1] ~= ARGV[5] then
@@ -30,12 +32,17 @@ if left > 0 then
     redis.call('HSET', KEYS[1], ARGV[1], left)
     return 0
 end
-redis.call('DEL', KEYS[1])
 if redis.call('EXISTS', queue) == 0 then
+    redis.call('DEL', KEYS[1])
     return 1
 end
 -- A queue exists: only now are its helpers defined (see mutex_release.lua).
 --#include _queue.lua
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
+redis.call('DEL', KEYS[1])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1

@@ -5,7 +5,10 @@
 --   r:<owner>, w:<owner> = '<count> <expiry ms> <acquisition id>', each holder with its own
 --   lease in server time; fence.
 -- KEYS[1]  the lock's hash
--- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
+-- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
+--          for a writer that draws a fencing token (ARGV[2] 'w', ARGV[4] '1'): no other call
+--          touches it
 -- ARGV[1]  the owner id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  the lease, ms
@@ -19,17 +22,20 @@
 --          separated by spaces, or '': entries of this owner with these ids are dropped
 -- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
--- ARGV[10] the waiting queue; ARGV[11] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
 --          {0, ms, ''} must wait: at most ms for a message before trying again;
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
--- Errors   WRONGTYPE when KEYS[1] is not a read-write lock
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Errors   WRONGTYPE when KEYS[1] is not a read-write lock or KEYS[4] not a fencing counter; ERR
+--          when a queue key is not a sorted set; nothing is written then.
+local queue, lapses = KEYS[2], KEYS[3]
 local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local fenced = want == 'w' and ARGV[4] == '1'
-local last_fence = fenced and redis.call('GET', KEYS[2])
+if fenced and not KEYS[4] then
+    return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
+local last_fence = fenced and redis.call('GET', KEYS[4])
 if last_fence and (#last_fence > 16 or not string.match(last_fence, '^%d+$')) then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a fencing counter')
+    return redis.error_reply('WRONGTYPE ' .. KEYS[4] .. ' is not a fencing counter')
 end
 
 -- Draws a fencing token, never below the server's clock in microseconds, so tokens keep growing
@@ -37,12 +43,11 @@ end
 local function draw_fence(time)
     local fence = math.max((tonumber(last_fence) or 0) + 1,
                            tonumber(time[1]) * 1000000 + tonumber(time[2]))
-    redis.call('SET', KEYS[2], string.format('%d', fence), 'PX', 86400000)
+    redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', 86400000)
     redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
     return fence
 end
 
--- One key per call: a slot being migrated refuses a call over a present and a missing key.
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
     -- Free, and no one waits: enter at once.
     local time = redis.call('TIME')
@@ -55,6 +60,10 @@ if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
 end
 -- Held, or a queue exists: only now are its helpers defined (see mutex_release.lua).
 --#include _queue.lua
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
 local kind = redis.call('TYPE', KEYS[1]).ok
 local given_up = {}
 for id in string.gmatch(ARGV[8] or '', '%S+') do

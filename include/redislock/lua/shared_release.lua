@@ -1,19 +1,21 @@
 -- Leaves a read-write lock ARGV[3] times in mode ARGV[2]; when that lets waiters in, tells the
 -- ones the queue lets go next.
 -- Works when the server is out of memory: the first write (PEXPIRE, DEL or HDEL) is one Redis
--- allows there, and once a script has written Redis lets the rest of it write too.
+-- allows there, and once a script has written Redis lets the rest of it write too. Every check
+-- comes before that first write.
 -- Layout: see shared_acquire.lua.
 -- KEYS[1]  the lock's hash
+-- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  the owner id
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  how many entries to leave (1 for unlock)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
--- ARGV[7]  the waiting queue; ARGV[8] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- Returns  2 released and waiters told; 1 released (the key is deleted when no one else holds);
 --          0 still held by outer entries; -1 not held (expired, never, or a later acquisition's)
-local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Errors   ERR when a queue key is not a sorted set; nothing is written then.
+local queue, lapses = KEYS[2], KEYS[3]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
@@ -45,9 +47,12 @@ if count > 0 then
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     return 0
 end
-if not holders then
-    redis.call('DEL', KEYS[1])
-else
+-- Our entry goes; with no one left, the key goes.
+local function leave()
+    if not holders then
+        redis.call('DEL', KEYS[1])
+        return
+    end
     redis.call('HDEL', KEYS[1], field)
     if ARGV[2] == 'w' then
         redis.call('HDEL', KEYS[1], 'fence')
@@ -56,10 +61,16 @@ else
     redis.call('PEXPIRE', KEYS[1], latest - now)
 end
 if writer or redis.call('EXISTS', queue) == 0 then
+    leave()
     return 1
 end
 -- A queue exists: only now are its helpers defined (see mutex_release.lua).
 --#include _queue.lua
+local refused = queue_check(queue, lapses)
+if refused then
+    return refused
+end
+leave()
 queue_prune(queue, lapses, now)
 local run = queue_runners(queue)
 if #run == 0 or (holders and string.sub(run[1], 1, 1) ~= 'r') then
