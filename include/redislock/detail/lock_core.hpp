@@ -543,8 +543,9 @@ private:
     static void let_go(std::shared_ptr<State>&& st) {
         if (st && st.use_count() == 1) {
             try {
-                background_reaper().add([last = std::move(st)](steady::time_point) { return true; },
-                                        steady::now() + std::chrono::seconds{1});
+                background_reaper().add(
+                    reaper::no_server, [last = std::move(st)](steady::time_point) { return true; },
+                    steady::now() + std::chrono::seconds{1});
             } catch (...) {
                 // Out of memory: st ends here, as it would have without this step.
             }

@@ -247,7 +247,7 @@ public:
             }
             heard[i] = !unsure;
         }
-        release_later(acq, std::move(again), std::move(heard), started);
+        release_later(acq, again, heard, started);
         return outcomes;
     }
 
@@ -261,7 +261,7 @@ public:
             }
             heard[i] = acq->hold(i) == node_hold::set;
         }
-        release_later(acq, std::move(nodes), std::move(heard), acq->sent);
+        release_later(acq, nodes, heard, acq->sent);
     }
 
     /// The replies of a quorum_connection batch: see there.
@@ -450,65 +450,68 @@ private:
         return {node_answer::failed, r.is_error() ? r.text() : "unexpected reply", true};
     }
 
-    // Hands the release of `acq` on `nodes` to the reaper: sent again with backoff, at most
+    // Hands the release of `acq` on `nodes` to the reaper, one cleanup per master in that
+    // master's lane (a hung master never delays another's): sent again with backoff, at most
     // release_retries times, while the lease granted at `granted` may still run. A master's
     // "not ours" is final only once `heard` says it answered something of this acquisition
     // before: until then its SET may still be queued behind a hang, and land after.
     void release_later(const std::shared_ptr<redlock_acquisition>& acq,
-                       std::vector<std::size_t> nodes, std::vector<bool> heard,
+                       const std::vector<std::size_t>& nodes, const std::vector<bool>& heard,
                        clock::time_point granted) {
-        if (nodes.empty() || options_.release_retries <= 0) {
+        if (options_.release_retries <= 0) {
             return;
         }
         struct pending {
             std::shared_ptr<redlock_core> core;
             std::shared_ptr<redlock_acquisition> acq;
-            std::vector<std::size_t> nodes;
-            std::vector<bool> heard;
+            std::size_t node;
+            bool heard;
             int attempts_left;
         };
-        try {
-            auto work =
-                std::make_shared<pending>(pending{this->shared_from_this(), acq, std::move(nodes),
-                                                  std::move(heard), options_.release_retries});
-            const auto lease = acq->lease;
-            const auto give_up_at = granted + lease + lease / 100 + std::chrono::milliseconds{2};
-            background_reaper().add(
-                [work](clock::time_point deadline) {
-                    return work->core->release_attempt(*work->acq, work->nodes, work->heard,
-                                                       deadline) ||
-                           --work->attempts_left <= 0;
-                },
-                give_up_at);
-        } catch (...) {
-            // Out of memory: the keys expire with their lease.
+        const auto lease = acq->lease;
+        const auto give_up_at = granted + lease + lease / 100 + std::chrono::milliseconds{2};
+        for (const std::size_t node : nodes) {
+            try {
+                auto work = std::make_shared<pending>(pending{
+                    this->shared_from_this(), acq, node, heard[node], options_.release_retries});
+                background_reaper().add(
+                    describe(node),
+                    [work](clock::time_point deadline) {
+                        try {
+                            if (work->core->release_attempt(*work->acq, work->node, work->heard,
+                                                            deadline)) {
+                                return true;
+                            }
+                        } catch (...) {
+                            // Out of memory: an attempt like any that failed.
+                        }
+                        return --work->attempts_left <= 0;
+                    },
+                    give_up_at);
+            } catch (...) {
+                // Out of memory: the key expires with its lease.
+            }
         }
     }
 
-    // One background release of `acq` on `nodes`; drops the masters that are done. True when
-    // none is left.
-    bool release_attempt(redlock_acquisition& acq, std::vector<std::size_t>& nodes,
-                         std::vector<bool>& heard, clock::time_point deadline) {
+    // One background release of `acq` on `node`. True when done with that master.
+    bool release_attempt(redlock_acquisition& acq, std::size_t node, bool& heard,
+                         clock::time_point deadline) {
         std::vector<bool> ask(size(), false);
-        for (std::size_t i : nodes) {
-            ask[i] = true;
-        }
+        ask[node] = true;
         const std::array<std::string_view, 1> keys{acq.name};
         const auto release =
             evalsha_argv(scripts::compare_and_delete, keys, std::array{acq.tok.view()});
         const fanout_command cmd{release, &scripts::compare_and_delete};
         const auto replies = run(ask, std::span<const fanout_command>{&cmd, 1}, acq.name,
                                  std::min(deadline, clock::now() + options_.node_timeout), {});
-        std::erase_if(nodes, [&](std::size_t i) {
-            if (!replies[i].answered) {
-                return false;
-            }
-            const node_outcome o = interpret(node_op::release, acq, replies[i].replies.front());
-            const bool done = o.answer == node_answer::yes || o.server_error || heard[i];
-            heard[i] = true;
-            return done;
-        });
-        return nodes.empty();
+        if (!replies[node].answered) {
+            return false;
+        }
+        const node_outcome o = interpret(node_op::release, acq, replies[node].replies.front());
+        const bool done = o.answer == node_answer::yes || o.server_error || heard;
+        heard = true;
+        return done;
     }
 
     // Where the masters' connections report reconnections; declared before them, so it
