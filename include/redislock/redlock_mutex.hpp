@@ -14,7 +14,7 @@
 // TimedLockable, so std::unique_lock, std::scoped_lock and std::lock work with it.
 //
 // Timed calls: the first attempt always gets the full node_timeout (try_lock() makes exactly
-// one, which takes at most node_timeout once the masters are connected); later attempts of
+// one, which takes at most node_timeout, connecting included); later attempts of
 // try_lock_for and try_lock_until end by the caller's deadline, their calls cut short if need be
 // (a call cut short counts as contention, never as an outage).
 //

@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <stop_token>
 #include <string>
@@ -36,6 +37,7 @@
 #include <redislock/detail/event_sink.hpp>
 #include <redislock/detail/loss_timer.hpp>
 #include <redislock/detail/names.hpp>
+#include <redislock/detail/node_connector.hpp>
 #include <redislock/detail/per_process.hpp>
 #include <redislock/detail/quorum_round.hpp>
 #include <redislock/detail/reaper.hpp>
@@ -143,7 +145,9 @@ public:
         : events{options.on_event},
           specs_{std::move(nodes)},
           options_{std::move(options)},
-          nodes_{[count = specs_.size()] { return std::make_unique<node_table>(count); }} {
+          nodes_{[this, count = specs_.size()] {
+              return std::make_unique<node_table>(*this, count);
+          }} {
         if constexpr (reconnect_reporting<C>) {
             if (events.observed()) {
                 // The connections report through reconnects_, which the core outlives.
@@ -341,12 +345,40 @@ private:
     struct node_slot {
         std::mutex mutex;  // guards making the connection
         std::unique_ptr<C> connection;
+        std::atomic<C*> made{nullptr};      // `connection` once made, read without the mutex
         std::atomic<bool> answering{true};  // its last call got an answer
     };
 
     struct node_table {
-        explicit node_table(std::size_t count) : slots(count) {}
+        node_table(redlock_core& core, std::size_t count) : slots(count) {
+            if constexpr (fanout_connection<C>) {
+                connectors.reserve(count);
+                for (std::size_t i = 0; i < count; ++i) {
+                    connectors.push_back(std::make_unique<node_connector>(
+                        [&core, i](clock::time_point deadline) {
+                            return core.warm_up(i, deadline);
+                        },
+                        [&core](std::string_view server) { core.reconnects_.report(server); },
+                        core.options_.node_timeout));
+                }
+            }
+        }
         std::vector<node_slot> slots;
+        // Declared after the slots, so they stop (and their warm-ups end) before the
+        // connections go.
+        std::vector<std::unique_ptr<node_connector>> connectors;
+    };
+
+    // How a round reaches the masters: see fan_out().
+    struct node_access {
+        redlock_core* core;
+        node_table* table;
+
+        auto start(std::size_t node, std::span<const command> batch, const call_context& how) {
+            return core->start_connected(*table, node, batch, how);
+        }
+        node_connector& connector(std::size_t node) { return *table->connectors[node]; }
+        C* connection(std::size_t node) { return core->connection(node); }
     };
 
 public:
@@ -376,8 +408,56 @@ private:
         std::lock_guard guard{slot.mutex};
         if (!slot.connection) {
             slot.connection = std::move(made);
+            slot.made.store(slot.connection.get(), std::memory_order_release);
         }
         return slot.connection.get();
+    }
+
+    // Starts `batch` on master `node` if that needs no connect first; std::nullopt otherwise
+    // (nothing sent): its connector opens one. Without start_if_connected, a connection that
+    // answered last time is taken to be open.
+    auto start_connected(node_table& table, std::size_t node, std::span<const command> batch,
+                         const call_context& how) {
+        using call = typename C::call;
+        node_slot& slot = table.slots[node];
+        C* conn = slot.made.load(std::memory_order_acquire);
+        if (conn == nullptr) {
+            return std::optional<call>{};
+        }
+        if constexpr (connected_fanout_connection<C>) {
+            return conn->start_if_connected(batch, how);
+        } else {
+            if (!slot.answering.load(std::memory_order_relaxed)) {
+                return std::optional<call>{};
+            }
+            return std::optional<call>{conn->start(batch, how)};
+        }
+    }
+
+    // Makes master `node`'s connection usable by `deadline`, on its connector's thread: made now
+    // (its constructor connects), or given a connection open and free (connect(); without it, a
+    // PING, which opens one when none is open). Returns the reconnections seen meanwhile, for the
+    // round that goes on to use the connection to report as it ends.
+    std::vector<std::string> warm_up(std::size_t node, clock::time_point deadline) {
+        auto held = reconnects_.defer();
+        node_slot& slot = nodes_.get().slots[node];
+        if (C* conn = slot.made.load(std::memory_order_acquire)) {
+            const call_context how{{}, deadline};
+            if constexpr (connected_fanout_connection<C>) {
+                conn->connect(how);
+            } else {
+                const std::array<std::string_view, 1> ping{"PING"};
+                const reply r = detail::execute(*conn, ping, how);
+                if (r.is_error()) {
+                    throw server_error{"redislock: " + describe(node) +
+                                       " answered PING with: " + r.text()};
+                }
+            }
+        } else {
+            (void)connection(node);
+        }
+        slot.answering.store(true, std::memory_order_relaxed);
+        return held.take();
     }
 
     std::vector<node_replies> run(const std::vector<bool>& ask,
@@ -387,7 +467,8 @@ private:
         // all of its calls are over, not between two masters' answers.
         const auto reconnects_held = reconnects_.defer();
         node_table& table = nodes_.get();
-        // Masters that answered last time first: one slow to connect delays only those after it.
+        // Masters that answered last time first: with connections that can only be asked one
+        // after another, one slow to connect delays only those after it.
         std::vector<std::size_t> order;
         order.reserve(size());
         for (const bool answering : {true, false}) {
@@ -399,8 +480,8 @@ private:
             }
         }
         const call_context how{key, deadline, stop.stop_possible() ? &stop : nullptr};
-        std::vector<node_replies> replies = fan_out<C>(
-            size(), [this](std::size_t i) { return connection(i); }, order, batch, how);
+        std::vector<node_replies> replies =
+            fan_out<C>(size(), node_access{this, &table}, order, batch, how);
         for (std::size_t i : order) {
             const bool cancelled = how.stop != nullptr && how.stop->stop_requested();
             if (replies[i].answered || !cancelled) {
