@@ -564,6 +564,36 @@ TEST_F(Redlock, AHolderKeepsItsLockWhileAMasterIsOffTheNetwork) {
     path.heal();
 }
 
+// Renewal rounds without a quorum (three masters hung) still extend the key on the two live
+// masters; none of them counts, so the holder is told lost at its local deadline. What they left
+// there must not outlive that.
+TEST_F(Redlock, RenewalsWithoutAQuorumLeaveNothingPastTheHoldersLoss) {
+    using clock = std::chrono::steady_clock;
+    redlock_client rl{uris(), fast()};
+    std::atomic<clock::rep> lost_at{0};
+    auto held = rl.mutex("unconfirmed-renewals", {.lease = 3s, .watchdog = true, .on_lost = [&] {
+                                                      lost_at =
+                                                          clock::now().time_since_epoch().count();
+                                                  }});
+    ASSERT_TRUE(held.try_lock());
+    for (std::size_t i = 0; i < 3; ++i) {
+        hang(i);
+    }
+    ASSERT_TRUE(eventually([&] { return lost_at.load() != 0; }, 10s));
+    const clock::time_point told{clock::duration{lost_at.load()}};
+    // Polled on fresh connections: a probe reads the live masters only.
+    const auto on_live_masters = [&] {
+        return value_on(3, "unconfirmed-renewals").has_value() ||
+               value_on(4, "unconfirmed-renewals").has_value();
+    };
+    ASSERT_TRUE(eventually([&] { return !on_live_masters(); }, 10s))
+        << where("unconfirmed-renewals");
+    const auto outlived = clock::now() - told;
+    EXPECT_LT(outlived, 1s)
+        << "the key outlived the holder's loss on the live masters by "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(outlived).count() << " ms";
+}
+
 TEST_F(Redlock, TimedLockReturnsByItsDeadlineWhileAMasterIsHung) {
     // Two masters held by another, one hung, two free: no round settles before the hung master's
     // timeout, so every attempt lasts a full node timeout unless cut short.

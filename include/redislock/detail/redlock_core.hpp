@@ -257,6 +257,13 @@ public:
 
     /// Releases `acq` on every master that may hold it, in the background.
     void release_in_background(const std::shared_ptr<redlock_acquisition>& acq) {
+        release_in_background(acq, acq->sent);
+    }
+
+    /// As above, for keys a grant sent at `granted` (the acquisition, or its last renewal
+    /// round) may have set: tried while that grant's lease may still run.
+    void release_in_background(const std::shared_ptr<redlock_acquisition>& acq,
+                               clock::time_point granted) {
         std::vector<std::size_t> nodes;
         std::vector<bool> heard(size(), false);
         for (std::size_t i = 0; i < size(); ++i) {
@@ -265,7 +272,7 @@ public:
             }
             heard[i] = acq->hold(i) == node_hold::set;
         }
-        release_later(acq, nodes, heard, acq->sent);
+        release_later(acq, nodes, heard, granted);
     }
 
     /// The replies of a quorum_connection batch: see there.
