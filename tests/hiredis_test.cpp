@@ -344,6 +344,46 @@ TEST(HiredisConnection, AbandonedCallClosesItsContextSoItsLateReplyIsNeverRead) 
     EXPECT_EQ(run(conn, {"GET", "b"}), reply::string("value-of-b"));
 }
 
+// start_if_connected() sends only on a connection already open and free, and never waits:
+// with the pool's one connection in use, or closed by the server, it sends nothing; connect()
+// opens one (reporting it as a reconnection when it replaces a broken one), which it then uses.
+TEST(HiredisConnection, StartIfConnectedSendsOnlyOnAnOpenFreeConnection) {
+    redis_server srv;
+    hiredis_connection conn{with_query(srv, "pool_size=1&command_timeout=2000")};
+    int reconnections = 0;
+    conn.set_reconnect_handler([&](std::string_view) { ++reconnections; });
+    const std::array<std::string_view, 2> incr{"INCR", "sent"};
+    const std::array<command, 1> batch{command{incr}};
+    const redislock::call_context how{.deadline = std::chrono::steady_clock::now() + 5s};
+    {
+        auto holding = conn.start(batch, how);  // the pool's only connection
+        stopwatch watch;
+        EXPECT_FALSE(conn.start_if_connected(batch, how).has_value());
+        EXPECT_LT(watch.elapsed(), 100ms);
+        ASSERT_TRUE(wait_for(holding, 2s));
+        EXPECT_EQ(holding.take().at(0), reply::integer(1));
+    }
+    {
+        auto started = conn.start_if_connected(batch, how);
+        ASSERT_TRUE(started.has_value());
+        ASSERT_TRUE(wait_for(*started, 2s));
+        EXPECT_EQ(started->take().at(0), reply::integer(2));
+    }
+    EXPECT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "normal"}), "0");
+    std::this_thread::sleep_for(20ms);  // past the idle check's millisecond
+    const auto opened = conn.connections_opened();
+    EXPECT_FALSE(conn.start_if_connected(batch, how).has_value());
+    EXPECT_EQ(conn.connections_opened(), opened);
+    conn.connect(how);
+    EXPECT_EQ(conn.connections_opened(), opened + 1);
+    EXPECT_EQ(reconnections, 1);
+    auto started = conn.start_if_connected(batch, how);
+    ASSERT_TRUE(started.has_value());
+    ASSERT_TRUE(wait_for(*started, 2s));
+    EXPECT_EQ(started->take().at(0), reply::integer(3));  // nothing was sent meanwhile
+    EXPECT_EQ(reconnections, 1);
+}
+
 TEST(HiredisConnection, StartedCallToAServerThatGoesAwayFailsThroughTake) {
     redis_server srv;
     hiredis_connection conn{with_query(srv, "command_timeout=300")};

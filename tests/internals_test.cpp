@@ -15,6 +15,7 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -343,5 +344,109 @@ TEST(ThreadHolds, HoldTakenOverFromAnEndedThreadIsCountedOnTheNewOne) {
         held.unlock();
         EXPECT_FALSE(thread_may_hold_any());
     }}.join();
+}
+
+// The reaper's lanes: a cleanup that blocks holds up its own lane only, and each lane's thread
+// ends once the lane has been idle a while (none is left behind).
+TEST(Reaper, ACleanupThatBlocksHoldsUpOnlyItsOwnLane) {
+    using clock = std::chrono::steady_clock;
+    redislock::detail::reaper reaper;
+    std::atomic<bool> blocking{false};
+    std::atomic<bool> unblock{false};
+    reaper.add(
+        "hung:1",
+        [&](clock::time_point deadline) {
+            blocking = true;
+            while (!unblock && clock::now() < deadline) {
+                std::this_thread::sleep_for(1ms);
+            }
+            return unblock.load();
+        },
+        clock::now() + 30s);
+    ASSERT_TRUE(redislock::test::eventually([&] { return blocking.load(); }, 5s));
+    std::atomic<int> healthy_runs{0};
+    redislock::test::stopwatch since_added;
+    reaper.add(
+        "healthy:2",
+        [&](clock::time_point) { return ++healthy_runs == 3; },  // done at its third attempt
+        clock::now() + 30s);
+    EXPECT_TRUE(redislock::test::eventually([&] { return healthy_runs.load() == 3; }, 5s));
+    // Its retries come 10 and 20 ms apart; the hung lane's attempt lasts 1 s.
+    EXPECT_LT(since_added.elapsed(), 500ms);
+    EXPECT_EQ(reaper.pending(), 1u);
+    EXPECT_EQ(reaper.running_lanes(), 2u);
+    unblock = true;
+    EXPECT_TRUE(reaper.wait_idle(5s));
+    EXPECT_TRUE(redislock::test::eventually([&] { return reaper.running_lanes() == 0; }, 10s));
+    // A lane whose thread ended starts again with its next cleanup.
+    std::atomic<bool> ran_again{false};
+    reaper.add(
+        "healthy:2", [&](clock::time_point) { return ran_again = true; }, clock::now() + 30s);
+    EXPECT_TRUE(redislock::test::eventually([&] { return ran_again.load(); }, 5s));
+    EXPECT_TRUE(reaper.wait_idle(5s));
+}
+
+// One server's trouble never delays another's cleanup. Releases on a hung server were handed to
+// the reaper, whose every attempt there blocks for the command timeout (1 s); an orphan left on
+// a healthy server must still be cleaned up at once, not after them.
+TEST(Reaper, CleanupsStuckOnAHungServerNeverDelayAnotherServersCleanup) {
+    using redislock::test::fault;
+    using redislock::test::redis_server;
+    using redislock::test::stopwatch;
+    redis_server hung_server;
+    redis_server healthy_server;
+    redislock::client hung{redislock::test::with_query(hung_server, "command_timeout=1000")};
+    std::vector<redislock::mutex> stuck;
+    for (int i = 0; i < 4; ++i) {
+        stuck.push_back(hung.mutex("stuck:" + std::to_string(i),
+                                   {.lease = 30s, .owner = "stuck-" + std::to_string(i)}));
+    }
+    for (auto& m : stuck) {
+        m.lock();
+    }
+    hung_server.pause();
+    {
+        std::vector<std::jthread> unlocking;
+        for (auto& m : stuck) {
+            unlocking.emplace_back([&m] {
+                std::error_code ec;
+                m.unlock(ec);
+                EXPECT_EQ(ec, redislock::errc::connection_failed) << ec.message();
+            });
+        }
+    }
+    ASSERT_GE(redislock::detail::background_reaper().pending(), stuck.size());
+
+    redislock::basic_client<redislock::test::fault_connection> healthy{healthy_server.uri()};
+    auto orphan = healthy.mutex("orphan", {.lease = 30s});
+    orphan.lock();
+    healthy.connection().inject(fault::throw_before_send, "EVALSHA", 1,
+                                redislock::detail::scripts::mutex_release);
+    std::error_code ec;
+    orphan.unlock(ec);
+    EXPECT_EQ(ec, redislock::errc::connection_failed);
+    redislock::hiredis_connection probe{healthy_server.uri()};
+    stopwatch since_orphaned;
+    // The lease is 30 s: only the reaper's release can free the key this soon.
+    EXPECT_TRUE(redislock::test::eventually(
+        [&] {
+            return probe.execute(std::array<std::string_view, 2>{"EXISTS", "orphan"})
+                       .as_integer() == 0;
+        },
+        10s));
+    EXPECT_LT(since_orphaned.elapsed(), 500ms)
+        << "the orphan on the healthy server waited behind the hung server's cleanups";
+
+    hung_server.resume();
+    EXPECT_TRUE(redislock::test::eventually(
+        [&] {
+            for (int i = 0; i < 4; ++i) {
+                if (hung_server.cli({"EXISTS", "stuck:" + std::to_string(i)}) != "0") {
+                    return false;
+                }
+            }
+            return true;
+        },
+        10s));
 }
 }  // namespace

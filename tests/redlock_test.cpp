@@ -26,6 +26,7 @@
 #include <redislock/redislock.hpp>
 
 #include "support/exclusion.hpp"
+#include "support/fault_proxy.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_util.hpp"
 
@@ -489,6 +490,108 @@ TEST_F(Redlock, WatchdogRenewsOnTheQuorumWhileTwoMastersHang) {
         EXPECT_GT(raw(i, {"PTTL", "renewed-minority"}).as_integer(), 0) << "master " << i;
     }
     m.unlock();
+}
+
+// A master dropped off the network: a connect to it neither succeeds nor is refused (its SYNs
+// are dropped) until the client gives up. Opening a connection to it must never delay the other
+// masters' attempts: the four others are a quorum, every time. It comes first in the list, so a
+// connect made in line would be made before any other master is asked.
+TEST_F(Redlock, AMasterWhoseConnectsHangNeverDelaysTheOthers) {
+    unresponsive_listener dropped;
+    std::vector<std::string> list = uris();
+    list[0] = dropped.uri();
+    // Every round waits the node timeout for the lost master; generous, for a loaded machine.
+    redlock_client rl{list, {.node_timeout = 500ms}};
+    auto m = rl.mutex("unreachable-master", {.lease = 10s});
+    int acquired = 0;
+    std::string refused;
+    for (int i = 0; i < 5; ++i) {
+        try {
+            if (m.try_lock()) {
+                ++acquired;
+                EXPECT_GT(m.remaining(), 9s);
+                for (std::size_t n = 1; n < masters; ++n) {
+                    EXPECT_TRUE(value_on(n, "unreachable-master").has_value()) << "master " << n;
+                }
+                std::error_code ec;
+                m.unlock(ec);
+                EXPECT_FALSE(ec) << ec.message();
+            }
+        } catch (const quorum_error& e) {
+            refused = e.what();
+        }
+    }
+    EXPECT_EQ(acquired, 5) << "last refusal: " << refused;
+    EXPECT_TRUE(eventually([&] { return gone_everywhere("unreachable-master"); }))
+        << where("unreachable-master");
+}
+
+// A holder that locked before a master dropped off the network keeps its lock: its established
+// connection goes silent, the connects that replace it hang, and renewals still go through the
+// four others every time. Other locks are still taken meanwhile.
+TEST_F(Redlock, AHolderKeepsItsLockWhileAMasterIsOffTheNetwork) {
+    fault_proxy path{server(0).host(), server(0).port()};
+    std::vector<std::string> list = uris();
+    list[0] = path.uri();
+    redlock_client rl{list, {.node_timeout = 500ms}};
+    lost_counter lost;
+    auto held = rl.mutex("holder-before-the-drop",
+                         {.lease = 3s, .watchdog = true, .on_lost = lost.handler()});
+    ASSERT_TRUE(held.try_lock());
+    path.unreachable(true);
+    auto other = rl.mutex("taken-after-the-drop", {.lease = 10s});
+    int taken = 0;
+    std::string refused;
+    stopwatch since_drop;
+    while (since_drop.elapsed() < 4500ms) {  // a lease and a half
+        try {
+            if (other.try_lock()) {
+                ++taken;
+                other.unlock();
+            }
+        } catch (const quorum_error& e) {
+            refused = e.what();
+        }
+    }
+    EXPECT_EQ(lost.calls.load(), 0);
+    EXPECT_TRUE(held.owned());
+    EXPECT_FALSE(held.lost_token().stop_requested());
+    EXPECT_TRUE(refused.empty()) << refused;
+    EXPECT_GT(taken, 0);
+    std::error_code ec;
+    held.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    path.heal();
+}
+
+// Renewal rounds without a quorum (three masters hung) still extend the key on the two live
+// masters; none of them counts, so the holder is told lost at its local deadline. What they left
+// there must not outlive that.
+TEST_F(Redlock, RenewalsWithoutAQuorumLeaveNothingPastTheHoldersLoss) {
+    using clock = std::chrono::steady_clock;
+    redlock_client rl{uris(), fast()};
+    std::atomic<clock::rep> lost_at{0};
+    auto held = rl.mutex("unconfirmed-renewals", {.lease = 3s, .watchdog = true, .on_lost = [&] {
+                                                      lost_at =
+                                                          clock::now().time_since_epoch().count();
+                                                  }});
+    ASSERT_TRUE(held.try_lock());
+    for (std::size_t i = 0; i < 3; ++i) {
+        hang(i);
+    }
+    ASSERT_TRUE(eventually([&] { return lost_at.load() != 0; }, 10s));
+    const clock::time_point told{clock::duration{lost_at.load()}};
+    // Polled on fresh connections: a probe reads the live masters only.
+    const auto on_live_masters = [&] {
+        return value_on(3, "unconfirmed-renewals").has_value() ||
+               value_on(4, "unconfirmed-renewals").has_value();
+    };
+    ASSERT_TRUE(eventually([&] { return !on_live_masters(); }, 10s))
+        << where("unconfirmed-renewals");
+    const auto outlived = clock::now() - told;
+    EXPECT_LT(outlived, 1s)
+        << "the key outlived the holder's loss on the live masters by "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(outlived).count() << " ms";
 }
 
 TEST_F(Redlock, TimedLockReturnsByItsDeadlineWhileAMasterIsHung) {

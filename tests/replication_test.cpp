@@ -1,8 +1,10 @@
 // lock_options::min_replicas: acquisitions and renewals acknowledged by replicas (WAIT).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include <redislock/redislock.hpp>
@@ -115,6 +117,48 @@ TEST(Replication, ARenewalNoReplicaAcknowledgesEndsInALossAtTheLocalDeadline) {
     EXPECT_FALSE(m.owned());
     servers.replica.resume();
     m.unlock();
+}
+
+// Renewals refused for too few replicas still ran on the master and pushed its key's expiry out;
+// none of them counts, so the holder is told lost at its local deadline. What they left must not
+// outlive that: a rival polling the master gets in soon after the loss is told, and never before.
+TEST(Replication, RenewalsRefusedForTooFewReplicasLeaveNothingPastTheHoldersLoss) {
+    using clock = std::chrono::steady_clock;
+    replicated_pair servers;
+    redislock::client holder_client{servers.master.uri()};
+    redislock::client rival_client{servers.master.uri()};
+    std::atomic<clock::rep> lost_at{0};
+    auto held = holder_client.mutex(
+        "refused-renewals", {.lease = 3s,
+                             .watchdog = true,
+                             .on_lost = [&] { lost_at = clock::now().time_since_epoch().count(); },
+                             .min_replicas = 1,
+                             .replica_timeout = 100ms});
+    ASSERT_TRUE(held.try_lock_for(5s));
+    servers.replica.pause();  // every WAIT from now on counts no replica
+    auto rival = rival_client.mutex("refused-renewals", {.lease = 10s});
+    redislock::test::stopwatch since_pause;
+    clock::time_point rival_in{};
+    while (since_pause.elapsed() < 15s) {
+        if (rival.try_lock()) {
+            rival_in = clock::now();
+            break;
+        }
+        std::this_thread::sleep_for(5ms);
+    }
+    ASSERT_NE(rival_in, clock::time_point{}) << "the rival never got in";
+    ASSERT_NE(lost_at.load(), 0) << "the holder was never told";
+    const clock::time_point told{clock::duration{lost_at.load()}};
+    EXPECT_GE(rival_in, told) << "a rival got in before the holder was told lost";
+    EXPECT_LT(rival_in - told, 1s)
+        << "the key outlived the holder's loss by "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(rival_in - told).count() << " ms";
+    std::error_code ec;
+    held.unlock(ec);
+    EXPECT_EQ(ec, redislock::errc::lock_lost);
+    EXPECT_TRUE(rival.owned());  // the holder's late unlock left the rival's key alone
+    servers.replica.resume();
+    rival.unlock();
 }
 
 TEST(Replication, OptionsAreChecked) {

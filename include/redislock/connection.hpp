@@ -19,6 +19,14 @@
 //   c.start(commands, how)           C::call              optional (fanout_connection): sends
 //                                                         every command and returns without
 //                                                         waiting for a reply (table below)
+//   c.start_if_connected(commands,   std::optional<       optional (connected_fanout_
+//                        how)        C::call>             connection): as start() on a connection
+//                                                         already open and free; std::nullopt,
+//                                                         nothing sent, when start() would first
+//                                                         have to connect or wait for one
+//   c.connect(how)                   void                 with start_if_connected: has one
+//                                                         connection open and free, opening one
+//                                                         if need be, by how.deadline
 //
 // A C::call is one batch in flight, so that one thread can have commands outstanding on several
 // connections at once and wait for all of them with poll(2) (Redlock's fan-out to its masters):
@@ -65,6 +73,7 @@
 
 #include <chrono>
 #include <concepts>
+#include <optional>
 #include <span>
 #include <stop_token>
 #include <string_view>
@@ -133,6 +142,16 @@ concept fanout_connection = connection<C> &&
     { ended.buffered() } -> std::same_as<bool>;
     { call.read() } -> std::same_as<bool>;
     { call.take() } -> std::same_as<std::vector<reply>>;
+};
+
+/// A fanout connection that can tell, without waiting, that starting a batch would first need a
+/// connection opened, and open one apart: Redlock then connects on another thread, so a master
+/// whose connects hang never holds up the others' commands.
+template <class C>
+concept connected_fanout_connection = fanout_connection<C> &&
+    requires(C& c, std::span<const command> commands, const call_context& how) {
+    { c.start_if_connected(commands, how) } -> std::same_as<std::optional<typename C::call>>;
+    c.connect(how);
 };
 
 namespace detail {

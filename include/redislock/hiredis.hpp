@@ -54,6 +54,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <span>
 #include <stop_token>
 #include <string>
@@ -496,20 +497,40 @@ public:
         check_stop(how);
         reconnect_notice notice{*this};  // reports only when start() throws
         auto ctx = take(notice, deadline, how.stop);
-        for (command argv : commands) {
-            if (!detail::append_command(ctx.get(), argv)) {
-                fail(std::move(ctx));
-            }
-        }
-        for (int done = 0; done == 0;) {
-            if (redisBufferWrite(ctx.get(), &done) != REDIS_OK) {
-                fail(std::move(ctx));
-            }
-        }
+        write_all(ctx, commands);
         // From here the call reports, when its context is no longer held.
         const hiredis_connection* reopened_by =
             std::exchange(notice.reopened, false) ? this : nullptr;
         return call{this_pool(), std::move(ctx), commands.size(), reopened_by};
+    }
+
+    /// Has a context of the pool open and free, opening one when there is none (bounded by
+    /// how.deadline and the connect timeout), so that the next start_if_connected() finds it.
+    /// A context opened to replace a broken one is reported as connect() returns.
+    /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
+    void connect(const call_context& how) {
+        check_stop(how);
+        reconnect_notice notice{*this};
+        this_pool().release(take(notice, how.deadline, how.stop));
+    }
+
+    /// As start(), on a context of the pool that is open and free now; std::nullopt, with
+    /// nothing sent, when start() would first have to open one or wait for one to be freed
+    /// (see fanout_connection in connection.hpp: a caller that must not wait for a connect
+    /// calls connect() on another thread).
+    /// @throws redislock::connection_error, redislock::cancelled_error
+    std::optional<call> start_if_connected(std::span<const command> commands,
+                                           const call_context& how) {
+        if (commands.empty()) {
+            throw invalid_argument{"redislock: start() needs at least one command"};
+        }
+        check_stop(how);
+        auto ctx = this_pool().take_idle();
+        if (!ctx) {
+            return std::nullopt;
+        }
+        write_all(ctx, commands);
+        return call{this_pool(), std::move(ctx), commands.size(), nullptr};
     }
 
     /// The endpoint the connection was made for.
@@ -571,6 +592,20 @@ private:
                                  std::chrono::steady_clock::time_point::max(),
                              const std::stop_token* stop = nullptr) {
         return this_pool().acquire(deadline, stop, &notice.reopened);
+    }
+
+    // Appends and writes every command; closes the context and throws when that fails.
+    void write_all(detail::context_ptr& ctx, std::span<const command> commands) {
+        for (command argv : commands) {
+            if (!detail::append_command(ctx.get(), argv)) {
+                fail(std::move(ctx));
+            }
+        }
+        for (int done = 0; done == 0;) {
+            if (redisBufferWrite(ctx.get(), &done) != REDIS_OK) {
+                fail(std::move(ctx));
+            }
+        }
     }
 
     static bool bounded(const call_context& how) noexcept {
@@ -832,6 +867,23 @@ private:
             }
         }
 
+        // An idle context that is still open, or null when there is none (those found closed
+        // are dropped, as acquire() drops them).
+        detail::context_ptr take_idle() {
+            std::lock_guard lock{mutex};
+            while (!idle.empty()) {
+                idle_context entry = std::move(idle.back());
+                idle.pop_back();
+                if (std::chrono::steady_clock::now() - entry.since < recheck_after ||
+                    still_open(*entry.ctx)) {
+                    return std::move(entry.ctx);
+                }
+                --open_count;
+                ++broken;
+            }
+            return nullptr;
+        }
+
         void release(detail::context_ptr ctx) noexcept {
             {
                 std::lock_guard lock{mutex};
@@ -1003,5 +1055,6 @@ static_assert(pipelining_connection<hiredis_connection>);
 static_assert(contextual_connection<hiredis_connection>);
 static_assert(contextual_pipelining_connection<hiredis_connection>);
 static_assert(fanout_connection<hiredis_connection>);
+static_assert(connected_fanout_connection<hiredis_connection>);
 
 }  // namespace redislock

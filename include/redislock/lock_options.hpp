@@ -48,7 +48,9 @@ struct lock_options {
     /// same round trip. An acquisition with fewer acknowledgements is undone; a wait with time
     /// left tries again, and the call throws redislock::replication_error (not contention) when
     /// none is left; a renewal with fewer is retried, and the
-    /// lock reported lost if none is acknowledged before its lease runs out. WAIT is not
+    /// lock reported lost if none is acknowledged before its lease runs out (a simple lock is
+    /// then released in the background: the renewals that did not count still extended the key
+    /// on the master, and must not keep rivals out past the loss). WAIT is not
     /// consensus: an acknowledged write can still be lost if the replicas that hold it all fail,
     /// and a failover may promote a replica that had not acknowledged it yet; it narrows the
     /// window in which a hard master failure loses a just-acquired lock, it does not close it.

@@ -17,7 +17,10 @@
 // watchdog.hpp); unlock() stops the renewals before it releases.
 // Loss: told no later than the local conservative deadline (remaining() reaching zero) when no
 // renewal was confirmed by then — through owned(), lost_token() and on_lost, once — whatever a
-// round trip blocked on a stalled connection is doing.
+// round trip blocked on a stalled connection is doing. Once told, that acquisition is released
+// in the background (by the client's reaper): renewals or an extend() that never counted (too
+// few replicas acknowledged them, their answer was lost) may have kept the key past the deadline
+// the holder was told of, and must not keep rivals out longer.
 // Events: with a client event hook (client_options::on_event) a lock call that takes the lock
 // reports acquired, each attempt that finds it held contended, unlock() released, and a loss
 // lost with its reason (see events.hpp).

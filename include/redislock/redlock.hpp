@@ -32,12 +32,18 @@
 // Lifetime: not copyable or movable. Locks share the client's core, so a lock may outlive its
 // client and still release; the client's destructor stops lease renewals. A lock call runs its
 // round on its own thread: it writes the command to every master's socket, then waits for all of
-// them at once with poll(2) (no thread per master, no hand-off). Each master's connection is
-// made on first use; with connections that cannot start a command without waiting for its reply
-// (see fanout_connection in connection.hpp) the masters are asked one after another instead.
-// Two threads per process serve the client's locks, each started on first use: the loss timer
-// and the watchdog (renewals); releases that could not reach a master are finished by the
-// process's reaper thread.
+// them at once with poll(2) (no thread per master, no hand-off). A master with no connection
+// open (first use, or its last one broke or went unanswered) is connected on a thread of its
+// own meanwhile, and sent the command once connected if the round is not over: a master whose
+// connects hang (dropped off the network, accept queue full) costs the round its answer only,
+// never the other masters' (hiredis_connection, or any connection that models
+// connected_fanout_connection). With connections that cannot start a command without waiting
+// for its reply (see fanout_connection in connection.hpp) the masters are asked one after
+// another instead.
+// Threads per process that serve the client's locks, each started on first use: the loss timer
+// and the watchdog (renewals); one per master while it is being connected (it ends 2 s after the
+// last connect); releases that could not reach a master are finished by the process's reaper,
+// on a thread per master with releases pending.
 // fork(): a child never uses its parent's threads or connections; it makes its own on first
 // use (the parent's copies are left untouched). As with any library that uses threads, fork()
 // from a quiet moment: a fork while another thread is inside a lock call may leave the child's

@@ -14,7 +14,7 @@
 // TimedLockable, so std::unique_lock, std::scoped_lock and std::lock work with it.
 //
 // Timed calls: the first attempt always gets the full node_timeout (try_lock() makes exactly
-// one, which takes at most node_timeout once the masters are connected); later attempts of
+// one, which takes at most node_timeout, connecting included); later attempts of
 // try_lock_for and try_lock_until end by the caller's deadline, their calls cut short if need be
 // (a call cut short counts as contention, never as an outage).
 //
@@ -28,10 +28,13 @@
 // Loss: the lock is known lost when a quorum round finds the key gone or taken on more than
 // N - quorum masters, or locally when its validity runs out without a renewal confirmed by a
 // quorum, whatever a blocked round trip is doing (a timer that does no I/O fires at that
-// deadline). Each acquisition reports its loss once: on_lost is called, lost_token() is
-// requested and owned() turns false. on_lost runs on the thread that found out (a lock call,
-// the loss timer's or the watchdog's); it must not throw and should return quickly, as it
-// delays other locks' loss reports (or renewals) while it runs.
+// deadline). Once a loss by expiry is told, the acquisition is released on every master in the
+// background: renewals or an extend() without a quorum still extended the key on the masters
+// that answered, and must not keep it there past the validity the holder was told of. Each
+// acquisition reports its loss once: on_lost is called, lost_token() is requested and owned() turns
+// false. on_lost runs on the thread that found out (a lock call, the loss timer's or the
+// watchdog's); it must not throw and should return quickly, as it delays other locks' loss reports
+// (or renewals) while it runs.
 //
 // Renewal (lock_options::watchdog): the client's watchdog (watchdog.hpp) renews every lease/3
 // with the compare-and-PEXPIRE script, sent to every master at once; only a quorum's

@@ -137,13 +137,22 @@ public:
         apply([&](settings& s) { s.dropping_replies = on; });
     }
 
-    /// Turns every fault off: no delay, no stall, no refusal, replies delivered.
+    /// true: the path drops off the network. Live connections carry nothing, as after stall(),
+    /// and a new connect neither succeeds nor is refused until the client gives up: the listen
+    /// backlog is cut to nothing and filled, so the kernel drops the SYNs. false: connects are
+    /// accepted again and bytes held meanwhile are delivered.
+    void unreachable(bool on) {
+        apply([&](settings& s) { s.unreachable = on; });
+    }
+
+    /// Turns every fault off: no delay, no stall, no refusal, replies delivered, reachable.
     void heal() {
         apply([](settings& s) {
             s.delay = std::chrono::milliseconds::zero();
             s.stalled = false;
             s.refusing = false;
             s.dropping_replies = false;
+            s.unreachable = false;
         });
     }
 
@@ -166,6 +175,7 @@ private:
         bool stalled = false;
         bool refusing = false;
         bool dropping_replies = false;
+        bool unreachable = false;
         std::uint64_t cut_generation = 0;
     };
 
@@ -219,6 +229,8 @@ private:
         std::vector<pollfd> fds;
         // For each pollfd past the first two: its link, and whether it is the client's end.
         std::vector<std::pair<link*, bool>> owners;
+        bool unreachable = false;
+        std::vector<detail::unique_fd> backlog_fillers;  // while unreachable
         for (;;) {
             std::uint64_t epoch = 0;
             {
@@ -228,6 +240,11 @@ private:
                 }
                 current = wanted_;
                 epoch = wanted_epoch_;
+            }
+
+            if (current.unreachable != unreachable) {
+                unreachable = current.unreachable;
+                set_reachable(!unreachable, backlog_fillers);
             }
 
             if (current.cut_generation != cuts_done) {
@@ -249,14 +266,14 @@ private:
             fds.clear();
             owners.clear();
             fds.push_back({wake_.get(), POLLIN, 0});
-            fds.push_back({listener_.get(), POLLIN, 0});
+            fds.push_back({listener_.get(), current.unreachable ? short{0} : short{POLLIN}, 0});
             auto next_due = clock::time_point::max();
             for (auto& l : links) {
                 for (const bool is_client : {true, false}) {
                     side& from = is_client ? l.client : l.server;
                     side& to = is_client ? l.server : l.client;
                     short events = 0;
-                    if (!current.stalled) {
+                    if (!current.stalled && !current.unreachable) {
                         if (!from.eof && to.outgoing_bytes < max_buffered) {
                             events |= POLLIN;
                         }
@@ -346,6 +363,31 @@ private:
             l.server.fd = std::move(server);
             accepted_.fetch_add(1);
             live_.fetch_add(1);
+        }
+    }
+
+    // Unreachable: a backlog of 0 still queues one connection, so a few made here fill the
+    // queue and the kernel drops every later SYN. Reachable: the usual backlog; the fillers are
+    // closed, and accepted and dropped like any connection that closes at once.
+    void set_reachable(bool reachable, std::vector<detail::unique_fd>& fillers) {
+        if (reachable) {
+            (void)::listen(listener_.get(), 64);
+            fillers.clear();
+            return;
+        }
+        (void)::listen(listener_.get(), 0);
+        sockaddr_in self{};
+        self.sin_family = AF_INET;
+        self.sin_port = htons(static_cast<std::uint16_t>(port_));
+        self.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        for (int i = 0; i < 3; ++i) {
+            detail::unique_fd filler{
+                ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)};
+            if (!filler) {
+                break;
+            }
+            (void)::connect(filler.get(), reinterpret_cast<const sockaddr*>(&self), sizeof(self));
+            fillers.push_back(std::move(filler));
         }
     }
 

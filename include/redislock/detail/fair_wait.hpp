@@ -88,7 +88,7 @@ void leave_queue(const lock_identity<C>& lk, const std::string& waiter, std::str
     };
     try {
         if (!leave(steady::now() + std::chrono::milliseconds{10})) {
-            background_reaper().add(leave,
+            background_reaper().add(server_lane(lk.core->connection, lk.name, lk.core.get()), leave,
                                     std::max(steady::now() + std::chrono::seconds{2}, lapses_by));
         }
     } catch (...) {

@@ -396,7 +396,7 @@ public:
                 if (st) {
                     if (auto m = lease_tracker{st}.mark_only(key)) {
                         notice.source = m->source;
-                        notice.handler = deferred_report(*st, *m);
+                        notice.handler = then_take_back(deferred_report(*st, *m), self, key);
                     }
                 }
                 let_go(std::move(st));
@@ -563,11 +563,47 @@ private:
     static void let_go(std::shared_ptr<State>&& st) {
         if (st && st.use_count() == 1) {
             try {
-                background_reaper().add([last = std::move(st)](steady::time_point) { return true; },
-                                        steady::now() + std::chrono::seconds{1});
+                background_reaper().add(
+                    reaper::no_server, [last = std::move(st)](steady::time_point) { return true; },
+                    steady::now() + std::chrono::seconds{1});
             } catch (...) {
                 // Out of memory: st ends here, as it would have without this step.
             }
+        }
+    }
+
+    // After a loss by expiry, once it is told: has the kind take back, in the background, what
+    // renewals or extends that were never confirmed (too few replicas acknowledged them, no
+    // answer, no quorum) may have left in Redis past the lease the holder was told of
+    // (State::clean_up_expired(st, key), for kinds that have it). Told first, taken back after,
+    // so no rival gets in before the holder knows; a lost reply only delays it (the reaper tries
+    // again), and a later acquisition is never touched (each is named by its own key).
+    static void take_back(const std::weak_ptr<State>& self, const key_type& key) noexcept {
+        if constexpr (requires(const std::shared_ptr<State>& st) {
+                          State::clean_up_expired(st, key);
+                      }) {
+            if (auto st = self.lock()) {
+                State::clean_up_expired(st, key);
+                let_go(std::move(st));
+            }
+        }
+    }
+
+    // `report`, then take_back().
+    static std::function<void()> then_take_back(std::function<void()> report,
+                                                const std::weak_ptr<State>& self,
+                                                const key_type& key) {
+        if constexpr (requires(const std::shared_ptr<State>& st) {
+                          State::clean_up_expired(st, key);
+                      }) {
+            return [report = std::move(report), self, key] {
+                if (report) {
+                    report();
+                }
+                take_back(self, key);
+            };
+        } else {
+            return report;
         }
     }
 
@@ -631,6 +667,9 @@ private:
             return e;
         });
         report_loss(*st_, m->kind, reason, m->acquired_at);
+        if (reason == loss_reason::expired) {
+            take_back(self_, key);
+        }
     }
 
     // On the watchdog thread: a renewal failed and will be sent again.

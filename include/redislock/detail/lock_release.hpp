@@ -68,14 +68,15 @@ std::error_code end_release(const State& lk, const Lease& t, release_end how,
 /// Has the reaper retry `once(*st, entry, deadline)`, one release of `entry` that returns true
 /// when done (released, or found gone), until it is done or the lease that `entry` may hold,
 /// ending at `lease_end`, has surely ended (plus the drift allowance). The reaper keeps `st`, and
-/// so the client's core and connection, alive meanwhile. `once` may throw (a failed attempt);
-/// copying it must not.
+/// so the client's core and connection, alive meanwhile; it waits in the lane of the server that
+/// serves the lock's name. `once` may throw (a failed attempt); copying it must not.
 template <class State, class Entry, class Once>
 void leave_to_reaper(const std::shared_ptr<State>& st, const Entry& entry,
                      steady::time_point lease_end, Once once) noexcept {
     try {
         const auto give_up_at = lease_end + st->options.lease / 100 + std::chrono::milliseconds{2};
         background_reaper().add(
+            server_lane(st->core->connection, st->name, st->core.get()),
             [st, entry, once](steady::time_point deadline) {
                 try {
                     return once(*st, entry, deadline);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -17,6 +18,9 @@
 #include <redislock/events.hpp>
 
 namespace redislock::detail {
+
+template <connection C>
+struct mutex_release;
 
 // What a simple lock object shares with its timer and watchdog callbacks.
 template <connection C>
@@ -31,6 +35,14 @@ struct mutex_state : lock_identity<C> {
     // The tracked lease of the acquisition holding `t`, if it is still held.
     static tracked_lease<C>* find_lease(mutex_state& st, const detail::token& t) {
         return st.held && st.token == t ? &st.lease : nullptr;
+    }
+
+    // After the loss of acquisition `t` by expiry: releases it in the background, should a
+    // renewal or extend that was never confirmed have kept its key past the lease the holder was
+    // told of (see lease_tracker::take_back). A key already gone or taken is left alone.
+    static void clean_up_expired(const std::shared_ptr<mutex_state>& st,
+                                 const detail::token& t) noexcept {
+        mutex_release<C>::hand_to_reaper(st, t, steady::now() + st->options.lease);
     }
 
     // How an acquisition came to this object.

@@ -4,9 +4,12 @@
 //
 // With a fanout_connection every batch is written first, so the nodes work on it at the same
 // time, and the calling thread then waits for all their sockets at once: no thread hand-off on
-// the way. A call still unanswered when the round ends is destroyed, which closes its
-// connection, so a late reply is never read as another command's. A connection without that
-// capability is asked one node after another, each call ending by the round's deadline.
+// the way. A node with no connection open is connected on its own thread meanwhile
+// (detail/node_connector.hpp), and sent the batch once it is open if the round is not over: a
+// connect that hangs never delays the other nodes. A call still unanswered when the round ends
+// is destroyed, which closes its connection, so a late reply is never read as another command's.
+// A connection without that capability is asked one node after another, each call ending by
+// the round's deadline.
 #pragma once
 
 #include <poll.h>
@@ -16,7 +19,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
+#include <memory>
 #include <optional>
 #include <span>
 #include <stop_token>
@@ -26,6 +31,7 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/node_connector.hpp>
 #include <redislock/error.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
@@ -84,11 +90,19 @@ struct node_replies {
     std::vector<reply> replies;
 };
 
-/// Sends `commands` to every node `nodes(i)` returns non-null for (i < count), all at once,
-/// and gathers the replies until each of those nodes answered, `how.deadline` passed or
-/// *how.stop was requested. `nodes(i)` may make the connection (and throw: the node then
-/// failed); nodes are sent to in the order of `order`, so a node slow to connect delays only
-/// those after it. Failures are reported per node; only std::bad_alloc is thrown.
+/// Sends `commands` to every node of `order` (indices below `count`), all at once, and gathers
+/// the replies until each of those nodes answered, `how.deadline` passed or *how.stop was
+/// requested. Failures are reported per node; only std::bad_alloc is thrown.
+///
+/// With a fanout_connection, `nodes` gives:
+///   nodes.start(i, commands, how)  std::optional<C::call>  the batch started on node i's
+///                                  connection without waiting for a connect; std::nullopt,
+///                                  nothing sent, when one must be opened first (throws: failed)
+///   nodes.connector(i)             node_connector&         opens it on its own thread; the
+///                                  round sends once it is open, if the round is not over
+/// so a node slow to connect never delays the others. Otherwise, nodes.connection(i) gives the
+/// connection (made now if need be, which may wait, or throw), and the nodes are asked one after
+/// another in the order of `order`.
 template <connection C, class Nodes>
 std::vector<node_replies> fan_out(std::size_t count, Nodes&& nodes,
                                   std::span<const std::size_t> order,
@@ -96,11 +110,12 @@ std::vector<node_replies> fan_out(std::size_t count, Nodes&& nodes,
                                   const call_context& how) {
     std::vector<node_replies> out(count);
     const auto past_deadline = [&how] { return std::chrono::steady_clock::now() >= how.deadline; };
+    const auto stopped = [&how] { return how.stop != nullptr && how.stop->stop_requested(); };
     if constexpr (fanout_connection<C>) {
         using call = typename C::call;
         struct node_state {
-            C* conn = nullptr;
             std::optional<call> in_flight;
+            std::uint64_t connecting = 0;      // the connector's warm-up it waits for; 0: none
             std::vector<reply> first;          // replies to the batch, NOSCRIPT ones included
             std::vector<std::size_t> retried;  // commands sent again behind SCRIPT LOAD
             std::size_t loads = 0;             // SCRIPT LOADs in front of them
@@ -111,20 +126,31 @@ std::vector<node_replies> fan_out(std::size_t count, Nodes&& nodes,
         for (const fanout_command& c : commands) {
             batch.push_back(c.argv);
         }
-        for (std::size_t i : order) {
+        // Made when a node has to connect first; connectors wake the round through it.
+        std::shared_ptr<round_signal> signal;
+        // Sends the batch to node i, or has its connection opened first.
+        const auto begin = [&](std::size_t i) {
             try {
                 if (past_deadline()) {
                     out[i].error = "not sent: the round's deadline had passed";
-                    continue;
+                    return;
                 }
-                state[i].conn = nodes(i);
-                if (state[i].conn != nullptr) {
+                if (std::optional<call> started =
+                        nodes.start(i, std::span<const command>{batch}, how)) {
                     out[i].sent = true;
-                    state[i].in_flight.emplace(state[i].conn->start(batch, how));
+                    state[i].in_flight.emplace(std::move(*started));
+                    return;
                 }
+                if (!signal) {
+                    signal = std::make_shared<round_signal>();
+                }
+                state[i].connecting = nodes.connector(i).request(signal);
             } catch (const std::exception& e) {
                 out[i].error = e.what();
             }
+        };
+        for (std::size_t i : order) {
+            begin(i);
         }
         // Scripts the node did not know (a restart, SCRIPT FLUSH): SCRIPT LOAD, then only the
         // commands answered NOSCRIPT again, on a fresh call. False when none was.
@@ -155,7 +181,11 @@ std::vector<node_replies> fan_out(std::size_t count, Nodes&& nodes,
                 again.push_back(commands[k].argv);
             }
             n.loads = loads.size();
-            n.in_flight.emplace(n.conn->start(again, how));
+            std::optional<call> started = nodes.start(i, std::span<const command>{again}, how);
+            if (!started) {
+                throw connection_error{"redislock: no free connection to load a script"};
+            }
+            n.in_flight.emplace(std::move(*started));
             return true;
         };
         // The node's replies, once its last call came back.
@@ -183,20 +213,48 @@ std::vector<node_replies> fan_out(std::size_t count, Nodes&& nodes,
         std::vector<pollfd> fds;
         std::vector<std::size_t> polled;
         constexpr std::chrono::milliseconds stop_poll_slice{5};
+        // Nodes whose connector finished: send to those it connected.
+        const auto take_connected = [&] {
+            signal->drain();
+            for (std::size_t i = 0; i < count; ++i) {
+                if (state[i].connecting == 0) {
+                    continue;
+                }
+                try {
+                    const auto done = nodes.connector(i).result(state[i].connecting);
+                    if (!done) {
+                        continue;
+                    }
+                    state[i].connecting = 0;
+                    if (done->ready) {
+                        begin(i);  // may have to wait for another connection (one taken meanwhile)
+                    } else {
+                        out[i].error = done->error;
+                    }
+                } catch (const std::exception& e) {
+                    state[i].connecting = 0;
+                    out[i].error = e.what();
+                }
+            }
+        };
         for (;;) {
             fds.clear();
             polled.clear();
             bool buffered = false;
+            bool connecting = false;
             for (std::size_t i = 0; i < count; ++i) {
                 if (state[i].in_flight) {
                     buffered = buffered || state[i].in_flight->buffered();
                     fds.push_back({state[i].in_flight->fd(), POLLIN, 0});
                     polled.push_back(i);
                 }
+                connecting = connecting || state[i].connecting != 0;
             }
-            if (polled.empty() || past_deadline() ||
-                (how.stop != nullptr && how.stop->stop_requested())) {
+            if ((polled.empty() && !connecting) || past_deadline() || stopped()) {
                 break;
+            }
+            if (connecting) {
+                fds.push_back({signal->fd(), POLLIN, 0});
             }
             auto slice = std::chrono::ceil<std::chrono::milliseconds>(
                 how.deadline - std::chrono::steady_clock::now());
@@ -207,6 +265,9 @@ std::vector<node_replies> fan_out(std::size_t count, Nodes&& nodes,
                                      buffered ? 0 : static_cast<int>(slice.count()));
             if (ready < 0 && errno != EINTR) {
                 break;
+            }
+            if (connecting && fds.back().revents != 0) {
+                take_connected();
             }
             for (std::size_t k = 0; k < polled.size(); ++k) {
                 const std::size_t i = polled[k];
@@ -231,6 +292,10 @@ std::vector<node_replies> fan_out(std::size_t count, Nodes&& nodes,
                 state[i].in_flight.reset();  // closes its connection: a late reply is never read
                 out[i].late = true;
             }
+            if (state[i].connecting != 0) {
+                nodes.connector(i).forget(signal.get());
+                out[i].error = "not sent: still connecting when the round ended";
+            }
         }
     } else {
         for (std::size_t i : order) {
@@ -239,7 +304,7 @@ std::vector<node_replies> fan_out(std::size_t count, Nodes&& nodes,
                     out[i].error = "not sent: the round's deadline had passed";
                     continue;
                 }
-                C* conn = nodes(i);
+                C* conn = nodes.connection(i);
                 if (conn == nullptr) {
                     continue;
                 }

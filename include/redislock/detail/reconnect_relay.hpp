@@ -46,6 +46,10 @@ public:
             }
         }
 
+        /// Takes what was held back so far, for the caller to report later, elsewhere: a
+        /// connection opened on one thread for a call made on another is reported by that call.
+        std::vector<std::string> take() noexcept { return std::exchange(held_, {}); }
+
     private:
         friend class reconnect_relay;
 

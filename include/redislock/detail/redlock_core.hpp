@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <stop_token>
 #include <string>
@@ -36,6 +37,7 @@
 #include <redislock/detail/event_sink.hpp>
 #include <redislock/detail/loss_timer.hpp>
 #include <redislock/detail/names.hpp>
+#include <redislock/detail/node_connector.hpp>
 #include <redislock/detail/per_process.hpp>
 #include <redislock/detail/quorum_round.hpp>
 #include <redislock/detail/reaper.hpp>
@@ -143,7 +145,9 @@ public:
         : events{options.on_event},
           specs_{std::move(nodes)},
           options_{std::move(options)},
-          nodes_{[count = specs_.size()] { return std::make_unique<node_table>(count); }} {
+          nodes_{[this, count = specs_.size()] {
+              return std::make_unique<node_table>(*this, count);
+          }} {
         if constexpr (reconnect_reporting<C>) {
             if (events.observed()) {
                 // The connections report through reconnects_, which the core outlives.
@@ -247,12 +251,19 @@ public:
             }
             heard[i] = !unsure;
         }
-        release_later(acq, std::move(again), std::move(heard), started);
+        release_later(acq, again, heard, started);
         return outcomes;
     }
 
     /// Releases `acq` on every master that may hold it, in the background.
     void release_in_background(const std::shared_ptr<redlock_acquisition>& acq) {
+        release_in_background(acq, acq->sent);
+    }
+
+    /// As above, for keys a grant sent at `granted` (the acquisition, or its last renewal
+    /// round) may have set: tried while that grant's lease may still run.
+    void release_in_background(const std::shared_ptr<redlock_acquisition>& acq,
+                               clock::time_point granted) {
         std::vector<std::size_t> nodes;
         std::vector<bool> heard(size(), false);
         for (std::size_t i = 0; i < size(); ++i) {
@@ -261,7 +272,7 @@ public:
             }
             heard[i] = acq->hold(i) == node_hold::set;
         }
-        release_later(acq, std::move(nodes), std::move(heard), acq->sent);
+        release_later(acq, nodes, heard, granted);
     }
 
     /// The replies of a quorum_connection batch: see there.
@@ -341,12 +352,40 @@ private:
     struct node_slot {
         std::mutex mutex;  // guards making the connection
         std::unique_ptr<C> connection;
+        std::atomic<C*> made{nullptr};      // `connection` once made, read without the mutex
         std::atomic<bool> answering{true};  // its last call got an answer
     };
 
     struct node_table {
-        explicit node_table(std::size_t count) : slots(count) {}
+        node_table(redlock_core& core, std::size_t count) : slots(count) {
+            if constexpr (fanout_connection<C>) {
+                connectors.reserve(count);
+                for (std::size_t i = 0; i < count; ++i) {
+                    connectors.push_back(std::make_unique<node_connector>(
+                        [&core, i](clock::time_point deadline) {
+                            return core.warm_up(i, deadline);
+                        },
+                        [&core](std::string_view server) { core.reconnects_.report(server); },
+                        core.options_.node_timeout));
+                }
+            }
+        }
         std::vector<node_slot> slots;
+        // Declared after the slots, so they stop (and their warm-ups end) before the
+        // connections go.
+        std::vector<std::unique_ptr<node_connector>> connectors;
+    };
+
+    // How a round reaches the masters: see fan_out().
+    struct node_access {
+        redlock_core* core;
+        node_table* table;
+
+        auto start(std::size_t node, std::span<const command> batch, const call_context& how) {
+            return core->start_connected(*table, node, batch, how);
+        }
+        node_connector& connector(std::size_t node) { return *table->connectors[node]; }
+        C* connection(std::size_t node) { return core->connection(node); }
     };
 
 public:
@@ -376,8 +415,56 @@ private:
         std::lock_guard guard{slot.mutex};
         if (!slot.connection) {
             slot.connection = std::move(made);
+            slot.made.store(slot.connection.get(), std::memory_order_release);
         }
         return slot.connection.get();
+    }
+
+    // Starts `batch` on master `node` if that needs no connect first; std::nullopt otherwise
+    // (nothing sent): its connector opens one. Without start_if_connected, a connection that
+    // answered last time is taken to be open.
+    auto start_connected(node_table& table, std::size_t node, std::span<const command> batch,
+                         const call_context& how) {
+        using call = typename C::call;
+        node_slot& slot = table.slots[node];
+        C* conn = slot.made.load(std::memory_order_acquire);
+        if (conn == nullptr) {
+            return std::optional<call>{};
+        }
+        if constexpr (connected_fanout_connection<C>) {
+            return conn->start_if_connected(batch, how);
+        } else {
+            if (!slot.answering.load(std::memory_order_relaxed)) {
+                return std::optional<call>{};
+            }
+            return std::optional<call>{conn->start(batch, how)};
+        }
+    }
+
+    // Makes master `node`'s connection usable by `deadline`, on its connector's thread: made now
+    // (its constructor connects), or given a connection open and free (connect(); without it, a
+    // PING, which opens one when none is open). Returns the reconnections seen meanwhile, for the
+    // round that goes on to use the connection to report as it ends.
+    std::vector<std::string> warm_up(std::size_t node, clock::time_point deadline) {
+        auto held = reconnects_.defer();
+        node_slot& slot = nodes_.get().slots[node];
+        if (C* conn = slot.made.load(std::memory_order_acquire)) {
+            const call_context how{{}, deadline};
+            if constexpr (connected_fanout_connection<C>) {
+                conn->connect(how);
+            } else {
+                const std::array<std::string_view, 1> ping{"PING"};
+                const reply r = detail::execute(*conn, ping, how);
+                if (r.is_error()) {
+                    throw server_error{"redislock: " + describe(node) +
+                                       " answered PING with: " + r.text()};
+                }
+            }
+        } else {
+            (void)connection(node);
+        }
+        slot.answering.store(true, std::memory_order_relaxed);
+        return held.take();
     }
 
     std::vector<node_replies> run(const std::vector<bool>& ask,
@@ -387,7 +474,8 @@ private:
         // all of its calls are over, not between two masters' answers.
         const auto reconnects_held = reconnects_.defer();
         node_table& table = nodes_.get();
-        // Masters that answered last time first: one slow to connect delays only those after it.
+        // Masters that answered last time first: with connections that can only be asked one
+        // after another, one slow to connect delays only those after it.
         std::vector<std::size_t> order;
         order.reserve(size());
         for (const bool answering : {true, false}) {
@@ -399,8 +487,8 @@ private:
             }
         }
         const call_context how{key, deadline, stop.stop_possible() ? &stop : nullptr};
-        std::vector<node_replies> replies = fan_out<C>(
-            size(), [this](std::size_t i) { return connection(i); }, order, batch, how);
+        std::vector<node_replies> replies =
+            fan_out<C>(size(), node_access{this, &table}, order, batch, how);
         for (std::size_t i : order) {
             const bool cancelled = how.stop != nullptr && how.stop->stop_requested();
             if (replies[i].answered || !cancelled) {
@@ -450,65 +538,68 @@ private:
         return {node_answer::failed, r.is_error() ? r.text() : "unexpected reply", true};
     }
 
-    // Hands the release of `acq` on `nodes` to the reaper: sent again with backoff, at most
+    // Hands the release of `acq` on `nodes` to the reaper, one cleanup per master in that
+    // master's lane (a hung master never delays another's): sent again with backoff, at most
     // release_retries times, while the lease granted at `granted` may still run. A master's
     // "not ours" is final only once `heard` says it answered something of this acquisition
     // before: until then its SET may still be queued behind a hang, and land after.
     void release_later(const std::shared_ptr<redlock_acquisition>& acq,
-                       std::vector<std::size_t> nodes, std::vector<bool> heard,
+                       const std::vector<std::size_t>& nodes, const std::vector<bool>& heard,
                        clock::time_point granted) {
-        if (nodes.empty() || options_.release_retries <= 0) {
+        if (options_.release_retries <= 0) {
             return;
         }
         struct pending {
             std::shared_ptr<redlock_core> core;
             std::shared_ptr<redlock_acquisition> acq;
-            std::vector<std::size_t> nodes;
-            std::vector<bool> heard;
+            std::size_t node;
+            bool heard;
             int attempts_left;
         };
-        try {
-            auto work =
-                std::make_shared<pending>(pending{this->shared_from_this(), acq, std::move(nodes),
-                                                  std::move(heard), options_.release_retries});
-            const auto lease = acq->lease;
-            const auto give_up_at = granted + lease + lease / 100 + std::chrono::milliseconds{2};
-            background_reaper().add(
-                [work](clock::time_point deadline) {
-                    return work->core->release_attempt(*work->acq, work->nodes, work->heard,
-                                                       deadline) ||
-                           --work->attempts_left <= 0;
-                },
-                give_up_at);
-        } catch (...) {
-            // Out of memory: the keys expire with their lease.
+        const auto lease = acq->lease;
+        const auto give_up_at = granted + lease + lease / 100 + std::chrono::milliseconds{2};
+        for (const std::size_t node : nodes) {
+            try {
+                auto work = std::make_shared<pending>(pending{
+                    this->shared_from_this(), acq, node, heard[node], options_.release_retries});
+                background_reaper().add(
+                    describe(node),
+                    [work](clock::time_point deadline) {
+                        try {
+                            if (work->core->release_attempt(*work->acq, work->node, work->heard,
+                                                            deadline)) {
+                                return true;
+                            }
+                        } catch (...) {
+                            // Out of memory: an attempt like any that failed.
+                        }
+                        return --work->attempts_left <= 0;
+                    },
+                    give_up_at);
+            } catch (...) {
+                // Out of memory: the key expires with its lease.
+            }
         }
     }
 
-    // One background release of `acq` on `nodes`; drops the masters that are done. True when
-    // none is left.
-    bool release_attempt(redlock_acquisition& acq, std::vector<std::size_t>& nodes,
-                         std::vector<bool>& heard, clock::time_point deadline) {
+    // One background release of `acq` on `node`. True when done with that master.
+    bool release_attempt(redlock_acquisition& acq, std::size_t node, bool& heard,
+                         clock::time_point deadline) {
         std::vector<bool> ask(size(), false);
-        for (std::size_t i : nodes) {
-            ask[i] = true;
-        }
+        ask[node] = true;
         const std::array<std::string_view, 1> keys{acq.name};
         const auto release =
             evalsha_argv(scripts::compare_and_delete, keys, std::array{acq.tok.view()});
         const fanout_command cmd{release, &scripts::compare_and_delete};
         const auto replies = run(ask, std::span<const fanout_command>{&cmd, 1}, acq.name,
                                  std::min(deadline, clock::now() + options_.node_timeout), {});
-        std::erase_if(nodes, [&](std::size_t i) {
-            if (!replies[i].answered) {
-                return false;
-            }
-            const node_outcome o = interpret(node_op::release, acq, replies[i].replies.front());
-            const bool done = o.answer == node_answer::yes || o.server_error || heard[i];
-            heard[i] = true;
-            return done;
-        });
-        return nodes.empty();
+        if (!replies[node].answered) {
+            return false;
+        }
+        const node_outcome o = interpret(node_op::release, acq, replies[node].replies.front());
+        const bool done = o.answer == node_answer::yes || o.server_error || heard;
+        heard = true;
+        return done;
     }
 
     // Where the masters' connections report reconnections; declared before them, so it

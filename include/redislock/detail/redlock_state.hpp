@@ -66,6 +66,27 @@ struct redlock_state {
         return st.held && st.acq && st.acq->tok == t ? &st.lease : nullptr;
     }
 
+    // After the loss of the acquisition named `t` by expiry: releases it on every master in the
+    // background, should renewals or an extend without a quorum have kept its key on some masters
+    // past the validity the holder was told of (see lease_tracker::take_back).
+    static void clean_up_expired(const std::shared_ptr<redlock_state>& st,
+                                 const token& t) noexcept {
+        std::shared_ptr<redlock_acquisition> lost;
+        {
+            std::lock_guard guard{st->mutex};
+            if (st->acq && st->acq->tok == t) {
+                lost = st->acq;
+            }
+        }
+        if (lost) {
+            try {
+                st->core->release_in_background(lost, steady::now());
+            } catch (...) {
+                // Out of memory: the keys expire with their last renewal.
+            }
+        }
+    }
+
     // An acquisition given up by unlock() or the destructor, to be released.
     struct given_up {
         std::shared_ptr<redlock_acquisition> acq;
