@@ -19,6 +19,7 @@
 #include <redislock/client_options.hpp>
 #include <redislock/redislock.hpp>
 
+#include "support/fault_proxy.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_util.hpp"
 
@@ -727,6 +728,68 @@ TEST(Events, RefusedSubscriptionIsReportedAndTheWaiterPolls) {
     t.join();
     ASSERT_EQ(refused().size(), 1u);
     EXPECT_EQ(refused().front().rfind("acl NOPERM", 0), 0u) << refused().front();
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// Misuse and settings that cannot work (generic form, run before the fix)
+
+std::vector<seen> about(const recorder& events, const std::string& name) {
+    std::vector<seen> out;
+    for (const seen& s : events.all()) {
+        if (s.name == name && s.type != event_type::acquired) {
+            out.push_back(s);
+        }
+    }
+    return out;
+}
+
+TEST(Events, UnlockFromAnotherThreadIsReportedWithBothThreads) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    auto m = client.mutex("misuse:mutex", {.lease = 30s, .watchdog = true});
+    std::unique_lock guard{m};
+    std::thread{[&] { guard.unlock(); }}.join();
+    EXPECT_TRUE(m.owned());
+    EXPECT_FALSE(about(events, "misuse:mutex").empty()) << "the swallowed not_holder was not told";
+    m.unlock();
+}
+
+TEST(Events, WatchdogLeaseBelowSixCommandTimeoutsIsReportedAtCreation) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    auto job = client.mutex("nightly", {.lease = 5s, .watchdog = true});
+    EXPECT_FALSE(about(events, "nightly").empty()) << "a 5 s lease under a 2 s command timeout";
+}
+
+TEST(Events, UntimedLockThatCanNeverBeGrantedInTimeThrows) {
+    redis_server srv;
+    redislock::test::fault_proxy proxy{srv};
+    recorder events;
+    redislock::client client{proxy.uri(), {.on_event = events.hook()}};
+    auto m = client.mutex("hopeless", {.lease = 200ms});
+    ASSERT_TRUE(m.try_lock());
+    m.unlock();
+    proxy.delay(150ms);  // every reply comes 300 ms after its request, past the 200 ms lease
+    std::atomic<bool> done{false};
+    std::atomic<bool> threw{false};
+    std::jthread locker{[&] {
+        try {
+            m.lock();
+            m.unlock();
+        } catch (const redislock::error&) {
+            threw = true;
+        }
+        done = true;
+    }};
+    const bool ended = eventually([&] { return done.load(); }, 20s);
+    proxy.delay(0ms);  // lets a lock() still spinning end
+    locker.join();
+    EXPECT_TRUE(ended) << "lock() was still spinning after 20 s";
+    EXPECT_TRUE(threw);
+    EXPECT_FALSE(about(events, "hopeless").empty()) << "no refused grant was told";
 }
 
 }  // namespace
