@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <stop_token>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -31,6 +32,9 @@ namespace {
 thread_local std::int64_t allocations_before_failure = -1;
 thread_local bool keep_failing = false;
 thread_local std::uint64_t failed_allocations = 0;
+// Every allocation fails on every thread but the test's own while this is set.
+std::atomic<bool> failing_on_other_threads{false};
+thread_local bool test_thread = false;
 
 // Out of line, so the compiler does not pair a new expression with free() and warn.
 [[gnu::noinline]] void free_block(void* p) noexcept {
@@ -40,6 +44,9 @@ thread_local std::uint64_t failed_allocations = 0;
 }  // namespace
 
 void* operator new(std::size_t size) {
+    if (failing_on_other_threads.load(std::memory_order_relaxed) && !test_thread) {
+        throw std::bad_alloc{};
+    }
     if (allocations_before_failure == 0) {
         if (!keep_failing) {
             allocations_before_failure = -1;
@@ -114,6 +121,37 @@ void fail_each_allocation(const std::string& name, bool from_then_on, Hold hold,
         }
     }
     FAIL() << "the release made more than " << most_allocations << " allocations";
+}
+
+// The loss timer's thread cannot allocate when a lease runs out: the loss is still told (on_lost,
+// on_lost_reason, lost_token()), where it used to end the process from that thread.
+TEST(LossTimer, LossIsToldWhenTheTimerThreadCannotAllocate) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    std::atomic<int> lost{0};
+    std::atomic<bool> expired{false};
+    // Captures too large for std::function's inline buffer: a copy of them allocates.
+    const std::string padding(64, 'x');
+    auto m = client.mutex("alloc:expiring",
+                          {.lease = 300ms,
+                           .on_lost = [&lost, padding] { lost.fetch_add(padding.empty() ? 0 : 1); },
+                           .on_lost_reason =
+                               [&expired, padding](redislock::loss_reason why) {
+                                   expired =
+                                       !padding.empty() && why == redislock::loss_reason::expired;
+                               }});
+    ASSERT_TRUE(m.try_lock_for(5s));
+    const std::stop_token token = m.lost_token();
+    test_thread = true;
+    failing_on_other_threads = true;
+    const bool told = eventually([&] { return lost.load() == 1; }, 5s);
+    failing_on_other_threads = false;
+    test_thread = false;
+    EXPECT_TRUE(told);
+    EXPECT_TRUE(expired);
+    EXPECT_TRUE(token.stop_requested());
+    EXPECT_FALSE(m.owned());
+    m.unlock();
 }
 
 class AllocationFailure : public ::testing::TestWithParam<bool> {
@@ -247,8 +285,11 @@ void fail_each_allocation_of_a_contended_release(const redis_server& srv, bool f
             }
         }};
         // The waiter stands in the lock's queue in Redis.
-        ASSERT_TRUE(eventually([&] { return srv.cli({"EXISTS", "{" + name + "}:queue"}) == "1"; },
-                               5s));
+        ASSERT_TRUE(eventually(
+            [&] {
+                return srv.cli({"EXISTS", "{" + name + "}:queue"}) == "1";
+            },
+            5s));
         const bool failed =
             with_failing_allocation(nth, from_then_on, [&]() noexcept { holder.unlock(); });
         EXPECT_FALSE(holder.owned());

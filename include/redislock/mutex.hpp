@@ -81,7 +81,9 @@ public:
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, inconsistent backoff bounds or a max_hold below the lease.
     basic_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {}
+        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {
+        detail::report_short_watchdog_lease(*state_, lock_kind::mutex);
+    }
 
     using handle::unlock;
 
@@ -299,7 +301,7 @@ private:
 
     using given_up = typename state::given_up;
 
-    static given_up give_up_locked(state& st) { return st.give_up(); }
+    static given_up give_up_locked(state& st) noexcept { return st.give_up(); }
 
     // An attempt whose outcome is unknown, or known too late: its key, if it landed, is ours to
     // delete, in the background.

@@ -88,7 +88,9 @@ public:
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, inconsistent backoff bounds or a max_hold below the lease.
     basic_recursive_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {}
+        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {
+        detail::report_short_watchdog_lease(*state_, lock_kind::recursive_mutex);
+    }
 
     /// Takes over another object's lock, held or not; the moved-from object is as one never held.
     basic_recursive_mutex(basic_recursive_mutex&&) noexcept = default;
@@ -112,7 +114,10 @@ public:
         if (out.last) {
             tracker().end(out.ended);
         }
-        ec = release::leave(state_, out.entry, out.entries, out.last, out.ended);
+        if (out.entries == 0) {
+            return;  // an inner entry left locally only (out of memory): the last release drops it
+        }
+        ec = release::leave(state_, std::move(out.entry), out.entries, out.last, out.ended);
     }
 
     /// Sets the lease to `lease` from now if the lock is still ours.

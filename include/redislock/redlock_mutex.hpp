@@ -66,6 +66,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -311,6 +312,7 @@ private:
             state_->held = true;
             state_->acq = acq;
             state_->holder = detail::thread_number();
+            state_->holder_thread = std::this_thread::get_id();
             state_->generation = detail::current_fork_generation();
             state_->lease.valid_until = detail::valid_until(acq->sent, state_->options.lease);
             state_->lease.acquired_at = acq->sent;
@@ -332,7 +334,7 @@ private:
 
     using given_up = typename state::given_up;
 
-    static given_up give_up_locked(state& st) { return st.give_up(); }
+    static given_up give_up_locked(state& st) noexcept { return st.give_up(); }
 
     static void release_on_destruction(const std::shared_ptr<state>& st) noexcept {
         handle::release_held(st, &give_up_locked, &release::leave);

@@ -58,6 +58,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -103,7 +104,9 @@ public:
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, or inconsistent backoff bounds.
     basic_shared_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {}
+        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {
+        detail::report_short_watchdog_lease(*state_, lock_kind::shared_mutex_write);
+    }
 
     /// Takes over another object's lock, held or not; the moved-from object is as one never held.
     basic_shared_mutex(basic_shared_mutex&&) noexcept = default;
@@ -290,24 +293,30 @@ private:
         return std::nullopt;
     }
 
+    // Leaves one entry of the caller in `kind`. Allocates nothing before the entry is counted
+    // out, so that no failure can leave it held (see shared_state::count_out_caller).
     std::error_code leave_one(mode kind) noexcept {
         if (!state_) {
             return errc::not_held;
         }
-        std::string owner;
-        try {
-            owner = state_->caller_owner();
-        } catch (...) {
-            return std::make_error_code(std::errc::not_enough_memory);
-        }
         typename state::left out;
+        std::thread::id holder;
+        std::error_code ec;
         {
             std::lock_guard guard{state_->mutex};
-            if (const std::error_code ec = state_->count_out(owner, kind, out)) {
-                return ec;
+            ec = state_->count_out_caller(kind, out, holder);
+        }
+        if (ec) {
+            if (holder != std::thread::id{}) {
+                detail::report_unlock_refused(*state_, detail::shared_lock_kind(kind), holder);
             }
+            return ec;
         }
         tracker().end(out.ended);
+        if (out.entries == 0) {
+            return {};  // an inner entry left locally only (out of memory): the last release drops
+                        // it
+        }
         return release::leave(state_, out.ref, out.entries, out.last, out.ended);
     }
 

@@ -28,7 +28,7 @@ reply send_release(const State& st, const script& s,
     reply r = detail::run_script(st.core->connection, s, std::array<std::string_view, 1>{st.name},
                                  args, how, &st.core->events);
     if (r.is_integer() && r.as_integer() >= 1) {
-        st.core->waiting->gates.note_contention(st.name, r.as_integer() == 2);
+        st.core->note_contention(st.name, r.as_integer() == 2);
     }
     return r;
 }
