@@ -8,14 +8,17 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <optional>
 #include <stop_token>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <thread>
 #include <utility>
@@ -154,6 +157,32 @@ TEST(LossTimer, LossIsToldWhenTheTimerThreadCannotAllocate) {
     m.unlock();
 }
 
+// Every call gives its connection back to the pool (noexcept); the pool's first one grows its
+// list of idle connections, which allocates. Each allocation of making a connection and its first
+// call fails in turn: either may throw, the process must go on.
+TEST(HiredisConnection, FirstCallOfAPoolSurvivesAFailedAllocationAnywhere) {
+    redis_server srv;
+    const std::array<std::string_view, 1> ping{"PING"};
+    for (std::int64_t nth = 0; nth < most_allocations; ++nth) {
+        SCOPED_TRACE("allocation " + std::to_string(nth) + " of the first call fails");
+        std::optional<redislock::hiredis_connection> conn;
+        const bool failed = with_failing_allocation(nth, false, [&]() noexcept {
+            try {
+                conn.emplace(srv.uri());
+                (void)conn->execute(ping);
+            } catch (...) {
+            }
+        });
+        if (conn) {
+            EXPECT_EQ(conn->execute(ping).text(), "PONG");
+        }
+        if (!failed) {
+            return;
+        }
+    }
+    FAIL() << "the call made more than " << most_allocations << " allocations";
+}
+
 class AllocationFailure : public ::testing::TestWithParam<bool> {
 protected:
     bool from_then_on() const { return GetParam(); }
@@ -264,6 +293,31 @@ TEST_P(AllocationFailure, SharedMutexDestructionNeverTerminatesAndFreesTheLock) 
             return m;
         },
         [](auto& m) { m.reset(); }, [](auto&) {}, rival);
+}
+
+// A waiter that gives up leaves the lock's queue from a destructor (noexcept); the lock call
+// itself may throw when it cannot allocate, but never ends the process.
+TEST_P(AllocationFailure, WaiterGivingUpNeverTerminates) {
+    const std::string name = "alloc:waiter";
+    auto holder = rival_client_.mutex(name, {.lease = 30s});
+    ASSERT_TRUE(holder.try_lock_for(5s));
+    auto waiter = client_.mutex(name, {.lease = lease});
+    for (std::int64_t nth = 0; nth < most_allocations; ++nth) {
+        SCOPED_TRACE("allocation " + std::to_string(nth) + " of a wait fails");
+        bool got = false;
+        const bool failed = with_failing_allocation(nth, from_then_on(), [&]() noexcept {
+            try {
+                got = waiter.try_lock_for(100ms);
+            } catch (...) {
+            }
+        });
+        EXPECT_FALSE(got);
+        if (!failed) {
+            holder.unlock();
+            return;
+        }
+    }
+    FAIL() << "the wait made more than " << most_allocations << " allocations";
 }
 
 /// A release that hands the lock to a waiter of another client: the releasing client notes the

@@ -71,20 +71,22 @@ struct queue_place {
 template <connection C>
 void leave_queue(const lock_identity<C>& lk, const std::string& waiter, std::string_view kind,
                  steady::time_point lapses_by) noexcept {
-    const auto leave = [core = lk.core, key = lk.name, queue = lk.queue_key, lapses = lk.lapse_key,
-                        channel = lk.channel, waiter, grace = std::string{lk.grace_text.view()},
-                        kind](steady::time_point deadline) {
-        try {
-            const reply r = detail::run_script(
-                core->connection, scripts::queue_leave, std::array<std::string_view, 1>{key},
-                std::array<std::string_view, 6>{waiter, channel, grace, kind, queue, lapses},
-                call_context{key, deadline}, &core->events);
-            return !r.is_error() || r.is_error_code("WRONGTYPE");
-        } catch (...) {
-            return false;
-        }
-    };
     try {
+        // Made inside the try: its copies allocate, and this runs from a destructor.
+        const auto leave = [core = lk.core, key = lk.name, queue = lk.queue_key,
+                            lapses = lk.lapse_key, channel = lk.channel, waiter,
+                            grace = std::string{lk.grace_text.view()},
+                            kind](steady::time_point deadline) {
+            try {
+                const reply r = detail::run_script(
+                    core->connection, scripts::queue_leave, std::array<std::string_view, 1>{key},
+                    std::array<std::string_view, 6>{waiter, channel, grace, kind, queue, lapses},
+                    call_context{key, deadline}, &core->events);
+                return !r.is_error() || r.is_error_code("WRONGTYPE");
+            } catch (...) {
+                return false;
+            }
+        };
         if (!leave(steady::now() + std::chrono::milliseconds{10})) {
             background_reaper().add(leave,
                                     std::max(steady::now() + std::chrono::seconds{2}, lapses_by));
