@@ -3,8 +3,10 @@
 // std::terminate. This executable replaces the global operator new with one that fails on
 // demand on the calling thread, and fails each allocation of a release in turn: the first, the
 // second, ... until the release makes no more (and, in a second pass, every allocation from the
-// n-th on, as a process out of memory would). After each, the object no longer holds the lock,
-// and a rival gets it within the lease: nothing is leaked past it, and no renewal outlives it.
+// n-th on, as a process out of memory would). Only what goes through operator new can fail this
+// way: hiredis allocates with malloc and reports its own failures as errors. After each, the object
+// no longer holds the lock, and a rival gets it within the lease: nothing is leaked past it, and no
+// renewal outlives it.
 
 #include <gtest/gtest.h>
 

@@ -14,8 +14,9 @@
 // Thread safety: one object may be shared by several threads. Each thread is its own owner (unless
 // lock_options::owner is set, which makes every caller the same owner): another thread of this
 // process waits as another process does. unlock() from a thread that does not hold the lock
-// through this object sends nothing and reports errc::not_holder through
-// unlock(std::error_code&); it never touches the holder's count.
+// through this object sends nothing, reports errc::not_holder through
+// unlock(std::error_code&) and tells unlock_refused to the client's event hook (a guard released
+// on another thread); it never touches the holder's count.
 // Faults: every operation is safe to retry. Each attempt of a lock() call draws a fresh id and
 // names the earlier ones as given up, so a retry whose first reply was lost takes its own entry
 // over instead of re-entering it; a release that could not be finished, or an acquisition abandoned
@@ -31,8 +32,9 @@
 // Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
 // moved-from object behaves as a lock never held (lock calls throw redislock::invalid_argument).
 // Destroying a held lock leaves every entry made through it.
-// Exceptions: lock calls throw redislock::error subclasses on failures (never for contention);
-// unlock() never throws.
+// Exceptions: lock calls throw redislock::error subclasses on failures (never for contention),
+// redislock::lease_error when their replies keep coming after the lease (docs/guarantees.md);
+// unlock() never throws, not even out of memory.
 #pragma once
 
 #include <array>

@@ -48,7 +48,7 @@
 // Thread safety: one object may be shared by several threads, as a std::mutex is; the thread
 // that locked it holds it (or, with lock_options::owner set, the object does). lock() from the
 // holder throws std::system_error(resource_deadlock_would_occur); unlock() from another thread
-// does nothing and reports errc::not_holder.
+// does nothing, reports errc::not_holder and tells unlock_refused (redlock_options::on_event).
 // Lifetime: independent of the client's (the core is shared). Movable, not copyable; a
 // moved-from object behaves as a lock never held (queries answer "not held", lock calls throw
 // redislock::invalid_argument). Destroying a held lock releases it.

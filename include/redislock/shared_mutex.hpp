@@ -24,7 +24,8 @@
 //   caller writes+reads | re-enters         | re-enters           | leaves one | leaves one
 //
 //   (unlock calls report not_holder instead of not_held when another owner holds that mode
-//   through the same object.)
+//   through the same object, and tell unlock_refused to the client's event hook: a guard
+//   released on another thread.)
 //
 // Thread safety: one object may be shared by several threads; each thread is its own owner
 // (unless lock_options::owner is set), so several threads may read through one object at once.
@@ -44,8 +45,9 @@
 // moved-from object behaves as a lock never held (lock calls throw redislock::invalid_argument).
 // Destroying the object leaves every entry made through it.
 // Exceptions: lock calls throw redislock::error subclasses on failures (never for contention),
+// redislock::lease_error when their replies keep coming after the lease (docs/guarantees.md),
 // and std::system_error(resource_deadlock_would_occur) for a reader asking to write;
-// unlock() and unlock_shared() never throw.
+// unlock() and unlock_shared() never throw, not even out of memory.
 #pragma once
 
 #include <array>
