@@ -39,8 +39,9 @@ int main(int argc, char** argv) {
                       << cluster.connection().node_for_key("example:{catalog}:books") << '\n';
         }
 
-        // Renewals of every held lock go out as one pipeline per master per period.
-        auto job = cluster.recursive_mutex("example:job", {.lease = 3s, .watchdog = true});
+        // Renewals of every held lock go out as one pipeline per master per period. A watchdog
+        // lease is at least 6 command timeouts (2 s by default; see docs/configuration.md).
+        auto job = cluster.recursive_mutex("example:job", {.lease = 15s, .watchdog = true});
         {
             std::unique_lock guard{job};
             std::this_thread::sleep_for(100ms);

@@ -76,12 +76,26 @@ int lead(std::stop_token lost, int term_steps, clock_type::time_point end) {
     return steps;
 }
 
+// The watchdog needs a lease of at least 6 command timeouts (docs/configuration.md, "Rules of
+// thumb"), so a renewal that stalls can be retried twice before the lease runs out: for a 1.5 s
+// lease, commands give up after 250 ms (the default, 2 s, would need a lease of 12 s).
+constexpr auto lease = 1500ms;
+constexpr auto command_timeout = 250ms;
+
+redislock::endpoint server_of(const std::string& uri) {
+    redislock::endpoint server = redislock::endpoint::from_uri(uri);
+    server.command_timeout =
+        std::min<std::chrono::milliseconds>(server.command_timeout, command_timeout);
+    server.connect_timeout = std::min(server.connect_timeout, server.command_timeout);
+    return server;
+}
+
 void campaign(const std::string& uri, int id, clock_type::time_point end, tally& counts) {
     try {
-        redislock::client client{uri};
+        redislock::client client{server_of(uri)};
         // A short lease, renewed by the watchdog every third of it: a crashed leader is replaced
         // within 1.5 s, a live one keeps the lock as long as it likes.
-        auto lock = client.mutex(leader_key, {.lease = 1500ms, .watchdog = true, .fencing = true});
+        auto lock = client.mutex(leader_key, {.lease = lease, .watchdog = true, .fencing = true});
         int term = 0;
         while (clock_type::now() < end) {
             const auto left = std::chrono::ceil<std::chrono::milliseconds>(end - clock_type::now());

@@ -3,6 +3,7 @@
 //
 // Usage: watchdog_example [redis://127.0.0.1:6379]
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <exception>
@@ -18,7 +19,14 @@ using namespace std::chrono_literals;
 int main(int argc, char** argv) {
     const std::string uri = argc > 1 ? argv[1] : "redis://127.0.0.1:6379";
     try {
-        redislock::client client{uri};
+        // The watchdog needs a lease of at least 6 command timeouts (docs/configuration.md,
+        // "Rules of thumb"), so a renewal that stalls can be retried twice before the lease runs
+        // out: for the 2 s lease below, commands give up after 300 ms (the default, 2 s, would
+        // need a lease of 12 s).
+        redislock::endpoint server = redislock::endpoint::from_uri(uri);
+        server.command_timeout = std::min<std::chrono::milliseconds>(server.command_timeout, 300ms);
+        server.connect_timeout = std::min(server.connect_timeout, server.command_timeout);
+        redislock::client client{server};
         std::atomic<bool> lost{false};
         auto job =
             client.mutex("example:nightly-job", {.lease = 2s,

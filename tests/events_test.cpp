@@ -19,6 +19,7 @@
 #include <redislock/client_options.hpp>
 #include <redislock/redislock.hpp>
 
+#include "support/fault_proxy.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_util.hpp"
 
@@ -29,11 +30,13 @@ using redislock::errc;
 using redislock::event_type;
 using redislock::lock_event;
 using redislock::lock_kind;
+using redislock::lock_options;
 using redislock::loss_reason;
 using redislock::test::eventually;
 using redislock::test::fault;
 using redislock::test::fault_connection;
 using redislock::test::redis_server;
+using redislock::test::with_query;
 
 // One event as the hook saw it, kept past the call (the event's string_views are not).
 struct seen {
@@ -47,6 +50,9 @@ struct seen {
     loss_reason reason{};
     std::string detail;
     std::thread::id thread;
+    std::thread::id holder_thread;
+    std::thread::id caller_thread;
+    std::chrono::microseconds round_trip{};
 };
 
 // Records every event of a client: client{uri, {.on_event = events.hook()}}. Declared before
@@ -58,7 +64,8 @@ public:
             std::lock_guard guard{mutex_};
             seen_.push_back(seen{e.type, e.kind, std::string{e.name}, e.wait, e.attempts, e.held,
                                  e.holder_ttl, e.reason, std::string{e.detail},
-                                 std::this_thread::get_id()});
+                                 std::this_thread::get_id(), e.holder_thread, e.caller_thread,
+                                 e.round_trip});
         };
     }
 
@@ -689,6 +696,9 @@ TEST(Events, NamesOfEveryEnumeratorAreSpelledOut) {
     EXPECT_EQ(redislock::to_string(event_type::acquired), "acquired");
     EXPECT_EQ(redislock::to_string(event_type::script_reloaded), "script_reloaded");
     EXPECT_EQ(redislock::to_string(event_type::subscription_refused), "subscription_refused");
+    EXPECT_EQ(redislock::to_string(event_type::unlock_refused), "unlock_refused");
+    EXPECT_EQ(redislock::to_string(event_type::lease_too_short), "lease_too_short");
+    EXPECT_EQ(redislock::to_string(event_type::late_grant), "late_grant");
     EXPECT_EQ(redislock::to_string(lock_kind::shared_mutex_read), "shared_mutex_read");
     EXPECT_EQ(redislock::to_string(loss_reason::client_shutdown), "client_shutdown");
     EXPECT_EQ(redislock::to_string(loss_reason::server_lost), "server_lost");
@@ -727,6 +737,194 @@ TEST(Events, RefusedSubscriptionIsReportedAndTheWaiterPolls) {
     t.join();
     ASSERT_EQ(refused().size(), 1u);
     EXPECT_EQ(refused().front().rfind("acl NOPERM", 0), 0u) << refused().front();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Misuse, and settings that cannot work
+
+// On f377ae8 each of these went untold: the not_holder of a guard released on another thread
+// was swallowed by unlock() while the watchdog kept renewing the lock; a watchdog lease below
+// 6 x command_timeout was accepted silently; an untimed lock() whose replies all came after the
+// lease spun without an event (still spinning after 20 s).
+
+// The events of `type` about `name`.
+std::vector<seen> about(const recorder& events, event_type type, const std::string& name) {
+    std::vector<seen> out;
+    for (const seen& s : events.of(type)) {
+        if (s.name == name) {
+            out.push_back(s);
+        }
+    }
+    return out;
+}
+
+// A guard taken on this thread and released on another (a coroutine resumed elsewhere): the
+// unlock is refused and told with both threads; the holder keeps the lock, renewed.
+template <bool Shared = false, class Lock>
+void expect_foreign_unlock_told(const recorder& events, Lock& lock, const std::string& name,
+                                lock_kind kind) {
+    std::thread::id releaser;
+    if constexpr (Shared) {
+        std::shared_lock guard{lock};
+        std::thread{[&] {
+            releaser = std::this_thread::get_id();
+            guard.unlock();
+        }}.join();
+    } else {
+        std::unique_lock guard{lock};
+        std::thread{[&] {
+            releaser = std::this_thread::get_id();
+            guard.unlock();
+        }}.join();
+    }
+    // The guards ended without owning: the lock is still held by this thread.
+    EXPECT_TRUE(lock.owned());
+    const auto told = about(events, event_type::unlock_refused, name);
+    ASSERT_EQ(told.size(), 1U) << "the refused unlock of '" << name << "' was not told once";
+    EXPECT_EQ(told.front().kind, kind);
+    EXPECT_EQ(told.front().holder_thread, std::this_thread::get_id());
+    EXPECT_EQ(told.front().caller_thread, releaser);
+    EXPECT_EQ(told.front().thread, releaser);
+    EXPECT_NE(told.front().detail.find("nothing was sent"), std::string::npos);
+    std::error_code ec;
+    if constexpr (Shared) {
+        lock.unlock_shared(ec);
+    } else {
+        lock.unlock(ec);
+    }
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(about(events, event_type::unlock_refused, name).size(), 1U);
+}
+
+TEST(Events, UnlockFromAnotherThreadIsReportedWithBothThreads) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    const lock_options renewed{.lease = 30s, .watchdog = true};
+    auto m = client.mutex("misuse:mutex", renewed);
+    auto r = client.recursive_mutex("misuse:recursive", renewed);
+    auto s = client.shared_mutex("misuse:shared:write", renewed);
+    auto reader = client.shared_mutex("misuse:shared:read", renewed);
+    expect_foreign_unlock_told(events, m, "misuse:mutex", lock_kind::mutex);
+    expect_foreign_unlock_told(events, r, "misuse:recursive", lock_kind::recursive_mutex);
+    expect_foreign_unlock_told(events, s, "misuse:shared:write", lock_kind::shared_mutex_write);
+    expect_foreign_unlock_told<true>(events, reader, "misuse:shared:read",
+                                     lock_kind::shared_mutex_read);
+    // An unlock of a lock nobody holds is not this misuse: it reports not_held, told as before
+    // (not at all).
+    std::error_code ec;
+    m.unlock(ec);
+    EXPECT_EQ(ec, errc::not_held);
+    EXPECT_EQ(events.count(event_type::unlock_refused), 4U);
+}
+
+// The docs' rule (docs/configuration.md, "Rules of thumb"): with the watchdog, lease >= 6 x
+// command_timeout. The README's first watchdog example (5 s under the default 2 s) breaks it.
+TEST(Events, WatchdogLeaseBelowSixCommandTimeoutsIsReportedAtCreation) {
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    auto job = client.mutex("nightly", {.lease = 5s, .watchdog = true});
+    auto entries = client.recursive_mutex("entries", {.lease = 11999ms, .watchdog = true});
+    auto catalog = client.shared_mutex("catalog", {.lease = 1500ms, .watchdog = true});
+    const auto told = events.of(event_type::lease_too_short);
+    ASSERT_EQ(told.size(), 3U);
+    EXPECT_EQ(told[0].name, "nightly");
+    EXPECT_EQ(told[0].kind, lock_kind::mutex);
+    EXPECT_EQ(told[0].thread, std::this_thread::get_id());
+    EXPECT_NE(told[0].detail.find("5000 ms"), std::string::npos) << told[0].detail;
+    EXPECT_NE(told[0].detail.find("2000 ms"), std::string::npos) << told[0].detail;
+    EXPECT_EQ(told[1].name, "entries");
+    EXPECT_EQ(told[1].kind, lock_kind::recursive_mutex);
+    EXPECT_EQ(told[2].name, "catalog");
+    EXPECT_EQ(told[2].kind, lock_kind::shared_mutex_write);
+
+    // The rule met, or no watchdog: nothing told.
+    auto long_enough = client.mutex("nightly", {.lease = 12s, .watchdog = true});
+    auto unrenewed = client.mutex("nightly", {.lease = 5s});
+    redislock::client quick{with_query(srv, "command_timeout=500"), {.on_event = events.hook()}};
+    auto fixed = quick.mutex("nightly", {.lease = 3s, .watchdog = true});
+    EXPECT_EQ(events.count(event_type::lease_too_short), 3U);
+}
+
+// Each way 150 ms: every reply comes 300 ms after its request, past the 200 ms lease, and no
+// grant can stand. Every lock call throws lease_error after three such attempts in a row
+// (docs/guarantees.md, "Attempts that can never succeed"), each refused grant told as
+// late_grant; an untimed lock() spun for ever on f377ae8.
+TEST(Events, LockCallsWhoseRepliesAllOutliveTheLeaseThrowAndTellEachRefusedGrant) {
+    redis_server srv;
+    redislock::test::fault_proxy proxy{srv};
+    recorder events;
+    redislock::client client{proxy.uri(), {.on_event = events.hook()}};
+    const lock_options short_lease{.lease = 200ms};
+    auto m = client.mutex("hopeless:mutex", short_lease);
+    auto r = client.recursive_mutex("hopeless:recursive", short_lease);
+    auto s = client.shared_mutex("hopeless:shared", short_lease);
+    // The connection is set up, and the scripts loaded, while the path is fast.
+    ASSERT_TRUE(m.try_lock_for(5s));
+    m.unlock();
+    ASSERT_TRUE(r.try_lock_for(5s));
+    r.unlock();
+    ASSERT_TRUE(s.try_lock_for(5s));
+    s.unlock();
+    ASSERT_TRUE(s.try_lock_shared_for(5s));
+    s.unlock_shared();
+    proxy.delay(150ms);
+
+    std::atomic<int> ended{0};
+    std::atomic<int> refused{0};
+    const auto expect_refused = [&](auto call) {
+        try {
+            call();
+        } catch (const redislock::lease_error& e) {
+            ++refused;
+            EXPECT_NE(std::string{e.what()}.find("3 attempts in a row"), std::string::npos)
+                << e.what();
+        } catch (const std::exception& e) {
+            ADD_FAILURE() << "not lease_error: " << e.what();
+        }
+        ++ended;
+    };
+    std::jthread calls{[&] {
+        expect_refused([&] { m.lock(); });
+        expect_refused([&] { (void)r.try_lock_for(60s); });
+        expect_refused([&] { s.lock(); });
+        expect_refused([&] {
+            std::stop_source never;
+            (void)s.lock_shared(never.get_token());
+        });
+    }};
+    // Three attempts of 300 ms each, and a waiter's pauses between them, per call.
+    const bool all_ended = eventually([&] { return ended.load() == 4; }, 40s);
+    proxy.delay(0ms);  // lets a call still spinning end
+    calls.join();
+    ASSERT_TRUE(all_ended) << ended.load() << " of 4 lock calls ended";
+    EXPECT_EQ(refused.load(), 4);
+    EXPECT_FALSE(m.owned());
+    EXPECT_FALSE(r.owned());
+    EXPECT_FALSE(s.owned());
+
+    // Each call told at least one refused grant, with its round trip: at least the proxy's delay
+    // both ways.
+    for (const std::string_view name :
+         {"hopeless:mutex", "hopeless:recursive", "hopeless:shared"}) {
+        const auto late = about(events, event_type::late_grant, std::string{name});
+        ASSERT_FALSE(late.empty()) << name;
+        EXPECT_GE(late.front().attempts, 1U);
+        EXPECT_GE(late.front().round_trip, 300ms) << name;
+    }
+    EXPECT_EQ(about(events, event_type::late_grant, "hopeless:mutex").front().kind,
+              lock_kind::mutex);
+
+    // A single late reply is a failed attempt, not an error: a try_lock() says false.
+    proxy.delay(150ms);
+    EXPECT_FALSE(m.try_lock());
+    proxy.delay(0ms);
+    // Nothing is left held once the path is fast again.
+    redislock::client rival_client{srv.uri()};
+    auto rival = rival_client.mutex("hopeless:mutex", {.lease = 5s});
+    EXPECT_TRUE(eventually([&] { return rival.try_lock(); }, 5s));
+    rival.unlock();
 }
 
 }  // namespace

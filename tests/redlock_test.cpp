@@ -868,6 +868,46 @@ TEST_F(Redlock, LockByItsHolderIsADeadlockErrorAndUnlockFromAnotherThreadIsRefus
     m.unlock();
 }
 
+// A guard released on another thread: refused as above, and told (on f377ae8 it was not).
+TEST_F(Redlock, UnlockFromAnotherThreadIsReportedWithBothThreads) {
+    struct refusal {
+        lock_kind kind;
+        std::string name;
+        std::thread::id holder;
+        std::thread::id caller;
+    };
+    auto refused = std::make_shared<std::vector<refusal>>();
+    auto guard = std::make_shared<std::mutex>();
+    redlock_options options = patient();
+    options.on_event = [refused, guard](const lock_event& e) {
+        if (e.type == event_type::unlock_refused) {
+            std::lock_guard lock{*guard};
+            refused->push_back({e.kind, std::string{e.name}, e.holder_thread, e.caller_thread});
+        }
+    };
+    redlock_client rl{uris(), options};
+    auto m = rl.mutex("guarded-on-one-thread", {.lease = 10s});
+    std::thread::id releaser;
+    {
+        std::unique_lock held{m};
+        std::thread{[&] {
+            releaser = std::this_thread::get_id();
+            held.unlock();
+        }}.join();
+    }
+    EXPECT_TRUE(m.owned());
+    {
+        std::lock_guard lock{*guard};
+        ASSERT_EQ(refused->size(), 1U);
+        EXPECT_EQ(refused->front().kind, lock_kind::redlock_mutex);
+        EXPECT_EQ(refused->front().name, "guarded-on-one-thread");
+        EXPECT_EQ(refused->front().holder, std::this_thread::get_id());
+        EXPECT_EQ(refused->front().caller, releaser);
+    }
+    m.unlock();
+    EXPECT_FALSE(m.owned());
+}
+
 TEST_F(Redlock, ForkedChildMakesItsOwnConnectionsAndLeavesTheParentsLocksAlone) {
     redlock_client rl{uris(), patient()};
     auto held = rl.mutex("parent-held", {.lease = 10s});

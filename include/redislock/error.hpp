@@ -64,6 +64,15 @@ public:
     using error::error;
 };
 
+/// A lock call whose grants can never stand: its attempts were answered only after their lease
+/// had run out, three in a row (the round trips to the server outlast the lease). Not contention
+/// and not transient: no wait rides it out (see "Attempts that can never succeed" in
+/// docs/guarantees.md).
+class lease_error : public error {
+public:
+    using error::error;
+};
+
 /// Errors reported through std::error_code where a call cannot throw.
 enum class errc {
     not_held = 1,       ///< unlock() of a lock this object does not hold

@@ -34,6 +34,25 @@
 //                    | NOPERM, up to 10 s after an open that timed |
 //                    | out, else 200 ms; never again without       |
 //                    | sharded pub/sub)                            |
+//   unlock_refused   | unlock() or unlock_shared() from a thread   | name, kind, holder_thread,
+//                    | that does not hold the lock (a guard        | caller_thread, detail
+//                    | released on another thread, a coroutine     |
+//                    | resumed elsewhere): errc::not_holder,       |
+//                    | nothing is sent, the holder keeps the lock  |
+//                    | (and its watchdog renewals) until it unlocks|
+//                    | on its own thread or the object is destroyed|
+//   lease_too_short  | a lock object with lock_options::watchdog   | name, kind, detail (the
+//                    | was made with a lease below 6 x the         | lease, the command timeout)
+//                    | connection's command_timeout: a renewal that|
+//                    | stalls for a whole command timeout cannot be|
+//                    | retried twice before the local deadline     |
+//   late_grant       | an attempt was granted the lock, but its    | name, kind, attempts,
+//                    | reply came after the lease had run out: the | round_trip, detail
+//                    | grant is given back and counts as a failed  |
+//                    | attempt. Three attempts in a row answered   |
+//                    | that late end the call with lease_error     |
+//                    | (see "Attempts that can never succeed" in   |
+//                    | docs/guarantees.md)                         |
 //
 // A lock's events come from its own calls, the client's watchdog and its loss timer; the
 // connection's from the connection (see below). An acquisition reports acquired once, then
@@ -80,7 +99,10 @@
 // thread finds when it checks the master (after +switch-master, or after it subscribed again) is
 // reported on that thread: a pool opened to a new master, or a connection of the master's pool
 // reopened; subscription_refused on the client's subscriber thread, once per lock while the same
-// refusal lasts (again for another reason, after a subscription succeeded, or a minute later).
+// refusal lasts (again for another reason, after a subscription succeeded, or a minute later);
+// unlock_refused on the thread whose unlock() was refused; lease_too_short on the thread that
+// made the lock object (client.mutex() and the others), each time one is made; late_grant on the
+// thread of the lock call.
 //
 // Lifetime: the hook may be called as long as any lock of the client, or a release or queue
 // exit left to the background reaper, is alive: after the client itself is gone, and for a
@@ -102,6 +124,7 @@
 #include <cstdint>
 #include <functional>
 #include <string_view>
+#include <thread>
 
 namespace redislock {
 
@@ -117,6 +140,9 @@ enum class event_type {
     script_reloaded,       ///< NOSCRIPT was answered with SCRIPT LOAD
     subscription_refused,  ///< waiters of a lock poll: their channel was refused, or no
                            ///< subscriber link could be opened
+    unlock_refused,        ///< unlock() from a thread that does not hold the lock: nothing sent
+    lease_too_short,       ///< a watchdog lease below 6 x the connection's command_timeout
+    late_grant,            ///< a grant whose reply came after its lease ran out was given back
 };
 
 /// Which lock an event is about.
@@ -166,8 +192,15 @@ struct lock_event {
     /// lost, renewal_failed: why.
     loss_reason reason = loss_reason::expired;
     /// Free text: the script reloaded, the error a renewal got, a release left to the reaper, why
-    /// a subscription was refused.
+    /// a subscription was refused, what a misuse or a short lease risks.
     std::string_view detail{};
+    /// unlock_refused: the thread that holds the lock (one of them for a read lock held by
+    /// several), and the thread whose unlock() was refused.
+    std::thread::id holder_thread{};
+    /// unlock_refused: see holder_thread.
+    std::thread::id caller_thread{};
+    /// late_grant: how long the attempt's reply took, counted from its send.
+    std::chrono::microseconds round_trip{};
 };
 
 /// The type of client_options::on_event.
@@ -194,6 +227,12 @@ constexpr std::string_view to_string(event_type type) noexcept {
             return "script_reloaded";
         case event_type::subscription_refused:
             return "subscription_refused";
+        case event_type::unlock_refused:
+            return "unlock_refused";
+        case event_type::lease_too_short:
+            return "lease_too_short";
+        case event_type::late_grant:
+            return "late_grant";
     }
     return "unknown";
 }

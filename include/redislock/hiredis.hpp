@@ -887,7 +887,11 @@ private:
         void release(detail::context_ptr ctx) noexcept {
             {
                 std::lock_guard lock{mutex};
-                idle.push_back({std::move(ctx), std::chrono::steady_clock::now()});
+                try {
+                    idle.push_back({std::move(ctx), std::chrono::steady_clock::now()});
+                } catch (...) {
+                    --open_count;  // out of memory: the context is closed instead of kept
+                }
             }
             slot_freed.notify_one();
         }

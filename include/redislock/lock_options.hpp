@@ -15,7 +15,10 @@ struct lock_options {
     /// How long Redis keeps the lock if its holder goes silent. Must be in (0, max_lease].
     std::chrono::milliseconds lease{30'000};
 
-    /// Renew the lease while the lock is held (see watchdog.hpp).
+    /// Renew the lease while the lock is held (see watchdog.hpp). The lease should then be at
+    /// least 6 x the connection's command_timeout (12 s with the default 2 s), so a stalled
+    /// renewal can be retried twice before the local deadline; a lock made with a shorter one is
+    /// told as lease_too_short (events.hpp).
     bool watchdog = false;
 
     /// Draw a strictly increasing fencing token on every new acquisition (fencing_token()).

@@ -12,7 +12,8 @@
 // Thread safety: one object may be shared by several threads, as a std::mutex is. The thread
 // that locked it holds it (or, with lock_options::owner set, the object itself does); lock()
 // from the holder throws std::system_error(resource_deadlock_would_occur); unlock() from
-// another thread does nothing and reports errc::not_holder through unlock(std::error_code&).
+// another thread (a guard released there) does nothing, reports errc::not_holder through
+// unlock(std::error_code&) and tells unlock_refused to the client's event hook.
 // With lock_options::watchdog the client's watchdog renews the lease until unlock() (see
 // watchdog.hpp); unlock() stops the renewals before it releases.
 // Loss: told no later than the local conservative deadline (remaining() reaching zero) when no
@@ -25,14 +26,16 @@
 // reports acquired, each attempt that finds it held contended, unlock() released, and a loss
 // lost with its reason (see events.hpp).
 // Faults: an acquisition whose reply comes back after its lease ran out is released and counts
-// as a failed attempt; one abandoned mid-flight (deadline, stop request, broken connection) and
-// a release that could not be finished are cleaned up by the client's reaper once the server
-// answers. A wait with time left rides out connection errors and LOADING/READONLY/TRYAGAIN.
-// Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
-// moved-from object behaves as a lock never held (queries answer "not held", lock calls throw
-// redislock::invalid_argument). Destroying a held lock releases it.
-// Exceptions: lock calls throw redislock::error subclasses on failures (never for contention);
-// unlock() never throws.
+// as a failed attempt (told as late_grant; three attempts of a call in a row answered that late
+// throw redislock::lease_error, see docs/guarantees.md); one abandoned mid-flight (deadline, stop
+// request, broken connection) and a release that could not be finished are cleaned up by the
+// client's reaper once the server answers. A wait with time left rides out connection errors and
+// LOADING/READONLY/TRYAGAIN. Lifetime: independent of the client's (the connection is shared).
+// Movable, not copyable; a moved-from object behaves as a lock never held (queries answer "not
+// held", lock calls throw redislock::invalid_argument). Destroying a held lock releases it.
+// Exceptions: lock calls throw redislock::error subclasses on failures (never for contention),
+// redislock::lease_error when their replies keep coming after the lease (docs/guarantees.md);
+// unlock() never throws, not even out of memory.
 #pragma once
 
 #include <array>
@@ -84,7 +87,9 @@ public:
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, inconsistent backoff bounds or a max_hold below the lease.
     basic_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {}
+        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {
+        detail::report_short_watchdog_lease(*state_, lock_kind::mutex);
+    }
 
     using handle::unlock;
 
@@ -302,7 +307,7 @@ private:
 
     using given_up = typename state::given_up;
 
-    static given_up give_up_locked(state& st) { return st.give_up(); }
+    static given_up give_up_locked(state& st) noexcept { return st.give_up(); }
 
     // An attempt whose outcome is unknown, or known too late: its key, if it landed, is ours to
     // delete, in the background.

@@ -14,8 +14,9 @@
 // Thread safety: one object may be shared by several threads. Each thread is its own owner (unless
 // lock_options::owner is set, which makes every caller the same owner): another thread of this
 // process waits as another process does. unlock() from a thread that does not hold the lock
-// through this object sends nothing and reports errc::not_holder through
-// unlock(std::error_code&); it never touches the holder's count.
+// through this object sends nothing, reports errc::not_holder through
+// unlock(std::error_code&) and tells unlock_refused to the client's event hook (a guard released
+// on another thread); it never touches the holder's count.
 // Faults: every operation is safe to retry. Each attempt of a lock() call draws a fresh id and
 // names the earlier ones as given up, so a retry whose first reply was lost takes its own entry
 // over instead of re-entering it; a release that could not be finished, or an acquisition abandoned
@@ -31,8 +32,9 @@
 // Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
 // moved-from object behaves as a lock never held (lock calls throw redislock::invalid_argument).
 // Destroying a held lock leaves every entry made through it.
-// Exceptions: lock calls throw redislock::error subclasses on failures (never for contention);
-// unlock() never throws.
+// Exceptions: lock calls throw redislock::error subclasses on failures (never for contention),
+// redislock::lease_error when their replies keep coming after the lease (docs/guarantees.md);
+// unlock() never throws, not even out of memory.
 #pragma once
 
 #include <array>
@@ -88,7 +90,9 @@ public:
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, inconsistent backoff bounds or a max_hold below the lease.
     basic_recursive_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {}
+        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {
+        detail::report_short_watchdog_lease(*state_, lock_kind::recursive_mutex);
+    }
 
     /// Takes over another object's lock, held or not; the moved-from object is as one never held.
     basic_recursive_mutex(basic_recursive_mutex&&) noexcept = default;
@@ -112,7 +116,10 @@ public:
         if (out.last) {
             tracker().end(out.ended);
         }
-        ec = release::leave(state_, out.entry, out.entries, out.last, out.ended);
+        if (out.entries == 0) {
+            return;  // an inner entry left locally only (out of memory): the last release drops it
+        }
+        ec = release::leave(state_, std::move(out.entry), out.entries, out.last, out.ended);
     }
 
     /// Sets the lease to `lease` from now if the lock is still ours.

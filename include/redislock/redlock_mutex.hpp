@@ -51,7 +51,7 @@
 // Thread safety: one object may be shared by several threads, as a std::mutex is; the thread
 // that locked it holds it (or, with lock_options::owner set, the object does). lock() from the
 // holder throws std::system_error(resource_deadlock_would_occur); unlock() from another thread
-// does nothing and reports errc::not_holder.
+// does nothing, reports errc::not_holder and tells unlock_refused (redlock_options::on_event).
 // Lifetime: independent of the client's (the core is shared). Movable, not copyable; a
 // moved-from object behaves as a lock never held (queries answer "not held", lock calls throw
 // redislock::invalid_argument). Destroying a held lock releases it.
@@ -69,6 +69,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -314,6 +315,7 @@ private:
             state_->held = true;
             state_->acq = acq;
             state_->holder = detail::thread_number();
+            state_->holder_thread = std::this_thread::get_id();
             state_->generation = detail::current_fork_generation();
             state_->lease.valid_until = detail::valid_until(acq->sent, state_->options.lease);
             state_->lease.acquired_at = acq->sent;
@@ -335,7 +337,7 @@ private:
 
     using given_up = typename state::given_up;
 
-    static given_up give_up_locked(state& st) { return st.give_up(); }
+    static given_up give_up_locked(state& st) noexcept { return st.give_up(); }
 
     static void release_on_destruction(const std::shared_ptr<state>& st) noexcept {
         handle::release_held(st, &give_up_locked, &release::leave);

@@ -24,7 +24,8 @@
 //   caller writes+reads | re-enters         | re-enters           | leaves one | leaves one
 //
 //   (unlock calls report not_holder instead of not_held when another owner holds that mode
-//   through the same object.)
+//   through the same object, and tell unlock_refused to the client's event hook: a guard
+//   released on another thread.)
 //
 // Thread safety: one object may be shared by several threads; each thread is its own owner
 // (unless lock_options::owner is set), so several threads may read through one object at once.
@@ -44,8 +45,9 @@
 // moved-from object behaves as a lock never held (lock calls throw redislock::invalid_argument).
 // Destroying the object leaves every entry made through it.
 // Exceptions: lock calls throw redislock::error subclasses on failures (never for contention),
+// redislock::lease_error when their replies keep coming after the lease (docs/guarantees.md),
 // and std::system_error(resource_deadlock_would_occur) for a reader asking to write;
-// unlock() and unlock_shared() never throw.
+// unlock() and unlock_shared() never throw, not even out of memory.
 #pragma once
 
 #include <array>
@@ -58,6 +60,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -103,7 +106,9 @@ public:
     /// @throws redislock::invalid_argument for an empty or oversized name, a lease out of
     ///         range, or inconsistent backoff bounds.
     basic_shared_mutex(basic_client<C>& client, std::string_view name, lock_options options = {})
-        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {}
+        : handle{std::make_shared<state>(client.core_, name, std::move(options))} {
+        detail::report_short_watchdog_lease(*state_, lock_kind::shared_mutex_write);
+    }
 
     /// Takes over another object's lock, held or not; the moved-from object is as one never held.
     basic_shared_mutex(basic_shared_mutex&&) noexcept = default;
@@ -290,24 +295,30 @@ private:
         return std::nullopt;
     }
 
+    // Leaves one entry of the caller in `kind`. Allocates nothing before the entry is counted
+    // out, so that no failure can leave it held (see shared_state::count_out_caller).
     std::error_code leave_one(mode kind) noexcept {
         if (!state_) {
             return errc::not_held;
         }
-        std::string owner;
-        try {
-            owner = state_->caller_owner();
-        } catch (...) {
-            return std::make_error_code(std::errc::not_enough_memory);
-        }
         typename state::left out;
+        std::thread::id holder;
+        std::error_code ec;
         {
             std::lock_guard guard{state_->mutex};
-            if (const std::error_code ec = state_->count_out(owner, kind, out)) {
-                return ec;
+            ec = state_->count_out_caller(kind, out, holder);
+        }
+        if (ec) {
+            if (holder != std::thread::id{}) {
+                detail::report_unlock_refused(*state_, detail::shared_lock_kind(kind), holder);
             }
+            return ec;
         }
         tracker().end(out.ended);
+        if (out.entries == 0) {
+            return {};  // an inner entry left locally only (out of memory): the last release drops
+                        // it
+        }
         return release::leave(state_, out.ref, out.entries, out.last, out.ended);
     }
 

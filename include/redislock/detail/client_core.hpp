@@ -120,6 +120,25 @@ struct client_core {
         return std::chrono::steady_clock::now() + command_budget(connection);
     }
 
+    /// Whether the name was contended lately, for a release (see local_gates); false when this
+    /// process's waiting room cannot be built (out of memory in a forked child's first use).
+    bool contended_lately(std::string_view name) noexcept {
+        try {
+            return waiting->gates.look(name).contended;
+        } catch (...) {
+            return false;
+        }
+    }
+
+    /// Notes for the local gates whether a release of `name` met waiters. A hint, dropped when
+    /// this process's waiting room cannot be built: release paths must not throw.
+    void note_contention(std::string_view name, bool contended) noexcept {
+        try {
+            waiting->gates.note_contention(name, contended);
+        } catch (...) {
+        }
+    }
+
     steady::duration wait_spin;  // checked before the connection is made
     event_sink events;           // before the connection, which may report to it until its end
     C connection;

@@ -29,7 +29,7 @@ reply send_release(const State& st, const script& s,
     reply r =
         detail::run_script(st.core->connection, s, st.queue_keys(), args, how, &st.core->events);
     if (r.is_integer() && r.as_integer() >= 1) {
-        st.core->waiting->gates.note_contention(st.name, r.as_integer() == 2);
+        st.core->note_contention(st.name, r.as_integer() == 2);
     }
     return r;
 }

@@ -72,21 +72,23 @@ struct queue_place {
 template <connection C>
 void leave_queue(const lock_identity<C>& lk, const std::string& waiter, std::string_view kind,
                  steady::time_point lapses_by) noexcept {
-    const auto leave = [core = lk.core, key = lk.name, queue = lk.queue_key, lapses = lk.lapse_key,
-                        channel = lk.channel, waiter, grace = std::string{lk.grace_text.view()},
-                        kind](steady::time_point deadline) {
-        try {
-            const reply r =
-                detail::run_script(core->connection, scripts::queue_leave,
-                                   std::array<std::string_view, 3>{key, queue, lapses},
-                                   std::array<std::string_view, 4>{waiter, channel, grace, kind},
-                                   call_context{key, deadline}, &core->events);
-            return !r.is_error() || r.is_error_code("WRONGTYPE");
-        } catch (...) {
-            return false;
-        }
-    };
     try {
+        // Made inside the try: its copies allocate, and this runs from a destructor.
+        const auto leave = [core = lk.core, key = lk.name, queue = lk.queue_key,
+                            lapses = lk.lapse_key, channel = lk.channel, waiter,
+                            grace = std::string{lk.grace_text.view()},
+                            kind](steady::time_point deadline) {
+            try {
+                const reply r = detail::run_script(
+                    core->connection, scripts::queue_leave,
+                    std::array<std::string_view, 3>{key, queue, lapses},
+                    std::array<std::string_view, 4>{waiter, channel, grace, kind},
+                    call_context{key, deadline}, &core->events);
+                return !r.is_error() || r.is_error_code("WRONGTYPE");
+            } catch (...) {
+                return false;
+            }
+        };
         if (!leave(steady::now() + std::chrono::milliseconds{10})) {
             background_reaper().add(server_lane(lk.core->connection, lk.name, lk.core.get()), leave,
                                     std::max(steady::now() + std::chrono::seconds{2}, lapses_by));
@@ -119,10 +121,12 @@ using no_hand_over = std::nullptr_t;
 
 /// Runs `attempt(how, place)` until it acquires, the deadline passes or a stop is requested,
 /// waiting in line between attempts. `attempt` returns std::nullopt when it acquired, else how
-/// long to wait at most before trying again (the holder's PTTL; negative: unknown). With
-/// line_options::handed, a release may hand the lock over while this call sleeps: `granted`
-/// (see no_hand_over) then takes it without another round trip. Failures are handled as
-/// acquire_until() does, a slot being migrated included.
+/// long to wait at most before trying again (the holder's PTTL; negative: unknown); a grant it
+/// gave back because its reply came too late (late_grant) is told and counts as a failed
+/// attempt. With line_options::handed, a release may hand the lock over while this call sleeps:
+/// `granted` (see no_hand_over) then takes it without another round trip. Failures are handled
+/// as acquire_until() does, a slot being migrated included; attempts answered after their lease
+/// ran out, three in a row, throw lease_error (see late_replies).
 template <connection C, class Attempt, class Granted = no_hand_over>
 bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time_point deadline,
                      const std::stop_token& stop, const line_options& line,
@@ -193,6 +197,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         tally.started = steady::now();
     }
     backoff policy{lk.options};
+    late_replies late;
     std::exception_ptr unacknowledged;
     // A hand-over may be claimed without a round trip until an attempt's outcome is unknown: it
     // may have taken the handed lock over and been given up since, which frees it, so a message
@@ -238,9 +243,31 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             refused = false;
             counted = false;
             ++tally.attempts;
-            ttl = attempt(attempt_context(deadline, stop),
-                          queue_place{join ? std::string_view{waiter_id()} : trying, join, may_wait,
-                                      &tally, &counted});
+            const auto sent = steady::now();
+            bool given_back_late = false;
+            try {
+                ttl = attempt(attempt_context(deadline, stop),
+                              queue_place{join ? std::string_view{waiter_id()} : trying, join,
+                                          may_wait, &tally, &counted});
+            } catch (const late_grant& given_back) {
+                events.emit([&] {
+                    lock_event e;
+                    e.type = event_type::late_grant;
+                    e.kind = line.kind;
+                    e.name = lk.name;
+                    e.attempts = tally.attempts;
+                    e.round_trip = std::chrono::duration_cast<std::chrono::microseconds>(
+                        given_back.round_trip);
+                    e.detail =
+                        "granted, but the reply came after the lease had run out: given back";
+                    return e;
+                });
+                given_back_late = true;
+                ttl = holder_ttl::zero();  // a failed attempt: the lock may be free again at once
+            }
+            if (ttl && late.note(sent, steady::now(), lk.options.lease)) {
+                late.fail(lk.name, lk.options.lease);
+            }
             refused = ttl.has_value();
             if (join && ttl) {
                 longest_wait = std::max(longest_wait, *ttl);
@@ -259,15 +286,17 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 --tally.attempts;
                 continue;
             }
-            events.emit([&] {
-                lock_event e;
-                e.type = event_type::contended;
-                e.kind = line.kind;
-                e.name = lk.name;
-                e.attempts = tally.attempts;
-                e.holder_ttl = *ttl;
-                return e;
-            });
+            if (!given_back_late) {  // that one was told as late_grant
+                events.emit([&] {
+                    lock_event e;
+                    e.type = event_type::contended;
+                    e.kind = line.kind;
+                    e.name = lk.name;
+                    e.attempts = tally.attempts;
+                    e.holder_ttl = *ttl;
+                    return e;
+                });
+            }
         } catch (const cancelled_error&) {
             return false;
         } catch (const error& e) {

@@ -84,7 +84,7 @@ public:
         bool contended = false;  // its last wait or release met other waiters
     };
 
-    view look(std::string_view name) {
+    view look(std::string_view name) noexcept {
         std::lock_guard guard{mutex_};
         auto it = gates_.find(name);
         if (it == gates_.end()) {
@@ -93,15 +93,20 @@ public:
         return {it->second.line.empty(), it->second.contended};
     }
 
-    /// Notes whether the last wait or release of `name` met other waiters.
-    void note_contention(std::string_view name, bool contended) {
+    /// Notes whether the last wait or release of `name` met other waiters. A hint: when it
+    /// cannot be remembered (out of memory) it is dropped, as for a name past max_remembered.
+    void note_contention(std::string_view name, bool contended) noexcept {
         std::lock_guard guard{mutex_};
         auto it = gates_.find(name);
         if (it == gates_.end()) {
             if (!contended || gates_.size() >= max_remembered) {
                 return;
             }
-            it = gates_.emplace(std::string{name}, gate{}).first;
+            try {
+                it = gates_.emplace(std::string{name}, gate{}).first;
+            } catch (...) {
+                return;
+            }
         }
         it->second.contended = contended;
         if (!contended && it->second.line.empty()) {

@@ -2,6 +2,8 @@
 //   - what a reply means: an error reply transient or a real failure (is_transient,
 //     throw_reply_error), one that says the lock is not ours (throw_unless_not_ours), a grant
 //     that cannot stand (refuse_grant), an entry script's answer (decode_entry);
+//   - a lock call whose grants can never stand: its replies counted against the lease
+//     (late_replies), until it throws lease_error;
 //   - tracked_lease: what a held acquisition keeps besides its kind's own fields — its local
 //     deadline, registered with the client's loss timer so the loss is told at that moment
 //     whatever a blocked round trip is doing; its watchdog renewal; the stop source of
@@ -25,6 +27,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -134,9 +137,16 @@ inline bool unacknowledged(std::int64_t replicas, const lock_options& options) {
         std::to_string(options.replica_timeout.count()) + " ms; the acquisition was undone"};
 }
 
+/// What refuse_grant() throws for a grant whose reply came after its lease ran out, given back:
+/// a failed attempt, which the lock call counts (late_replies) and tells (late_grant event). Not
+/// a redislock::error: it never leaves a lock call.
+struct late_grant {
+    steady::duration round_trip;  // from the attempt's send to its reply
+};
+
 /// Gives up, with `abandon()`, a grant of `lk` sent at `sent` that cannot stand: too few of the
 /// replicas asked for acknowledged it (throws replication_error), or its lease ran out before
-/// the reply came (returns holder_ttl{0}: it counts as a failed attempt). std::nullopt when the
+/// the reply came (throws late_grant: it counts as a failed attempt). std::nullopt when the
 /// grant stands.
 template <class State, class Abandon>
 std::optional<holder_ttl> refuse_grant(const State& lk, steady::time_point sent,
@@ -145,12 +155,52 @@ std::optional<holder_ttl> refuse_grant(const State& lk, steady::time_point sent,
         abandon();
         throw_unacknowledged(lk.name, replicas, lk.options);
     }
-    if (steady::now() >= valid_until(sent, lk.options.lease)) {
+    if (const auto now = steady::now(); now >= valid_until(sent, lk.options.lease)) {
         abandon();  // granted, but its lease ran out before the reply came
-        return holder_ttl{0};
+        throw late_grant{now - sent};
     }
     return std::nullopt;
 }
+
+/// Counts the attempts of one lock call that were answered only after their lease ran out
+/// (counted from each attempt's send, with the drift allowance of valid_until()), granted or
+/// not: such a reply proves that no grant could have stood. `limit` of them in a row, with no
+/// attempt answered in time between them, end the call with lease_error; an attempt that failed
+/// (timeout, connection error) neither counts nor breaks the row. One stall of the server or the
+/// network thus costs an attempt or two, while round trips that always outlast the lease end the
+/// call after three.
+class late_replies {
+public:
+    static constexpr int limit = 3;
+
+    /// Notes an attempt sent at `sent` and answered at `answered`; true once `limit` in a row
+    /// were late.
+    bool note(steady::time_point sent, steady::time_point answered,
+              std::chrono::milliseconds lease) {
+        if (answered < valid_until(sent, lease)) {
+            in_a_row_ = 0;
+            return false;
+        }
+        ++in_a_row_;
+        last_ = answered - sent;
+        return in_a_row_ >= limit;
+    }
+
+    /// Throws the lease_error that ends a lock call of `name` with `lease`.
+    [[noreturn]] void fail(std::string_view name, std::chrono::milliseconds lease) const {
+        throw lease_error{
+            "redislock: cannot lock '" + std::string{name} + "': " + std::to_string(in_a_row_) +
+            " attempts in a row were answered after their lease of " +
+            std::to_string(lease.count()) + " ms had run out (the last after " +
+            std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(last_).count()) +
+            " ms), so no grant could stand; the lease must be longer than the round trips to "
+            "the server"};
+    }
+
+private:
+    int in_a_row_ = 0;
+    steady::duration last_{};
+};
 
 /// What a reentrant or read-write acquisition script answers: its status (0: not acquired, then
 /// `value` is the holder's TTL; 1: a new acquisition; 2: a re-entry...), `value` (the fencing
@@ -297,7 +347,7 @@ void report_loss(const State& lk, lock_kind kind, loss_reason reason,
         e.held = micros_since(acquired_at);
         return e;
     });
-    call_on_lost(lk.options, reason);
+    call_on_lost(lk.lost_handlers, reason);
 }
 
 /// Tells that an acquisition of `lk` whose lease `t` was given back ended well.
@@ -324,6 +374,81 @@ void report_acquired(const State& lk, lock_kind kind, const wait_tally& tally) n
         e.name = lk.name;
         e.wait = micros_since(tally.started);
         e.attempts = tally.attempts;
+        return e;
+    });
+}
+
+/// Tells that an unlock() of `lk`, held as `kind` by `holder`, was refused to the calling thread
+/// (errc::not_holder): nothing was sent and the holder keeps the lock, so a guard released on
+/// the wrong thread is not silent.
+template <class State>
+void report_unlock_refused(const State& lk, lock_kind kind, std::thread::id holder) noexcept {
+    lk.core->events.emit([&] {
+        lock_event e;
+        e.type = event_type::unlock_refused;
+        e.kind = kind;
+        e.name = lk.name;
+        e.holder_thread = holder;
+        e.caller_thread = std::this_thread::get_id();
+        e.detail =
+            "unlock() from a thread that does not hold the lock: nothing was sent, and the "
+            "holder keeps the lock (and its renewals) until it unlocks on its own thread";
+        return e;
+    });
+}
+
+/// A watchdog lease should be at least this many command timeouts (docs/configuration.md, "Rules
+/// of thumb"): a renewal is first sent at a third of the lease, and one that stalls for a whole
+/// command timeout must leave room for two more before the local deadline.
+inline constexpr int watchdog_lease_timeouts = 6;
+
+/// The command timeout `conn` is configured with (a Sentinel connection's: its data nodes');
+/// nothing for a connection that does not say.
+template <class C>
+std::optional<std::chrono::milliseconds> configured_command_timeout(const C& conn) {
+    using std::chrono::milliseconds;
+    if constexpr (requires { conn.config().command_timeout; }) {
+        return std::chrono::duration_cast<milliseconds>(conn.config().command_timeout);
+    } else if constexpr (requires { conn.config().node.command_timeout; }) {
+        return std::chrono::duration_cast<milliseconds>(conn.config().node.command_timeout);
+    } else {
+        return std::nullopt;
+    }
+}
+
+/// Tells lease_too_short for a lock `lk` of `kind` just made with the watchdog and a lease below
+/// watchdog_lease_timeouts x the command timeout of its client's connection.
+template <class State>
+void report_short_watchdog_lease(const State& lk, lock_kind kind) noexcept {
+    if (!lk.options.watchdog || !lk.core->events.observed()) {
+        return;
+    }
+    std::optional<std::chrono::milliseconds> timeout;
+    try {
+        timeout = configured_command_timeout(lk.core->connection);
+    } catch (...) {
+        return;  // the connection's settings cannot be read here (out of memory after a fork)
+    }
+    if (!timeout || lk.options.lease >= watchdog_lease_timeouts * *timeout) {
+        return;
+    }
+    const std::chrono::milliseconds command_timeout = *timeout;
+    std::string detail;
+    try {
+        detail = "lease " + std::to_string(lk.options.lease.count()) + " ms is below " +
+                 std::to_string(watchdog_lease_timeouts) + " x command_timeout (" +
+                 std::to_string(command_timeout.count()) +
+                 " ms): a renewal stalled for a whole command timeout cannot be retried twice "
+                 "before the local deadline";
+    } catch (...) {
+        // Out of memory: the event goes without its text.
+    }
+    lk.core->events.emit([&] {
+        lock_event e;
+        e.type = event_type::lease_too_short;
+        e.kind = kind;
+        e.name = lk.name;
+        e.detail = detail;
         return e;
     });
 }
@@ -395,8 +520,16 @@ public:
                 loss_timer::loss_notice notice;
                 if (st) {
                     if (auto m = lease_tracker{st}.mark_only(key)) {
-                        notice.source = m->source;
-                        notice.handler = then_take_back(deferred_report(*st, *m), self, key);
+                        try {
+                            notice.handler = then_take_back(deferred_report(*st, *m), self, key);
+                            notice.source = m->source;
+                        } catch (...) {
+                            // Out of memory: told at once on this thread, stop first, rather
+                            // than after every due lease is marked.
+                            m->source.request_stop();
+                            report_marked(*st, *m);
+                            take_back(self, key);
+                        }
                     }
                 }
                 let_go(std::move(st));
@@ -522,10 +655,11 @@ public:
 
     /// Marks the acquisition lost and leaves the stop and the report to the caller, or returns
     /// nothing when it was already lost or gone. Its renewals stop: renewing a lost lease could
-    /// only revive it behind a rival's back. Runs no user code.
-    std::optional<marked> mark_only(const key_type& key) {
+    /// only revive it behind a rival's back. Runs no user code and allocates nothing (a
+    /// default-made std::stop_source would: it runs on the loss timer's thread and in unlock()).
+    std::optional<marked> mark_only(const key_type& key) noexcept {
         decltype(tracked::renewal) renewal = 0;
-        marked m{};
+        std::optional<marked> m;
         {
             std::lock_guard guard{st_->mutex};
             tracked* t = State::find_lease(*st_, key);
@@ -534,8 +668,8 @@ public:
             }
             t->lost = true;
             renewal = std::exchange(t->renewal, 0);
-            m = marked{t->lost_source, t->acquired_at,     t->kind,
-                       renewal != 0,   t->renewal_stopped, t->renewal_capped};
+            m.emplace(marked{t->lost_source, t->acquired_at, t->kind, renewal != 0,
+                             t->renewal_stopped, t->renewal_capped});
         }
         if (renewal != 0) {
             core().watchdog.cancel(renewal);  // never waits: the timer thread must not block
@@ -545,15 +679,20 @@ public:
 
     /// Stops the timer and renewals of an acquisition that ended; `t` was taken out of the
     /// state with the mutex held (its ids are this acquisition's alone). Never waits for a
-    /// renewal in flight: its callbacks find the acquisition gone.
-    void end(tracked& t) {
+    /// renewal in flight: its callbacks find the acquisition gone. Allocates nothing: an id is
+    /// only looked up in an engine of this process that made it.
+    void end(tracked& t) noexcept {
         const auto renewal = std::exchange(t.renewal, 0);
         const auto timer = std::exchange(t.timer, 0);
         if (t.generation != current_fork_generation()) {
             return;  // the parent's ids: they mean other leases in this process's engines
         }
-        core().watchdog.cancel(renewal);
-        core().timer->remove(timer);
+        if (renewal != 0) {
+            core().watchdog.cancel(renewal);
+        }
+        if (timer != 0) {
+            core().timer->remove(timer);
+        }
     }
 
 private:
@@ -612,42 +751,56 @@ private:
     // on_lost_reason. Empty when nobody listens.
     static std::function<void()> deferred_report(const State& st, const marked& m) {
         const event_hook& hook = st.core->events.hook();
-        if (!hook && !st.options.on_lost && !st.options.on_lost_reason) {
+        if (!hook && !st.lost_handlers) {
             return {};
         }
-        const loss_reason reason = m.shutdown ? loss_reason::client_shutdown : loss_reason::expired;
+        const loss_reason reason = expiry_reason(m);
         const auto held = hook ? micros_since(m.acquired_at) : std::chrono::microseconds{};
-        return
-            [hook, on_lost = st.options.on_lost, told = st.options.on_lost_reason, name = st.name,
-             kind = m.kind, reason, held, capped = m.capped, failed = m.renewed && !m.shutdown] {
-                if (failed) {
-                    emit_to(hook, [&] {
-                        lock_event e;
-                        e.type = event_type::renewal_failed;
-                        e.kind = kind;
-                        e.name = name;
-                        e.reason = reason;
-                        e.detail = capped ? "max_hold reached"
-                                          : "no renewal was confirmed before the local deadline";
-                        return e;
-                    });
-                }
-                emit_to(hook, [&] {
-                    lock_event e;
-                    e.type = event_type::lost;
-                    e.kind = kind;
-                    e.name = name;
-                    e.reason = reason;
-                    e.held = held;
-                    return e;
-                });
-                if (on_lost) {
-                    on_lost();
-                }
-                if (told) {
-                    told(reason);
-                }
-            };
+        return [hook, handlers = st.lost_handlers, name = st.name, kind = m.kind, reason, held,
+                capped = m.capped, failed = m.renewed && !m.shutdown] {
+            if (failed) {
+                emit_to(hook, [&] { return expiry_renewal_failed(name, kind, reason, capped); });
+            }
+            emit_to(hook, [&] {
+                lock_event e;
+                e.type = event_type::lost;
+                e.kind = kind;
+                e.name = name;
+                e.reason = reason;
+                e.held = held;
+                return e;
+            });
+            call_on_lost(handlers, reason);
+        };
+    }
+
+    // Why a lease marked lost at its deadline was lost.
+    static loss_reason expiry_reason(const marked& m) noexcept {
+        return m.shutdown ? loss_reason::client_shutdown : loss_reason::expired;
+    }
+
+    // The renewal_failed event told before the loss of a lease the watchdog renewed until its
+    // deadline.
+    static lock_event expiry_renewal_failed(std::string_view name, lock_kind kind,
+                                            loss_reason reason, bool capped) noexcept {
+        lock_event e;
+        e.type = event_type::renewal_failed;
+        e.kind = kind;
+        e.name = name;
+        e.reason = reason;
+        e.detail =
+            capped ? "max_hold reached" : "no renewal was confirmed before the local deadline";
+        return e;
+    }
+
+    // What deferred_report() would tell, told at once (when it cannot be deferred).
+    static void report_marked(const State& st, const marked& m) noexcept {
+        const loss_reason reason = expiry_reason(m);
+        if (m.renewed && !m.shutdown) {
+            st.core->events.emit(
+                [&] { return expiry_renewal_failed(st.name, m.kind, reason, m.capped); });
+        }
+        report_loss(st, m.kind, reason, m.acquired_at);
     }
 
     // On the watchdog thread: a renewal found the lease gone or gave it up.

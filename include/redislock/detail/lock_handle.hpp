@@ -22,10 +22,12 @@
 #include <stop_token>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/error.hpp>
+#include <redislock/events.hpp>
 
 namespace redislock::detail {
 
@@ -66,22 +68,35 @@ protected:
     lease_tracker<State> tracker() const { return tracker_of(state_); }
 
     /// errc::not_held or errc::not_holder when the caller cannot release through this object
-    /// (nothing is sent then); else gives the acquisition up with `take(state&)`, called with
-    /// the mutex held (State::caller_is_holder(), inherited_by_fork()), and returns no error.
+    /// (nothing is sent then; a thread other than the holder's is told as unlock_refused);
+    /// else gives the acquisition up with `take(state&)`, which must not throw, called with the
+    /// mutex held (State::caller_is_holder(), inherited_by_fork(), holder_thread), and returns no
+    /// error.
     template <class Take>
     std::error_code claim(Take take) noexcept {
         if (!state_) {
             return errc::not_held;
         }
-        std::lock_guard guard{state_->mutex};
-        if (state_->held_lease() == nullptr) {
-            return errc::not_held;
+        lock_kind kind = lock_kind::none;
+        std::thread::id holder;
+        {
+            std::lock_guard guard{state_->mutex};
+            const auto* lease = state_->held_lease();
+            if (lease == nullptr) {
+                return errc::not_held;
+            }
+            if (state_->inherited_by_fork()) {
+                return errc::not_holder;  // the parent's, as documented for fork(): not told
+            }
+            if (state_->caller_is_holder()) {
+                take(*state_);
+                return {};
+            }
+            kind = lease->kind;
+            holder = state_->holder_thread;
         }
-        if (!state_->caller_is_holder() || state_->inherited_by_fork()) {
-            return errc::not_holder;
-        }
-        take(*state_);
-        return {};
+        report_unlock_refused(*state_, kind, holder);
+        return errc::not_holder;
     }
 
     /// For release_on_destruction(): gives up the acquisition `st` holds with `take(state&)`,

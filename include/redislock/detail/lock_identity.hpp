@@ -11,6 +11,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
+#include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/owner.hpp>
 #include <redislock/lock_options.hpp>
@@ -30,6 +31,7 @@ struct lock_identity {
           options{std::move(opts)},
           lease_text{options.lease.count()} {
         check_options(name, options);
+        lost_handlers = share_loss_handlers(options);
         if constexpr (!pipelining_connection<C>) {
             if (options.min_replicas > 0) {
                 throw invalid_argument{
@@ -74,6 +76,7 @@ struct lock_identity {
     C* conn;
     std::string name;
     lock_options options;
+    std::shared_ptr<const loss_handlers> lost_handlers;  // options' on_lost and on_lost_reason
     decimal lease_text;
     std::string fence_key;
     std::string channel;    // release messages: ids of the waiters that may go

@@ -6,9 +6,12 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <stop_token>
 
 #include <redislock/detail/wait.hpp>
+#include <redislock/events.hpp>
 #include <redislock/lock_options.hpp>
 
 namespace redislock::detail {
@@ -75,25 +78,37 @@ private:
     Derived& self() { return static_cast<Derived&>(*this); }
 };
 
-/// Calls a lock's on_lost handler through a copy: a handler that destroys the lock, and with it
-/// the options, still runs to its end.
-inline void call_on_lost(const lock_options& options) noexcept {
-    if (options.on_lost) {
-        const auto handler = options.on_lost;
-        handler();
+/// A lock's on_lost and on_lost_reason, made once with the lock and shared: a loss told on a
+/// path that must not throw (unlock(), the loss timer) copies a pointer, never a handler, whose
+/// copy could fail to allocate.
+struct loss_handlers {
+    std::function<void()> on_lost;
+    std::function<void(loss_reason)> on_lost_reason;
+};
+
+/// The handlers of `options`; null when it has none.
+inline std::shared_ptr<const loss_handlers> share_loss_handlers(const lock_options& options) {
+    if (!options.on_lost && !options.on_lost_reason) {
+        return nullptr;
     }
+    return std::make_shared<const loss_handlers>(
+        loss_handlers{options.on_lost, options.on_lost_reason});
 }
 
-/// Calls a lock's on_lost, then its on_lost_reason with `reason`, through copies taken before
-/// either runs (a handler may destroy the lock, and with it the options).
-inline void call_on_lost(const lock_options& options, loss_reason reason) noexcept {
-    if (!options.on_lost_reason) {
-        call_on_lost(options);
+/// Calls on_lost, then on_lost_reason with `reason`, through a reference taken before either
+/// runs: a handler that destroys the lock, and with it its handlers, still runs to its end.
+inline void call_on_lost(const std::shared_ptr<const loss_handlers>& handlers,
+                         loss_reason reason) noexcept {
+    if (!handlers) {
         return;
     }
-    const auto told = options.on_lost_reason;
-    call_on_lost(options);
-    told(reason);
+    const std::shared_ptr<const loss_handlers> kept = handlers;
+    if (kept->on_lost) {
+        kept->on_lost();
+    }
+    if (kept->on_lost_reason) {
+        kept->on_lost_reason(reason);
+    }
 }
 
 /// When a lease granted to an attempt sent at `sent` surely still holds: the lease counted from

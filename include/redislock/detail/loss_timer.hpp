@@ -18,7 +18,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -168,32 +167,41 @@ private:
         queue_.insert(std::move(node));
     }
 
-    void dequeue(clock::time_point deadline, entry_id id) {
-        auto node = queue_.extract({deadline, id});
-        if (!node.empty() && spare_slots_.size() < spare_limit) {
-            spare_slots_.push_back(std::move(node));
+    // Keeps `node` for reuse when there is room; a node that cannot be kept (out of memory
+    // growing the spares) is freed: remove() runs on release paths, which must not throw.
+    template <class Node>
+    static void keep_spare(std::vector<Node>& spares, Node&& node) noexcept {
+        if (node.empty() || spares.size() >= spare_limit) {
+            return;
+        }
+        try {
+            spares.push_back(std::move(node));
+        } catch (...) {
         }
     }
 
-    void forget(entry_map::iterator it) {
+    void dequeue(clock::time_point deadline, entry_id id) noexcept {
+        keep_spare(spare_slots_, queue_.extract({deadline, id}));
+    }
+
+    void forget(entry_map::iterator it) noexcept {
         if (it == entries_.end()) {
             return;
         }
         auto node = entries_.extract(it);
         node.mapped().on_deadline.reset();  // what it captured goes now, not on reuse
-        if (spare_entries_.size() < spare_limit) {
-            spare_entries_.push_back(std::move(node));
-        }
+        keep_spare(spare_entries_, std::move(node));
     }
 
     // Marks every due loss first, then requests their stops, then runs their handlers one at a
     // time, marking again whatever fell due meanwhile: a slow handler delays other handlers, never
-    // another lock's owned() or lost_token().
+    // another lock's owned() or lost_token(). Out of memory, a stop or handler that cannot wait
+    // for its turn is run at once: a loss is never dropped, and nothing thrown ends the thread.
     void run() {
         std::unique_lock lock{mutex_};
         thread_id_ = std::this_thread::get_id();
         std::vector<std::stop_source> stops;
-        std::deque<std::function<void()>> handlers;
+        std::vector<std::function<void()>> handlers;  // run first come first (a deque allocates)
         while (!stopped_) {
             const auto now = clock::now();
             if (!queue_.empty() && queue_.begin()->first <= now) {
@@ -212,12 +220,8 @@ private:
                 running_ = 0;
                 forget(entries_.find(id));
                 done_.notify_all();
-                if (notice.source.stop_possible()) {
-                    stops.push_back(std::move(notice.source));
-                }
-                if (notice.handler) {
-                    handlers.push_back(std::move(notice.handler));
-                }
+                queue_or_run(lock, stops, std::move(notice.source), handlers,
+                             std::move(notice.handler));
                 continue;
             }
             if (!stops.empty() || !handlers.empty()) {
@@ -228,7 +232,7 @@ private:
                 stops.clear();
                 if (!handlers.empty()) {
                     auto handler = std::move(handlers.front());
-                    handlers.pop_front();
+                    handlers.erase(handlers.begin());
                     handler();
                 }
                 lock.lock();
@@ -238,6 +242,40 @@ private:
             wake_.wait_until(lock, planned_wake_);
         }
         thread_id_ = {};
+    }
+
+    // Queues what a marked loss still has to tell; what cannot be queued (out of memory) is told
+    // at once, with `lock` released, its stop before its handler.
+    static void queue_or_run(std::unique_lock<std::mutex>& lock,
+                             std::vector<std::stop_source>& stops, std::stop_source source,
+                             std::vector<std::function<void()>>& handlers,
+                             std::function<void()> handler) noexcept {
+        bool stop_now = false;
+        if (source.stop_possible()) {
+            try {
+                stops.push_back(source);
+            } catch (...) {
+                stop_now = true;
+            }
+        }
+        bool run_now = false;
+        if (handler) {
+            try {
+                handlers.push_back(std::move(handler));
+            } catch (...) {
+                run_now = true;  // push_back left it as it was
+            }
+        }
+        if (stop_now || run_now) {
+            lock.unlock();
+            if (stop_now) {
+                source.request_stop();
+            }
+            if (run_now) {
+                handler();
+            }
+            lock.lock();
+        }
     }
 
     mutable std::mutex mutex_;

@@ -69,18 +69,12 @@ struct mutex_release {
     // Stops the timer and renewals of `g`, then releases it.
     static std::error_code leave(const std::shared_ptr<state>& st, given_up g) noexcept {
         lease_tracker<state>{st}.end(g.lease);
-        bool contended = false;
-        try {
-            contended = st->core->waiting->gates.look(st->name).contended;
-        } catch (...) {
-            // Out of memory building the waiting room: the release goes alone.
-        }
+        const bool contended = st->core->contended_lately(st->name);
         const auto outcome = release_once(*st, g.token, st->core->untimed_deadline(), contended);
         switch (outcome) {
             case release_outcome::released:
             case release_outcome::handed_on:
-                st->core->waiting->gates.note_contention(st->name,
-                                                         outcome == release_outcome::handed_on);
+                st->core->note_contention(st->name, outcome == release_outcome::handed_on);
                 return detail::end_release(*st, g.lease, release_end::released);
             case release_outcome::not_ours:
                 return detail::end_release(*st, g.lease, release_end::lost);

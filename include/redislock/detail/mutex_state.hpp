@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include <redislock/connection.hpp>
@@ -68,6 +69,7 @@ struct mutex_state : lock_identity<C> {
         held = true;
         token = t;
         holder = thread_number();
+        holder_thread = std::this_thread::get_id();
         generation = current_fork_generation();
         lease.valid_until = valid_until(g.sent, this->options.lease);
         lease.acquired_at = g.taken.value_or(g.sent);
@@ -83,7 +85,7 @@ struct mutex_state : lock_identity<C> {
     };
 
     // Marks the current acquisition as no longer held.
-    given_up give_up() {
+    given_up give_up() noexcept {
         held = false;
         return {token, std::exchange(lease, {})};
     }
@@ -91,8 +93,9 @@ struct mutex_state : lock_identity<C> {
     mutable std::mutex mutex;  // guards the members below; never held across a round trip
     bool held = false;
     detail::token token;
-    std::uint64_t holder = 0;      // thread_number() of the holder thread
-    std::uint64_t generation = 0;  // fork generation of the acquisition
+    std::uint64_t holder = 0;       // thread_number() of the holder thread
+    std::thread::id holder_thread;  // the same thread, as unlock_refused events name it
+    std::uint64_t generation = 0;   // fork generation of the acquisition
     std::int64_t fence = 0;
     tracked_lease<C> lease;
 };

@@ -7,7 +7,10 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
+#include <charconv>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -48,6 +51,31 @@ inline std::string owner_id(std::string_view instance_id, std::string_view expli
         id += explicit_owner;
     }
     return id;
+}
+
+/// True when `id` is what owner_id(`instance_id`, `explicit_owner`) makes on the calling thread;
+/// builds nothing, for release paths that must not allocate.
+inline bool is_owner_id(std::string_view id, std::string_view instance_id,
+                        std::string_view explicit_owner) noexcept {
+    const auto take = [&id](std::string_view part) {
+        if (!id.starts_with(part)) {
+            return false;
+        }
+        id.remove_prefix(part.size());
+        return true;
+    };
+    std::array<char, 24> digits{};
+    const auto decimal = [&digits](std::uint64_t n) {
+        const auto end = std::to_chars(digits.data(), digits.data() + digits.size(), n).ptr;
+        return std::string_view{digits.data(), static_cast<std::size_t>(end - digits.data())};
+    };
+    if (!take(instance_id) || !take(":") || !take(decimal(process_id()))) {
+        return false;
+    }
+    const bool owner_matches = explicit_owner.empty()
+                                   ? take(":thread:") && take(decimal(thread_number()))
+                                   : take(":owner:") && take(explicit_owner);
+    return owner_matches && id.empty();
 }
 
 }  // namespace redislock::detail

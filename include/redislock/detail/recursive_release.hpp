@@ -69,9 +69,8 @@ struct recursive_release {
 
     // Leaves `entries` entries of `entry` in Redis; the caller has already counted them out.
     // `ended` is the acquisition's lease when these are its last entries (else unused).
-    static std::error_code leave(const std::shared_ptr<state>& st, const held& entry,
-                                 std::size_t entries, bool last,
-                                 const tracked_lease<C>& ended) noexcept {
+    static std::error_code leave(const std::shared_ptr<state>& st, held entry, std::size_t entries,
+                                 bool last, const tracked_lease<C>& ended) noexcept {
         return leave_entries(
             *st, ended, last,
             [&] {
@@ -79,7 +78,7 @@ struct recursive_release {
                                   st->core->untimed_deadline());
             },
             [](const reply& r) { return r.is_integer(); },
-            [&] { not_finished(st, entry, entries, last, ended.valid_until); },
+            [&] { not_finished(st, std::move(entry), entries, last, ended.valid_until); },
             [&](const reply&) {
                 // The entries were gone: every entry of that acquisition is lost.
                 if (!last) {
@@ -96,15 +95,26 @@ struct recursive_release {
     }
 
     // A release whose outcome is unknown: an inner entry makes the count uncertain; the last one
-    // is retried in the background, and the object's next lock() takes its entry over.
-    static void not_finished(const std::shared_ptr<state>& st, const held& entry,
-                             std::size_t entries, bool last, steady::time_point valid_until) {
+    // is retried in the background, and the object's next lock() takes its entry over. Never
+    // throws: when its id cannot be copied into the object's books before the reaper gets it
+    // (out of memory), it is moved there after.
+    static void not_finished(const std::shared_ptr<state>& st, held entry, std::size_t entries,
+                             bool last, steady::time_point valid_until) noexcept {
         if (last) {
+            bool noted = false;
             {
                 std::lock_guard guard{st->mutex};
-                st->given_up = entry.acquisition;
+                try {
+                    st->given_up = entry.acquisition;
+                    noted = true;
+                } catch (...) {
+                }
             }
             hand_to_reaper(st, entry, entries, valid_until + st->options.lease);
+            if (!noted) {
+                std::lock_guard guard{st->mutex};
+                st->given_up = std::move(entry.acquisition);
+            }
             return;
         }
         std::lock_guard guard{st->mutex};
@@ -126,7 +136,7 @@ struct recursive_release {
         }
         lease_tracker<state>{st}.end(out.ended);
         if (out.entries > 0) {
-            (void)leave(st, out.entry, out.entries, true, out.ended);
+            (void)leave(st, std::move(out.entry), out.entries, true, out.ended);
         }
     }
 };

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <redislock/connection.hpp>
@@ -47,6 +48,12 @@ struct recursive_state : lock_identity<C> {
 
     // The holder's entries.
     recursive_entry current() const { return {holder_owner, epoch, acquisition}; }
+
+    // The holder's entries, their names moved out: for their last release (depth zero), after
+    // which nothing reads them until a new first entry sets them again.
+    recursive_entry taken_entry() noexcept {
+        return {std::move(holder_owner), epoch, std::move(acquisition)};
+    }
 
     // Whether `owner`'s next entry is an outermost one, with the acquisition it names as given
     // up in `given_up_id`.
@@ -88,6 +95,7 @@ struct recursive_state : lock_identity<C> {
             e.first_entry = ++epoch;
             e.previous = std::exchange(lease, {});
             holder = thread_number();
+            holder_thread = std::this_thread::get_id();
             generation = current_fork_generation();
             holder_owner = owner;
             acquisition = got.acquisition;
@@ -112,40 +120,57 @@ struct recursive_state : lock_identity<C> {
         tracked_lease<C> ended;  // the acquisition's lease when these are its last entries
     };
 
-    // Counts one entry out (unlock).
-    left count_out() {
-        left out{current(), 1, false, {}};
+    // Counts one entry out (unlock). Never throws: an inner entry whose names cannot be copied
+    // for its release (out of memory) is counted out as one whose release had an unknown
+    // outcome, with no entries to send (the last release leaves it); the last entry's names are
+    // moved out, as nothing reads them once depth is zero.
+    left count_out() noexcept {
+        left out;
+        out.entries = 1;
         // Counted out before the round trip, so an acquisition through this object that lands
         // right after the release never mistakes the entry for a live one.
-        if (--depth == 0) {
-            mark.uncount();
-            out.last = true;
-            out.ended = std::exchange(lease, {});
-            // Entries whose re-entry or release had an unknown outcome are left too: without a
-            // fault the count is then exact; after one, the key goes rather than outlive its
-            // holder (only a re-entry through another object could lose an entry).
-            out.entries += std::exchange(uncertain, 0);
+        if (depth > 1) {
+            try {
+                out.entry = current();
+            } catch (...) {
+                out.entries = 0;
+                ++uncertain;
+            }
+            --depth;
+            return out;
         }
+        depth = 0;
+        mark.uncount();
+        out.last = true;
+        out.entry = taken_entry();
+        out.ended = std::exchange(lease, {});
+        // Entries whose re-entry or release had an unknown outcome are left too: without a fault
+        // the count is then exact; after one, the key goes rather than outlive its holder (only
+        // a re-entry through another object could lose an entry).
+        out.entries += std::exchange(uncertain, 0);
         return out;
     }
 
-    // Counts every entry out (the object is going away); none when none is held.
-    left give_up_all() {
-        left out{{}, std::exchange(depth, 0), true, {}};
+    // Counts every entry out (the object is going away); none when none is held. Never throws.
+    left give_up_all() noexcept {
+        left out;
+        out.entries = std::exchange(depth, 0);
+        out.last = true;
         mark.uncount();
         if (out.entries > 0) {
             out.entries += std::exchange(uncertain, 0);
+            out.entry = taken_entry();
         }
-        out.entry = current();
         out.ended = std::exchange(lease, {});
         return out;
     }
 
-    mutable std::mutex mutex;      // guards the members below; never held across a round trip
-    std::size_t depth = 0;         // entries made through this object by its holder
-    std::uint64_t epoch = 0;       // outermost acquisitions through this object so far
-    std::uint64_t holder = 0;      // thread_number() of the holder thread
-    std::uint64_t generation = 0;  // fork generation of the first entry
+    mutable std::mutex mutex;       // guards the members below; never held across a round trip
+    std::size_t depth = 0;          // entries made through this object by its holder
+    std::uint64_t epoch = 0;        // outermost acquisitions through this object so far
+    std::uint64_t holder = 0;       // thread_number() of the holder thread
+    std::thread::id holder_thread;  // the same thread, as unlock_refused events name it
+    std::uint64_t generation = 0;   // fork generation of the first entry
     std::string holder_owner;
     std::string acquisition;  // id of the acquisition the entries belong to, in Redis
     std::string given_up;     // the last acquisition this object gave up (see the script)

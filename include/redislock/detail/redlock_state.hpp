@@ -12,10 +12,12 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/lock_core.hpp>
+#include <redislock/detail/lockable.hpp>
 #include <redislock/detail/names.hpp>
 #include <redislock/detail/owner.hpp>
 #include <redislock/detail/quorum_round.hpp>
@@ -55,6 +57,7 @@ struct redlock_state {
         }
         options.min_replicas = 0;  // independent masters have no replicas to wait for
         channel = derived_key(name, "released");
+        lost_handlers = share_loss_handlers(options);
     }
 
     bool caller_is_holder() const { return !options.owner.empty() || holder == thread_number(); }
@@ -94,7 +97,7 @@ struct redlock_state {
     };
 
     // Marks the current acquisition as no longer held. Needs `mutex`.
-    given_up give_up() {
+    given_up give_up() noexcept {
         held = false;
         return {std::move(acq), std::exchange(lease, {})};
     }
@@ -102,13 +105,15 @@ struct redlock_state {
     std::shared_ptr<redlock_core<C>> core;
     std::string name;
     lock_options options;
+    std::shared_ptr<const loss_handlers> lost_handlers;  // options' on_lost and on_lost_reason
     decimal lease_text;
     std::string channel;
 
     mutable std::mutex mutex;  // guards the members below; never held across a round
     bool held = false;
     std::shared_ptr<redlock_acquisition> acq;
-    std::uint64_t holder = 0;  // thread_number() of the holder thread (see lock_identity)
+    std::uint64_t holder = 0;       // thread_number() of the holder thread (see lock_identity)
+    std::thread::id holder_thread;  // the same thread, as unlock_refused events name it
     std::uint64_t generation = 0;
     tracked_lease<C> lease;
     // The last acquisition's, kept after unlock(): see lost_token().

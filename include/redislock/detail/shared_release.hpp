@@ -128,14 +128,19 @@ struct shared_release {
     // Leaves every hold (the object is going away), but the parent's this process was forked
     // from: their entries are never left from a child.
     static void leave_all(const std::shared_ptr<state>& st) noexcept {
-        std::vector<typename state::left> given;
+        std::vector<hold> taken;
         {
             std::lock_guard guard{st->mutex};
-            given = st->give_up_all();
+            taken = st->take_all();
         }
-        for (auto& g : given) {
-            lease_tracker<state>{st}.end(g.ended);
-            (void)leave(st, g.ref, g.entries, true, g.ended);
+        for (hold& h : taken) {
+            h.mark.uncount();
+            if (h.depth == 0 || h.inherited_by_fork()) {
+                continue;
+            }
+            typename state::left given = state::give_up(h);
+            lease_tracker<state>{st}.end(given.ended);
+            (void)leave(st, given.ref, given.entries, true, given.ended);
         }
     }
 };

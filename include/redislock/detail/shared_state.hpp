@@ -14,12 +14,14 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/lock_core.hpp>
 #include <redislock/detail/lock_identity.hpp>
+#include <redislock/detail/owner.hpp>
 #include <redislock/detail/thread_holds.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/error.hpp>
@@ -30,12 +32,12 @@ namespace redislock::detail {
 enum class shared_mode : char { read = 'r', write = 'w' };
 
 // What events say a hold of `kind` is.
-inline lock_kind shared_lock_kind(shared_mode kind) {
+inline lock_kind shared_lock_kind(shared_mode kind) noexcept {
     return kind == shared_mode::read ? lock_kind::shared_mutex_read : lock_kind::shared_mutex_write;
 }
 
 // How the scripts name `kind`.
-inline std::string_view shared_mode_text(shared_mode kind) {
+inline std::string_view shared_mode_text(shared_mode kind) noexcept {
     return kind == shared_mode::read ? std::string_view{"r"} : std::string_view{"w"};
 }
 
@@ -54,6 +56,7 @@ struct shared_hold {
     std::uint64_t epoch = 0;       // which acquisition: renewals and releases name it
     std::string acquisition{};     // the acquisition's id in Redis
     thread_hold_mark mark;         // the owner thread's count of its holds (thread_holds.hpp)
+    std::thread::id thread{};      // the thread of its first entry, as unlock_refused names it
 
     // Held by the parent this process was forked from: only the parent may release it.
     bool inherited_by_fork() const { return generation != current_fork_generation(); }
@@ -166,6 +169,7 @@ struct shared_state : lock_identity<C> {
             h->epoch = ++last_epoch;
             h->acquisition = got.acquisition;
             e.first_entry = shared_hold_ref{owner, kind, h->epoch, got.acquisition, false};
+            h->thread = std::this_thread::get_id();
             if (this->options.owner.empty()) {
                 h->mark.count();
             }
@@ -185,31 +189,60 @@ struct shared_state : lock_identity<C> {
         tracked_lease<C> ended;  // the hold's lease when these are its last entries
     };
 
-    // Counts out one entry of `owner` in `kind` into `out`, or says why it cannot.
-    std::error_code count_out(const std::string& owner, shared_mode kind, left& out) {
-        shared_hold<C>* h = find(owner, kind);
+    // Counts out one entry of the calling owner (lock_identity::caller_owner(), matched without
+    // building it) in `kind` into `out`, or says why it cannot; for errc::not_holder because
+    // another thread of this process holds that mode through this object, `other` is set to it.
+    // Never throws: an inner entry whose names cannot be copied for its release (out of memory)
+    // is counted out with no entries to send, as one whose release had an unknown outcome (the
+    // hold's last release leaves it); a hold's last entry moves its names out.
+    std::error_code count_out_caller(shared_mode kind, left& out, std::thread::id& other) noexcept {
+        shared_hold<C>* h = nullptr;
+        for (shared_hold<C>& candidate : holds) {
+            if (candidate.kind == kind &&
+                is_owner_id(candidate.owner, this->core->instance_id, this->options.owner)) {
+                h = &candidate;
+            }
+        }
         if (!h || h->depth == 0) {
-            return held_by_other_owner(kind) ? errc::not_holder : errc::not_held;
+            const shared_hold<C>* holder = held_by_other_owner(kind);
+            if (holder == nullptr) {
+                return errc::not_held;
+            }
+            if (!holder->inherited_by_fork()) {
+                other = holder->thread;
+            }
+            return errc::not_holder;
         }
         if (h->inherited_by_fork()) {
             return errc::not_holder;
         }
-        out.ref = {owner, kind, h->epoch, h->acquisition, h->lease.lost};
         // Counted out before the round trip, so an acquisition that lands right after the
         // release never mistakes the entry for a live one.
-        if (--h->depth == 0) {
-            out.last = true;
-            out.entries += std::exchange(h->uncertain, 0);
-            out.ended = std::exchange(h->lease, {});
-            erase_released();
+        if (h->depth > 1) {
+            try {
+                out.ref = {h->owner, kind, h->epoch, h->acquisition, h->lease.lost};
+            } catch (...) {
+                out.entries = 0;
+                ++h->uncertain;
+            }
+            --h->depth;
+            return {};
         }
+        out.ref = {std::move(h->owner), kind, h->epoch, std::move(h->acquisition), h->lease.lost};
+        h->depth = 0;
+        out.last = true;
+        out.entries += std::exchange(h->uncertain, 0);
+        out.ended = std::exchange(h->lease, {});
+        erase_released();
         return {};
     }
 
-    bool held_by_other_owner(shared_mode kind) const {
-        return std::any_of(holds.begin(), holds.end(), [kind](const shared_hold<C>& h) {
+    // A hold of `kind` with entries, of any owner; nullptr when there is none.
+    const shared_hold<C>* held_by_other_owner(shared_mode kind) const noexcept {
+        const auto it = std::find_if(holds.begin(), holds.end(), [kind](const shared_hold<C>& h) {
             return h.kind == kind && h.depth > 0;
         });
+        return it != holds.end() ? &*it : nullptr;
     }
 
     // A re-entry of `owner` in `kind` whose outcome is unknown: the server's count may hold one
@@ -221,7 +254,7 @@ struct shared_state : lock_identity<C> {
     }
 
     // Drops holds with no entries left.
-    void erase_released() {
+    void erase_released() noexcept {
         for (shared_hold<C>& h : holds) {
             if (h.depth == 0) {
                 h.mark.uncount();
@@ -250,21 +283,19 @@ struct shared_state : lock_identity<C> {
         return refs;
     }
 
-    // Gives up every hold (the object is going away), but the parent's this process was
-    // forked from: their entries are never left from a child.
-    std::vector<left> give_up_all() {
-        std::vector<left> given;
-        for (shared_hold<C>& h : holds) {
-            if (h.depth == 0 || h.inherited_by_fork()) {
-                continue;
-            }
-            given.push_back({shared_hold_ref{h.owner, h.kind, h.epoch, h.acquisition, h.lease.lost},
-                             h.depth + std::exchange(h.uncertain, 0), true,
-                             std::exchange(h.lease, {})});
-            h.depth = 0;
-        }
-        erase_released();
-        return given;
+    // Takes every hold out (the object is going away): moving the vector allocates nothing.
+    std::vector<shared_hold<C>> take_all() noexcept { return std::exchange(holds, {}); }
+
+    // What leaving every entry of `h`, taken out by take_all(), gives the release; its names
+    // are moved out.
+    static left give_up(shared_hold<C>& h) noexcept {
+        left out;
+        out.ref = {std::move(h.owner), h.kind, h.epoch, std::move(h.acquisition), h.lease.lost};
+        out.entries = h.depth + std::exchange(h.uncertain, 0);
+        out.last = true;
+        out.ended = std::exchange(h.lease, {});
+        h.depth = 0;
+        return out;
     }
 
     mutable std::mutex mutex;  // guards the members below; never held across a round trip
