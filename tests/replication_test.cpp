@@ -161,6 +161,45 @@ TEST(Replication, RenewalsRefusedForTooFewReplicasLeaveNothingPastTheHoldersLoss
     rival.unlock();
 }
 
+// Once a loss by expiry is told, unlock(ec) reports lock_lost whether or not the background
+// take-back of what the refused renewals left has run yet. Here it has not: the reaper's lane for
+// this server is held by another cleanup, so the unlock finds the key still holding our token.
+TEST(Replication, UnlockAfterALossByExpiryIsToldReportsLockLostBeforeTheTakeBackRuns) {
+    using clock = std::chrono::steady_clock;
+    replicated_pair servers;
+    redislock::client holder_client{servers.master.uri()};
+    lost_counter lost;
+    auto held = holder_client.mutex("told-then-unlocked", {.lease = 3s,
+                                                           .watchdog = true,
+                                                           .on_lost = lost.handler(),
+                                                           .min_replicas = 1,
+                                                           .replica_timeout = 100ms});
+    ASSERT_TRUE(held.try_lock_for(5s));
+    std::atomic<bool> lane_held{false};
+    std::atomic<bool> free_lane{false};
+    const auto hold_until = clock::now() + 30s;
+    redislock::detail::background_reaper().add(
+        holder_client.connection().config().describe(),
+        [&](clock::time_point) {
+            lane_held = true;
+            while (!free_lane && clock::now() < hold_until) {
+                std::this_thread::sleep_for(1ms);
+            }
+            return true;
+        },
+        hold_until);
+    ASSERT_TRUE(eventually([&] { return lane_held.load(); }, 5s));
+    servers.replica.pause();  // every renewal from now on is refused, yet extends the key
+    ASSERT_TRUE(eventually([&] { return lost.calls.load() == 1; }, 10s));
+    std::error_code ec;
+    held.unlock(ec);
+    EXPECT_EQ(ec, redislock::errc::lock_lost) << ec.message();
+    free_lane = true;
+    servers.replica.resume();
+    EXPECT_TRUE(redislock::detail::background_reaper().wait_idle(10s));
+    EXPECT_EQ(servers.master.cli({"EXISTS", "told-then-unlocked"}), "0");
+}
+
 TEST(Replication, OptionsAreChecked) {
     redis_server srv;
     redislock::client client{srv.uri()};

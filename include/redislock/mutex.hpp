@@ -94,7 +94,8 @@ public:
     using handle::unlock;
 
     /// Releases the lock and says how it went: no error; errc::not_held or errc::not_holder
-    /// (misuse: nothing is sent); errc::lock_lost (it had expired or been taken);
+    /// (misuse: nothing is sent); errc::lock_lost (it had expired or been taken, or its loss was
+    /// already told: then also when the release still found it);
     /// errc::connection_failed (no answer within the command timeout) or errc::server_failed
     /// (the server answered with an error, whose text is in the message): the release is then
     /// finished in the background by the client's reaper. Takes at most the command timeout.

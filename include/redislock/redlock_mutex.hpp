@@ -121,7 +121,8 @@ public:
     /// Releases the lock on every master, waiting for each one's answer (at most
     /// redlock_options::node_timeout), and says how it went: no error (a quorum released it);
     /// errc::not_held or errc::not_holder (misuse: nothing is sent); errc::lock_lost (more than N -
-    /// quorum masters no longer had it); errc::connection_failed or errc::server_failed (too few
+    /// quorum masters no longer had it, or its loss was already told and a quorum still released
+    /// it); errc::connection_failed or errc::server_failed (too few
     /// answers to tell). Masters that could not be reached get the release again in the background
     /// (redlock_options::release_retries) while the lease may still run; past that their key is
     /// left to expire.

@@ -33,15 +33,22 @@ enum class release_end {
 /// destructor) ended, and returns what unlock(std::error_code&) reports: no error;
 /// errc::lock_lost, the loss told through `t`'s stop source and on_lost; errc::connection_failed
 /// or errc::server_failed, told as released with the reaper to finish it. Nothing is told for a
-/// lease already told lost, nor without `tell` (an inner entry of a reentrant lock).
+/// lease already told lost, nor without `tell` (an inner entry of a reentrant lock). A lease
+/// already told lost that the release still found is errc::lock_lost too: whether its key was
+/// still there depends only on whether the background take-back after the loss (see
+/// lease_tracker) had run yet.
 template <class State, class Lease>
 std::error_code end_release(const State& lk, const Lease& t, release_end how,
                             bool tell = true) noexcept {
-    tell = tell && !t.lost;
+    const bool told_lost = t.lost;
+    tell = tell && !told_lost;
     switch (how) {
         case release_end::released:
             if (tell) {
                 report_release(lk, t);
+            }
+            if (told_lost) {
+                return errc::lock_lost;
             }
             return {};
         case release_end::lost:
