@@ -17,8 +17,10 @@
 // a lane's thread, which must not own it.
 // Thread safety: add() may be called from any thread, a cleanup's included. Lifetime: the
 // process's reaper is never destroyed; cleanups still queued at exit are dropped (their entries
-// expire with their leases). A reaper destroyed otherwise joins its lanes' threads (a cleanup
-// running then finishes its attempt first). fork(): a child gets its own (detail::per_process).
+// expire with their leases). A lane's thread that ends for want of work detaches itself, so
+// none is left unjoined at exit. A reaper destroyed otherwise joins its lanes' running threads
+// (a cleanup running then finishes its attempt first). fork(): a child gets its own
+// (detail::per_process).
 #pragma once
 
 #include <algorithm>
@@ -110,7 +112,7 @@ public:
         ++pending_;
         if (!l.running) {
             try {
-                l.thread = owned_thread{[this, &l] { run(l); }};  // the ended one is joined first
+                l.thread = owned_thread{[this, &l] { run(l); }};  // an ended one let itself go
             } catch (...) {
                 l.queue.erase(queued);
                 --pending_;
@@ -194,12 +196,17 @@ private:
             j.pause = std::min<clock::duration>(pause * 2, longest_pause);
             l.queue.emplace(clock::now() + pause, std::move(j));
         }
-        // The last touch of `l` by this thread: add() may join it and drop the lane from here on.
+        // A thread that ended for want of work lets itself go: the process's reaper is never
+        // destroyed, so nothing would join the last ones (a finished thread never joined is a
+        // leak; ThreadSanitizer reports it at exit). One stopped by ~reaper() was moved out
+        // there, to be joined. The last touch of `l` by this thread: add() may start another
+        // thread for the lane, or drop it, from here on.
+        l.thread.end();
         l.running = false;
     }
 
-    // Drops the lanes whose thread ended with nothing queued (their threads are joined here,
-    // which returns at once: they touch nothing after saying they ended).
+    // Drops the lanes whose thread ended with nothing queued (those threads let themselves go:
+    // they touch nothing of the lane after saying they ended).
     void forget_ended_lanes() {
         std::erase_if(lanes_, [](const auto& entry) {
             return !entry.second->running && entry.second->queue.empty() &&
