@@ -580,6 +580,72 @@ TEST(Sentinel, ForkedChildUsesItsOwnConnectionsAndThread) {
     EXPECT_EQ(topo.node(topo.master_port()).cli({"EXISTS", "s:parent"}), "0");
 }
 
+// A child forked while its parent's client holds calls back for a failover under way (a thread
+// of the parent waiting for it to end): the child's own subscription threads follow the
+// failover, so its calls go on on the new master once the switch comes, not when the failover's
+// bound (twice the sentinels' failover-timeout) runs out.
+TEST(Sentinel, ChildForkedDuringAFailoverFollowsItToTheNewMaster) {
+#if defined(__SANITIZE_THREAD__)
+    GTEST_SKIP() << "ThreadSanitizer cannot run a thread started in a child forked from a "
+                    "multi-threaded process, which is what this test checks";
+#endif
+    using clock = std::chrono::steady_clock;
+    using redislock::test::eventually;
+    redis_sentinel topo;
+    redislock::sentinel_client client{topo.uri()};
+    const int first_master = topo.master_port();
+    auto warm = client.mutex("s:fork-warm", {.lease = 10s});
+    ASSERT_TRUE(warm.try_lock());
+    warm.unlock();
+    const auto held_back = [&client] {
+        return eventually([&] { return !client.connection().settled_since(clock::now()); }, 10s);
+    };
+
+    topo.failover();
+    ASSERT_TRUE(held_back()) << "the client heard the failover announced";
+    std::atomic<bool> parent_got{false};
+    std::jthread parent_waiting{[&] {
+        auto m = client.mutex("s:fork-parent", {.lease = 10s});
+        parent_got = m.try_lock_for(8s);
+        if (parent_got) {
+            m.unlock();
+        }
+    }};
+    std::this_thread::sleep_for(20ms);  // the parent's thread waits for the failover to end
+
+    // Each attempt of the child: "taken port ms".
+    const auto attempt = [&client](const std::string& name) {
+        auto m = client.mutex(name, {.lease = 10s});
+        redislock::test::stopwatch took;
+        std::string said;
+        try {
+            said = m.try_lock_for(5s) ? "1" : "0";
+        } catch (const redislock::error& e) {
+            said = std::string{"0 ("} + e.what() + ")";
+        }
+        const auto elapsed = took.elapsed();
+        if (said == "1") {
+            m.unlock();
+        }
+        return said + " " + std::to_string(client.connection().master().port) + " " +
+               std::to_string(elapsed.count());
+    };
+    redislock::test::child_process child{[&](redislock::test::line_channel& channel) {
+        channel.send(attempt("s:fork-child"));
+        return 0;
+    }};
+    const auto first = child.channel().receive(30s);
+    ASSERT_TRUE(first.has_value()) << "the child never answered";
+    std::cout << "[ measured ] child forked during a failover: " << *first
+              << " (taken, master port, ms)\n";
+    EXPECT_EQ(first->substr(0, 2), "1 ") << "the child did not take a free lock within 5 s";
+    EXPECT_EQ(first->find(" " + std::to_string(first_master) + " "), std::string::npos)
+        << "the child took it on the demoted master";
+    parent_waiting.join();
+    EXPECT_TRUE(parent_got);
+    EXPECT_EQ(child.wait(20s), std::optional<int>{0});
+}
+
 // Drives `scenario` on a thread of this process while processes x threads contend for one
 // mutex through sentinel_client. Critical sections are checked outside Redis (intervals on
 // CLOCK_MONOTONIC, and a counter on an independent server). Every acquisition waits for one

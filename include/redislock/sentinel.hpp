@@ -500,6 +500,12 @@ private:
             if (!fence.up()) {
                 return;
             }
+            {
+                // A child forked during a failover inherits it raised: its own subscription
+                // threads, started here rather than on its first use of the master, lift it.
+                std::lock_guard lock{mutex};
+                restart_watcher_after_fork();
+            }
             const auto until = deadline != clock::time_point::max()
                                    ? deadline
                                    : clock::now() + config.node.command_timeout;
