@@ -1220,6 +1220,78 @@ std::vector<announced_failover> failovers_in(const std::vector<sentinel_event_lo
     return found;
 }
 
+// A planned failover while a sentinel that does not lead it hangs (SIGSTOP: its port still
+// accepts connections, it answers nothing): the client's checks of the master must not wait for
+// it before calls go on, so acquisitions come back within 2 s of +switch-master, as with every
+// sentinel up. The client has the default timeouts.
+TEST(Sentinel, AHungSentinelDoesNotHoldCallsBackPastTheSwitch) {
+    using redislock::test::eventually;
+    redis_sentinel topo;
+    redislock::sentinel_client client{topo.uri()};
+    const int old_master = topo.master_port();
+    auto m = client.mutex("s:hung", {.lease = 5s});
+    ASSERT_TRUE(m.try_lock());
+    m.unlock();
+    const std::vector<int> sentinels = topo.sentinel_ports();
+    sentinel_event_log events{{sentinels[0], sentinels[1]}};
+    topo.pause_sentinel(2);
+
+    std::mutex entered_mutex;
+    std::vector<std::int64_t> entered_ns;
+    std::atomic<bool> running{true};
+    std::jthread worker{[&] {
+        while (running) {
+            try {
+                if (m.try_lock_for(3s)) {
+                    {
+                        std::lock_guard lock{entered_mutex};
+                        entered_ns.push_back(redislock::test::monotonic_ns());
+                    }
+                    m.unlock();
+                }
+            } catch (const redislock::error&) {
+                // a call held back past its deadline: the next one tries again
+            }
+            std::this_thread::sleep_for(5ms);
+        }
+    }};
+    std::this_thread::sleep_for(500ms);
+    topo.failover();
+    std::vector<announced_failover> heard;
+    const bool switched = eventually(
+        [&] {
+            heard = failovers_in(events.events());
+            return !heard.empty();
+        },
+        20s);
+    if (switched) {
+        while (redislock::test::monotonic_ns() < heard.front().switched_ns + 5'000'000'000) {
+            std::this_thread::sleep_for(50ms);
+        }
+    }
+    running = false;
+    worker.join();
+    topo.resume_sentinel(2);
+    ASSERT_TRUE(switched) << "no +switch-master heard";
+
+    const std::int64_t switched_ns = heard.front().switched_ns;
+    std::int64_t resumed_ms = -1;
+    for (const std::int64_t ns : entered_ns) {
+        if (ns >= switched_ns) {
+            resumed_ms = (ns - switched_ns) / 1'000'000;
+            break;
+        }
+    }
+    std::cout << "[ measured ] planned failover with a hung sentinel: announced "
+              << (switched_ns - heard.front().announced_ns) / 1'000'000
+              << " ms before +switch-master, first acquisition " << resumed_ms
+              << " ms after it; the client follows port " << client.connection().master().port
+              << " (old master " << old_master << ")\n";
+    EXPECT_GE(resumed_ms, 0) << "no acquisition after the switch";
+    EXPECT_LT(resumed_ms, 2000) << "calls were held back past the switch";
+    EXPECT_NE(client.connection().master().port, old_master);
+}
+
 // Jobs run under a lock while planned failovers happen: each critical section reads the number
 // of the next job from the master (through the lock's Sentinel connection), runs that job, and
 // writes the next number, waiting for one replica's acknowledgement. A job whose write was

@@ -39,6 +39,14 @@ namespace redislock::detail {
 
 class failover_fence {
 public:
+    /// A failover raised: the master it replaces, the sentinel that announced it, and when it
+    /// stops holding calls back if nobody lifts it.
+    struct raised_failover {
+        std::string master;
+        std::size_t announcer = 0;
+        steady::time_point expires{};
+    };
+
     failover_fence() : slot_{new slot{current_fork_generation()}} {}
     failover_fence(const failover_fence&) = delete;
     failover_fence& operator=(const failover_fence&) = delete;
@@ -86,6 +94,22 @@ public:
         s.lifted.notify_all();
     }
 
+    /// As lift(), only when `which` (what raised() said) is still the failover raised: a check
+    /// of one that ended never lifts the next one, raised meanwhile.
+    void lift(const raised_failover& which) {
+        slot& s = current();
+        {
+            std::lock_guard guard{s.mutex};
+            if (!s.known.raised || s.known.master != which.master ||
+                s.known.announcer != which.announcer || s.known.expires != which.expires) {
+                return;
+            }
+            s.known.raised = false;
+            up_.store(false, std::memory_order_release);
+        }
+        s.lifted.notify_all();
+    }
+
     /// The connection moved to another master, announced or not: a command under way on the
     /// old one is disturbed.
     void note_switch() {
@@ -100,11 +124,6 @@ public:
 
     /// The master whose failover is raised, and the sentinel that announced it; nothing when
     /// none is.
-    struct raised_failover {
-        std::string master;
-        std::size_t announcer = 0;
-        steady::time_point expires{};
-    };
     std::optional<raised_failover> raised() const {
         slot& s = current();
         std::lock_guard guard{s.mutex};
