@@ -38,7 +38,8 @@
 // renewal never confirmed, by a master after its failover was announced; settled_since() tells the
 // locks whether anything disturbed the master since a moment (a lock handed over by a release
 // message takes it only if not). Should every sentinel fall silent, a failover stops holding calls
-// back after twice the sentinels' failover-timeout.
+// back after twice the sentinels' failover-timeout; so does an aborted one whose abort was not
+// heard where an ACL refuses SENTINEL MASTER (its flags cannot be read then).
 //
 // Retries: a call that fails that way re-resolves and is retried once, within its deadline,
 // when that is safe: after READONLY always (the node did not run the command); after a
@@ -1075,8 +1076,10 @@ private:
             const std::string named = view->host + ":" + std::to_string(view->port);
             if (named != raised->master) {
                 follow_switch(raised->master, named);
-            } else if (!view->failover_in_progress) {
-                fence.lift(*raised);  // aborted: the master stays
+            } else if (view->epoch >= 0 && !view->failover_in_progress) {
+                // Aborted: the master stays. (Only SENTINEL MASTER tells the flags: a view from
+                // GET-MASTER-ADDR-BY-NAME, where ACLs allow only that, says nothing of them.)
+                fence.lift(*raised);
             }
         }
 
