@@ -12,30 +12,34 @@
 //
 // When the master changes: background threads, one per configured sentinel, each keep a
 // subscription on their sentinel (reopened after a pause when it fails or stops answering its
-// PINGs) and re-resolve as soon as a switch is announced (+switch-master); a call that gets a
-// READONLY reply or a connection error re-resolves too. A demoted master is never used again: on a
-// switch the old pool is dropped (calls already in flight on it finish there), and when no sentinel
-// confirms a master the pool is dropped as well, so calls fail until one does. Subscriber links
-// (notified waiting) opened to the old master report themselves broken once the pool is replaced,
-// even though the old master may stay up and writable for a while: their waiters try again and
-// subscribe on the new master, where releases publish.
+// PINGs). When a switch of the master in use is announced (+switch-master), the new master it names
+// is followed as soon as it answers ROLE with "master", without asking the sentinels first (one
+// that hangs would hold the switch back for its command timeout); otherwise, and after any other
+// switch, the master is resolved again. A call that gets a READONLY reply or a connection error
+// re-resolves too. A demoted master is never used again: on a switch the old pool is dropped (calls
+// already in flight on it finish there), and when no sentinel confirms a master the pool is dropped
+// as well, so calls fail until one does. Subscriber links (notified waiting) opened to the old
+// master report themselves broken once the pool is replaced, even though the old master may stay up
+// and writable for a while: their waiters try again and subscribe on the new master, where releases
+// publish.
 //
-// Failovers under way: between the promotion of a replica and +switch-master the old master
-// still accepts writes, which the failover loses, even those a replica that was not promoted
+// Failovers under way: between the promotion of a replica and +switch-master the old master still
+// accepts writes, which the failover loses, even those a replica that was not promoted
 // acknowledged. The sentinel that leads a failover announces its steps first (+elected-leader,
 // +selected-slave, +failover-state-send-slaveof-noone, +promoted-slave...), and only that one:
-// hence a subscription on every sentinel. From the first step announced for the master in use
-// until the connection follows the next master (or the failover ends without a switch, as that
-// sentinel's SENTINEL MASTER flags tell, asked every 250 ms meanwhile), nothing is sent to the
-// master: a call waits, until its deadline (an untimed one for the command timeout), then fails
-// with timeout_error having sent nothing. A reply that comes after a step was announced, or after
-// the connection moved to another master, is not returned: the command is sent again on the next
-// master when that is safe (see "Retries"), else the call fails with connection_error, its
-// outcome unknown. So a lock is never granted, and a renewal never confirmed, by a master after
-// its failover was announced; settled_since() tells the locks whether anything disturbed the
-// master since a moment (a lock handed over by a release message takes it only if not). Should
-// every sentinel fall silent, a failover stops holding calls back after twice the sentinels'
-// failover-timeout.
+// hence a subscription on every sentinel. From the first step announced for the master in use until
+// the connection follows the next master (or the failover ends without a switch, as that sentinel
+// announces, or its SENTINEL MASTER flags tell, asked every 250 ms meanwhile by the thread that
+// listens to it and by no other), nothing is sent to the master: a call waits, until its deadline
+// (an untimed one for the command timeout), then fails with timeout_error having sent nothing. A
+// reply that comes after a step was announced, or after the connection moved to another master, is
+// not returned: the command is sent again on the next master when that is safe (see "Retries"),
+// else the call fails with connection_error, its outcome unknown. So a lock is never granted, and a
+// renewal never confirmed, by a master after its failover was announced; settled_since() tells the
+// locks whether anything disturbed the master since a moment (a lock handed over by a release
+// message takes it only if not). Should every sentinel fall silent, a failover stops holding calls
+// back after twice the sentinels' failover-timeout; so does an aborted one whose abort was not
+// heard where an ACL refuses SENTINEL MASTER (its flags cannot be read then).
 //
 // Retries: a call that fails that way re-resolves and is retried once, within its deadline,
 // when that is safe: after READONLY always (the node did not run the command); after a
@@ -154,7 +158,6 @@ struct master_view {
     /// The sentinel leads a failover of this master: until it ends, it may show the new config
     /// epoch with the old master's address while the others already name the new master.
     bool failover_in_progress = false;
-    std::size_t sentinel = 0;  ///< which of the configured sentinels gave it
 };
 
 /// The sentinels' channels a connection listens to: +switch-master, the steps of a failover
@@ -186,6 +189,8 @@ struct sentinel_event {
     std::string master_name;
     /// The master it is about ("ip:port"; for a switch, the old one).
     std::string master_address;
+    /// For a switch, the new master ("ip:port").
+    std::string new_address;
 };
 
 /// Parses a message on one of sentinel_channels: "+switch-master" carries
@@ -211,6 +216,9 @@ inline sentinel_event parse_sentinel_event(std::string_view channel, std::string
     if (channel == "+switch-master") {
         sentinel_event e = named(0);
         e.what = sentinel_event::kind::switched;
+        if (words.size() >= 5) {
+            e.new_address = std::string{words[3]} + ":" + std::string{words[4]};
+        }
         return e;
     }
     sentinel_event e;
@@ -481,8 +489,6 @@ private:
         detail::failover_fence fence;
         // The sentinels' failover-timeout, as SENTINEL MASTER last said (ms).
         std::atomic<long long> failover_timeout_ms{180'000};
-        // When a subscription thread next asks the sentinels whether a raised failover is over.
-        std::atomic<clock::rep> next_fence_check{0};
 
         std::timed_mutex resolve_mutex;  // one resolution at a time; guards what follows
         std::vector<std::unique_ptr<hiredis_connection>> sentinel_links;
@@ -499,6 +505,12 @@ private:
         void await_settled(clock::time_point deadline, const std::stop_token* stop, bool again) {
             if (!fence.up()) {
                 return;
+            }
+            {
+                // A child forked during a failover inherits it raised: its own subscription
+                // threads, started here rather than on its first use of the master, lift it.
+                std::lock_guard lock{mutex};
+                restart_watcher_after_fork();
             }
             const auto until = deadline != clock::time_point::max()
                                    ? deadline
@@ -606,44 +618,18 @@ private:
                 }
                 tried.push_back(address);
                 try {
-                    pool_ptr pool;
-                    if (kept && kept->config().host == view.host &&
-                        kept->config().port == view.port) {
-                        pool = kept;
-                    } else {
-                        endpoint ep = config.node;
-                        ep.host = view.host;
-                        ep.port = view.port;
-                        ep.unix_socket.clear();
-                        pool = std::make_shared<hiredis_connection>(std::move(ep));
-                        // Before the pool is published: no other thread can be using it yet.
-                        pool->set_reconnect_handler(forward_while_current(pool.get()));
-                    }
-                    const std::array<std::string_view, 1> role{"ROLE"};
-                    const reply r = pool->execute(role, bound);
-                    if (!r.is_array() || r.elements().empty() || !r.elements()[0].is_string() ||
-                        r.elements()[0].text() != "master") {
+                    const bool same = kept && kept->config().host == view.host &&
+                                      kept->config().port == view.port;
+                    pool_ptr pool = same ? kept : open_pool(view.host, view.port);
+                    if (!answers_as_master(*pool, bound)) {
                         why += " " + address + " is not a master;";
                         continue;
                     }
                     std::lock_guard lock{mutex};
-                    const bool first = last_master.empty();
-                    if (!first && last_master != address) {
-                        switches.fetch_add(1, std::memory_order_relaxed);
-                        fence.note_switch();  // what is under way on the old master is disturbed
+                    if (generation != seen) {
+                        return {};  // a switch announced meanwhile was followed: it is newer
                     }
-                    last_master = address;
-                    std::string reopened;
-                    if (master != pool) {
-                        master = std::move(pool);
-                        bump_generation_locked();
-                        reopened = first ? std::string{} : master->config().describe();
-                    }
-                    // The failover raised for another master is followed: calls go on here.
-                    if (const auto raised = fence.raised(); raised && raised->master != address) {
-                        fence.lift();
-                    }
-                    return reopened;
+                    return publish_locked(address, std::move(pool));
                 } catch (const error& e) {
                     why += std::string{" "} + e.what() + ";";
                 }
@@ -655,13 +641,99 @@ private:
             }
             {
                 std::lock_guard lock{mutex};
-                if (master) {
+                if (master && generation == seen) {
                     master.reset();
                     bump_generation_locked();
                 }
             }
             throw connection_error{"redislock: no sentinel of " + config.describe() +
                                    " named a reachable master '" + config.master_name + "':" + why};
+        }
+
+        static bool answers_as_master(hiredis_connection& pool, const call_context& bound) {
+            const std::array<std::string_view, 1> role{"ROLE"};
+            const reply r = pool.execute(role, bound);
+            return r.is_array() && !r.elements().empty() && r.elements()[0].is_string() &&
+                   r.elements()[0].text() == "master";
+        }
+
+        // A pool to the node at `address` ("host:port", as the sentinels name it), reporting to
+        // the reconnect handler while it is the master's.
+        pool_ptr open_pool(const std::string& host, int port) {
+            endpoint ep = config.node;
+            ep.host = host;
+            ep.port = port;
+            ep.unix_socket.clear();
+            auto pool = std::make_shared<hiredis_connection>(std::move(ep));
+            // Before the pool is published: no other thread can be using it yet.
+            pool->set_reconnect_handler(forward_while_current(pool.get()));
+            return pool;
+        }
+
+        // Needs `mutex`. Makes `pool`, confirmed a master at `address`, the master in use;
+        // returns its address when it replaced an earlier master's pool (a reconnection to
+        // report), else "".
+        std::string publish_locked(const std::string& address, pool_ptr pool) {
+            const bool first = last_master.empty();
+            if (!first && last_master != address) {
+                switches.fetch_add(1, std::memory_order_relaxed);
+                fence.note_switch();  // what is under way on the old master is disturbed
+            }
+            last_master = address;
+            std::string reopened;
+            if (master != pool) {
+                master = std::move(pool);
+                bump_generation_locked();
+                reopened = first ? std::string{} : master->config().describe();
+            }
+            // The failover raised for another master is followed: calls go on here.
+            if (const auto raised = fence.raised(); raised && raised->master != address) {
+                fence.lift();
+            }
+            return reopened;
+        }
+
+        // A sentinel announced that the master in use was replaced by the one at `to`: check
+        // that one (ROLE) and follow it at once, without asking the sentinels first, where a
+        // sentinel that hangs would hold the switch back for its command timeout. When it does
+        // not answer as a master, the sentinels are asked as after any failure.
+        void follow_switch(const std::string& from, const std::string& to) {
+            std::uint64_t seen = 0;
+            bool ours = false;  // the switch replaces the master in use
+            {
+                std::lock_guard lock{mutex};
+                if (last_master == to) {
+                    return;  // followed already
+                }
+                seen = generation;
+                ours = last_master == from;
+            }
+            if (const auto colon = to.rfind(':'); ours && colon != std::string::npos) {
+                try {
+                    pool_ptr pool =
+                        open_pool(to.substr(0, colon), std::atoi(to.c_str() + colon + 1));
+                    const call_context bound{.deadline =
+                                                 clock::now() + config.node.command_timeout};
+                    if (answers_as_master(*pool, bound)) {
+                        const auto deferred = reconnect.defer();
+                        std::string reopened;
+                        {
+                            std::lock_guard lock{mutex};
+                            if (generation != seen) {
+                                return;  // another check published a master meanwhile
+                            }
+                            reopened = publish_locked(to, std::move(pool));
+                        }
+                        if (!reopened.empty()) {
+                            reconnect.report(reopened);
+                        }
+                        return;
+                    }
+                } catch (const error&) {
+                    // Not reachable yet: the sentinels are asked.
+                }
+            }
+            re_resolve(seen);
         }
 
         // Every reachable sentinel's view, the newest config epoch first; on a tie, views of a
@@ -680,7 +752,6 @@ private:
                             std::make_unique<hiredis_connection>(config.sentinel(where));
                     }
                     if (auto view = ask(*sentinel_links[i], name, why, bound)) {
-                        view->sentinel = i;
                         views.push_back(std::move(*view));
                     }
                 } catch (const error& e) {
@@ -802,17 +873,27 @@ private:
             start_watchers_locked();
         }
 
+        // What one subscription thread keeps across its links.
+        struct watcher_state {
+            std::size_t index = 0;  // its sentinel
+            bool subscribed_before = false;
+            // Its own link for the queries about a failover its sentinel announced (no
+            // resolve_mutex, so that a resolution held up by another sentinel delays nothing).
+            std::unique_ptr<hiredis_connection> query;
+            clock::time_point next_check{};  // of the failover its sentinel announced
+        };
+
         // The subscription thread of sentinel `index`: its announcements about the master,
         // reconnecting after a pause whenever the link fails.
         void watch(std::stop_token stop, std::size_t index) {
             using namespace std::chrono;
             const auto& where = config.sentinels[index];
-            bool subscribed_before = false;
+            watcher_state w{.index = index};
             while (!stop.stop_requested()) {
                 try {
                     hiredis_connection link{config.sentinel(where)};
                     detail::context_ptr ctx = link.open_dedicated();
-                    if (!follow(*ctx, stop, index, subscribed_before)) {
+                    if (!follow(*ctx, stop, w)) {
                         return;
                     }
                 } catch (const std::exception&) {
@@ -822,7 +903,7 @@ private:
                 std::condition_variable_any pause;
                 std::unique_lock pause_lock{pause_mutex};
                 for (int slice = 0; slice < 4 && !stop.stop_requested(); ++slice) {
-                    check_fence_if_due();
+                    check_fence_if_due(w);
                     pause.wait_for(pause_lock, stop, milliseconds{50}, [] { return false; });
                 }
             }
@@ -830,8 +911,7 @@ private:
 
         // Reads one subscription until it fails (returns true: open it again) or a stop is
         // requested (returns false). PINGs the sentinel so a hung one is noticed.
-        bool follow(redisContext& ctx, std::stop_token& stop, std::size_t index,
-                    bool& subscribed_before) {
+        bool follow(redisContext& ctx, std::stop_token& stop, watcher_state& w) {
             using namespace std::chrono;
             constexpr milliseconds slice{50};
             constexpr milliseconds ping_every{1000};
@@ -866,11 +946,10 @@ private:
                 if (raw != nullptr) {
                     detail::hiredis_reply_ptr owned{raw};
                     last_heard = clock::now();
-                    handle(detail::convert_reply(*static_cast<redisReply*>(raw)), index, confirmed,
-                           subscribed_before);
+                    handle(detail::convert_reply(*static_cast<redisReply*>(raw)), w, confirmed);
                     continue;
                 }
-                check_fence_if_due();
+                check_fence_if_due(w);
                 const auto now = clock::now();
                 if (now - last_heard > silence_limit) {
                     return true;  // no pong: the sentinel hangs
@@ -897,18 +976,18 @@ private:
             return false;
         }
 
-        void handle(const reply& r, std::size_t index, bool& confirmed, bool& subscribed_before) {
+        void handle(const reply& r, watcher_state& w, bool& confirmed) {
             if (!r.is_array() || r.elements().size() < 3 || !r.elements()[0].is_string()) {
                 return;  // a pong, or a reply we do not act on
             }
             const std::string& kind = r.elements()[0].text();
             if (kind == "subscribe") {
                 // Announcements made while this link was down may have been missed: check now.
-                if (!confirmed && subscribed_before) {
+                if (!confirmed && w.subscribed_before) {
                     check_now();
                 }
                 confirmed = true;
-                subscribed_before = true;
+                w.subscribed_before = true;
                 return;
             }
             if (kind != "message" || !r.elements()[1].is_string() || !r.elements()[2].is_string()) {
@@ -921,22 +1000,30 @@ private:
             }
             switch (e.what) {
                 case detail::sentinel_event::kind::switched:
-                    check_now();  // a new master lifts the failover raised for the old one
+                    // The new master lifts the failover raised for the old one.
+                    follow_switch(e.master_address, e.new_address);
                     break;
                 case detail::sentinel_event::kind::step:
-                    raise_fence(e.master_address, index);
+                    raise_fence(e.master_address, w);
                     break;
                 case detail::sentinel_event::kind::aborted:
-                    check_fence_now();
+                    // The sentinel that leads a failover ended it without a switch: the master
+                    // stays. (A sentinel that was not elected to lead one says so too: that
+                    // says nothing of the failover its rival leads.)
+                    if (const auto raised = fence.raised(); raised &&
+                                                            raised->announcer == w.index &&
+                                                            raised->master == e.master_address) {
+                        fence.lift(*raised);
+                    }
                     break;
                 case detail::sentinel_event::kind::other:
                     break;
             }
         }
 
-        // A sentinel announced a step of a failover of the master at `failing`: nothing more is
-        // sent to it until the connection follows the next master or the failover ends.
-        void raise_fence(const std::string& failing, std::size_t announcer) {
+        // Sentinel `w.index` announced a step of a failover of the master at `failing`: nothing
+        // more is sent to it until the connection follows the next master or the failover ends.
+        void raise_fence(const std::string& failing, watcher_state& w) {
             {
                 std::lock_guard lock{mutex};
                 if (!last_master.empty() && last_master != failing) {
@@ -948,62 +1035,51 @@ private:
             // go on after that.
             const auto bound =
                 2 * std::chrono::milliseconds{failover_timeout_ms.load()} + std::chrono::seconds{1};
-            if (fence.raise(failing, announcer, bound)) {
-                next_fence_check.store(
-                    (clock::now() + fence_check_every).time_since_epoch().count());
+            if (fence.raise(failing, w.index, bound)) {
+                w.next_check = clock::now() + fence_check_every;
             }
         }
 
         static constexpr std::chrono::milliseconds fence_check_every{250};
 
-        // While a failover is raised, one subscription thread at a time asks the sentinels,
-        // every fence_check_every, whether it is over.
-        void check_fence_if_due() {
-            if (!fence.up()) {
+        // While a failover is raised, the subscription thread of the sentinel that announced it
+        // asks that sentinel, every fence_check_every, whether it is over, in case its
+        // announcement of the end was missed: it then names the next master, which is followed
+        // at once, or the same one with no failover in progress (aborted), and calls go on
+        // there. Only that sentinel is asked, and only on its own thread: no other sentinel,
+        // hung or slow, holds up the others' announcements.
+        void check_fence_if_due(watcher_state& w) {
+            if (!fence.up() || clock::now() < w.next_check) {
                 return;
             }
-            auto due = next_fence_check.load();
-            const auto now = clock::now();
-            if (now.time_since_epoch().count() < due ||
-                !next_fence_check.compare_exchange_strong(
-                    due, (now + fence_check_every).time_since_epoch().count())) {
-                return;
-            }
-            check_fence_now();
-        }
-
-        // The failover raised is over when the sentinel that announced it no longer has one in
-        // progress (it switched, or aborted), or the sentinels name another master, which the
-        // connection then follows (resolve_serially lifts the failover once it confirms it).
-        void check_fence_now() {
             const auto raised = fence.raised();
-            if (!raised) {
+            if (!raised || raised->announcer != w.index) {
                 return;
             }
-            bool over = false;
-            bool elsewhere = false;
-            {
-                std::unique_lock serial{resolve_mutex, std::defer_lock};
-                if (!serial.try_lock_for(std::chrono::milliseconds{100})) {
-                    return;  // a resolution is under way: it lifts the failover if it is followed
+            w.next_check = clock::now() + fence_check_every;
+            const auto& where = config.sentinels[w.index];
+            std::optional<detail::master_view> view;
+            try {
+                if (!w.query) {
+                    w.query = std::make_unique<hiredis_connection>(config.sentinel(where));
                 }
                 std::string why;
                 const call_context bound{.deadline = clock::now() + config.node.command_timeout};
-                const auto views = ask_sentinels(why, bound);
-                for (const detail::master_view& view : views) {
-                    if (view.sentinel == raised->announcer) {
-                        over = !view.failover_in_progress;
-                    }
-                }
-                elsewhere =
-                    !views.empty() &&
-                    views.front().host + ":" + std::to_string(views.front().port) != raised->master;
+                view = ask(*w.query, where.host + ":" + std::to_string(where.port), why, bound);
+            } catch (const error&) {
+                w.query.reset();
+                return;
             }
-            if (over || elsewhere) {
-                check_now();
+            if (!view) {
+                return;
             }
-            if (over) {
-                fence.lift();  // aborted, or over with the switch: either way the check followed it
+            const std::string named = view->host + ":" + std::to_string(view->port);
+            if (named != raised->master) {
+                follow_switch(raised->master, named);
+            } else if (view->epoch >= 0 && !view->failover_in_progress) {
+                // Aborted: the master stays. (Only SENTINEL MASTER tells the flags: a view from
+                // GET-MASTER-ADDR-BY-NAME, where ACLs allow only that, says nothing of them.)
+                fence.lift(*raised);
             }
         }
 

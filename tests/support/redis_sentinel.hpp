@@ -171,6 +171,13 @@ public:
     /// kill -9 of the data node at `port`.
     void kill_node(int port) { node(port).stop(); }
 
+    /// SIGSTOP of sentinel number `index` (in uri() order): it hangs, its port still accepting
+    /// connections. While one hangs, master_ports_seen() waits 10 s for it and names no master.
+    void pause_sentinel(std::size_t index) { signal_sentinel(index, SIGSTOP, 'T'); }
+
+    /// SIGCONT of sentinel number `index`.
+    void resume_sentinel(std::size_t index) { signal_sentinel(index, SIGCONT, 0); }
+
     /// Runs `check` every 20 ms until it returns true; throws after `timeout`.
     template <class Check>
     static void wait_for(const std::string& what, std::chrono::milliseconds timeout,
@@ -261,6 +268,18 @@ private:
         wait_for(name + " to answer PING", std::chrono::seconds{10}, [&] {
             const auto r = probe_tcp("127.0.0.1", s.port, {"PING"}, std::chrono::milliseconds{500});
             return r.line && *r.line == "+PONG";
+        });
+    }
+
+    // Sends `sig` and waits until the process state is `state` (0: anything but stopped).
+    void signal_sentinel(std::size_t index, int sig, char state) {
+        const pid_t pid = sentinels_.at(index).pid;
+        if (::kill(pid, sig) != 0) {
+            throw detail::sys_error("kill");
+        }
+        wait_for("the sentinel to take the signal", std::chrono::seconds{2}, [&] {
+            const char now = detail::process_state(pid);
+            return state == 0 ? now != 'T' : now == state;
         });
     }
 

@@ -12,6 +12,11 @@
 // moment: a connection that knows nothing of failovers is always settled.
 //
 // Thread safety: every member may be called from any thread.
+// fork(): a child never touches its parent's mutex or condition variable (a parent's thread
+// waiting for a lift would be named there as a waiter, and a notify in the child could then block
+// forever): its first use takes its own, with a copy of what the parent knew of a failover when
+// the parent's mutex was free at the fork. Should a parent's thread have held it, the child
+// starts with no failover raised and counts its master as disturbed from then.
 #pragma once
 
 #include <algorithm>
@@ -20,57 +25,97 @@
 #include <concepts>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <thread>
 
+#include <redislock/detail/token.hpp>
 #include <redislock/detail/wait.hpp>
 
 namespace redislock::detail {
 
 class failover_fence {
 public:
+    /// A failover raised: the master it replaces, the sentinel that announced it, and when it
+    /// stops holding calls back if nobody lifts it.
+    struct raised_failover {
+        std::string master;
+        std::size_t announcer = 0;
+        steady::time_point expires{};
+    };
+
+    failover_fence() : slot_{new slot{current_fork_generation()}} {}
+    failover_fence(const failover_fence&) = delete;
+    failover_fence& operator=(const failover_fence&) = delete;
+    ~failover_fence() {
+        slot* s = slot_.load(std::memory_order_acquire);
+        if (s->generation == current_fork_generation()) {
+            delete s;  // a parent's slot is left alone in a child: see current()
+        }
+    }
+
     /// A failover of the master at `master` ("host:port") was announced by sentinel number
     /// `announcer`. It stays raised until lift(), or `bound` from now, at the latest: a bound
     /// the sentinels' own failover timeout sets, should every sentinel fall silent. Returns true
     /// when it was not raised yet.
     bool raise(const std::string& master, std::size_t announcer, steady::duration bound) {
+        slot& s = current();
         {
-            std::lock_guard guard{mutex_};
-            if (raised_locked()) {
+            std::lock_guard guard{s.mutex};
+            if (raised_locked(s)) {
                 return false;
             }
-            master_ = master;
-            announcer_ = announcer;
-            expires_ = steady::now() + bound;
-            raised_ = true;
+            s.known.master = master;
+            s.known.announcer = announcer;
+            s.known.expires = steady::now() + bound;
+            s.known.raised = true;
             up_.store(true, std::memory_order_release);
-            disturb_locked();
+            disturb_locked(s);
         }
-        lifted_.notify_all();
+        s.lifted.notify_all();
         return true;
     }
 
     /// The failover is over (the connection follows the new master, or it was aborted):
     /// commands may be sent again.
     void lift() {
+        slot& s = current();
         {
-            std::lock_guard guard{mutex_};
-            if (!raised_) {
+            std::lock_guard guard{s.mutex};
+            if (!s.known.raised) {
                 return;
             }
-            raised_ = false;
+            s.known.raised = false;
             up_.store(false, std::memory_order_release);
         }
-        lifted_.notify_all();
+        s.lifted.notify_all();
+    }
+
+    /// As lift(), only when `which` (what raised() said) is still the failover raised: a check
+    /// of one that ended never lifts the next one, raised meanwhile.
+    void lift(const raised_failover& which) {
+        slot& s = current();
+        {
+            std::lock_guard guard{s.mutex};
+            if (!s.known.raised || s.known.master != which.master ||
+                s.known.announcer != which.announcer || s.known.expires != which.expires) {
+                return;
+            }
+            s.known.raised = false;
+            up_.store(false, std::memory_order_release);
+        }
+        s.lifted.notify_all();
     }
 
     /// The connection moved to another master, announced or not: a command under way on the
     /// old one is disturbed.
     void note_switch() {
-        std::lock_guard guard{mutex_};
-        disturb_locked();
+        slot& s = current();
+        std::lock_guard guard{s.mutex};
+        disturb_locked(s);
     }
 
     /// True while a failover is raised (a cheap first look: raised() and wait_lifted() say it
@@ -79,35 +124,32 @@ public:
 
     /// The master whose failover is raised, and the sentinel that announced it; nothing when
     /// none is.
-    struct raised_failover {
-        std::string master;
-        std::size_t announcer = 0;
-        steady::time_point expires{};
-    };
     std::optional<raised_failover> raised() const {
-        std::lock_guard guard{mutex_};
-        if (!raised_locked()) {
+        slot& s = current();
+        std::lock_guard guard{s.mutex};
+        if (!raised_locked(s)) {
             return std::nullopt;
         }
-        return raised_failover{master_, announcer_, expires_};
+        return raised_failover{s.known.master, s.known.announcer, s.known.expires};
     }
 
     /// Waits until no failover is raised, `until`, or a stop request. True when none is.
     bool wait_lifted(steady::time_point until, const std::stop_token* stop) {
-        std::unique_lock lock{mutex_};
+        slot& s = current();
+        std::unique_lock lock{s.mutex};
         for (;;) {
-            if (!raised_locked()) {
+            if (!raised_locked(s)) {
                 return true;
             }
             const auto now = steady::now();
             if (now >= until || (stop != nullptr && stop->stop_requested())) {
                 return false;
             }
-            const auto limit = std::min(until, expires_);
+            const auto limit = std::min(until, s.known.expires);
             if (stop != nullptr && stop->stop_possible()) {
-                (void)lifted_.wait_until(lock, *stop, limit, [this] { return !raised_; });
+                (void)s.lifted.wait_until(lock, *stop, limit, [&s] { return !s.known.raised; });
             } else {
-                (void)lifted_.wait_until(lock, limit, [this] { return !raised_; });
+                (void)s.lifted.wait_until(lock, limit, [&s] { return !s.known.raised; });
             }
         }
     }
@@ -121,27 +163,78 @@ public:
     /// False when a failover is raised now, or one was raised or the master changed at or after
     /// `since`.
     bool settled_since(steady::time_point since) const {
-        std::lock_guard guard{mutex_};
-        return !raised_locked() && last_disturbed_ < since;
+        slot& s = current();
+        std::lock_guard guard{s.mutex};
+        return !raised_locked(s) && s.known.last_disturbed < since;
     }
 
 private:
-    bool raised_locked() const { return raised_ && steady::now() < expires_; }
+    // What is known of a failover.
+    struct record {
+        bool raised = false;
+        std::string master;
+        std::size_t announcer = 0;
+        steady::time_point expires{};
+        steady::time_point last_disturbed{};
+    };
 
-    void disturb_locked() {
-        last_disturbed_ = steady::now();
+    // The mutex, the condition variable and what they guard, one set per process.
+    struct slot {
+        explicit slot(std::uint64_t g) : generation{g} {}
+        std::mutex mutex;
+        std::condition_variable_any lifted;
+        record known;
+        std::uint64_t generation;
+    };
+
+    static bool raised_locked(const slot& s) {
+        return s.known.raised && steady::now() < s.known.expires;
+    }
+
+    void disturb_locked(slot& s) {
+        s.known.last_disturbed = steady::now();
         disturbances_.fetch_add(1, std::memory_order_acq_rel);
     }
 
-    mutable std::mutex mutex_;
-    std::condition_variable_any lifted_;
-    bool raised_ = false;
-    std::string master_;
-    std::size_t announcer_ = 0;
-    steady::time_point expires_{};
-    steady::time_point last_disturbed_{};
+    // This process's slot. A forked child copies its parent's record when the parent's mutex
+    // was free at the fork; the parent's slot stays allocated in the child, never used again.
+    slot& current() const {
+        // The parent's mutex is found locked for a moment when another thread of the child is
+        // copying the record: retry for a while before deciding a parent's thread held it.
+        constexpr std::chrono::milliseconds inherit_for{10};
+        const std::uint64_t generation = current_fork_generation();
+        slot* s = slot_.load(std::memory_order_acquire);
+        std::optional<steady::time_point> give_up;
+        while (s->generation != generation) {
+            auto fresh = std::make_unique<slot>(generation);
+            if (s->mutex.try_lock()) {
+                fresh->known = s->known;
+                s->mutex.unlock();
+            } else {
+                const auto now = steady::now();
+                if (!give_up) {
+                    give_up = now + inherit_for;
+                }
+                if (now < *give_up) {
+                    std::this_thread::yield();
+                    s = slot_.load(std::memory_order_acquire);
+                    continue;
+                }
+                fresh->known.last_disturbed = now;  // what the parent knew is lost
+            }
+            // Held while published, so that no raise() or lift() on it comes before up_ is set.
+            std::lock_guard publishing{fresh->mutex};
+            if (slot_.compare_exchange_strong(s, fresh.get(), std::memory_order_acq_rel)) {
+                up_.store(fresh->known.raised, std::memory_order_release);
+                return *fresh.release();
+            }
+        }
+        return *s;
+    }
+
+    mutable std::atomic<slot*> slot_;
     std::atomic<std::uint64_t> disturbances_{0};
-    std::atomic<bool> up_{false};  // raised_, read without the mutex
+    mutable std::atomic<bool> up_{false};  // the record's `raised`, read without the mutex
 };
 
 /// False when `conn` says its master was disturbed (a failover announced, or the master
