@@ -168,6 +168,23 @@ TEST(Client, WaitsEndByTheirDeadlineWhenTheServerHangsMeanwhile) {
     held_rw.unlock();
 }
 
+// WAIT for replicas is given no more than the time the call has left (less the server's timer
+// tick, by which a WAIT answers late), so a master whose replicas do not answer says so
+// (replication_error) by the deadline, rather than the deadline cutting its WAIT short (a
+// timeout, the connection closed). A later attempt may find the first one's key still there and
+// end the call as contended: false, which is fine too.
+TEST(Client, WaitForReplicasGetsNoMoreThanTheTimeLeft) {
+    redis_server srv;  // no replica: WAIT 1 waits its whole timeout
+    redislock::client client{srv.uri()};
+    auto m = client.mutex("deadline:acknowledged",
+                          {.lease = 10s, .min_replicas = 1, .replica_timeout = 2s});
+    const auto deadline = std::chrono::steady_clock::now() + 400ms;
+    const auto end = run_to_end([&] { (void)m.try_lock_until(deadline); });
+    EXPECT_LE(end.at, deadline + deadline_slack) << end.late_after(deadline) << end.how;
+    EXPECT_EQ(end.how.find("timeout_error"), std::string::npos) << end.how;
+    EXPECT_FALSE(m.owned());
+}
+
 TEST(Client, LocksOutliveTheirClientAndStillRelease) {
     redis_server srv;
     auto client = std::make_unique<redislock::client>(srv.uri());

@@ -385,6 +385,14 @@ private:
 
 }  // namespace detail
 
+/// Tag for the hiredis_connection constructor that opens no connection: the first call opens the
+/// first one, bounded by that call's deadline.
+struct defer_connect_t {
+    explicit defer_connect_t() = default;
+};
+/// See defer_connect_t.
+inline constexpr defer_connect_t defer_connect{};
+
 /// A thread-safe pool of hiredis connections to one Redis server: what redislock::client talks
 /// through. Reconnects after a broken connection; AUTH, SELECT, unix sockets and TLS.
 class hiredis_connection {
@@ -396,15 +404,22 @@ public:
     ///         within endpoint::connect_timeout or the TLS handshake fails (an untrusted server
     ///         certificate, a client certificate the server wants and did not get);
     ///         redislock::server_error when AUTH or SELECT is refused;
-    ///         redislock::invalid_argument for a pool size of 0, a timeout below 1 ms,
+    ///         redislock::invalid_argument for a pool size of 0, a timeout outside [1 ms, 1 h],
     ///         contradictory or unreadable TLS settings, or rediss:// in a build without TLS.
-    explicit hiredis_connection(endpoint ep)
-        : pool_{std::make_unique<detail::per_process<pool>>(
-              [config = ep] { return std::make_unique<pool>(config); })} {
-        detail::check_connection_settings(this_pool().config);
-        ignore_default_sigpipe();
+    explicit hiredis_connection(endpoint ep) : hiredis_connection{std::move(ep), defer_connect} {
         // Through acquire(), so the first connection counts against pool_size like the others.
         this_pool().release(this_pool().acquire());
+    }
+
+    /// Checks the settings and opens nothing: the first call opens the first connection, within
+    /// that call's deadline, and a wrong address or password shows there. For connections made
+    /// on a caller's behalf mid-call (a Cluster node met through a redirection, a Sentinel's new
+    /// master).
+    /// @throws redislock::invalid_argument as the other constructor.
+    hiredis_connection(endpoint ep, defer_connect_t)
+        : pool_{std::make_unique<detail::per_process<pool>>(
+              [config = checked(std::move(ep))] { return std::make_unique<pool>(config); })} {
+        ignore_default_sigpipe();
     }
 
     /// @throws redislock::invalid_argument for a malformed URI; else as the endpoint overload.
@@ -1100,6 +1115,12 @@ private:
         }
         throw connection_error{"redislock: connection to " + this_pool().config.describe() +
                                " failed: " + (why.empty() ? "connection closed" : why)};
+    }
+
+    // `ep`, once its settings were found sound: before any arithmetic is done with them.
+    static endpoint checked(endpoint ep) {
+        detail::check_connection_settings(ep);
+        return ep;
     }
 
     static void ignore_default_sigpipe() noexcept {

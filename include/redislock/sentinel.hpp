@@ -8,7 +8,9 @@
 // (SENTINEL MASTER, or SENTINEL GET-MASTER-ADDR-BY-NAME where ACLs allow only that), the view
 // with the highest config epoch wins (a sentinel that has not yet heard of a failover reports an
 // older epoch), and the node it names must answer ROLE with "master". A pool of
-// hiredis_connection contexts is then kept to that node.
+// hiredis_connection contexts is then kept to that node. Done for a call with a deadline or a
+// stop token, every step of this (connecting to a sentinel or to the node included: those pools
+// open on first use) gets no more than the time the call has left, and a stop request ends it.
 //
 // When the master changes: a background thread keeps a subscription to +switch-master on one
 // reachable sentinel (moving to the next one when it fails or stops answering its PINGs) and
@@ -172,7 +174,7 @@ public:
     /// Sends one command to the current master (see "Retries" above).
     /// @throws redislock::connection_error, redislock::timeout_error
     reply execute(command argv) {
-        return call(detail::safe_to_repeat(argv), no_deadline(),
+        return call(detail::safe_to_repeat(argv), no_deadline(), nullptr,
                     [&](hiredis_connection& c) { return c.execute(argv); });
     }
 
@@ -180,13 +182,13 @@ public:
     /// only while the deadline has not passed.
     /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
     reply execute(command argv, const call_context& how) {
-        return call(how.repeatable && detail::safe_to_repeat(argv), how.deadline,
+        return call(how.repeatable && detail::safe_to_repeat(argv), how.deadline, how.stop,
                     [&](hiredis_connection& c) { return c.execute(argv, how); });
     }
 
     /// Sends every command to the current master in one round trip.
     std::vector<reply> execute_pipeline(std::span<const command> commands) {
-        return call(all_safe(commands), no_deadline(),
+        return call(all_safe(commands), no_deadline(), nullptr,
                     [&](hiredis_connection& c) { return c.execute_pipeline(commands); });
     }
 
@@ -194,12 +196,16 @@ public:
     std::vector<reply> execute_pipeline(std::span<const command> commands,
                                         std::span<const call_context> hows) {
         auto deadline = no_deadline();
+        const std::stop_token* stop = nullptr;
         for (const call_context& how : hows) {
             deadline = std::min(deadline, how.deadline);
+            if (stop == nullptr) {
+                stop = how.stop;
+            }
         }
         const bool repeatable = std::all_of(hows.begin(), hows.end(),
                                             [](const call_context& how) { return how.repeatable; });
-        return call(repeatable && all_safe(commands), deadline,
+        return call(repeatable && all_safe(commands), deadline, stop,
                     [&](hiredis_connection& c) { return c.execute_pipeline(commands, hows); });
     }
 
@@ -252,11 +258,12 @@ private:
     }
 
     // Runs `f` on the current master's pool; on READONLY or a connection error re-resolves, and
-    // retries once if that is safe and the deadline allows.
+    // retries once if that is safe and the deadline allows. Finding the master ends by `deadline`
+    // too, and at once when *stop is requested.
     template <class F>
     std::invoke_result_t<F&, hiredis_connection&> call(bool repeatable, clock::time_point deadline,
-                                                       F&& f) {
-        auto [pool, generation] = state_->current(deadline);
+                                                       const std::stop_token* stop, F&& f) {
+        auto [pool, generation] = state_->current(deadline, stop);
         try {
             auto result = f(*pool);
             if (!readonly_reply(result)) {
@@ -264,19 +271,19 @@ private:
             }
             // The node was demoted. A command refused with READONLY did not run, so a single one
             // may always be sent again; in a pipeline the others may have run.
-            state_->re_resolve(generation, deadline);
+            state_->re_resolve(generation, deadline, stop);
             if (!(repeatable || single(result)) || clock::now() >= deadline) {
                 return result;
             }
         } catch (const cancelled_error&) {
             throw;
         } catch (const connection_error&) {
-            state_->re_resolve(generation, deadline);
+            state_->re_resolve(generation, deadline, stop);
             if (!repeatable || clock::now() >= deadline) {
                 throw;
             }
         }
-        return f(*state_->current(deadline).first);
+        return f(*state_->current(deadline, stop).first);
     }
 
     static bool single(const reply&) noexcept { return true; }
@@ -307,7 +314,8 @@ private:
 
         // The master's pool and the generation it belongs to; resolves when there is none.
         std::pair<pool_ptr, std::uint64_t> current(
-            clock::time_point deadline = clock::time_point::max()) {
+            clock::time_point deadline = clock::time_point::max(),
+            const std::stop_token* stop = nullptr) {
             std::uint64_t seen = 0;
             {
                 std::lock_guard lock{mutex};
@@ -317,7 +325,7 @@ private:
                 }
                 seen = generation;
             }
-            resolve(seen, deadline);
+            resolve(seen, deadline, stop);
             std::lock_guard lock{mutex};
             if (!master) {
                 throw connection_error{"redislock: no master for '" + config.master_name +
@@ -328,10 +336,10 @@ private:
 
         // The pool of generation `seen` failed: find the master again, unless another thread did
         // since. A failure here is left to the next current(), which reports it.
-        void re_resolve(std::uint64_t seen,
-                        clock::time_point deadline = clock::time_point::max()) noexcept {
+        void re_resolve(std::uint64_t seen, clock::time_point deadline = clock::time_point::max(),
+                        const std::stop_token* stop = nullptr) noexcept {
             try {
-                resolve(seen, deadline);
+                resolve(seen, deadline, stop);
             } catch (...) {
             }
         }
@@ -339,9 +347,9 @@ private:
         // Finds the master again; a new pool in place of an earlier master's is reported as a
         // reconnection, and so is a connection the kept pool reopened while confirming it, once
         // resolve_mutex is released (the deferral ends after it).
-        void resolve(std::uint64_t seen, clock::time_point deadline) {
+        void resolve(std::uint64_t seen, clock::time_point deadline, const std::stop_token* stop) {
             const auto deferred = reconnect.defer();
-            const std::string reopened = resolve_serially(seen, deadline);
+            const std::string reopened = resolve_serially(seen, deadline, stop);
             if (!reopened.empty()) {
                 reconnect.report(reopened);
             }
@@ -363,17 +371,26 @@ private:
             };
         }
 
-        // Each round trip is bounded by `deadline` too; a caller whose deadline passes while
-        // another thread resolves stops waiting for it. Returns the master's address when a new
-        // pool replaced an earlier master's (not for the first master found), else "".
-        std::string resolve_serially(std::uint64_t seen, clock::time_point deadline) {
+        // Each round trip (connecting included: pools open on first use) is bounded by
+        // `deadline` and ends at once when *stop is requested; a caller whose deadline passes
+        // (or whose stop is requested) while another thread resolves stops waiting for it.
+        // Returns the master's address when a new pool replaced an earlier master's (not for the
+        // first master found), else "".
+        std::string resolve_serially(std::uint64_t seen, clock::time_point deadline,
+                                     const std::stop_token* stop) {
             std::unique_lock serial{resolve_mutex, std::defer_lock};
-            if (deadline == clock::time_point::max()) {
+            if (deadline == clock::time_point::max() &&
+                (stop == nullptr || !stop->stop_possible())) {
                 serial.lock();
-            } else if (!serial.try_lock_until(deadline)) {
-                return {};
+            } else {
+                constexpr std::chrono::milliseconds stop_check{5};
+                while (!serial.try_lock_until(std::min(deadline, clock::now() + stop_check))) {
+                    if (clock::now() >= deadline || (stop != nullptr && stop->stop_requested())) {
+                        return {};
+                    }
+                }
             }
-            const call_context bound{.deadline = deadline};
+            const call_context bound{.deadline = deadline, .stop = stop};
             pool_ptr kept;
             {
                 std::lock_guard lock{mutex};
@@ -400,7 +417,7 @@ private:
                         ep.host = view.host;
                         ep.port = view.port;
                         ep.unix_socket.clear();
-                        pool = std::make_shared<hiredis_connection>(std::move(ep));
+                        pool = std::make_shared<hiredis_connection>(std::move(ep), defer_connect);
                         // Before the pool is published: no other thread can be using it yet.
                         pool->set_reconnect_handler(forward_while_current(pool.get()));
                     }
@@ -423,6 +440,8 @@ private:
                     master = std::move(pool);
                     ++generation;
                     return first ? std::string{} : master->config().describe();
+                } catch (const cancelled_error&) {
+                    throw;  // says nothing about the master: keep it
                 } catch (const error& e) {
                     why += std::string{" "} + e.what() + ";";
                 }
@@ -455,12 +474,14 @@ private:
                 const std::string name = where.host + ":" + std::to_string(where.port);
                 try {
                     if (!sentinel_links[i]) {
-                        sentinel_links[i] =
-                            std::make_unique<hiredis_connection>(config.sentinel(where));
+                        sentinel_links[i] = std::make_unique<hiredis_connection>(
+                            config.sentinel(where), defer_connect);
                     }
                     if (auto view = ask(*sentinel_links[i], name, why, bound)) {
                         views.push_back(std::move(*view));
                     }
+                } catch (const cancelled_error&) {
+                    throw;
                 } catch (const error& e) {
                     sentinel_links[i].reset();
                     why += " sentinel " + name + ": " + e.what() + ";";
