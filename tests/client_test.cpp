@@ -23,7 +23,6 @@
 namespace {
 
 using namespace std::chrono_literals;
-using redislock::test::deadline_slack;
 using redislock::test::redis_server;
 using redislock::test::run_to_end;
 using redislock::test::stop_after;
@@ -54,7 +53,8 @@ TEST(Client, WaitSpinOutsideZeroToOneHourIsRefusedBeforeConnecting) {
 
 // One timed acquisition of each kind, with a deadline 50 ms away, and one lock(stop) of each kind
 // stopped after 100 ms, each run after `fault()` and followed by `heal()`: every one must end by
-// its deadline (or the stop request) plus deadline_slack, whatever the server does.
+// its deadline (or the stop request) plus deadline_slack, whatever the server does (see
+// support/deadline.hpp for what a busy machine adds).
 void expect_timed_calls_end_in_time(redislock::client& client, const std::function<void()>& fault,
                                     const std::function<void()>& heal) {
     auto m = client.mutex("deadline:m", {.lease = 10s});
@@ -73,7 +73,7 @@ void expect_timed_calls_end_in_time(redislock::client& client, const std::functi
         const auto deadline = std::chrono::steady_clock::now() + 50ms;
         const auto end = run_to_end([&] { call(deadline); });
         heal();
-        EXPECT_LE(end.at, deadline + deadline_slack) << end.late_after(deadline) << end.how;
+        EXPECT_TRUE(end.by(deadline)) << end.late_after(deadline) << end.how;
     }
     using stoppable = std::function<void(std::stop_token)>;
     const std::vector<std::pair<std::string, stoppable>> stoppable_calls{
@@ -89,7 +89,7 @@ void expect_timed_calls_end_in_time(redislock::client& client, const std::functi
         const auto end = run_to_end([&] { call(stop.token()); });
         const auto requested = stop.requested_at();
         heal();
-        EXPECT_LE(end.at, requested + deadline_slack) << end.late_after(requested) << end.how;
+        EXPECT_TRUE(end.by(requested)) << end.late_after(requested) << end.how;
     }
     // Nothing was acquired for good: every call above failed or was given up.
     EXPECT_FALSE(m.owned());
@@ -161,7 +161,7 @@ TEST(Client, WaitsEndByTheirDeadlineWhenTheServerHangsMeanwhile) {
         hang_soon.join();
         srv.resume();
         EXPECT_FALSE(got);
-        EXPECT_LE(end.at, deadline + deadline_slack) << end.late_after(deadline) << end.how;
+        EXPECT_TRUE(end.by(deadline)) << end.late_after(deadline) << end.how;
     }
     held.unlock();
     held_r.unlock();
@@ -180,7 +180,7 @@ TEST(Client, WaitForReplicasGetsNoMoreThanTheTimeLeft) {
                           {.lease = 10s, .min_replicas = 1, .replica_timeout = 2s});
     const auto deadline = std::chrono::steady_clock::now() + 400ms;
     const auto end = run_to_end([&] { (void)m.try_lock_until(deadline); });
-    EXPECT_LE(end.at, deadline + deadline_slack) << end.late_after(deadline) << end.how;
+    EXPECT_TRUE(end.by(deadline)) << end.late_after(deadline) << end.how;
     EXPECT_EQ(end.how.find("timeout_error"), std::string::npos) << end.how;
     EXPECT_FALSE(m.owned());
 }

@@ -23,7 +23,6 @@ using namespace std::chrono_literals;
 using redislock::command;
 using redislock::hiredis_connection;
 using redislock::reply;
-using redislock::test::deadline_slack;
 using redislock::test::redis_server;
 using redislock::test::run_to_end;
 using redislock::test::stop_after;
@@ -384,9 +383,9 @@ TEST(HiredisConnection, TimeoutsBelowOneMillisecondAreRefused) {
     EXPECT_THROW(hiredis_connection{ep}, redislock::invalid_argument);
 }
 
-// A timeout beyond an hour is a mistake (or a way to say "never"), and its arithmetic would
+// A timeout beyond a year is a mistake (or a way to say "never"), and its arithmetic could
 // overflow: refused by the constructor, naming the setting and the range.
-TEST(HiredisConnection, TimeoutsAboveOneHourAreRefused) {
+TEST(HiredisConnection, TimeoutsAboveAYearAreRefused) {
     redislock::endpoint ep;
     ep.port = redislock::test::refused_port{}.port();  // never reached: refused before connecting
     const auto refusal = [&] {
@@ -394,22 +393,23 @@ TEST(HiredisConnection, TimeoutsAboveOneHourAreRefused) {
     };
     ep.command_timeout = std::chrono::milliseconds::max();
     EXPECT_NE(refusal().find("command_timeout"), std::string::npos) << refusal();
-    EXPECT_NE(refusal().find("3600000 ms"), std::string::npos) << refusal();
-    ep.command_timeout = 1h + 1ms;
+    EXPECT_NE(refusal().find("31536000000 ms"), std::string::npos) << refusal();
+    ep.command_timeout = 24h * 365 + 1ms;
     EXPECT_NE(refusal().find("command_timeout"), std::string::npos) << refusal();
     ep.command_timeout = 2s;
     ep.connect_timeout = std::chrono::milliseconds::max();
     EXPECT_NE(refusal().find("connect_timeout"), std::string::npos) << refusal();
-    ep.connect_timeout = 1h + 1ms;
+    ep.connect_timeout = 24h * 365 + 1ms;
     EXPECT_NE(refusal().find("connect_timeout"), std::string::npos) << refusal();
     EXPECT_THROW(hiredis_connection{"redis://127.0.0.1:" + std::to_string(ep.port) +
                                     "?command_timeout=9223372036854775807"},
                  redislock::invalid_argument);
 }
 
-TEST(HiredisConnection, TimeoutsOfOneHourWork) {
+TEST(HiredisConnection, TimeoutsOfAYearWork) {
     redis_server srv;
-    hiredis_connection conn{with_query(srv, "command_timeout=3600000&connect_timeout=3600000")};
+    hiredis_connection conn{
+        with_query(srv, "command_timeout=31536000000&connect_timeout=31536000000")};
     EXPECT_EQ(run(conn, {"PING"}), reply::status("PONG"));
     const std::array<std::string_view, 1> ping{"PING"};
     EXPECT_EQ(conn.execute(ping, {{}, std::chrono::steady_clock::now() + 1s}),
@@ -440,7 +440,7 @@ TEST(HiredisConnection, ConnectionSetUpEndsByTheCallsDeadline) {
         const auto deadline = std::chrono::steady_clock::now() + 50ms;
         const auto end = run_to_end([&] { (void)conn.execute(ping, {{}, deadline}); });
         srv.resume();
-        EXPECT_LE(end.at, deadline + deadline_slack) << end.late_after(deadline) << end.how;
+        EXPECT_TRUE(end.by(deadline)) << end.late_after(deadline) << end.how;
         EXPECT_NE(end.how.find("timeout_error"), std::string::npos) << end.how;
         EXPECT_EQ(conn.execute(ping), reply::status("PONG"));
     }
@@ -457,7 +457,7 @@ TEST(HiredisConnection, StopRequestEndsConnectionSetUpAtOnce) {
     const auto end = run_to_end([&] { (void)conn.execute(ping, {.stop = &stop.token()}); });
     srv.resume();
     const auto requested = stop.requested_at();
-    EXPECT_LE(end.at, requested + deadline_slack) << end.late_after(requested) << end.how;
+    EXPECT_TRUE(end.by(requested)) << end.late_after(requested) << end.how;
     EXPECT_NE(end.how.find("cancelled_error"), std::string::npos) << end.how;
     EXPECT_EQ(conn.execute(ping), reply::status("PONG"));
 }

@@ -27,8 +27,9 @@
 // with poll(2).
 // Other calls poll(2) before each read.
 //
-// Timeouts: connect_timeout and command_timeout must lie within [1 ms, 1 h] (detail::min_timeout,
-// detail::max_timeout); the constructor refuses others with redislock::invalid_argument.
+// Timeouts: connect_timeout and command_timeout must lie within [1 ms, 365 days]
+// (detail::min_timeout, detail::max_timeout); the constructor refuses others with
+// redislock::invalid_argument.
 //
 // TLS (rediss://): available when the program is built with REDISLOCK_HAVE_TLS, which the CMake
 // package defines when it finds hiredis >= 1.0 with hiredis_ssl and OpenSSL (redislock_TLS_FOUND).
@@ -173,10 +174,10 @@ inline void require_tls_support(const endpoint& ep) {
 /// all, so a blocking read could wait forever.
 inline constexpr std::chrono::milliseconds min_timeout{1};
 
-/// The longest connect and command timeouts accepted. A lock call that waits longer than this for
-/// one reply has lost its point; beyond it the time arithmetic (deadlines, socket timeouts, the
-/// milliseconds poll(2) takes) could overflow.
-inline constexpr std::chrono::milliseconds max_timeout{std::chrono::hours{1}};
+/// The longest connect and command timeouts accepted: a year, far beyond any useful wait, and
+/// far below where the time arithmetic (deadlines on the steady clock, several timeouts added)
+/// could overflow.
+inline constexpr std::chrono::milliseconds max_timeout{std::chrono::hours{24 * 365}};
 
 /// Throws unless `ep`'s pool size and timeouts can work.
 /// @throws redislock::invalid_argument naming the setting
@@ -404,7 +405,7 @@ public:
     ///         within endpoint::connect_timeout or the TLS handshake fails (an untrusted server
     ///         certificate, a client certificate the server wants and did not get);
     ///         redislock::server_error when AUTH or SELECT is refused;
-    ///         redislock::invalid_argument for a pool size of 0, a timeout outside [1 ms, 1 h],
+    ///         redislock::invalid_argument for a pool size of 0, a timeout outside [1 ms, 365 d],
     ///         contradictory or unreadable TLS settings, or rediss:// in a build without TLS.
     explicit hiredis_connection(endpoint ep) : hiredis_connection{std::move(ep), defer_connect} {
         // Through acquire(), so the first connection counts against pool_size like the others.
