@@ -232,6 +232,11 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         // while the deadline has not passed, and bounded by it.
         const bool immediate = first && probe && !attempt_due(deadline);
         if (!immediate && !attempt_due(deadline)) {
+            // Time is up before another attempt: one refused for too few replicas says why the
+            // lock was not had, as another attempt would have said again.
+            if (unacknowledged) {
+                std::rethrow_exception(unacknowledged);
+            }
             return false;
         }
         std::optional<holder_ttl> ttl;

@@ -202,6 +202,11 @@ bool acquire_until(Attempt&& attempt, steady::time_point deadline, const std::st
     for (bool first = true;; first = false) {
         const bool immediate = first && !attempt_due(deadline);
         if (!immediate && !attempt_due(deadline)) {
+            // Time is up before another attempt: one refused for too few replicas says why the
+            // lock was not had, as another attempt would have said again.
+            if (unacknowledged) {
+                std::rethrow_exception(unacknowledged);
+            }
             return false;
         }
         std::optional<holder_ttl> ttl;
