@@ -24,6 +24,7 @@
 
 #include <redislock/redislock.hpp>
 
+#include "support/deadline.hpp"
 #include "support/exclusion.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/test_util.hpp"
@@ -540,6 +541,95 @@ TEST_F(ClusterMasterKilled, ClientsRecoverAfterThePromotion) {
     for (auto& m : held) {
         m.unlock();  // never throws; a lock lost with the master says so through its state
     }
+}
+
+// Every timed call returns by its deadline plus deadline_slack (support/deadline.hpp), and a stop
+// request ends lock(stop) at once, while one master hangs (SIGSTOP: connections complete, nothing
+// is answered) and another is killed, through the failures, the slot-map reads and the
+// promotions that follow.
+TEST_F(ClusterMasterKilled, TimedCallsEndInTimeWithOneMasterStoppedAndOneKilled) {
+    const std::vector<int> masters = cluster_->masters();
+    ASSERT_EQ(masters.size(), 3u);
+    const int stopped = masters[0];
+    const int killed = masters[1];
+    // Three names per master, each known to the client before the faults (its node's pool is
+    // open) and three it meets for the first time afterwards.
+    std::vector<std::string> known;
+    std::vector<std::string> fresh;
+    for (int port : masters) {
+        int found = 0;
+        for (int i = 0; found < 6 && i < 5000; ++i) {
+            const std::string name = "deadline:" + std::to_string(i);
+            if (cluster_->master_for_key(name) == port) {
+                (found++ < 3 ? known : fresh).push_back(name);
+            }
+        }
+        ASSERT_EQ(found, 6);
+    }
+    redislock::cluster_client cc{cluster_->uri()};
+    for (const auto& name : known) {
+        auto m = cc.mutex(name, {.lease = 5s});
+        ASSERT_TRUE(m.try_lock_for(5s));
+        m.unlock();
+    }
+    cluster_->pause(stopped);
+    cluster_->kill(killed);
+    struct late_call {
+        std::string what;
+        std::string how;
+    };
+    std::vector<late_call> late;
+    int calls = 0;
+    const auto began = std::chrono::steady_clock::now();
+    // Through the failure detection and both promotions (node timeout 2 s), bounded in time.
+    for (int round = 0; std::chrono::steady_clock::now() - began < 6s && round < 40; ++round) {
+        const std::string& name =
+            (round % 2 == 0
+                 ? known
+                 : fresh)[static_cast<std::size_t>(round / 2 % static_cast<int>(known.size()))];
+        const auto check = [&](const std::string& what, std::chrono::steady_clock::time_point bound,
+                               const redislock::test::call_end& end) {
+            ++calls;
+            if (!end.by(bound)) {
+                late.push_back({what + " " + name + ": " + end.late_after(bound), end.how});
+            }
+        };
+        auto m = cc.mutex(name, {.lease = 5s});
+        auto rw = cc.shared_mutex(name + ":rw", {.lease = 5s});
+        for (const auto timeout : {10ms, 100ms, 300ms}) {
+            const auto deadline = std::chrono::steady_clock::now() + timeout;
+            bool got = false;
+            const auto end = redislock::test::run_to_end([&] { got = m.try_lock_until(deadline); });
+            if (got) {
+                m.unlock();
+            }
+            check("mutex try_lock_until(+" + std::to_string(timeout.count()) + " ms)", deadline,
+                  end);
+            const auto shared_deadline = std::chrono::steady_clock::now() + timeout;
+            got = false;
+            const auto shared_end = redislock::test::run_to_end(
+                [&] { got = rw.try_lock_shared_until(shared_deadline); });
+            if (got) {
+                rw.unlock_shared();
+            }
+            check("shared try_lock_shared_until(+" + std::to_string(timeout.count()) + " ms)",
+                  shared_deadline, shared_end);
+        }
+        redislock::test::stop_after stop{100ms};
+        bool got = false;
+        const auto end = redislock::test::run_to_end([&] { got = m.lock(stop.token()); });
+        if (got) {
+            m.unlock();
+        }
+        check("mutex lock(stop), stopped after 100 ms", stop.requested_at(), end);
+    }
+    cluster_->resume(stopped);
+    std::string report;
+    for (const auto& l : late) {
+        report += "\n  " + l.what + l.how;
+    }
+    EXPECT_TRUE(late.empty()) << late.size() << " of " << calls << " calls late:" << report;
+    EXPECT_GT(calls, 20);
 }
 
 }  // namespace

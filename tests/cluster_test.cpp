@@ -19,8 +19,14 @@
 #include <thread>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <condition_variable>
+
 #include <redislock/redislock.hpp>
 
+#include "support/deadline.hpp"
 #include "support/fake_redis_node.hpp"
 #include "support/reconnect_log.hpp"
 #include "support/redis_cluster.hpp"
@@ -605,6 +611,234 @@ TEST(ClusterRedirect, RefusedNodeIsRetriedUntilTheMapNamesAnother) {
     promote.join();
     EXPECT_GE(watch.elapsed(), 250ms);
     EXPECT_EQ(conn.node_for_key("k"), b.address());
+}
+
+// Makes a fake node's answers hang as a stopped server's would: the next `count` commands that
+// reach hold() wait until release() (or 3 s, so that the node's threads always end).
+class hang {
+public:
+    void next(int count) {
+        std::lock_guard lock{mutex_};
+        left_ = count;
+        released_ = false;
+    }
+    void hold() {
+        std::unique_lock lock{mutex_};
+        if (left_ == 0) {
+            return;
+        }
+        --left_;
+        ++held_;
+        changed_.notify_all();
+        changed_.wait_for(lock, 3s, [&] { return released_; });
+    }
+    void release() {
+        std::lock_guard lock{mutex_};
+        released_ = true;
+        changed_.notify_all();
+    }
+    // Waits until a command is held.
+    bool wait_held(std::chrono::milliseconds timeout) {
+        std::unique_lock lock{mutex_};
+        return changed_.wait_for(lock, timeout, [&] { return held_ > 0; });
+    }
+
+private:
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    int left_ = 0;
+    int held_ = 0;
+    bool released_ = false;
+};
+
+// A fake node that serves every slot itself, answers GET with "v", and passes CLUSTER SLOTS
+// through `map_read` first.
+void serve_everything(fake_redis_node& node, hang& map_read) {
+    const int port = node.port();
+    node.on_command([port, &map_read](const fake_command& c) -> std::string {
+        if (c.argv.size() == 2 && c.argv[0] == "CLUSTER") {
+            if (c.argv[1] == "SHARDS") {
+                return resp::error("ERR unknown subcommand 'SHARDS'");
+            }
+            map_read.hold();
+            return resp::cluster_slots({{0, 16383, port}});
+        }
+        if (c.argv[0] == "AUTH") {
+            return resp::status("OK");
+        }
+        return resp::bulk("v");
+    });
+}
+
+// A slot-map read that hangs (a master stopped mid-read) ends by the deadline of the call that
+// started it, and at once on its stop request: no read gets more than the call has left.
+TEST(ClusterDeadline, SlotMapReadFromAHungNodeEndsByTheCallsDeadline) {
+    fake_redis_node a;
+    fake_redis_node b;
+    hang a_map;
+    hang b_map;
+    serve_everything(b, b_map);
+    const int pa = a.port();
+    a.on_command([&, pa](const fake_command& c) -> std::string {
+        if (c.argv.size() == 2 && c.argv[0] == "CLUSTER") {
+            if (c.argv[1] == "SHARDS") {
+                return resp::error("ERR unknown subcommand 'SHARDS'");
+            }
+            a_map.hold();
+            return resp::cluster_slots({{0, 16383, pa}});
+        }
+        return resp::error("MOVED " + slot_text(c.argv[1]) + " " + b.address());
+    });
+    const std::array<std::string_view, 2> argv{"GET", "k"};
+    // a, the only seed, serves every slot; its MOVED names b, and the map read that follows
+    // asks a first, which hangs.
+    {
+        hiredis_cluster_connection conn{a.uri()};
+        std::this_thread::sleep_for(150ms);  // past the refresh interval of the first read
+        a_map.next(1);
+        const auto deadline = std::chrono::steady_clock::now() + 100ms;
+        const auto end = redislock::test::run_to_end([&] {
+            (void)conn.execute(argv, {{}, deadline});
+        });
+        EXPECT_TRUE(end.by(deadline)) << end.late_after(deadline) << end.how;
+        a_map.release();
+        EXPECT_EQ(get(conn, "k").text(), "v");
+    }
+    {
+        hiredis_cluster_connection conn{a.uri()};
+        std::this_thread::sleep_for(150ms);
+        a_map.next(1);
+        b_map.next(1);
+        redislock::test::stop_after stop{100ms};
+        const auto end =
+            redislock::test::run_to_end([&] { (void)conn.execute(argv, {.stop = &stop.token()}); });
+        const auto requested = stop.requested_at();
+        EXPECT_TRUE(end.by(requested)) << end.late_after(requested) << end.how;
+        EXPECT_NE(end.how.find("cancelled_error"), std::string::npos) << end.how;
+        a_map.release();
+        b_map.release();
+    }
+}
+
+// Opening the first connection to a node that does not complete connections (its accept queue
+// is full, or its packets are dropped) ends by the call's deadline, and at once on a stop request.
+TEST(ClusterDeadline, FirstConnectionToAnUnresponsiveNodeEndsByTheCallsDeadline) {
+    fake_redis_node a;
+    const redislock::test::unresponsive_listener silent;
+    const int silent_port = std::stoi(silent.uri().substr(silent.uri().rfind(':') + 1));
+    a.on_command(cluster_handler(
+        [silent_port] {
+            return std::vector<std::tuple<int, int, int>>{{0, 16383, silent_port}};
+        },
+        [](const fake_command&) { return resp::bulk("v"); }));
+    hiredis_cluster_connection conn{a.uri()};
+    const std::array<std::string_view, 2> argv{"GET", "k"};
+    {
+        const auto deadline = std::chrono::steady_clock::now() + 100ms;
+        const auto end = redislock::test::run_to_end([&] {
+            (void)conn.execute(argv, {{}, deadline});
+        });
+        EXPECT_TRUE(end.by(deadline)) << end.late_after(deadline) << end.how;
+        EXPECT_NE(end.how.find("timeout_error"), std::string::npos) << end.how;
+    }
+    {
+        redislock::test::stop_after stop{100ms};
+        const auto end =
+            redislock::test::run_to_end([&] { (void)conn.execute(argv, {.stop = &stop.token()}); });
+        const auto requested = stop.requested_at();
+        EXPECT_TRUE(end.by(requested)) << end.late_after(requested) << end.how;
+        EXPECT_NE(end.how.find("cancelled_error"), std::string::npos) << end.how;
+    }
+}
+
+// Runs `in_child` in a forked child and returns its exit status (-1: killed after `timeout`,
+// because it hung). The child leaves with _exit: the parent's fixtures are not its to end.
+template <class InChild>
+int exit_status_of_child(InChild in_child, std::chrono::milliseconds timeout) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        int code = 3;
+        try {
+            code = in_child() ? 0 : 1;
+        } catch (...) {
+            code = 2;
+        }
+        ::_exit(code);
+    }
+    const auto status = redislock::test::wait_child(pid, timeout);
+    if (!status) {
+        return -1;
+    }
+    return WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
+}
+
+// A child forked while a thread of its parent reads the slot map (and waits for a node that
+// hangs) reads the map and sends commands itself: nothing of its parent's read holds it.
+TEST(ClusterFork, ChildForkedDuringASlotMapReadUsesTheConnection) {
+    fake_redis_node a;
+    hang a_map;
+    serve_everything(a, a_map);
+    hiredis_cluster_connection conn{a.uri()};
+    a_map.next(1);
+    std::thread reader{[&] { (void)conn.refresh_map(); }};
+    ASSERT_TRUE(a_map.wait_held(2s));
+    const int status = exit_status_of_child(
+        [&] {
+            const std::array<std::string_view, 2> argv{"GET", "k"};
+            const auto deadline = std::chrono::steady_clock::now() + 1s;
+            return conn.refresh_map() && conn.execute(argv, {{}, deadline}).text() == "v";
+        },
+        3s);
+    a_map.release();
+    reader.join();
+    EXPECT_EQ(status, 0) << "-1: the child hung";
+}
+
+// The same while a thread of the parent opens the first connection to a node (its AUTH hangs).
+TEST(ClusterFork, ChildForkedWhileAConnectionToANodeIsOpenedUsesTheConnection) {
+    fake_redis_node a;
+    fake_redis_node b;
+    hang b_auth;
+    const int pa = a.port();
+    const int pb = b.port();
+    const auto handler = [pa, pb](hang* auth) {
+        return [pa, pb, auth](const fake_command& c) -> std::string {
+            if (c.argv.size() == 2 && c.argv[0] == "CLUSTER") {
+                if (c.argv[1] == "SHARDS") {
+                    return resp::error("ERR unknown subcommand 'SHARDS'");
+                }
+                return resp::cluster_slots({{0, 8191, pa}, {8192, 16383, pb}});
+            }
+            if (c.argv[0] == "AUTH") {
+                if (auth != nullptr) {
+                    auth->hold();
+                }
+                return resp::status("OK");
+            }
+            return resp::bulk("v");
+        };
+    };
+    a.on_command(handler(nullptr));
+    b.on_command(handler(&b_auth));
+    hiredis_cluster_connection conn{"redis://:pw@127.0.0.1:" + std::to_string(pa)};
+    std::string on_b = "k";
+    while (redislock::detail::key_slot(on_b) < 8192) {
+        on_b += "x";
+    }
+    const std::array<std::string_view, 2> argv{"GET", on_b};
+    b_auth.next(1);
+    std::thread opener{
+        [&] { (void)redislock::test::run_to_end([&] { (void)conn.execute(argv); }); }};
+    ASSERT_TRUE(b_auth.wait_held(2s));
+    const int status = exit_status_of_child(
+        [&] {
+            const auto deadline = std::chrono::steady_clock::now() + 1s;
+            return conn.execute(argv, {{}, deadline}).text() == "v";
+        },
+        3s);
+    b_auth.release();
+    opener.join();
+    EXPECT_EQ(status, 0) << "-1: the child hung";
 }
 
 // A real cluster of 3 masters with one replica each, shared by the tests of this suite.

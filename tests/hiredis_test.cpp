@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/deadline.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_util.hpp"
 
@@ -23,6 +24,8 @@ using redislock::command;
 using redislock::hiredis_connection;
 using redislock::reply;
 using redislock::test::redis_server;
+using redislock::test::run_to_end;
+using redislock::test::stop_after;
 using redislock::test::stopwatch;
 using redislock::test::with_query;
 
@@ -418,6 +421,85 @@ TEST(HiredisConnection, TimeoutsBelowOneMillisecondAreRefused) {
     ep.command_timeout = 2000ms;
     ep.connect_timeout = 0ms;
     EXPECT_THROW(hiredis_connection{ep}, redislock::invalid_argument);
+}
+
+// A timeout beyond a year is a mistake (or a way to say "never"), and its arithmetic could
+// overflow: refused by the constructor, naming the setting and the range.
+TEST(HiredisConnection, TimeoutsAboveAYearAreRefused) {
+    redislock::endpoint ep;
+    ep.port = redislock::test::refused_port{}.port();  // never reached: refused before connecting
+    const auto refusal = [&] {
+        return redislock::test::refusal_of([&] { return hiredis_connection{ep}; });
+    };
+    ep.command_timeout = std::chrono::milliseconds::max();
+    EXPECT_NE(refusal().find("command_timeout"), std::string::npos) << refusal();
+    EXPECT_NE(refusal().find("31536000000 ms"), std::string::npos) << refusal();
+    ep.command_timeout = 24h * 365 + 1ms;
+    EXPECT_NE(refusal().find("command_timeout"), std::string::npos) << refusal();
+    ep.command_timeout = 2s;
+    ep.connect_timeout = std::chrono::milliseconds::max();
+    EXPECT_NE(refusal().find("connect_timeout"), std::string::npos) << refusal();
+    ep.connect_timeout = 24h * 365 + 1ms;
+    EXPECT_NE(refusal().find("connect_timeout"), std::string::npos) << refusal();
+    EXPECT_THROW(hiredis_connection{"redis://127.0.0.1:" + std::to_string(ep.port) +
+                                    "?command_timeout=9223372036854775807"},
+                 redislock::invalid_argument);
+}
+
+TEST(HiredisConnection, TimeoutsOfAYearWork) {
+    redis_server srv;
+    hiredis_connection conn{
+        with_query(srv, "command_timeout=31536000000&connect_timeout=31536000000")};
+    EXPECT_EQ(run(conn, {"PING"}), reply::status("PONG"));
+    const std::array<std::string_view, 1> ping{"PING"};
+    EXPECT_EQ(conn.execute(ping, {{}, std::chrono::steady_clock::now() + 1s}),
+              reply::status("PONG"));
+}
+
+// Opens `srv`'s connection `conn` anew at its next call (the server closes the idle ones), and
+// stops the server, so that the set-up commands of that connection (AUTH, SELECT) get no answer.
+void next_connection_set_up_hangs(redis_server& srv) {
+    ASSERT_NE(srv.cli({"CLIENT", "KILL", "TYPE", "normal"}), "0");
+    srv.pause();
+}
+
+// Opening a connection inside a timed call ends by the call's deadline: AUTH and SELECT to a
+// server that stopped answering get the time the call has left, not the command timeout.
+TEST(HiredisConnection, ConnectionSetUpEndsByTheCallsDeadline) {
+    const std::array<std::string_view, 1> ping{"PING"};
+    for (const std::string_view setup : {"AUTH", "SELECT"}) {
+        SCOPED_TRACE(setup);
+        redis_server srv{setup == "AUTH"
+                             ? redis_server::options{.extra_args = {"--requirepass", "pw"}}
+                             : redis_server::options{}};
+        hiredis_connection conn{setup == "AUTH"
+                                    ? "redis://:pw@127.0.0.1:" + std::to_string(srv.port())
+                                    : srv.uri() + "/3"};
+        ASSERT_EQ(conn.execute(ping), reply::status("PONG"));
+        next_connection_set_up_hangs(srv);
+        const auto deadline = std::chrono::steady_clock::now() + 50ms;
+        const auto end = run_to_end([&] { (void)conn.execute(ping, {{}, deadline}); });
+        srv.resume();
+        EXPECT_TRUE(end.by(deadline)) << end.late_after(deadline) << end.how;
+        EXPECT_NE(end.how.find("timeout_error"), std::string::npos) << end.how;
+        EXPECT_EQ(conn.execute(ping), reply::status("PONG"));
+    }
+}
+
+// A stop request ends the opening of a connection at once.
+TEST(HiredisConnection, StopRequestEndsConnectionSetUpAtOnce) {
+    const std::array<std::string_view, 1> ping{"PING"};
+    redis_server srv{{.extra_args = {"--requirepass", "pw"}}};
+    hiredis_connection conn{"redis://:pw@127.0.0.1:" + std::to_string(srv.port())};
+    ASSERT_EQ(conn.execute(ping), reply::status("PONG"));
+    next_connection_set_up_hangs(srv);
+    stop_after stop{100ms};
+    const auto end = run_to_end([&] { (void)conn.execute(ping, {.stop = &stop.token()}); });
+    srv.resume();
+    const auto requested = stop.requested_at();
+    EXPECT_TRUE(end.by(requested)) << end.late_after(requested) << end.how;
+    EXPECT_NE(end.how.find("cancelled_error"), std::string::npos) << end.how;
+    EXPECT_EQ(conn.execute(ping), reply::status("PONG"));
 }
 
 // A call whose deadline is the command timeout is ended by it when the server does not answer,

@@ -32,6 +32,7 @@
 
 #include <redislock/redislock.hpp>
 
+#include "support/deadline.hpp"
 #include "support/exclusion.hpp"
 #include "support/reconnect_log.hpp"
 #include "support/redis_sentinel.hpp"
@@ -1569,4 +1570,85 @@ TEST(Sentinel, PlannedFailoversUnderLoadRunNoJobTwiceAndLoseNoAcknowledgedSectio
     expect_no_job_lost(run_jobs_through_planned_failovers(topo, 5, 1), 5, "min_replicas 1");
     expect_no_job_lost(run_jobs_through_planned_failovers(topo, 3, 0), 3, "min_replicas 0");
 }
+
+// Every timed call returns by its deadline plus deadline_slack (support/deadline.hpp), and a stop
+// request ends lock(stop) at once, while the master hangs (SIGSTOP), the sentinels notice it and
+// fail over: the master's commands, the sentinels' queries and the connections to the new master
+// get what the call has left.
+TEST(Sentinel, TimedCallsEndInTimeWhileTheMasterHangsAndIsReplaced) {
+    redis_sentinel topo;
+    redislock::sentinel_client client{topo.uri()};
+    auto m = client.mutex("s:deadline", {.lease = 10s});
+    auto rm = client.recursive_mutex("s:deadline:r", {.lease = 10s});
+    ASSERT_TRUE(m.try_lock_for(5s));
+    m.unlock();
+    const int master = topo.master_port();
+    std::vector<std::string> late;
+    {
+        // A wait for a lock held by another client, its lease longer than the wait, during which
+        // the master hangs: no attempt goes out past the deadline, none gets more than is left.
+        redislock::sentinel_client holder{topo.uri()};
+        auto held = holder.mutex("s:deadline:held", {.lease = 30s});
+        ASSERT_TRUE(held.try_lock());
+        auto waiting = client.mutex("s:deadline:held", {.lease = 10s});
+        const auto deadline = std::chrono::steady_clock::now() + 2s;
+        std::thread hang_soon{[&] {
+            std::this_thread::sleep_for(500ms);
+            topo.node(master).pause();
+        }};
+        bool got = false;
+        const auto end =
+            redislock::test::run_to_end([&] { got = waiting.try_lock_until(deadline); });
+        hang_soon.join();
+        EXPECT_FALSE(got);
+        if (!end.by(deadline)) {
+            late.push_back("wait for a held lock, try_lock_until(+2000 ms): " +
+                           end.late_after(deadline) + end.how);
+        }
+    }
+    int calls = 1;
+    const auto began = std::chrono::steady_clock::now();
+    const auto check = [&](const std::string& what, std::chrono::steady_clock::time_point bound,
+                           const redislock::test::call_end& end) {
+        ++calls;
+        if (!end.by(bound)) {
+            late.push_back(what + ": " + end.late_after(bound) + end.how);
+        }
+    };
+    // Through the failure detection (1 s) and the failover (about 2.4 s after the stop).
+    for (int round = 0; std::chrono::steady_clock::now() - began < 5s && round < 20; ++round) {
+        for (const auto timeout : {50ms, 300ms, 2000ms}) {
+            const auto deadline = std::chrono::steady_clock::now() + timeout;
+            bool got = false;
+            auto end = redislock::test::run_to_end([&] { got = m.try_lock_until(deadline); });
+            if (got) {
+                m.unlock();
+            }
+            check("mutex try_lock_until(+" + std::to_string(timeout.count()) + " ms)", deadline,
+                  end);
+            const auto reentrant_deadline = std::chrono::steady_clock::now() + timeout;
+            got = false;
+            end = redislock::test::run_to_end([&] { got = rm.try_lock_until(reentrant_deadline); });
+            if (got) {
+                rm.unlock();
+            }
+            check("recursive try_lock_until(+" + std::to_string(timeout.count()) + " ms)",
+                  reentrant_deadline, end);
+        }
+        redislock::test::stop_after stop{100ms};
+        bool got = false;
+        const auto end = redislock::test::run_to_end([&] { got = m.lock(stop.token()); });
+        if (got) {
+            m.unlock();
+        }
+        check("mutex lock(stop), stopped after 100 ms", stop.requested_at(), end);
+    }
+    topo.node(master).resume();
+    std::string report;
+    for (const auto& l : late) {
+        report += "\n  " + l;
+    }
+    EXPECT_TRUE(late.empty()) << late.size() << " of " << calls << " calls late:" << report;
+}
+
 }  // namespace

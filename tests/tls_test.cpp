@@ -13,11 +13,14 @@
 
 #include <redislock/redislock.hpp>
 
+#include "support/deadline.hpp"
 #include "support/tls_certs.hpp"
 
 namespace {
 
 using namespace std::chrono_literals;
+using redislock::test::run_to_end;
+using redislock::test::stop_after;
 using redislock::test::tls_certs;
 using redislock::test::tls_server;
 
@@ -192,6 +195,76 @@ TEST(Tls, ConnectionKilledByTheServerIsReplaced) {
     std::this_thread::sleep_for(20ms);
     EXPECT_EQ(conn.execute(ping).text(), "PONG");
     EXPECT_EQ(conn.connections_opened(), 2U);
+}
+
+// A TLS handshake that gets no answer (the server stopped) is a timeout, after the connect
+// timeout, not a connection error with an empty reason.
+TEST(Tls, HandshakeWithAServerThatStoppedAnsweringIsATimeout) {
+    tls_server srv{certs()};
+    srv.plain().pause();
+    const auto deadline = std::chrono::steady_clock::now() + 300ms;
+    const auto end = run_to_end(
+        [&] { redislock::hiredis_connection conn{srv.uri(trusted("connect_timeout=300"))}; });
+    srv.plain().resume();
+    EXPECT_TRUE(end.by(deadline)) << end.late_after(deadline) << end.how;
+    EXPECT_NE(end.how.find("timeout_error"), std::string::npos) << end.how;
+    EXPECT_NE(end.how.find("TLS handshake"), std::string::npos) << end.how;
+}
+
+// A connection opened inside a timed call, whose TLS handshake then gets no answer, ends by the
+// call's deadline; and at once on a stop request.
+TEST(Tls, TimedCallsEndInTimeWhileATlsConnectionIsOpened) {
+    tls_server srv{certs()};
+    redislock::client client{srv.uri(trusted())};
+    auto m = client.mutex("tls:deadline", {.lease = 10s});
+    const auto break_server = [&] {
+        ASSERT_NE(srv.plain().cli({"CLIENT", "KILL", "TYPE", "normal"}), "0");
+        srv.plain().pause();
+    };
+    {
+        break_server();
+        const auto deadline = std::chrono::steady_clock::now() + 50ms;
+        const auto end = run_to_end([&] { (void)m.try_lock_until(deadline); });
+        srv.plain().resume();
+        EXPECT_TRUE(end.by(deadline)) << end.late_after(deadline) << end.how;
+    }
+    {
+        break_server();
+        stop_after stop{100ms};
+        const auto end = run_to_end([&] { (void)m.lock(stop.token()); });
+        const auto requested = stop.requested_at();
+        srv.plain().resume();
+        EXPECT_TRUE(end.by(requested)) << end.late_after(requested) << end.how;
+    }
+    {
+        redislock::hiredis_connection conn{srv.uri(trusted())};
+        const std::array<std::string_view, 1> ping{"PING"};
+        break_server();
+        const auto deadline = std::chrono::steady_clock::now() + 50ms;
+        const auto end = run_to_end([&] { (void)conn.execute(ping, {{}, deadline}); });
+        srv.plain().resume();
+        EXPECT_TRUE(end.by(deadline)) << end.late_after(deadline) << end.how;
+        EXPECT_NE(end.how.find("timeout_error"), std::string::npos) << end.how;
+    }
+    EXPECT_TRUE(m.try_lock_for(5s));
+    m.unlock();
+}
+
+// rediss:// pointed at a plain port: the server reads the TLS hello as a command that never ends
+// (or answers it in plain text when it holds a newline). Either way the connection fails within
+// the connect timeout, as a timeout, or with OpenSSL's reason: never an empty one.
+TEST(Tls, RedissAtAPlainPortFailsWithinTheConnectTimeout) {
+    tls_server srv{certs()};
+    const std::string uri = "rediss://127.0.0.1:" + std::to_string(srv.plain().port()) + "?" +
+                            trusted("connect_timeout=300");
+    for (int round = 0; round < 5; ++round) {  // each hello is random: newline or not
+        SCOPED_TRACE(round);
+        const auto deadline = std::chrono::steady_clock::now() + 300ms;
+        const auto end = run_to_end([&] { redislock::hiredis_connection conn{uri}; });
+        EXPECT_TRUE(end.by(deadline)) << end.late_after(deadline) << end.how;
+        EXPECT_EQ(end.how.find("(null)"), std::string::npos) << end.how;
+        EXPECT_NE(end.how.find("TLS"), std::string::npos) << end.how;
+    }
 }
 
 #else

@@ -16,7 +16,8 @@
 //
 // Redirections and transient errors are handled here, never returned to the caller:
 // - MOVED: the slot is pointed at the new node at once, the whole map is read again (at most once
-//   per refresh interval, one thread reading for all) and the command is sent again there.
+//   per refresh interval, one thread reading for all: a call that finds a read under way does
+//   not wait for it) and the command is sent again there.
 // - ASK: ASKING and the command go to the named node in one pipeline on one connection; the map
 //   is left alone.
 // - TRYAGAIN (a slot being migrated, the command's keys partly on each side; also after an ASK,
@@ -35,6 +36,15 @@
 // - NOSCRIPT: scripts are loaded per node and not replicated, so the connection remembers the
 //   source of every script loaded through it (SCRIPT LOAD's reply is the SHA1) and loads it on
 //   the node that answered NOSCRIPT before sending the EVALSHA again.
+//
+// Deadlines: a call given a deadline or a stop token ends by that deadline, or at once on the stop
+// request, whatever the nodes do. Everything it does on the way gets no more than the time it has
+// left: opening a connection to a node (pools are made on first use without connecting, so a node
+// met mid-call is connected within the call), the commands and their retries, the SCRIPT LOAD
+// after NOSCRIPT, and a slot-map read it makes, which gives each node it asks an equal share of
+// the time left (at least min_map_read_share when that much is left) and asks the nodes whose
+// last read failed last. Without a deadline, a call's retries and reads end after 3 x
+// command_timeout.
 //
 // Pipelines (execute_pipeline): the commands are grouped by node, one pipeline per node, and the
 // replies come back in the order of the commands; the commands a reply redirected or refused
@@ -71,15 +81,20 @@
 // lose writes. Waiting for a replica to acknowledge each acquisition (WAIT) narrows the window
 // but does not close it; fencing tokens let the protected storage reject the stale holder.
 //
-// Thread safety: every member may be called from any number of threads.
-// Lifetime: movable, not copyable; every node's connections close on destruction. Like
-// hiredis_connection, a forked child opens its own connections.
+// Thread safety: every member may be called from any number of threads. No lock is held while a
+// node is asked anything.
+// Lifetime: movable, not copyable; every node's connections close on destruction.
+// fork(): a child never uses its parent's nodes, map or mutexes (a parent's thread may have held
+// one at the fork, mid-read): its first call makes its own, from the seeds and from what of its
+// parent's nodes, map and scripts it can read without waiting, and opens its own connections.
+// The reconnect handler and the counters carry over.
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -100,6 +115,7 @@
 #include <redislock/detail/cluster_command.hpp>
 #include <redislock/detail/cluster_map.hpp>
 #include <redislock/detail/cluster_slot.hpp>
+#include <redislock/detail/per_process.hpp>
 #include <redislock/detail/reconnect_relay.hpp>
 #include <redislock/detail/wait.hpp>
 #include <redislock/endpoint.hpp>
@@ -118,38 +134,41 @@ public:
     /// broke; it must outlive the node.
     explicit cluster_node(endpoint config, const reconnect_relay* relay = nullptr)
         : config_{std::move(config)}, address_{config_.describe()}, relay_{relay} {}
+    cluster_node(const cluster_node&) = delete;
+    cluster_node& operator=(const cluster_node&) = delete;
+    ~cluster_node() { delete pool_.load(std::memory_order_acquire); }
 
     const std::string& address() const noexcept { return address_; }
     const endpoint& config() const noexcept { return config_; }
 
-    /// The node's pool, opened on first use.
-    /// @throws redislock::connection_error when the node cannot be reached.
+    /// The node's pool, made on first use without connecting (and without a lock: a fork can
+    /// never find one held): its first call opens a connection, bounded by that call's deadline.
+    /// @throws redislock::invalid_argument when the pool cannot be made (TLS files).
     hiredis_connection& connection() {
-        if (hiredis_connection* ready = ready_.load(std::memory_order_acquire)) {
+        if (hiredis_connection* ready = pool_.load(std::memory_order_acquire)) {
             return *ready;
         }
-        std::lock_guard lock{open_mutex_};
-        if (!owned_) {
-            auto pool = std::make_unique<hiredis_connection>(config_);
-            if (relay_ != nullptr) {
-                // Before the pool is published: no other thread can be using it yet.
-                pool->set_reconnect_handler(relay_->forward());
-            }
-            owned_ = std::move(pool);
-            ready_.store(owned_.get(), std::memory_order_release);
+        auto made = std::make_unique<hiredis_connection>(config_, defer_connect);
+        if (relay_ != nullptr) {
+            // Before the pool is published: no other thread can be using it yet.
+            made->set_reconnect_handler(relay_->forward());
         }
-        return *owned_;
+        hiredis_connection* first = nullptr;
+        if (pool_.compare_exchange_strong(first, made.get(), std::memory_order_acq_rel)) {
+            return *made.release();
+        }
+        return *first;  // another thread made one first; ours is dropped
     }
 
     std::atomic<std::uint64_t> round_trips{0};
+    /// The node's last slot-map read failed: the next refresh asks it last.
+    std::atomic<bool> map_read_failed{false};
 
 private:
     endpoint config_;
     std::string address_;
     const reconnect_relay* relay_;
-    std::mutex open_mutex_;
-    std::unique_ptr<hiredis_connection> owned_;
-    std::atomic<hiredis_connection*> ready_{nullptr};
+    std::atomic<hiredis_connection*> pool_{nullptr};
 };
 
 /// Splits redis://[user:password@]host:port[,host:port...][?query] into one endpoint per seed.
@@ -206,7 +225,7 @@ public:
     /// As above, from endpoints. The first one's user, password, timeouts and pool size apply to
     /// every node.
     explicit hiredis_cluster_connection(std::vector<endpoint> seeds)
-        : state_{std::make_unique<state>()} {
+        : common_{std::make_unique<common>()} {
         if (seeds.empty()) {
             throw invalid_argument{"redislock: a cluster connection needs at least one seed"};
         }
@@ -217,13 +236,17 @@ public:
                     "redislock: cluster seeds are host:port addresses on database 0"};
             }
         }
-        state_->options = seeds.front();
-        for (const endpoint& seed : seeds) {
-            (void)node_at(seed.host, seed.port);
-        }
+        common_->options = seeds.front();
+        // A forked child makes its own state (nodes, map, the mutexes that guard them) from the
+        // seeds and what it can read of its parent's without waiting.
+        states_ = std::make_unique<detail::per_process<state>>(
+            std::function<std::unique_ptr<state>(state*)>{
+                [seeds, shared = common_.get()](state* parent) {
+                    return std::make_unique<state>(seeds, *shared, parent);
+                }});
         if (!refresh_now()) {
             throw connection_error{"redislock: no seed of the cluster answered with a slot map: " +
-                                   state_->last_refresh_problem};
+                                   st().last_refresh_problem};
         }
     }
 
@@ -243,7 +266,7 @@ public:
         // node answers. Anything else starts over on the general path.
         item start;
         if (detail::cluster_node* node = route_first(argv, how)) {
-            const std::uint64_t generation = state_->generation.load(std::memory_order_acquire);
+            const std::uint64_t generation = st().generation.load(std::memory_order_acquire);
             try {
                 reply r = node->connection().execute(argv, how);
                 node->round_trips.fetch_add(1, std::memory_order_relaxed);
@@ -262,7 +285,7 @@ public:
                     start.redirections = 1;
                     if (!redirect->ask) {
                         point_slot(redirect->slot, to);
-                        refresh_after_trouble(generation);
+                        refresh_after_trouble(generation, within_call(how));
                     }
                 } else if (!detail::is_transient_cluster_error(r) &&
                            !(r.is_error_code("NOSCRIPT") && known_script(argv))) {
@@ -311,9 +334,9 @@ public:
 
     /// Batches sent for callers, by node address ("host:port").
     std::map<std::string, std::uint64_t> round_trips_per_node() const {
-        std::lock_guard lock{state_->nodes_mutex};
+        std::lock_guard lock{st().nodes_mutex};
         std::map<std::string, std::uint64_t> out;
-        for (const auto& [address, node] : state_->nodes) {
+        for (const auto& [address, node] : st().nodes) {
             out[address] = node->round_trips.load(std::memory_order_relaxed);
         }
         return out;
@@ -321,17 +344,17 @@ public:
 
     /// Slot-map reads so far, the constructor's included.
     std::uint64_t map_refreshes() const noexcept {
-        return state_->refreshes.load(std::memory_order_relaxed);
+        return common_->refreshes.load(std::memory_order_relaxed);
     }
 
     /// MOVED replies followed so far.
     std::uint64_t moved_redirections() const noexcept {
-        return state_->moved.load(std::memory_order_relaxed);
+        return common_->moved.load(std::memory_order_relaxed);
     }
 
     /// ASK replies followed so far.
     std::uint64_t ask_redirections() const noexcept {
-        return state_->asked.load(std::memory_order_relaxed);
+        return common_->asked.load(std::memory_order_relaxed);
     }
 
     /// Reads the slot map again now, whatever the refresh interval. Returns false when no node
@@ -340,23 +363,23 @@ public:
 
     /// The address of the master that the current map says serves `key`; empty if none.
     std::string node_for_key(std::string_view key) const {
-        std::shared_lock lock{state_->map_mutex};
-        const detail::cluster_node* node = state_->slots[detail::key_slot(key)];
+        std::shared_lock lock{st().map_mutex};
+        const detail::cluster_node* node = st().slots[detail::key_slot(key)];
         return node != nullptr ? node->address() : std::string{};
     }
 
     /// The addresses of the masters in the current map.
     std::vector<std::string> masters() const {
-        std::shared_lock lock{state_->map_mutex};
+        std::shared_lock lock{st().map_mutex};
         std::vector<std::string> out;
-        for (const detail::cluster_node* node : state_->masters) {
+        for (const detail::cluster_node* node : st().masters) {
             out.push_back(node->address());
         }
         return out;
     }
 
     /// The options every node's pool uses.
-    const endpoint& config() const noexcept { return state_->options; }
+    const endpoint& config() const noexcept { return common_->options; }
 
     /// Calls `handler` with a node's address ("host:port") each time that node's pool opens a
     /// connection to replace one that broke (a failed or timed-out call, or one the node closed
@@ -370,7 +393,7 @@ public:
     /// empty handler stops the reports, but a report already under way when set() returns may
     /// still run the handler it replaced. What it throws is dropped.
     void set_reconnect_handler(std::function<void(std::string_view server)> handler) {
-        state_->reconnect.set(std::move(handler));
+        common_->relay.set(std::move(handler));
     }
 
     /// The node that serves `channel`: sharded pub/sub follows the channel's slot, so waiters
@@ -382,8 +405,8 @@ public:
     std::unique_ptr<subscriber_link> open_subscriber(std::string_view channel) {
         detail::cluster_node* node = nullptr;
         {
-            std::shared_lock lock{state_->map_mutex};
-            node = state_->slots[detail::key_slot(channel)];
+            std::shared_lock lock{st().map_mutex};
+            node = st().slots[detail::key_slot(channel)];
         }
         if (node == nullptr) {
             throw connection_error{"redislock: no node serves the slot of channel '" +
@@ -403,14 +426,37 @@ private:
     // During a resharding every client meets many MOVED replies; one map read per interval is
     // enough, the MOVED reply itself repoints its slot at once.
     static constexpr std::chrono::milliseconds refresh_interval{100};
+    // The least time a slot-map read gives one node when the caller's time allows it: a healthy
+    // node answers well within it, even on a loaded machine.
+    static constexpr std::chrono::milliseconds min_map_read_share{20};
     static constexpr std::chrono::milliseconds first_backoff{2};
     static constexpr std::chrono::milliseconds max_backoff{100};
 
-    struct state {
+    // Everything a process knows of the cluster. Per process (see the constructor): a child never
+    // touches its parent's mutexes, which a parent's thread may have held at the fork.
+    // What every process's state shares, and what a moved connection keeps: the settings, the
+    // reconnect handler, the counters.
+    struct common {
         endpoint options;
+        detail::reconnect_relay relay;
+        std::atomic<std::uint64_t> refreshes{0};
+        std::atomic<std::uint64_t> moved{0};
+        std::atomic<std::uint64_t> asked{0};
+    };
 
-        // Before the nodes, whose pools report to it until they close.
-        detail::reconnect_relay reconnect;
+    struct state {
+        state(const std::vector<endpoint>& seeds, const common& shared, state* parent)
+            : options{shared.options}, relay{&shared.relay} {
+            for (const endpoint& seed : seeds) {
+                (void)node_at(seed.host, seed.port);
+            }
+            if (parent != nullptr) {
+                inherit(*parent);
+            }
+        }
+
+        endpoint options;
+        const detail::reconnect_relay* relay;  // the connection's: outlives the nodes
 
         mutable std::mutex nodes_mutex;
         // Never erased while the connection lives: the slot table points into it.
@@ -420,16 +466,68 @@ private:
         std::array<detail::cluster_node*, detail::cluster_slot_count> slots{};
         std::vector<detail::cluster_node*> masters;
 
+        // Guards what follows; never held across a round trip. One slot-map read at a time:
+        // `reading` is set while one is under way, and `read_done` announces its end.
         std::mutex refresh_mutex;
-        std::atomic<std::uint64_t> generation{0};
+        std::condition_variable_any read_done;
+        bool reading = false;
         steady::time_point last_refresh{};
         std::string last_refresh_problem;
-        std::atomic<std::uint64_t> refreshes{0};
-        std::atomic<std::uint64_t> moved{0};
-        std::atomic<std::uint64_t> asked{0};
+        std::atomic<std::uint64_t> generation{0};
 
         std::mutex scripts_mutex;
         std::unordered_map<std::string, std::string> scripts;  // SHA1 -> source
+
+        detail::cluster_node& node_at(const std::string& host, int port) {
+            endpoint config = options;
+            config.host = host;
+            config.port = port;
+            const std::string address = config.describe();
+            std::lock_guard lock{nodes_mutex};
+            auto& slot = nodes[address];
+            if (!slot) {
+                slot = std::make_unique<detail::cluster_node>(std::move(config), relay);
+            }
+            return *slot;
+        }
+
+        // Takes the parent's nodes, map and scripts, each only if its mutex is free: one a
+        // parent's thread held at the fork may guard something half changed.
+        void inherit(state& parent) {
+            std::vector<std::pair<std::string, int>> known;
+            if (parent.nodes_mutex.try_lock()) {
+                for (const auto& [address, node] : parent.nodes) {
+                    known.emplace_back(node->config().host, node->config().port);
+                }
+                parent.nodes_mutex.unlock();
+            }
+            for (const auto& [host, port] : known) {
+                (void)node_at(host, port);
+            }
+            if (parent.map_mutex.try_lock_shared()) {
+                std::map<const detail::cluster_node*, detail::cluster_node*> mine;
+                const auto translate = [&](const detail::cluster_node* theirs) {
+                    auto& ours = mine[theirs];
+                    if (ours == nullptr) {
+                        ours = &node_at(theirs->config().host, theirs->config().port);
+                    }
+                    return ours;
+                };
+                for (std::size_t slot = 0; slot < slots.size(); ++slot) {
+                    if (parent.slots[slot] != nullptr) {
+                        slots[slot] = translate(parent.slots[slot]);
+                    }
+                }
+                for (const detail::cluster_node* master : parent.masters) {
+                    masters.push_back(translate(master));
+                }
+                parent.map_mutex.unlock_shared();
+            }
+            if (parent.scripts_mutex.try_lock()) {
+                scripts = parent.scripts;
+                parent.scripts_mutex.unlock();
+            }
+        }
     };
 
     // One command's progress through a call.
@@ -463,27 +561,21 @@ private:
     }
 
     detail::cluster_node& node_at(const std::string& host, int port) {
-        endpoint config = state_->options;
-        config.host = host;
-        config.port = port;
-        const std::string address = config.describe();
-        std::lock_guard lock{state_->nodes_mutex};
-        auto& slot = state_->nodes[address];
-        if (!slot) {
-            slot = std::make_unique<detail::cluster_node>(std::move(config), &state_->reconnect);
-        }
-        return *slot;
+        return st().node_at(host, port);
     }
+
+    // This process's state.
+    state& st() const { return states_->get(); }
 
     detail::cluster_node* route(const item& it) const {
         if (it.target != nullptr) {
             return it.target;
         }
-        std::shared_lock lock{state_->map_mutex};
+        std::shared_lock lock{st().map_mutex};
         if (it.slot) {
-            return state_->slots[*it.slot];
+            return st().slots[*it.slot];
         }
-        return state_->masters.empty() ? nullptr : state_->masters.front();
+        return st().masters.empty() ? nullptr : st().masters.front();
     }
 
     // Sends every command until each has a final reply or the deadline passes. `start`, for a
@@ -498,11 +590,13 @@ private:
         const bool caller_deadline = bound.deadline != steady::time_point::max();
         const auto deadline = caller_deadline
                                   ? bound.deadline
-                                  : started + state_->options.command_timeout * deadline_factor;
+                                  : started + common_->options.command_timeout * deadline_factor;
         // A slot being migrated answers at once, and so does the cluster once it is moved: one
         // command timeout is enough when only TRYAGAIN kept a command from running.
         const auto migration_deadline =
-            caller_deadline ? bound.deadline : started + state_->options.command_timeout;
+            caller_deadline ? bound.deadline : started + common_->options.command_timeout;
+        // What a slot-map read or a script load made for this call may take.
+        const call_context limit{.deadline = deadline, .stop = bound.stop};
         std::vector<item> items(commands.size());
         for (std::size_t i = 0; i < commands.size(); ++i) {
             std::optional<std::string_view> key;
@@ -527,7 +621,7 @@ private:
         std::exception_ptr failure;
         for (;;) {
             check_stop(bound);
-            const std::uint64_t generation = state_->generation.load(std::memory_order_acquire);
+            const std::uint64_t generation = st().generation.load(std::memory_order_acquire);
             bool wait = false;
             bool stale_map = false;
             bool migrating_only = true;  // nothing but TRYAGAIN is waited for
@@ -553,7 +647,7 @@ private:
                 }
             }
             for (auto& [node, which] : groups) {
-                const outcome o = send_group(*node, which, commands, hows, items, results);
+                const outcome o = send_group(*node, which, commands, hows, limit, items, results);
                 served += o.served;
                 wait = wait || o.wait;
                 stale_map = stale_map || o.stale_map;
@@ -570,7 +664,7 @@ private:
                 return results;
             }
             if (stale_map) {
-                refresh_after_trouble(generation);
+                refresh_after_trouble(generation, limit);
             }
             if (!wait) {
                 continue;  // redirected or reloaded: send again at once
@@ -600,7 +694,8 @@ private:
     // each reply.
     outcome send_group(detail::cluster_node& node, const std::vector<std::size_t>& which,
                        std::span<const command> commands, std::span<const call_context> hows,
-                       std::vector<item>& items, std::vector<reply>& results) {
+                       const call_context& limit, std::vector<item>& items,
+                       std::vector<reply>& results) {
         static constexpr std::array<std::string_view, 1> asking{"ASKING"};
         outcome o;
         std::vector<command> batch;
@@ -700,16 +795,16 @@ private:
             ++o.served;
         }
         if (!unloaded.empty()) {
-            load_scripts(node, commands, unloaded, items, results, o);
+            load_scripts(node, commands, unloaded, limit, items, results, o);
         }
         return o;
     }
 
-    // Loads, on `node`, the scripts that it answered NOSCRIPT for. A command whose script the
-    // node still refuses to load gets that reply.
+    // Loads, on `node`, the scripts that it answered NOSCRIPT for, within `limit`. A command
+    // whose script the node still refuses to load gets that reply.
     void load_scripts(detail::cluster_node& node, std::span<const command> commands,
-                      const std::vector<std::size_t>& which, std::vector<item>& items,
-                      std::vector<reply>& results, outcome& o) {
+                      const std::vector<std::size_t>& which, const call_context& limit,
+                      std::vector<item>& items, std::vector<reply>& results, outcome& o) {
         std::vector<std::string> loaded;
         for (std::size_t i : which) {
             const std::string sha1{commands[i][1]};
@@ -718,12 +813,12 @@ private:
             }
             std::string source;
             {
-                std::lock_guard lock{state_->scripts_mutex};
-                source = state_->scripts.at(sha1);
+                std::lock_guard lock{st().scripts_mutex};
+                source = st().scripts.at(sha1);
             }
             const std::array<std::string_view, 3> load{"SCRIPT", "LOAD", source};
             try {
-                reply r = send_one(node, load);
+                reply r = send_one(node, load, limit);
                 if (r.is_error()) {
                     for (std::size_t j : which) {
                         if (commands[j][1] == sha1) {
@@ -756,8 +851,8 @@ private:
         return replies;
     }
 
-    reply send_one(detail::cluster_node& node, command single) {
-        reply r = node.connection().execute(single);
+    reply send_one(detail::cluster_node& node, command single, const call_context& how) {
+        reply r = node.connection().execute(single, how);
         node.round_trips.fetch_add(1, std::memory_order_relaxed);
         return r;
     }
@@ -794,103 +889,158 @@ private:
         } else {
             key = detail::routing_key(argv);
         }
-        std::shared_lock lock{state_->map_mutex};
+        std::shared_lock lock{st().map_mutex};
         if (key) {
-            return state_->slots[detail::key_slot(*key)];
+            return st().slots[detail::key_slot(*key)];
         }
-        return state_->masters.empty() ? nullptr : state_->masters.front();
+        return st().masters.empty() ? nullptr : st().masters.front();
     }
 
     bool known_script(command argv) const {
         if (argv.size() < 2 || !detail::same_command_word(argv[0], "EVALSHA")) {
             return false;
         }
-        std::lock_guard lock{state_->scripts_mutex};
-        return state_->scripts.contains(std::string{argv[1]});
+        std::lock_guard lock{st().scripts_mutex};
+        return st().scripts.contains(std::string{argv[1]});
     }
 
     void remember_script(command argv, const reply& r) {
         if (argv.size() == 3 && r.is_string() && detail::same_command_word(argv[0], "SCRIPT") &&
             detail::same_command_word(argv[1], "LOAD")) {
-            std::lock_guard lock{state_->scripts_mutex};
-            state_->scripts.try_emplace(r.text(), argv[2]);
+            std::lock_guard lock{st().scripts_mutex};
+            st().scripts.try_emplace(r.text(), argv[2]);
         }
     }
 
     void point_slot(std::uint16_t slot, detail::cluster_node& to) {
-        std::unique_lock lock{state_->map_mutex};
-        state_->slots[slot] = &to;
-        if (std::find(state_->masters.begin(), state_->masters.end(), &to) ==
-            state_->masters.end()) {
-            state_->masters.push_back(&to);
+        std::unique_lock lock{st().map_mutex};
+        st().slots[slot] = &to;
+        if (std::find(st().masters.begin(), st().masters.end(), &to) == st().masters.end()) {
+            st().masters.push_back(&to);
         }
     }
 
-    // Reads the map again unless another thread did since `seen` or the last read is recent.
-    // A node's pool that reconnects during the read reports once refresh_mutex is released (the
-    // deferral is opened before the lock), so a reconnect handler may call back into the client.
-    void refresh_after_trouble(std::uint64_t seen) {
-        const auto deferred = state_->reconnect.defer();
-        std::lock_guard lock{state_->refresh_mutex};
-        if (state_->generation.load(std::memory_order_acquire) != seen ||
-            steady::now() - state_->last_refresh < refresh_interval) {
-            return;
+    // Reads the map again unless another thread is reading it or did since `seen`, or the last
+    // read is recent; the read ends by `bound`'s deadline and at its stop request (the caller,
+    // who checks its stop token next, learns of the stop there). No lock is held while nodes
+    // are asked. A node's pool that reconnects during the read reports once the read is over
+    // (the deferral ends last), so a reconnect handler may call back into the client, even
+    // refresh_map().
+    void refresh_after_trouble(std::uint64_t seen, const call_context& bound) {
+        const auto deferred = common_->relay.defer();
+        state& s = st();
+        {
+            std::lock_guard lock{s.refresh_mutex};
+            if (s.reading || s.generation.load(std::memory_order_acquire) != seen ||
+                steady::now() - s.last_refresh < refresh_interval) {
+                return;
+            }
+            s.reading = true;
+            s.last_refresh = steady::now();
         }
-        (void)refresh_locked();
+        (void)read_and_install(s, bound);
     }
 
+    // Reads the map now, after the read under way if there is one. Untimed: each node is given
+    // its connect and command timeouts.
     bool refresh_now() {
-        const auto deferred = state_->reconnect.defer();
-        std::lock_guard lock{state_->refresh_mutex};
-        return refresh_locked();
+        const auto deferred = common_->relay.defer();
+        state& s = st();
+        {
+            std::unique_lock lock{s.refresh_mutex};
+            s.read_done.wait(lock, [&] { return !s.reading; });
+            s.reading = true;
+            s.last_refresh = steady::now();
+        }
+        return read_and_install(s, call_context{});
     }
 
-    // Asks the known masters, then every other known node (the seeds among them), for the slot
-    // map; installs the first complete answer.
-    bool refresh_locked() {
+    // Asks the known masters, then every other known node (the seeds among them), those whose
+    // last read failed last, for the slot map; installs the first complete answer. With a
+    // deadline, each node is given an equal share of the time left (at least min_map_read_share,
+    // when that much is left), so one that hangs cannot take it all. Ends the read that the
+    // caller started (s.reading).
+    bool read_and_install(state& s, const call_context& bound) {
         std::vector<detail::cluster_node*> candidates;
-        {
-            std::shared_lock lock{state_->map_mutex};
-            candidates = state_->masters;
-        }
-        {
-            std::lock_guard lock{state_->nodes_mutex};
-            for (const auto& [address, node] : state_->nodes) {
-                if (std::find(candidates.begin(), candidates.end(), node.get()) ==
-                    candidates.end()) {
-                    candidates.push_back(node.get());
-                }
-            }
-        }
-        state_->last_refresh = steady::now();
         std::string problems;
-        for (detail::cluster_node* node : candidates) {
-            try {
-                std::vector<detail::shard_master> shards = read_map(*node);
-                if (shards.empty()) {
-                    problems += node->address() + ": no slots; ";
-                    continue;
-                }
-                install(shards);
-                state_->last_refresh_problem.clear();
-                return true;
-            } catch (const error& e) {
-                problems += node->address() + ": " + e.what() + "; ";
+        bool installed = false;
+        try {
+            {
+                std::shared_lock lock{s.map_mutex};
+                candidates = s.masters;
             }
+            {
+                std::lock_guard lock{s.nodes_mutex};
+                for (const auto& [address, node] : s.nodes) {
+                    if (std::find(candidates.begin(), candidates.end(), node.get()) ==
+                        candidates.end()) {
+                        candidates.push_back(node.get());
+                    }
+                }
+            }
+            std::stable_partition(candidates.begin(), candidates.end(), [](const auto* node) {
+                return !node->map_read_failed.load(std::memory_order_relaxed);
+            });
+            const bool timed = bound.deadline != steady::time_point::max();
+            for (std::size_t i = 0; i < candidates.size() && !installed; ++i) {
+                detail::cluster_node& node = *candidates[i];
+                call_context how{.stop = bound.stop};
+                if (timed) {
+                    const auto now = steady::now();
+                    if (now >= bound.deadline) {
+                        problems += "no time left; ";
+                        break;
+                    }
+                    const auto left = bound.deadline - now;
+                    const auto share = left / static_cast<std::int64_t>(candidates.size() - i);
+                    how.deadline =
+                        now + std::min<steady::duration>(
+                                  left, std::max<steady::duration>(share, min_map_read_share));
+                }
+                try {
+                    std::vector<detail::shard_master> shards = read_map(node, how);
+                    if (shards.empty()) {
+                        problems += node.address() + ": no slots; ";
+                        continue;
+                    }
+                    install(shards);
+                    node.map_read_failed.store(false, std::memory_order_relaxed);
+                    installed = true;
+                } catch (const cancelled_error&) {
+                    problems += "stopped; ";
+                    break;
+                } catch (const error& e) {
+                    node.map_read_failed.store(true, std::memory_order_relaxed);
+                    problems += node.address() + ": " + e.what() + "; ";
+                }
+            }
+        } catch (...) {
+            end_read(s, "out of memory");
+            throw;
         }
-        state_->last_refresh_problem = problems;
-        return false;
+        end_read(s, installed ? std::string{} : std::move(problems));
+        return installed;
     }
 
-    std::vector<detail::shard_master> read_map(detail::cluster_node& node) {
+    void end_read(state& s, std::string problem) noexcept {
+        {
+            std::lock_guard lock{s.refresh_mutex};
+            s.reading = false;
+            s.last_refresh_problem = std::move(problem);
+        }
+        s.read_done.notify_all();
+    }
+
+    std::vector<detail::shard_master> read_map(detail::cluster_node& node,
+                                               const call_context& how) {
         hiredis_connection& conn = node.connection();
         static constexpr std::array<std::string_view, 2> shards{"CLUSTER", "SHARDS"};
-        reply r = conn.execute(shards);
+        reply r = conn.execute(shards, how);
         if (!r.is_error()) {
             return detail::parse_cluster_shards(r, node.config().host);
         }
         static constexpr std::array<std::string_view, 2> slots{"CLUSTER", "SLOTS"};
-        r = conn.execute(slots);
+        r = conn.execute(slots, how);
         if (r.is_error()) {
             throw server_error{r.text()};
         }
@@ -912,16 +1062,26 @@ private:
             }
         }
         {
-            std::unique_lock lock{state_->map_mutex};
-            state_->slots = table;
-            state_->masters = std::move(masters);
+            std::unique_lock lock{st().map_mutex};
+            st().slots = table;
+            st().masters = std::move(masters);
         }
-        state_->generation.fetch_add(1, std::memory_order_acq_rel);
-        state_->refreshes.fetch_add(1, std::memory_order_relaxed);
+        st().generation.fetch_add(1, std::memory_order_acq_rel);
+        common_->refreshes.fetch_add(1, std::memory_order_relaxed);
     }
 
     void count_redirection(bool ask) noexcept {
-        (ask ? state_->asked : state_->moved).fetch_add(1, std::memory_order_relaxed);
+        (ask ? common_->asked : common_->moved).fetch_add(1, std::memory_order_relaxed);
+    }
+
+    // `how`, its deadline made finite as run() makes it: a slot-map read on behalf of an untimed
+    // call gets as long as that call's retries.
+    call_context within_call(const call_context& how) const {
+        call_context limit{.deadline = how.deadline, .stop = how.stop};
+        if (limit.deadline == steady::time_point::max()) {
+            limit.deadline = steady::now() + common_->options.command_timeout * deadline_factor;
+        }
+        return limit;
     }
 
     static void check_stop(const call_context& how) {
@@ -967,7 +1127,9 @@ private:
         throw connection_error{first};
     }
 
-    std::unique_ptr<state> state_;
+    // Before the states: their nodes report to its relay until they close.
+    std::unique_ptr<common> common_;
+    std::unique_ptr<detail::per_process<state>> states_;
 };
 
 static_assert(pipelining_connection<hiredis_cluster_connection>);

@@ -64,9 +64,13 @@ struct endpoint {
     std::string user;         ///< ACL user; empty means AUTH with the password alone
     std::string password;     ///< empty means no AUTH
     int db = 0;               ///< SELECT'ed on every new connection when not 0
-    /// Longest time opening one connection may take.
+    /// Longest time opening one connection may take (TCP connect and TLS handshake); a call
+    /// with a deadline cuts it to the time it has left. 1 ms to 365 days: a connection refuses
+    /// other values (redislock::invalid_argument) when it is made.
     std::chrono::milliseconds connect_timeout{2000};
-    /// Longest time one command may wait for its reply.
+    /// Longest time one command may wait for its reply (each of AUTH and SELECT on a new
+    /// connection too); a call with a deadline cuts it to the time it has left. 1 ms to 365 days:
+    /// a connection refuses other values (redislock::invalid_argument) when it is made.
     std::chrono::milliseconds command_timeout{2000};
     std::size_t pool_size = 8;  ///< most connections open at once
     tls_options tls;            ///< rediss://: how to set up TLS

@@ -10,6 +10,15 @@
 // A context opened to replace one that broke (or that the server closed while idle) is told to
 // the reconnect handler (set_reconnect_handler), which a client turns into a reconnected event.
 //
+// Deadlines: a call given a deadline or a stop token (call_context) ends by that deadline, or
+// within a few milliseconds of the stop request, whatever the server or the network does, and
+// no step of it gets more than the call has left: waiting for a free context, connecting (the
+// connect timeout, cut to the time left), the TLS handshake, AUTH and SELECT on a new context
+// (each the command timeout, cut likewise), sending (never blocked in send(2) by a peer that
+// stopped reading) and reading the replies. A call that ends that way closes the context it was
+// using. See detail/socket_io.hpp for the socket steps; host names are resolved with
+// getaddrinfo(3), which no deadline bounds.
+//
 // Every call, timed or not, reads its replies through one loop that ends by the call's deadline
 // and the command timeout, to the millisecond. A call that nothing can stop and that has the whole
 // command timeout left reads blocking (one recv(2) per reply, as a plain hiredis call): the
@@ -18,23 +27,27 @@
 // with poll(2).
 // Other calls poll(2) before each read.
 //
+// Timeouts: connect_timeout and command_timeout must lie within [1 ms, 365 days]
+// (detail::min_timeout, detail::max_timeout); the constructor refuses others with
+// redislock::invalid_argument.
+//
 // TLS (rediss://): available when the program is built with REDISLOCK_HAVE_TLS, which the CMake
 // package defines when it finds hiredis >= 1.0 with hiredis_ssl and OpenSSL (redislock_TLS_FOUND).
 // The pool then owns one OpenSSL client context, made from endpoint::tls when the connection is
 // built, and every context it opens runs the TLS handshake (bounded by the connect timeout) and
 // one PING before it is used. Built without TLS, a rediss:// endpoint is refused by the
-// constructor with redislock::invalid_argument saying what to install. A bounded call over TLS
-// checks OpenSSL's buffer before it polls the socket; once bytes arrive it reads a whole TLS
-// record, so a record that arrives in parts can hold it past its deadline by up to the socket's
-// timeout (detail::socket_timeout, a little under the command timeout).
+// constructor with redislock::invalid_argument saying what to install. A TLS context works
+// non-blocking (see detail/tls_context.hpp), so a record that arrives in parts waits for the
+// rest with poll(2), by the call's deadline; a call checks OpenSSL's buffer before it polls.
 //
 // Thread safety: execute() and execute_pipeline() may be called from any number of threads.
 // Lifetime: movable, not copyable; contexts are closed on destruction.
 // fork(): a child never uses its parent's pool: its first call builds its own (new mutex,
 // condition variable and sockets) and leaves the parent's copy untouched.
-// SIGPIPE: hiredis writes with write(2), so a write to a connection the server closed raises
-// SIGPIPE. If the process still has the default action (terminate), the constructor sets it to
-// SIG_IGN; an application that installed its own handler keeps it.
+// SIGPIPE: commands are sent with MSG_NOSIGNAL where the system has it, but hiredis's own writes
+// (a subscriber's) use write(2), so a write to a connection the server closed may raise SIGPIPE.
+// If the process still has the default action (terminate), the constructor sets it to SIG_IGN;
+// an application that installed its own handler keeps it.
 #pragma once
 
 #include <poll.h>
@@ -70,6 +83,7 @@
 #endif
 #include <redislock/detail/per_process.hpp>
 #include <redislock/detail/resp_command.hpp>
+#include <redislock/detail/socket_io.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
@@ -157,17 +171,35 @@ inline void require_tls_support(const endpoint& ep) {
         "redislock's CMake package enables TLS when it finds it (redislock_TLS_FOUND)"};
 }
 
-/// Throws unless `ep`'s pool size and timeouts can work: a zero socket timeout would mean none
-/// at all, so a blocking read could wait forever.
+/// The shortest connect and command timeouts accepted: a zero socket timeout would mean none at
+/// all, so a blocking read could wait forever.
+inline constexpr std::chrono::milliseconds min_timeout{1};
+
+/// The longest connect and command timeouts accepted: a year, far beyond any useful wait, and
+/// far below where the time arithmetic (deadlines on the steady clock, several timeouts added)
+/// could overflow.
+inline constexpr std::chrono::milliseconds max_timeout{std::chrono::hours{24 * 365}};
+
+/// Throws unless `ep`'s pool size and timeouts can work.
 /// @throws redislock::invalid_argument naming the setting
 inline void check_connection_settings(const endpoint& ep) {
     if (ep.pool_size == 0) {
         throw invalid_argument{"redislock: endpoint::pool_size must be at least 1"};
     }
-    if (ep.command_timeout < std::chrono::milliseconds{1} ||
-        ep.connect_timeout < std::chrono::milliseconds{1}) {
-        throw invalid_argument{
-            "redislock: endpoint::command_timeout and connect_timeout must be at least 1 ms"};
+    for (const auto& [name, value] : {std::pair{"command_timeout", ep.command_timeout},
+                                      std::pair{"connect_timeout", ep.connect_timeout}}) {
+        if (value < min_timeout) {
+            throw invalid_argument{
+                "redislock: endpoint::command_timeout and connect_timeout "
+                "must be at least 1 ms (" +
+                std::string{name} + " is " + std::to_string(value.count()) + " ms)"};
+        }
+        if (value > max_timeout) {
+            throw invalid_argument{"redislock: endpoint::" + std::string{name} + " of " +
+                                   std::to_string(value.count()) + " ms is out of range (" +
+                                   std::to_string(min_timeout.count()) + " to " +
+                                   std::to_string(max_timeout.count()) + " ms)"};
+        }
     }
 }
 
@@ -234,33 +266,86 @@ inline bool append_command(redisContext* ctx, command argv) noexcept {
     }
 }
 
-/// Sends `argv` on a blocking context and reads its reply, as redisCommandArgv does; null when
-/// the connection failed (ctx->err says why).
-inline void* command_reply(redisContext* ctx, command argv) {
-    void* raw = nullptr;
-    if (!append_command(ctx, argv) || redisGetReply(ctx, &raw) != REDIS_OK) {
-        return nullptr;
+/// Sends `commands` on `ctx` by `deadline` or until *stop is requested: on a plain context
+/// straight to its socket, never blocking in send(2); on a TLS one (non-blocking) through
+/// hiredis and OpenSSL, waiting for room with poll(2). On send_outcome::failed, ctx.err says
+/// why. A context that did not send everything must be closed: part of a command may be out.
+inline send_outcome send_commands(redisContext& ctx, std::span<const command> commands,
+                                  std::chrono::steady_clock::time_point deadline,
+                                  const std::stop_token* stop) noexcept {
+    if (hiredis_is_tls(ctx)) {
+        for (command argv : commands) {
+            if (!append_command(&ctx, argv)) {
+                set_context_error(ctx, REDIS_ERR_OOM, "out of memory");
+                return send_outcome::failed;
+            }
+        }
+        for (;;) {
+            int done = 0;
+            if (redisBufferWrite(&ctx, &done) != REDIS_OK) {
+                return send_outcome::failed;
+            }
+            if (done != 0) {
+                return send_outcome::sent;
+            }
+            switch (wait_socket(ctx.fd, POLLOUT, deadline, stop)) {
+                case socket_wait::ready:
+                    break;
+                case socket_wait::timed_out:
+                    return send_outcome::timed_out;
+                case socket_wait::stopped:
+                    return send_outcome::stopped;
+                case socket_wait::failed:
+                    set_context_error(ctx, REDIS_ERR_IO, std::strerror(errno));
+                    return send_outcome::failed;
+            }
+        }
     }
-    return raw;
+    send_outcome outcome = send_outcome::failed;
+    try {
+        if (commands.size() == 1) {
+            const resp_command text{commands.front()};
+            outcome = send_all(ctx.fd, {text.data(), text.size()}, deadline, stop);
+        } else {
+            std::string batch;
+            for (command argv : commands) {
+                const resp_command text{argv};
+                batch.append(text.data(), text.size());
+            }
+            outcome = send_all(ctx.fd, batch, deadline, stop);
+        }
+    } catch (const std::bad_alloc&) {
+        set_context_error(ctx, REDIS_ERR_OOM, "out of memory");
+        return send_outcome::failed;
+    }
+    if (outcome == send_outcome::failed) {
+        set_context_error(ctx, REDIS_ERR_IO, std::strerror(errno));
+    }
+    return outcome;
 }
 
-/// A dedicated context in subscriber mode, read without blocking (see subscriber.hpp).
+/// A dedicated context in subscriber mode, read without blocking (see subscriber.hpp). A command
+/// it sends waits for room in the socket no longer than `send_timeout`.
 class hiredis_subscriber_link final : public subscriber_link {
 public:
-    hiredis_subscriber_link(context_ptr ctx, std::string describe)
-        : ctx_{std::move(ctx)}, describe_{std::move(describe)} {}
+    hiredis_subscriber_link(context_ptr ctx, std::string describe,
+                            std::chrono::milliseconds send_timeout)
+        : ctx_{std::move(ctx)}, describe_{std::move(describe)}, send_timeout_{send_timeout} {}
 
     int fd() const noexcept override { return ctx_->fd; }
 
     void send(command argv) override {
-        if (!append_command(ctx_.get(), argv)) {
-            fail();
-        }
-        int done = 0;
-        while (done == 0) {
-            if (redisBufferWrite(ctx_.get(), &done) != REDIS_OK) {
+        const auto deadline = std::chrono::steady_clock::now() + send_timeout_;
+        switch (send_commands(*ctx_, std::span<const command>{&argv, 1}, deadline, nullptr)) {
+            case send_outcome::sent:
+                return;
+            case send_outcome::failed:
                 fail();
-            }
+            case send_outcome::timed_out:
+            case send_outcome::stopped:
+                throw timeout_error{"redislock: subscriber connection to " + describe_ +
+                                    " took no command within " +
+                                    std::to_string(send_timeout_.count()) + " ms"};
         }
     }
 
@@ -297,9 +382,18 @@ private:
 
     context_ptr ctx_;
     std::string describe_;
+    std::chrono::milliseconds send_timeout_;
 };
 
 }  // namespace detail
+
+/// Tag for the hiredis_connection constructor that opens no connection: the first call opens the
+/// first one, bounded by that call's deadline.
+struct defer_connect_t {
+    explicit defer_connect_t() = default;
+};
+/// See defer_connect_t.
+inline constexpr defer_connect_t defer_connect{};
 
 /// A thread-safe pool of hiredis connections to one Redis server: what redislock::client talks
 /// through. Reconnects after a broken connection; AUTH, SELECT, unix sockets and TLS.
@@ -312,15 +406,22 @@ public:
     ///         within endpoint::connect_timeout or the TLS handshake fails (an untrusted server
     ///         certificate, a client certificate the server wants and did not get);
     ///         redislock::server_error when AUTH or SELECT is refused;
-    ///         redislock::invalid_argument for a pool size of 0, a timeout below 1 ms,
+    ///         redislock::invalid_argument for a pool size of 0, a timeout outside [1 ms, 365 d],
     ///         contradictory or unreadable TLS settings, or rediss:// in a build without TLS.
-    explicit hiredis_connection(endpoint ep)
-        : pool_{std::make_unique<detail::per_process<pool>>(
-              [config = ep] { return std::make_unique<pool>(config); })} {
-        detail::check_connection_settings(this_pool().config);
-        ignore_default_sigpipe();
+    explicit hiredis_connection(endpoint ep) : hiredis_connection{std::move(ep), defer_connect} {
         // Through acquire(), so the first connection counts against pool_size like the others.
         this_pool().release(this_pool().acquire());
+    }
+
+    /// Checks the settings and opens nothing: the first call opens the first connection, within
+    /// that call's deadline, and a wrong address or password shows there. For connections made
+    /// on a caller's behalf mid-call (a Cluster node met through a redirection, a Sentinel's new
+    /// master).
+    /// @throws redislock::invalid_argument as the other constructor.
+    hiredis_connection(endpoint ep, defer_connect_t)
+        : pool_{std::make_unique<detail::per_process<pool>>(
+              [config = checked(std::move(ep))] { return std::make_unique<pool>(config); })} {
+        ignore_default_sigpipe();
     }
 
     /// @throws redislock::invalid_argument for a malformed URI; else as the endpoint overload.
@@ -497,7 +598,7 @@ public:
         check_stop(how);
         reconnect_notice notice{*this};  // reports only when start() throws
         auto ctx = take(notice, deadline, how.stop);
-        write_all(ctx, commands);
+        send(ctx, commands, deadline, how);
         // From here the call reports, when its context is no longer held.
         const hiredis_connection* reopened_by =
             std::exchange(notice.reopened, false) ? this : nullptr;
@@ -518,7 +619,7 @@ public:
     /// nothing sent, when start() would first have to open one or wait for one to be freed
     /// (see fanout_connection in connection.hpp: a caller that must not wait for a connect
     /// calls connect() on another thread).
-    /// @throws redislock::connection_error, redislock::cancelled_error
+    /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
     std::optional<call> start_if_connected(std::span<const command> commands,
                                            const call_context& how) {
         if (commands.empty()) {
@@ -529,7 +630,10 @@ public:
         if (!ctx) {
             return std::nullopt;
         }
-        write_all(ctx, commands);
+        send(ctx, commands,
+             std::min(how.deadline,
+                      std::chrono::steady_clock::now() + this_pool().config.command_timeout),
+             how);
         return call{this_pool(), std::move(ctx), commands.size(), nullptr};
     }
 
@@ -545,8 +649,8 @@ public:
     /// A subscriber link to this server, for notified waiting (see subscriber.hpp).
     /// @throws as the constructor
     std::unique_ptr<subscriber_link> open_subscriber(std::string_view /*channel*/) {
-        return std::make_unique<detail::hiredis_subscriber_link>(open_dedicated(),
-                                                                 config().describe());
+        return std::make_unique<detail::hiredis_subscriber_link>(
+            open_dedicated(), config().describe(), config().command_timeout);
     }
 
     /// Calls `handler` with the server's description each time the pool opens a context to
@@ -594,20 +698,6 @@ private:
         return this_pool().acquire(deadline, stop, &notice.reopened);
     }
 
-    // Appends and writes every command; closes the context and throws when that fails.
-    void write_all(detail::context_ptr& ctx, std::span<const command> commands) {
-        for (command argv : commands) {
-            if (!detail::append_command(ctx.get(), argv)) {
-                fail(std::move(ctx));
-            }
-        }
-        for (int done = 0; done == 0;) {
-            if (redisBufferWrite(ctx.get(), &done) != REDIS_OK) {
-                fail(std::move(ctx));
-            }
-        }
-    }
-
     static bool bounded(const call_context& how) noexcept {
         return how.deadline != std::chrono::steady_clock::time_point::max() ||
                (how.stop != nullptr && how.stop->stop_possible());
@@ -642,17 +732,10 @@ private:
         check_stop(how);
         reconnect_notice notice{*this};
         auto ctx = take(notice, limit, how.stop);
-        for (command argv : commands) {
-            if (!detail::append_command(ctx.get(), argv)) {
-                fail(std::move(ctx));
-            }
-        }
-        for (int done = 0; done == 0;) {
-            if (redisBufferWrite(ctx.get(), &done) != REDIS_OK) {
-                fail(std::move(ctx));
-            }
-        }
+        // An untimed call is bounded by the command timeout from the moment its context is in
+        // hand: sending, then the replies.
         const auto deadline = timed ? limit : clock::now() + this_pool().config.command_timeout;
+        send(ctx, commands, deadline, how);
         for (std::size_t read = 0; read < commands.size();) {
             void* raw_reply = nullptr;
             if (redisGetReplyFromReader(ctx.get(), &raw_reply) != REDIS_OK) {
@@ -713,43 +796,54 @@ private:
 
     void check_stop(const call_context& how) const {
         if (how.stop != nullptr && how.stop->stop_requested()) {
-            throw cancelled_error{"redislock: a stop was requested during a call to " +
-                                  this_pool().config.describe()};
+            throw_stopped();
         }
+    }
+
+    [[noreturn]] void throw_stopped() const {
+        throw cancelled_error{"redislock: a stop was requested during a call to " +
+                              this_pool().config.describe()};
     }
 
     // Waits until the context's socket has bytes to read; closes the context and throws when
     // the deadline passes or a stop is requested first.
     void wait_readable(detail::context_ptr& ctx, std::chrono::steady_clock::time_point deadline,
                        const call_context& how) {
-        using namespace std::chrono;
-        constexpr milliseconds stop_poll_slice{5};
-        for (;;) {
-            if (tls_pending(*ctx)) {
-                return;  // already decrypted inside OpenSSL: the socket may stay silent
-            }
-            const auto left = deadline - steady_clock::now();
-            if (left <= steady_clock::duration::zero()) {
+        if (tls_pending(*ctx)) {
+            return;  // already decrypted inside OpenSSL: the socket may stay silent
+        }
+        switch (detail::wait_socket(ctx->fd, POLLIN, deadline, how.stop)) {
+            case detail::socket_wait::ready:
+                return;
+            case detail::socket_wait::timed_out:
                 drop(std::move(ctx), true);
                 throw timeout_error{"redislock: " + this_pool().config.describe() +
                                     " did not answer in time"};
-            }
-            auto slice = ceil<milliseconds>(left);
-            if (how.stop != nullptr && how.stop->stop_possible()) {
-                slice = std::min(slice, stop_poll_slice);
-            }
-            pollfd pfd{ctx->fd, POLLIN, 0};
-            const int ready = ::poll(&pfd, 1, static_cast<int>(slice.count()));
-            if (ready > 0) {
-                return;
-            }
-            if (ready < 0 && errno != EINTR) {
-                fail(std::move(ctx));
-            }
-            if (how.stop != nullptr && how.stop->stop_requested()) {
+            case detail::socket_wait::stopped:
                 drop(std::move(ctx), false);
-                check_stop(how);
-            }
+                throw_stopped();
+            case detail::socket_wait::failed:
+                detail::set_context_error(*ctx, REDIS_ERR_IO, std::strerror(errno));
+                fail(std::move(ctx));
+        }
+    }
+
+    // Sends `commands` on `ctx` by `deadline`; closes the context and throws when the deadline
+    // passes, a stop is requested or the connection fails first.
+    void send(detail::context_ptr& ctx, std::span<const command> commands,
+              std::chrono::steady_clock::time_point deadline, const call_context& how) {
+        switch (detail::send_commands(*ctx, commands, deadline, how.stop)) {
+            case detail::send_outcome::sent:
+                return;
+            case detail::send_outcome::timed_out:
+                drop(std::move(ctx), true);
+                throw timeout_error{"redislock: " + this_pool().config.describe() +
+                                    " took no command in time (it reads nothing)"};
+            case detail::send_outcome::stopped:
+                drop(std::move(ctx), false);
+                throw_stopped();
+            case detail::send_outcome::failed:
+                fail(std::move(ctx));
         }
     }
 
@@ -829,7 +923,7 @@ private:
                     }
                     lock.unlock();
                     try {
-                        auto ctx = open(deadline);
+                        auto ctx = open(deadline, stop);
                         if (reopened != nullptr) {
                             *reopened = replaces;
                         }
@@ -916,95 +1010,137 @@ private:
             return ::poll(&pfd, 1, 0) == 0;
         }
 
-        // Connects within the connect timeout, or less when the call's deadline is nearer.
+        // Opens a context: connects and runs the TLS handshake within the connect timeout, then
+        // AUTH, SELECT and (TLS) PING, each within the command timeout; every step ends by
+        // `deadline` too, and at once when *stop is requested.
         detail::context_ptr open(std::chrono::steady_clock::time_point deadline =
-                                     std::chrono::steady_clock::time_point::max()) {
-            auto connect_timeout = config.connect_timeout;
-            if (deadline != std::chrono::steady_clock::time_point::max()) {
-                const auto left = std::chrono::ceil<std::chrono::milliseconds>(
-                    deadline - std::chrono::steady_clock::now());
-                connect_timeout =
-                    std::clamp(left, std::chrono::milliseconds{1}, config.connect_timeout);
-            }
-            const timeval connect_tv = detail::to_timeval(connect_timeout);
-            detail::context_ptr ctx{
-                config.unix_socket.empty()
-                    ? redisConnectWithTimeout(config.host.c_str(), config.port, connect_tv)
-                    : redisConnectUnixWithTimeout(config.unix_socket.c_str(), connect_tv)};
-            if (!ctx) {
+                                     std::chrono::steady_clock::time_point::max(),
+                                 const std::stop_token* stop = nullptr) {
+            using namespace std::chrono;
+            const auto started = steady_clock::now();
+            const auto connect_by = std::min(deadline, started + config.connect_timeout);
+            const detail::connect_attempt attempt{
+                config, connect_by,
+                std::max(ceil<milliseconds>(connect_by - started), milliseconds::zero()), stop};
+            detail::socket_fd fd = detail::connect_socket(attempt);
+            detail::context_ptr ctx{redisConnectFd(fd.get())};
+            if (!ctx || ctx->err) {
                 throw connection_error{"redislock: cannot allocate a connection to " +
                                        config.describe()};
             }
-            if (ctx->err) {
-                std::string why = ctx->errstr;
-                if (is_timeout(*ctx)) {
-                    throw timeout_error{"redislock: connecting to " + config.describe() +
-                                        " timed out after " +
-                                        std::to_string(config.connect_timeout.count()) + " ms"};
-                }
-                throw connection_error{"redislock: cannot connect to " + config.describe() + ": " +
-                                       why};
-            }
-            start_tls(*ctx);
+            (void)fd.release();  // the context closes it now
             if (redisSetTimeout(ctx.get(), detail::to_timeval(detail::socket_timeout(
                                                config.command_timeout))) != REDIS_OK) {
                 throw connection_error{"redislock: cannot set the command timeout on " +
                                        config.describe()};
             }
+            start_tls(*ctx, attempt);
             if (!config.password.empty()) {
                 if (config.user.empty()) {
-                    handshake(*ctx, {"AUTH", config.password}, "AUTH");
+                    handshake(*ctx, {"AUTH", config.password}, "AUTH", deadline, stop);
                 } else {
-                    handshake(*ctx, {"AUTH", config.user, config.password}, "AUTH");
+                    handshake(*ctx, {"AUTH", config.user, config.password}, "AUTH", deadline, stop);
                 }
             }
             if (config.db != 0) {
-                handshake(*ctx, {"SELECT", std::to_string(config.db)}, "SELECT");
+                handshake(*ctx, {"SELECT", std::to_string(config.db)}, "SELECT", deadline, stop);
             }
             if (config.tls.enabled) {
                 // Reads what the server sent after the handshake (TLS 1.3 session tickets, or
                 // the alert of a server that wanted a client certificate), so an idle context
                 // has nothing to read, as the reuse check expects, and a refusal shows here.
-                handshake(*ctx, {"PING"}, "the first command over TLS (PING)");
+                handshake(*ctx, {"PING"}, "the first command over TLS (PING)", deadline, stop);
             }
             opened.fetch_add(1, std::memory_order_relaxed);
             return ctx;
         }
 
-        // The TLS handshake, bounded by the connect timeout; the SSL object is kept in the
-        // context's user slot for tls_pending().
-        void start_tls([[maybe_unused]] redisContext& ctx) {
+        // The TLS handshake, by the connect deadline; the SSL object is kept in the context's
+        // user slot for tls_pending(). The context is non-blocking from here.
+        void start_tls([[maybe_unused]] redisContext& ctx,
+                       [[maybe_unused]] const detail::connect_attempt& attempt) {
 #if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
             if (!tls) {
                 return;
             }
-            if (redisSetTimeout(&ctx, detail::to_timeval(config.connect_timeout)) != REDIS_OK) {
-                throw connection_error{"redislock: cannot set the handshake timeout on " +
-                                       config.describe()};
-            }
-            ctx.privdata = tls->attach(ctx, config.host, config.describe());
+            ctx.privdata = tls->attach(ctx, config.host, config.describe(), attempt.deadline,
+                                       attempt.allowed, attempt.stop);
             ctx.free_privdata = nullptr;  // hiredis frees the SSL object itself
 #endif
         }
 
-        void handshake(redisContext& ctx, std::vector<std::string> words, std::string_view what) {
-            std::vector<std::string_view> argv{words.begin(), words.end()};
-            detail::hiredis_reply_ptr raw{detail::command_reply(&ctx, argv)};
-            if (!raw) {
-                std::string why = ctx.errstr;
-                if (config.tls.enabled && config.tls.cert_file.empty()) {
-                    why +=
-                        " (a server that requires client certificates closes the "
-                        "connection here: see tls_cert_file and tls_key_file)";
+        // Sends one set-up command and reads its reply, within the command timeout and by
+        // `deadline`, ending at once when *stop is requested.
+        void handshake(redisContext& ctx, std::vector<std::string> words, std::string_view what,
+                       std::chrono::steady_clock::time_point deadline,
+                       const std::stop_token* stop) {
+            using namespace std::chrono;
+            const auto by = std::min(deadline, steady_clock::now() + config.command_timeout);
+            const auto allowed = ceil<milliseconds>(by - steady_clock::now()).count();
+            const auto timed_out = [&] {
+                return timeout_error{"redislock: " + std::string{what} + " on " +
+                                     config.describe() + " got no answer within " +
+                                     std::to_string(std::max<long long>(allowed, 0)) + " ms"};
+            };
+            const auto stopped = [&] {
+                return cancelled_error{"redislock: a stop was requested during " +
+                                       std::string{what} + " on " + config.describe()};
+            };
+            const std::vector<std::string_view> argv{words.begin(), words.end()};
+            const command cmd{argv};
+            switch (detail::send_commands(ctx, std::span<const command>{&cmd, 1}, by, stop)) {
+                case detail::send_outcome::sent:
+                    break;
+                case detail::send_outcome::timed_out:
+                    throw timed_out();
+                case detail::send_outcome::stopped:
+                    throw stopped();
+                case detail::send_outcome::failed:
+                    throw set_up_failed(ctx, what);
+            }
+            for (;;) {
+                void* raw = nullptr;
+                if (redisGetReplyFromReader(&ctx, &raw) != REDIS_OK) {
+                    throw set_up_failed(ctx, what);
                 }
-                throw connection_error{"redislock: " + std::string{what} + " on " +
-                                       config.describe() + " failed: " + why};
+                if (raw != nullptr) {
+                    const detail::hiredis_reply_ptr owned{raw};
+                    const auto& r = *static_cast<redisReply*>(raw);
+                    if (r.type == REDIS_REPLY_ERROR) {
+                        throw server_error{"redislock: " + std::string{what} + " on " +
+                                           config.describe() +
+                                           " was refused: " + std::string{r.str, r.len}};
+                    }
+                    return;
+                }
+                if (!detail::hiredis_tls_pending(ctx)) {
+                    switch (detail::wait_socket(ctx.fd, POLLIN, by, stop)) {
+                        case detail::socket_wait::ready:
+                            break;
+                        case detail::socket_wait::timed_out:
+                            throw timed_out();
+                        case detail::socket_wait::stopped:
+                            throw stopped();
+                        case detail::socket_wait::failed:
+                            detail::set_context_error(ctx, REDIS_ERR_IO, std::strerror(errno));
+                            throw set_up_failed(ctx, what);
+                    }
+                }
+                if (redisBufferRead(&ctx) != REDIS_OK) {
+                    throw set_up_failed(ctx, what);
+                }
             }
-            const auto& r = *static_cast<redisReply*>(raw.get());
-            if (r.type == REDIS_REPLY_ERROR) {
-                throw server_error{"redislock: " + std::string{what} + " on " + config.describe() +
-                                   " was refused: " + std::string{r.str, r.len}};
+        }
+
+        connection_error set_up_failed(const redisContext& ctx, std::string_view what) const {
+            std::string why = ctx.errstr[0] != '\0' ? ctx.errstr : "connection closed";
+            if (config.tls.enabled && config.tls.cert_file.empty()) {
+                why +=
+                    " (a server that requires client certificates closes the "
+                    "connection here: see tls_cert_file and tls_key_file)";
             }
+            return connection_error{"redislock: " + std::string{what} + " on " + config.describe() +
+                                    " failed: " + why};
         }
     };
 
@@ -1034,6 +1170,12 @@ private:
         }
         throw connection_error{"redislock: connection to " + this_pool().config.describe() +
                                " failed: " + (why.empty() ? "connection closed" : why)};
+    }
+
+    // `ep`, once its settings were found sound: before any arithmetic is done with them.
+    static endpoint checked(endpoint ep) {
+        detail::check_connection_settings(ep);
+        return ep;
     }
 
     static void ignore_default_sigpipe() noexcept {

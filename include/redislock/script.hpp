@@ -6,6 +6,7 @@
 // and retries once, and tells a client's event hook (script_reloaded) when given its sink.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -154,8 +155,26 @@ struct acknowledged_reply {
     std::int64_t replicas = -1;
 };
 
+/// How late a server may answer a WAIT after its timeout: it notices the timeout at its next
+/// timer tick, up to 100 ms later at the default hz 10.
+inline constexpr std::chrono::milliseconds wait_reply_lateness{100};
+
+/// The timeout to send with WAIT for a call bounded by `deadline`: `timeout`, cut to half of what
+/// the call has left after wait_reply_lateness, so that WAIT answers (with the replicas it
+/// counted) while the call can still read it; never 0, which would make WAIT wait forever.
+inline std::chrono::milliseconds wait_timeout_within(
+    std::chrono::milliseconds timeout, std::chrono::steady_clock::time_point deadline) {
+    using namespace std::chrono;
+    if (deadline == steady_clock::time_point::max()) {
+        return timeout;
+    }
+    const auto left = floor<milliseconds>(deadline - steady_clock::now());
+    return std::max(milliseconds{1}, std::min(timeout, (left - wait_reply_lateness) / 2));
+}
+
 /// Sends `argv` and, when `min_replicas` > 0, WAIT min_replicas timeout right behind it in one
-/// pipeline, so the WAIT covers the write on the same connection.
+/// pipeline, so the WAIT covers the write on the same connection. The WAIT gets no more than the
+/// time `how` leaves (see wait_timeout_within).
 /// @throws as the connection's execute / execute_pipeline; connection_error when the write got
 ///         no answer though the WAIT did (see throw_if_unanswered).
 template <connection C>
@@ -166,7 +185,8 @@ acknowledged_reply execute_acknowledged(C& conn, command argv, const call_contex
     }
     if constexpr (pipelining_connection<C>) {
         const std::string replicas = std::to_string(min_replicas);
-        const std::string wait_ms = std::to_string(timeout.count());
+        const std::string wait_ms =
+            std::to_string(wait_timeout_within(timeout, how.deadline).count());
         const std::array<std::string_view, 3> wait{"WAIT", replicas, wait_ms};
         const std::array<command, 2> commands{argv, command{wait}};
         std::vector<reply> replies;

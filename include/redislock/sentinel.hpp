@@ -8,7 +8,9 @@
 // (SENTINEL MASTER, or SENTINEL GET-MASTER-ADDR-BY-NAME where ACLs allow only that), the view
 // with the highest config epoch wins (a sentinel that has not yet heard of a failover reports an
 // older epoch), and the node it names must answer ROLE with "master". A pool of
-// hiredis_connection contexts is then kept to that node.
+// hiredis_connection contexts is then kept to that node. Done for a call with a deadline or a
+// stop token, every step of this (connecting to a sentinel or to the node included: those pools
+// open on first use) gets no more than the time the call has left, and a stop request ends it.
 //
 // When the master changes: background threads, one per configured sentinel, each keep a
 // subscription on their sentinel (reopened after a pause when it fails or stops answering its
@@ -347,7 +349,9 @@ public:
         const std::stop_token* stop = nullptr;
         for (const call_context& how : hows) {
             deadline = std::min(deadline, how.deadline);
-            stop = stop != nullptr ? stop : how.stop;
+            if (stop == nullptr) {
+                stop = how.stop;
+            }
         }
         const bool repeatable = std::all_of(hows.begin(), hows.end(),
                                             [](const call_context& how) { return how.repeatable; });
@@ -419,21 +423,22 @@ private:
     // A reply that comes after a failover was announced, or after the master changed, may come
     // from a master whose writes the failover loses: it is not returned. The command is sent
     // again on the next master when that is safe, else the call fails as after a broken
-    // connection (its outcome is unknown).
+    // connection (its outcome is unknown). Finding the master ends by `deadline` too, and at
+    // once when *stop is requested.
     template <class F>
     std::invoke_result_t<F&, hiredis_connection&> call(bool repeatable, clock::time_point deadline,
                                                        const std::stop_token* stop, F&& f) {
         for (bool last = false;; last = true) {
             state_->await_settled(deadline, stop, last);
             const std::uint64_t disturbances = state_->fence.disturbances();
-            auto [pool, generation] = state_->current(deadline);
+            auto [pool, generation] = state_->current(deadline, stop);
             std::optional<std::invoke_result_t<F&, hiredis_connection&>> result;
             try {
                 result.emplace(f(*pool));
             } catch (const cancelled_error&) {
                 throw;
             } catch (const connection_error&) {
-                state_->re_resolve(generation, deadline);
+                state_->re_resolve(generation, deadline, stop);
                 if (!repeatable || last || clock::now() >= deadline) {
                     throw;
                 }
@@ -453,7 +458,7 @@ private:
             }
             // The node was demoted. A command refused with READONLY did not run, so a single one
             // may always be sent again; in a pipeline the others may have run.
-            state_->re_resolve(generation, deadline);
+            state_->re_resolve(generation, deadline, stop);
             if (!(repeatable || single(*result)) || last || clock::now() >= deadline) {
                 return std::move(*result);
             }
@@ -534,7 +539,8 @@ private:
 
         // The master's pool and the generation it belongs to; resolves when there is none.
         std::pair<pool_ptr, std::uint64_t> current(
-            clock::time_point deadline = clock::time_point::max()) {
+            clock::time_point deadline = clock::time_point::max(),
+            const std::stop_token* stop = nullptr) {
             std::uint64_t seen = 0;
             {
                 std::lock_guard lock{mutex};
@@ -544,7 +550,7 @@ private:
                 }
                 seen = generation;
             }
-            resolve(seen, deadline);
+            resolve(seen, deadline, stop);
             std::lock_guard lock{mutex};
             if (!master) {
                 throw connection_error{"redislock: no master for '" + config.master_name +
@@ -555,10 +561,10 @@ private:
 
         // The pool of generation `seen` failed: find the master again, unless another thread did
         // since. A failure here is left to the next current(), which reports it.
-        void re_resolve(std::uint64_t seen,
-                        clock::time_point deadline = clock::time_point::max()) noexcept {
+        void re_resolve(std::uint64_t seen, clock::time_point deadline = clock::time_point::max(),
+                        const std::stop_token* stop = nullptr) noexcept {
             try {
-                resolve(seen, deadline);
+                resolve(seen, deadline, stop);
             } catch (...) {
             }
         }
@@ -566,9 +572,9 @@ private:
         // Finds the master again; a new pool in place of an earlier master's is reported as a
         // reconnection, and so is a connection the kept pool reopened while confirming it, once
         // resolve_mutex is released (the deferral ends after it).
-        void resolve(std::uint64_t seen, clock::time_point deadline) {
+        void resolve(std::uint64_t seen, clock::time_point deadline, const std::stop_token* stop) {
             const auto deferred = reconnect.defer();
-            const std::string reopened = resolve_serially(seen, deadline);
+            const std::string reopened = resolve_serially(seen, deadline, stop);
             if (!reopened.empty()) {
                 reconnect.report(reopened);
             }
@@ -590,17 +596,26 @@ private:
             };
         }
 
-        // Each round trip is bounded by `deadline` too; a caller whose deadline passes while
-        // another thread resolves stops waiting for it. Returns the master's address when a new
-        // pool replaced an earlier master's (not for the first master found), else "".
-        std::string resolve_serially(std::uint64_t seen, clock::time_point deadline) {
+        // Each round trip (connecting included: pools open on first use) is bounded by
+        // `deadline` and ends at once when *stop is requested; a caller whose deadline passes
+        // (or whose stop is requested) while another thread resolves stops waiting for it.
+        // Returns the master's address when a new pool replaced an earlier master's (not for the
+        // first master found), else "".
+        std::string resolve_serially(std::uint64_t seen, clock::time_point deadline,
+                                     const std::stop_token* stop) {
             std::unique_lock serial{resolve_mutex, std::defer_lock};
-            if (deadline == clock::time_point::max()) {
+            if (deadline == clock::time_point::max() &&
+                (stop == nullptr || !stop->stop_possible())) {
                 serial.lock();
-            } else if (!serial.try_lock_until(deadline)) {
-                return {};
+            } else {
+                constexpr std::chrono::milliseconds stop_check{5};
+                while (!serial.try_lock_until(std::min(deadline, clock::now() + stop_check))) {
+                    if (clock::now() >= deadline || (stop != nullptr && stop->stop_requested())) {
+                        return {};
+                    }
+                }
             }
-            const call_context bound{.deadline = deadline};
+            const call_context bound{.deadline = deadline, .stop = stop};
             pool_ptr kept;
             {
                 std::lock_guard lock{mutex};
@@ -630,6 +645,8 @@ private:
                         return {};  // a switch announced meanwhile was followed: it is newer
                     }
                     return publish_locked(address, std::move(pool));
+                } catch (const cancelled_error&) {
+                    throw;  // says nothing about the master: keep it
                 } catch (const error& e) {
                     why += std::string{" "} + e.what() + ";";
                 }
@@ -664,7 +681,8 @@ private:
             ep.host = host;
             ep.port = port;
             ep.unix_socket.clear();
-            auto pool = std::make_shared<hiredis_connection>(std::move(ep));
+            // Not connected yet: the caller's first command connects, within its deadline.
+            auto pool = std::make_shared<hiredis_connection>(std::move(ep), defer_connect);
             // Before the pool is published: no other thread can be using it yet.
             pool->set_reconnect_handler(forward_while_current(pool.get()));
             return pool;
@@ -748,12 +766,14 @@ private:
                 const std::string name = where.host + ":" + std::to_string(where.port);
                 try {
                     if (!sentinel_links[i]) {
-                        sentinel_links[i] =
-                            std::make_unique<hiredis_connection>(config.sentinel(where));
+                        sentinel_links[i] = std::make_unique<hiredis_connection>(
+                            config.sentinel(where), defer_connect);
                     }
                     if (auto view = ask(*sentinel_links[i], name, why, bound)) {
                         views.push_back(std::move(*view));
                     }
+                } catch (const cancelled_error&) {
+                    throw;
                 } catch (const error& e) {
                     sentinel_links[i].reset();
                     why += " sentinel " + name + ": " + e.what() + ";";
@@ -888,7 +908,8 @@ private:
         void watch(std::stop_token stop, std::size_t index) {
             using namespace std::chrono;
             const auto& where = config.sentinels[index];
-            watcher_state w{.index = index};
+            watcher_state w;
+            w.index = index;
             while (!stop.stop_requested()) {
                 try {
                     hiredis_connection link{config.sentinel(where)};

@@ -400,6 +400,13 @@ public:
         it->second = -1;
     }
 
+    /// SIGSTOPs the node on `port`: a hung server. The kernel still completes connections to
+    /// it and keeps those it has, but nothing is answered until resume(port).
+    void pause(int port) { send_signal(port, SIGSTOP); }
+
+    /// SIGCONTs the node on `port` after pause(port).
+    void resume(int port) { send_signal(port, SIGCONT); }
+
     /// Waits until every running node reports cluster_state:ok and all slots served.
     void wait_healthy(std::chrono::milliseconds timeout = std::chrono::seconds(30)) const {
         wait_until(
@@ -574,6 +581,13 @@ private:
             }
             return true;
         });
+    }
+
+    void send_signal(int port, int number) const {
+        const auto it = pids_.find(port);
+        if (it != pids_.end() && it->second > 0) {
+            ::kill(it->second, number);
+        }
     }
 
     void stop_all() noexcept {

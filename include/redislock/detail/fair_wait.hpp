@@ -234,6 +234,18 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         if (slot) {
             slot->reset();
         }
+        // A call's first try, made before it waited at all, is made even when its deadline has
+        // already passed (try_lock(), a zero timeout), as try_lock() makes it; any later one only
+        // while the deadline has not passed, and bounded by it.
+        const bool immediate = first && probe && !attempt_due(deadline);
+        if (!immediate && !attempt_due(deadline)) {
+            // Time is up before another attempt: one refused for too few replicas says why the
+            // lock was not had, as another attempt would have said again.
+            if (unacknowledged) {
+                std::rethrow_exception(unacknowledged);
+            }
+            return false;
+        }
         std::optional<holder_ttl> ttl;
         try {
             joined = joined || join;
@@ -246,7 +258,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
             const auto sent = steady::now();
             bool given_back_late = false;
             try {
-                ttl = attempt(attempt_context(deadline, stop),
+                ttl = attempt(attempt_context(deadline, stop, immediate),
                               queue_place{join ? std::string_view{waiter_id()} : trying, join,
                                           may_wait, &tally, &counted});
             } catch (const late_grant& given_back) {

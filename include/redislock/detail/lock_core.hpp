@@ -231,11 +231,14 @@ inline bool is_transient(const error& e) {
            dynamic_cast<const replication_error*>(&e) != nullptr;  // a replica may catch up
 }
 
-/// The round-trip bound of one attempt of a wait that ends at `deadline`: the deadline itself,
-/// or for untimed and immediate calls the connection's own command timeout.
-inline call_context attempt_context(steady::time_point deadline, const std::stop_token& stop) {
+/// The round-trip bound of one attempt of a call that ends at `deadline`: the deadline itself,
+/// never more; for untimed calls, and for the first try of a call whose deadline had already
+/// passed when it was made (`immediate`: try_lock(), a zero timeout), the connection's own
+/// command timeout. No other attempt is started once the deadline has passed (see attempt_due).
+inline call_context attempt_context(steady::time_point deadline, const std::stop_token& stop,
+                                    bool immediate) {
     call_context how;
-    if (deadline != steady::time_point::max() && deadline > steady::now()) {
+    if (!immediate) {
         how.deadline = deadline;
     }
     if (stop.stop_possible()) {
@@ -244,13 +247,20 @@ inline call_context attempt_context(steady::time_point deadline, const std::stop
     return how;
 }
 
+/// Whether a waiting call may start another attempt: not once its deadline has passed, where
+/// any round trip would end it late.
+inline bool attempt_due(steady::time_point deadline) {
+    return deadline == steady::time_point::max() || steady::now() < deadline;
+}
+
 /// Tries `attempt(how)` until it acquires, the deadline passes or a stop is requested; rides out
 /// transient failures (connection errors, timeouts, LOADING, READONLY...) while the wait has time
 /// left, then throws the last one. A call without a wait (deadline already past) throws at once,
 /// and so does an untimed, unstoppable lock(): with no deadline and no way to stop it, riding out
 /// an outage would hang its caller silently. A slot being migrated (slot_migrating_error) is
 /// waited out as a held lock is, by every call. `attempt` returns std::nullopt when it acquired,
-/// else the holder's TTL.
+/// else the holder's TTL. No round trip of a waiting call lasts past its deadline (see
+/// attempt_context).
 template <class Attempt>
 bool acquire_until(Attempt&& attempt, steady::time_point deadline, const std::stop_token& stop,
                    const lock_options& options) {
@@ -258,10 +268,19 @@ bool acquire_until(Attempt&& attempt, steady::time_point deadline, const std::st
     // A replica that did not acknowledge says more than the timeout of a last attempt cut short
     // by the deadline: that is what the caller is told.
     std::exception_ptr unacknowledged;
-    for (;;) {
+    for (bool first = true;; first = false) {
+        const bool immediate = first && !attempt_due(deadline);
+        if (!immediate && !attempt_due(deadline)) {
+            // Time is up before another attempt: one refused for too few replicas says why the
+            // lock was not had, as another attempt would have said again.
+            if (unacknowledged) {
+                std::rethrow_exception(unacknowledged);
+            }
+            return false;
+        }
         std::optional<holder_ttl> ttl;
         try {
-            ttl = attempt(attempt_context(deadline, stop));
+            ttl = attempt(attempt_context(deadline, stop, immediate));
             if (!ttl) {
                 return true;
             }

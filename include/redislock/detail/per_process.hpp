@@ -1,7 +1,9 @@
 // detail::per_process<T>: an object that belongs to one process. After fork() the child's first
 // use builds a fresh T and never touches the parent's copy: its mutexes may be locked by threads
 // that do not exist in the child, and its condition variables may name their waiters, so even a
-// notify on them can block forever. The parent's copy is leaked in the child on purpose.
+// notify on them can block forever. The parent's copy is leaked in the child on purpose. A T
+// made by an inheriting factory is shown the parent's copy, to take what it can without waiting
+// (try_lock only) and without touching anything else of it.
 #pragma once
 
 #include <atomic>
@@ -18,7 +20,12 @@ template <class T>
 class per_process {
 public:
     explicit per_process(std::function<std::unique_ptr<T>()> make)
-        : make_{std::move(make)}, current_{new slot{make_(), current_fork_generation()}} {}
+        : per_process{std::function<std::unique_ptr<T>(T*)>{
+              [make = std::move(make)](T*) { return make(); }}} {}
+
+    /// `make` is given the parent's T when a child builds its own, null for the first T.
+    explicit per_process(std::function<std::unique_ptr<T>(T* parent)> make)
+        : make_{std::move(make)}, current_{new slot{make_(nullptr), current_fork_generation()}} {}
     per_process(const per_process&) = delete;
     per_process& operator=(const per_process&) = delete;
     ~per_process() {
@@ -48,7 +55,7 @@ public:
         const std::uint64_t generation = current_fork_generation();
         slot* s = current_.load(std::memory_order_acquire);
         while (s->generation != generation) {
-            auto* fresh = new slot{make_(), generation};
+            auto* fresh = new slot{make_(s->value.get()), generation};
             if (current_.compare_exchange_strong(s, fresh, std::memory_order_acq_rel)) {
                 return *fresh->value;  // the parent's slot stays allocated: see above
             }
@@ -65,7 +72,7 @@ private:
         std::uint64_t generation;
     };
 
-    std::function<std::unique_ptr<T>()> make_;
+    std::function<std::unique_ptr<T>(T*)> make_;
     std::atomic<slot*> current_;
 };
 

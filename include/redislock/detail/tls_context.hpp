@@ -11,6 +11,12 @@
 // SSL object is still handed to hiredis with redisInitiateSSL(), so hiredis reads, writes and
 // frees it as usual.
 //
+// A TLS context works non-blocking (its socket O_NONBLOCK, hiredis told so): OpenSSL reads whole
+// records, and on a blocking socket a record that arrives in parts, or a handshake the server
+// never answers, would hold a call until the socket's timeout. Non-blocking, hiredis reports
+// "not yet" instead, and the caller waits for the socket with poll(2), by its deadline. The
+// handshake itself is driven here the same way.
+//
 // Thread safety: a tls_context is immutable after construction; attach() may run on several
 // threads at once (OpenSSL's SSL_CTX is thread-safe for SSL_new). Lifetime: the pool owns it and
 // destroys it after its last context.
@@ -22,9 +28,14 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 
 #include <hiredis/hiredis.h>
@@ -37,6 +48,7 @@
 #error "REDISLOCK_HAVE_TLS needs hiredis >= 1.0 with hiredis_ssl"
 #endif
 
+#include <redislock/detail/socket_io.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
 
@@ -107,11 +119,18 @@ public:
         }
     }
 
-    /// Runs the TLS handshake on `c`, a connected blocking context, and returns the SSL object
-    /// hiredis now owns (valid until redisFree(c)). `host` is the address connected to.
-    /// @throws redislock::connection_error (the handshake or the certificate check failed; the
-    ///         message says which)
-    SSL* attach(redisContext& c, const std::string& host, const std::string& where) const {
+    /// Runs the TLS handshake on `c`, a connected blocking context, by `deadline` (`allowed` is
+    /// how long that was, for messages) or until *stop is requested, and leaves `c` non-blocking
+    /// (see the top of this file). Returns the SSL object hiredis now owns (valid until
+    /// redisFree(c)). `host` is the address connected to.
+    /// @throws redislock::timeout_error when the server does not complete the handshake in time
+    ///         (a server stopped, or one that does not speak TLS on that port);
+    ///         redislock::cancelled_error on a stop request;
+    ///         redislock::connection_error when the handshake or the certificate check fails
+    ///         (the message says which).
+    SSL* attach(redisContext& c, const std::string& host, const std::string& where,
+                std::chrono::steady_clock::time_point deadline, std::chrono::milliseconds allowed,
+                const std::stop_token* stop) const {
         const std::string& name = options_.server_name.empty() ? host : options_.server_name;
         SSL* ssl = SSL_new(ctx_.get());
         if (ssl == nullptr) {
@@ -130,23 +149,76 @@ public:
             throw connection_error{"redislock: cannot set the TLS server name '" + name + "' for " +
                                    where};
         }
+        // Non-blocking, hiredis's own SSL_connect() sends the hello and takes "want to read" as a
+        // handshake under way; the rest is driven below.
+        if (!set_nonblocking(c.fd, true)) {
+            SSL_free(ssl);
+            throw connection_error{"redislock: cannot make the connection to " + where +
+                                   " non-blocking: " + std::strerror(errno)};
+        }
+        c.flags &= ~REDIS_BLOCK;
+        ERR_clear_error();
         if (redisInitiateSSL(&c, ssl) != REDIS_OK) {
-            const long verify = SSL_get_verify_result(ssl);
+            const std::string why = failure(ssl, c.errstr);
             SSL_free(ssl);  // hiredis leaves it to the caller when the handshake fails
-            std::string why = c.errstr;
-            if (options_.verify != tls_verify::none && verify != X509_V_OK) {
-                why = std::string{"the server's certificate was rejected: "} +
-                      X509_verify_cert_error_string(verify);
-            }
             throw connection_error{"redislock: TLS handshake with " + where + " failed: " + why};
         }
-        return ssl;
+        // From here hiredis owns `ssl`: it is freed with the context.
+        for (;;) {
+            ERR_clear_error();
+            const int done = SSL_do_handshake(ssl);
+            if (done == 1) {
+                return ssl;
+            }
+            const int want = SSL_get_error(ssl, done);
+            const short events = want == SSL_ERROR_WANT_READ    ? POLLIN
+                                 : want == SSL_ERROR_WANT_WRITE ? POLLOUT
+                                                                : 0;
+            if (events == 0) {
+                const int saved = errno;
+                std::string why =
+                    want == SSL_ERROR_SYSCALL
+                        ? (saved != 0 ? std::strerror(saved) : "the server closed the connection")
+                        : openssl_error("the server's answer was not TLS");
+                throw connection_error{"redislock: TLS handshake with " + where +
+                                       " failed: " + failure(ssl, why)};
+            }
+            switch (wait_socket(c.fd, events, deadline, stop)) {
+                case socket_wait::ready:
+                    break;
+                case socket_wait::timed_out:
+                    throw timeout_error{"redislock: TLS handshake with " + where +
+                                        " did not finish within " +
+                                        std::to_string(allowed.count()) +
+                                        " ms (a server that does not speak TLS on that port "
+                                        "waits for more bytes, and so does a stopped one)"};
+                case socket_wait::stopped:
+                    throw cancelled_error{
+                        "redislock: a stop was requested during the TLS "
+                        "handshake with " +
+                        where};
+                case socket_wait::failed:
+                    throw connection_error{"redislock: TLS handshake with " + where +
+                                           " failed: " + std::strerror(errno)};
+            }
+        }
     }
 
     /// Decrypted bytes OpenSSL holds for `ssl` that the socket will never signal again.
     static bool pending(const SSL* ssl) noexcept { return SSL_pending(ssl) > 0; }
 
 private:
+    // Why a handshake failed: the certificate check when that is what refused the server, else
+    // `why`.
+    std::string failure(const SSL* ssl, std::string why) const {
+        const long verify = SSL_get_verify_result(ssl);
+        if (options_.verify != tls_verify::none && verify != X509_V_OK) {
+            return std::string{"the server's certificate was rejected: "} +
+                   X509_verify_cert_error_string(verify);
+        }
+        return why;
+    }
+
     struct ctx_deleter {
         void operator()(SSL_CTX* ctx) const noexcept { SSL_CTX_free(ctx); }
     };
