@@ -71,6 +71,7 @@ public:
             case fault_kind::migrate:
             case fault_kind::failover:
             case fault_kind::forced_failover:
+            case fault_kind::replica_stop:
             case fault_kind::sigstop:
             case fault_kind::kill_restart:
             case fault_kind::client_kill:
@@ -95,7 +96,8 @@ public:
         fault_record rec;
         rec.kind = spec.kind;
         rec.start = monotonic_ns();
-        rec.block_slack_ns = std::int64_t{ctx.the_plan.max_lease_ms() + 1000} * 1'000'000;
+        rec.block_slack_ns =
+            ghost_slack_ns(spec.kind, spec.duration_ms, ctx.the_plan.max_lease_ms());
         const int name = spec.target % static_cast<int>(ctx.names.size());
         const std::string& n = ctx.names[static_cast<std::size_t>(name)];
         try {
@@ -131,6 +133,26 @@ public:
                     rec.error_slack_ns = 3'000'000'000;
                     break;
                 }
+                case fault_kind::replica_stop: {
+                    const auto replicas = fixture_.replicas_of(master);
+                    if (replicas.empty()) {
+                        rec.applied = false;
+                        rec.what = "SIGSTOP of a replica of " + m + ": it has none left";
+                        break;
+                    }
+                    const int replica = replicas.front();
+                    const pid_t pid = server_pid(replica);
+                    rec.replicas_only = true;
+                    rec.blocks = false;
+                    ::kill(pid, SIGSTOP);
+                    // Below the node timeout: a stopped replica must not be failed.
+                    const int d = std::min(spec.duration_ms, 1500);
+                    pause_for(std::chrono::milliseconds{d}, ctx.stop);
+                    ::kill(pid, SIGCONT);
+                    rec.what = "SIGSTOP of the replica 127.0.0.1:" + std::to_string(replica) +
+                               " of " + m + " for " + std::to_string(d) + " ms";
+                    break;
+                }
                 case fault_kind::sigstop: {
                     const pid_t pid = server_pid(master);
                     ::kill(pid, SIGSTOP);
@@ -143,6 +165,8 @@ public:
                         pause_for(std::chrono::milliseconds{1000}, ctx.stop);
                         rec.loses = write_loss::any_holder;
                         rec.error_slack_ns = 3'000'000'000;
+                        rec.block_slack_ns = ghost_slack_ns(fault_kind::forced_failover, 0,
+                                                            ctx.the_plan.max_lease_ms());
                     }
                     fixture_.wait_healthy();
                     break;
@@ -170,7 +194,6 @@ public:
                 case fault_kind::client_kill:
                     (void)ask(master, {"CLIENT", "KILL", "TYPE", "normal"});
                     rec.what = "CLIENT KILL TYPE normal on the master " + m;
-                    rec.block_slack_ns = 200'000'000;
                     break;
                 case fault_kind::client_pause: {
                     const int d = std::min(spec.duration_ms, 1500);
@@ -256,7 +279,6 @@ private:
             }
         }
         rec.errors_ok = false;  // a migration is no outage: ASK and TRYAGAIN are to be ridden out
-        rec.block_slack_ns = 500'000'000;
         const auto step = std::chrono::milliseconds{std::max(spec.duration_ms / 3, 1)};
         rec.what = "migration of slot " + std::to_string(slot) + " ('" + n + "') 127.0.0.1:" +
                    std::to_string(from) + " -> 127.0.0.1:" + std::to_string(to) +

@@ -62,6 +62,34 @@ struct fault_record {
     bool touches(int name) const { return name >= 0 && name < 64 && ((names >> name) & 1U) != 0; }
 };
 
+/// How long after a fault healed a name may still be kept from waiters. A fault that holds
+/// commands back (a stopped, paused or busy server, a stalled or slow path, dropped packets)
+/// lets them land late: an acquisition abandoned meanwhile is removed by the client's reaper
+/// within its backoff (at most 1 s) once the server answers, unless the fault outlasted the
+/// entry's lease, when the reaper has given up and the entry lives its lease from landing (as
+/// docs/operations.md says). Dropped packets come back with TCP's retransmission, up to a
+/// second later. Other faults leave nothing late.
+inline std::int64_t ghost_slack_ns(fault_kind kind, int duration_ms, int max_lease_ms) {
+    constexpr std::int64_t ms = 1'000'000;
+    switch (kind) {
+        case fault_kind::sigstop:
+        case fault_kind::client_pause:
+        case fault_kind::server_sleep:
+        case fault_kind::proxy_stall:
+        case fault_kind::proxy_delay:
+            return (std::max(1500, std::min(max_lease_ms, duration_ms)) + 500) * ms;
+        case fault_kind::net_drop:
+            return (std::max(1500, std::min(max_lease_ms, duration_ms + 1000)) + 1500) * ms;
+        case fault_kind::failover:
+        case fault_kind::forced_failover:
+            return std::int64_t{max_lease_ms + 1000} * ms;
+        case fault_kind::migrate:
+            return 500 * ms;
+        default:
+            return 1000 * ms;
+    }
+}
+
 /// A waiting worker killed by kill_waiter, as it was when it died.
 struct kill_event {
     std::int64_t at = 0;

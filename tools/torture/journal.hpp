@@ -102,6 +102,7 @@ enum record_flag : std::uint8_t {
     flag_fork_child = 8,
     flag_shared = 16,
     flag_explicit_owner = 32,
+    flag_inner = 64,  ///< a re-entry's own release, inside an outer hold
 };
 
 /// One line of a worker's log. The meaning of t0..t4 depends on the type:
@@ -132,9 +133,9 @@ struct record {
     std::int32_t remaining_ms = 0;  ///< hold: remaining() at the last owned check; call made
                                     ///< while holding: remaining() just before it
     std::int32_t client = 0;        ///< index of the process's client (its path)
-    char text[104] = {};
+    char text[360] = {};
 };
-static_assert(sizeof(record) <= 192);
+static_assert(sizeof(record) <= 448);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
 static_assert(std::atomic<std::int64_t>::is_always_lock_free);
 
@@ -263,10 +264,12 @@ private:
     record* logs_ = nullptr;
 };
 
-/// Copies `text` into a record's text field, cut to fit.
+/// Copies `text` into a record's text field on one line, cut to fit.
 inline void set_text(record& r, std::string_view text) {
     const std::size_t n = std::min(text.size(), sizeof(r.text) - 1);
-    std::memcpy(r.text, text.data(), n);
+    for (std::size_t i = 0; i < n; ++i) {
+        r.text[i] = text[i] == '\n' || text[i] == '\r' ? ' ' : text[i];
+    }
     r.text[n] = '\0';
 }
 

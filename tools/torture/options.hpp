@@ -18,7 +18,7 @@ namespace redislock::torture {
 inline constexpr const char* usage_text =
     R"(usage: redislock-torture [--topology single|sentinel|cluster|redlock|all[,...]] [--uri URI]
                          [--seed S] [--seconds N | --minutes M] [--processes P] [--threads T]
-                         [--verbose] [--no-netns] [--help]
+                         [--verbose] [--no-faults] [--no-netns] [--print-plan] [--help]
 
 A seeded schedule explorer for redislock: P worker processes x T threads run a plan of lock
 operations drawn from the seed (every lock kind; several objects per owner with different
@@ -45,6 +45,9 @@ nothing left in Redis but fencing counters, no leaked descriptor or thread.
   --processes P   worker processes (default 3, at most 16).
   --threads T     threads per worker process (default 3, at most 16).
   --verbose       also print each fault as it happened.
+  --no-faults     draw the plan as usual but cause none of its faults (a finding without faults
+                  is not theirs).
+  --print-plan    print every episode and fault of the plan, then exit (nothing runs).
   --no-netns      do not move into a private network namespace (then no iptables packet drops:
                   dropped packets are played by stalled proxies where there are any).
 
@@ -62,7 +65,9 @@ struct options {
     int processes = 3;
     int threads = 3;
     bool verbose = false;
+    bool faults = true;
     bool netns = true;
+    bool print_plan = false;
     bool help = false;
 };
 
@@ -147,6 +152,10 @@ inline options parse_options(const std::vector<std::string_view>& args) {
             o.threads = parse_count("--threads", value(), 1, max_threads);
         } else if (a == "--verbose") {
             o.verbose = true;
+        } else if (a == "--no-faults") {
+            o.faults = false;
+        } else if (a == "--print-plan") {
+            o.print_plan = true;
         } else if (a == "--no-netns") {
             o.netns = false;
         } else {

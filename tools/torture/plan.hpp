@@ -300,9 +300,9 @@ inline client_spec draw_client(rng& r, const run_shape& shape, int proxies) {
     if (shape.topology == topology_kind::redlock) {
         c.path = r.percent(50) ? 0 : -1;  // through the masters' proxies, or straight
     }
-    static constexpr int timeouts[] = {250, 400, 600, 1000};
-    c.command_timeout_ms = timeouts[r.between(0, 3)];
-    c.connect_timeout_ms = timeouts[r.between(0, 3)];
+    static constexpr int timeouts[] = {250, 400, 600};
+    c.command_timeout_ms = timeouts[r.between(0, 2)];
+    c.connect_timeout_ms = timeouts[r.between(0, 2)];
     static constexpr int node_timeouts[] = {40, 60, 100};
     c.node_timeout_ms = node_timeouts[r.between(0, 2)];
     return c;
@@ -474,7 +474,7 @@ inline std::vector<fault_spec> draw_faults(rng& r, const run_shape& shape, int n
             kinds = {{f::migrate, 7},      {f::failover, 2},     {f::forced_failover, 1},
                      {f::sigstop, 1},      {f::kill_restart, 1}, {f::client_kill, 2},
                      {f::client_pause, 2}, {f::server_sleep, 1}, {f::oom, 1},
-                     {f::evict_queue, 2},  {f::kill_waiter, 2}};
+                     {f::replica_stop, 1}, {f::evict_queue, 2},  {f::kill_waiter, 2}};
             break;
         case topology_kind::redlock:
             kinds = {{f::kill_restart, 2}, {f::sigstop, 3},   {f::client_kill, 2},
@@ -541,7 +541,7 @@ inline std::vector<fault_spec> draw_faults(rng& r, const run_shape& shape, int n
         }
         out.push_back(s);
         // Faults take turns; the next one starts after a gap, whatever this one takes.
-        at += s.duration_ms + r.between(600, 3000);
+        at += s.duration_ms + r.between(1000, 4000);
     }
     (void)names;
     return out;

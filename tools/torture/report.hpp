@@ -51,6 +51,73 @@ inline void print_header(std::ostream& out, const plan& p, const std::string& wh
         << std::flush;
 }
 
+inline std::string describe_episode(const thread_plan& t, const episode& e) {
+    const auto& o = t.objects[static_cast<std::size_t>(e.object)];
+    std::string s = e.what == episode::kind::fork           ? "fork, the child: "
+                    : e.what == episode::kind::fresh_client ? "on a fresh client: "
+                                                            : "";
+    s += "name " + std::to_string(o.name) + " object #" + std::to_string(e.object) + " (lease " +
+         std::to_string(o.lease_ms) + " ms" + (o.watchdog ? ", watchdog" : "") +
+         (o.fencing ? ", fencing" : "") +
+         (o.min_replicas > 0 ? ", min_replicas " + std::to_string(o.min_replicas) : "") +
+         (o.explicit_owner ? ", explicit owner" : "") + ", client " + std::to_string(o.client) +
+         "): " + std::string{to_string(e.call)};
+    if (e.call == call_kind::try_lock_for || e.call == call_kind::try_lock_until ||
+        e.call == call_kind::try_lock_for_stop) {
+        s += " " + std::to_string(e.timeout_ms) + " ms";
+    }
+    if (e.call == call_kind::lock_stop || e.call == call_kind::try_lock_for_stop) {
+        s += ", stop after " + std::to_string(e.stop_ms) + " ms";
+    }
+    s += std::string{e.shared ? ", read" : ""} + ", hold " + std::to_string(e.hold_ms) + " ms";
+    for (const auto& st : e.steps) {
+        s += ", @" + std::to_string(st.at_ms) + " ms ";
+        switch (st.what) {
+            case inner_step::kind::reenter: {
+                const auto& so = t.objects[static_cast<std::size_t>(st.object)];
+                s += "re-enter through object #" + std::to_string(st.object) + " (lease " +
+                     std::to_string(so.lease_ms) + " ms" + (so.watchdog ? ", watchdog" : "") +
+                     ")" + (st.shared ? " to read" : "") + " for " + std::to_string(st.hold_ms) +
+                     " ms";
+                break;
+            }
+            case inner_step::kind::extend:
+                s += "extend(" + std::to_string(st.lease_ms) + " ms)";
+                break;
+            case inner_step::kind::verify:
+                s += "verify()";
+                break;
+        }
+    }
+    return s + ", then " + std::string{to_string(e.release)} + ", idle " +
+           std::to_string(e.idle_ms) + " ms";
+}
+
+/// Every episode and fault of the plan.
+inline void print_plan(std::ostream& out, const plan& p) {
+    for (std::size_t pi = 0; pi < p.processes.size(); ++pi) {
+        const auto& proc = p.processes[pi];
+        for (std::size_t c = 0; c < proc.clients.size(); ++c) {
+            const auto& cl = proc.clients[c];
+            out << "p" << pi << " client " << c << ": path " << cl.path << ", command_timeout "
+                << cl.command_timeout_ms << " ms, connect_timeout " << cl.connect_timeout_ms
+                << " ms, node_timeout " << cl.node_timeout_ms << " ms\n";
+        }
+        for (std::size_t ti = 0; ti < proc.threads.size(); ++ti) {
+            const auto& t = proc.threads[ti];
+            for (std::size_t e = 0; e < t.episodes.size(); ++e) {
+                out << "p" << pi << "t" << ti << " episode " << e << ": "
+                    << describe_episode(t, t.episodes[e]) << "\n";
+            }
+        }
+    }
+    for (const auto& f : p.faults) {
+        out << "fault at " << f.at_ms << " ms: " << to_string(f.kind) << ", " << f.duration_ms
+            << " ms, target " << f.target << ", count " << f.count << ", variant " << f.variant
+            << "\n";
+    }
+}
+
 inline void print_fault(std::ostream& out, const checker& c, const fault_record& f) {
     out << "  fault " << c.at(f.start) << " .. " << c.at(f.end) << ": "
         << (f.applied ? "" : "(not applied) ") << f.what << "\n";

@@ -62,9 +62,9 @@ inline std::unique_ptr<topology> make_topology(topology_kind kind, const std::st
 class fault_player {
 public:
     fault_player(const plan& p, topology& topo, const std::vector<std::string>& names, journal& log,
-                 bool private_netns, std::ostream& out, bool verbose)
+                 bool private_netns, std::ostream& out, bool verbose, bool enabled)
         : plan_{p}, topo_{topo}, names_{names}, log_{log}, filter_{private_netns}, out_{out},
-          verbose_{verbose} {}
+          verbose_{verbose}, enabled_{enabled} {}
 
     fault_player(const fault_player&) = delete;
     fault_player& operator=(const fault_player&) = delete;
@@ -122,6 +122,9 @@ private:
             if (monotonic_ns() > t_end - 500'000'000) {
                 rec.applied = false;
                 rec.what = std::string{to_string(spec.kind)} + ": the run ended first";
+            } else if (!enabled_) {
+                rec.applied = false;
+                rec.what = std::string{to_string(spec.kind)} + ": faults are off (--no-faults)";
             } else if (!topo_.can(spec.kind, ctx)) {
                 rec.applied = false;
                 rec.what = std::string{to_string(spec.kind)} + ": not possible here";
@@ -162,6 +165,7 @@ private:
     packet_filter filter_;
     std::ostream& out_;
     bool verbose_;
+    bool enabled_;
     std::atomic<bool> stop_{false};
     mutable std::mutex mutex_;
     std::condition_variable changed_;
@@ -204,6 +208,11 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
     shape.processes = o.processes;
     shape.threads = o.threads;
     const plan p = draw_plan(shape);
+    if (o.print_plan) {
+        print_header(out, p, "(the plan only)", o.uri);
+        print_plan(out, p);
+        return result;
+    }
 
     std::unique_ptr<topology> topo;
     try {
@@ -245,7 +254,7 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
         log.process(i).pid.store(pids[static_cast<std::size_t>(i)]);
     }
 
-    fault_player faults{p, *topo, names, log, private_netns, out, o.verbose};
+    fault_player faults{p, *topo, names, log, private_netns, out, o.verbose, o.faults};
     const std::int64_t t0 = monotonic_ns();
     const std::int64_t t_end = t0 + std::int64_t{shape.run_ms} * 1'000'000;
     log.header().t0 = t0;

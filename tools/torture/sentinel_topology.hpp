@@ -83,8 +83,8 @@ public:
         fault_record rec;
         rec.kind = spec.kind;
         rec.start = monotonic_ns();
-        const std::int64_t lease_slack = std::int64_t{ctx.the_plan.max_lease_ms() + 1000} * 1'000'000;
-        rec.block_slack_ns = lease_slack;
+        rec.block_slack_ns =
+            ghost_slack_ns(spec.kind, spec.duration_ms, ctx.the_plan.max_lease_ms());
         const std::string m = "127.0.0.1:" + std::to_string(master_);
         const std::string ms = std::to_string(spec.duration_ms);
         // The sentinels take a master that does not answer PING for 1 s for down: pauses and
@@ -135,6 +135,8 @@ public:
                     wait_replicas();
                     rec.loses = write_loss::any_holder;
                     rec.error_slack_ns = 3'000'000'000;
+                    rec.block_slack_ns = ghost_slack_ns(fault_kind::forced_failover, 0,
+                                                        ctx.the_plan.max_lease_ms());
                 }
                 break;
             }
@@ -164,7 +166,6 @@ public:
             case fault_kind::client_kill:
                 (void)ask(master_, {"CLIENT", "KILL", "TYPE", "normal"});
                 rec.what = "CLIENT KILL TYPE normal on the master " + m;
-                rec.block_slack_ns = 200'000'000;
                 break;
             case fault_kind::client_pause: {
                 const bool write = spec.variant == 1;

@@ -194,7 +194,6 @@ inline void describe_effects(fault_record& rec, fault_kind kind) {
         case fault_kind::client_kill:
         case fault_kind::proxy_cut:
             rec.blocks = true;
-            rec.block_slack_ns = 200'000'000;
             break;
         case fault_kind::kill_restart:
         case fault_kind::sigstop:
@@ -274,9 +273,8 @@ public:
         pause_for(std::chrono::milliseconds{duration}, ctx.stop);
         f.end();
         rec.end = monotonic_ns();
-        rec.block_slack_ns = std::max<std::int64_t>(
-            rec.block_slack_ns,
-            rec.blocks ? std::int64_t{ctx.the_plan.max_lease_ms() + 1000} * 1'000'000 : 0);
+        rec.block_slack_ns =
+            rec.blocks ? ghost_slack_ns(spec.kind, duration, ctx.the_plan.max_lease_ms()) : 0;
         return rec;
     }
 
@@ -361,7 +359,6 @@ public:
         } else if (spec.kind == fault_kind::proxy_cut) {
             proxy.cut();
             rec.what = "connections through " + proxy.uri() + " cut";
-            rec.block_slack_ns = 200'000'000;
         } else {
             const int latency = spec.variant == 0 ? 20 : spec.variant == 1 ? 60 : 150;
             proxy.delay(std::chrono::milliseconds{latency});
@@ -373,8 +370,8 @@ public:
         }
         proxy.heal();
         rec.end = monotonic_ns();
-        rec.block_slack_ns = std::max<std::int64_t>(
-            rec.block_slack_ns, std::int64_t{ctx.the_plan.max_lease_ms() + 1000} * 1'000'000);
+        rec.block_slack_ns =
+            ghost_slack_ns(spec.kind, spec.duration_ms, ctx.the_plan.max_lease_ms());
         return rec;
     }
 
@@ -472,9 +469,8 @@ public:
             f->end();
         }
         rec.end = monotonic_ns();
-        rec.block_slack_ns = std::max<std::int64_t>(
-            rec.block_slack_ns,
-            rec.blocks ? std::int64_t{ctx.the_plan.max_lease_ms() + 1000} * 1'000'000 : 0);
+        rec.block_slack_ns =
+            rec.blocks ? ghost_slack_ns(spec.kind, duration, ctx.the_plan.max_lease_ms()) : 0;
         return rec;
     }
 

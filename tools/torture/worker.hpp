@@ -516,7 +516,9 @@ private:
                     if (got) {
                         h.lease_ms = std::max(h.lease_ms, so.lease_ms);
                         const bool kept = hold_for(h, s.hold_ms, t);
-                        timed_release(t, e, so, *sibling, s.shared, f, h.lock->remaining().count());
+                        timed_release(t, e, so, *sibling, s.shared,
+                                      static_cast<std::uint8_t>(f | flag_inner),
+                                      h.lock->remaining().count());
                         if (!kept) {
                             return false;
                         }
@@ -696,7 +698,8 @@ private:
         switch (how) {
             case release_kind::unlock_ec:
             case release_kind::expire:
-                ec = timed_release(t, e, o, *h.lock, ep.shared, h.flags, h.remaining_ms);
+                ec = timed_release(t, e, o, *h.lock, ep.shared, h.flags,
+                                   h.lock->remaining().count());
                 break;
             case release_kind::unlock: {
                 const std::int64_t start = monotonic_ns();
