@@ -102,7 +102,8 @@ enum record_flag : std::uint8_t {
     flag_fork_child = 8,
     flag_shared = 16,
     flag_explicit_owner = 32,
-    flag_inner = 64,  ///< a re-entry's own release, inside an outer hold
+    flag_inner = 64,        ///< a re-entry's own release, inside an outer hold
+    flag_after_loss = 128,  ///< a release after a release of the same hold said lock_lost
 };
 
 /// One line of a worker's log. The meaning of t0..t4 depends on the type:

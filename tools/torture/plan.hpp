@@ -532,8 +532,13 @@ inline std::vector<fault_spec> draw_faults(rng& r, const run_shape& shape, int n
                 s.duration_ms = r.log_between(100, 2500);  // spread over the migration's steps
                 break;
             case f::failover:
+                // Sentinel: the demoted master stays writable this long after the switch.
+                s.duration_ms = shape.topology == topology_kind::sentinel
+                                    ? r.log_between(50, 8000)
+                                    : r.between(0, 1000);
+                break;
             case f::forced_failover:
-                s.duration_ms = r.between(0, 1000);  // kept demoted master writable this long
+                s.duration_ms = r.between(0, 1000);  // the old master stays down this long
                 break;
             default:
                 s.duration_ms = 0;

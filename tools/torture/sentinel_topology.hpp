@@ -93,19 +93,36 @@ public:
         switch (spec.kind) {
             case fault_kind::failover: {
                 const int old = master_;
+                if (!ready_for_failover(ctx)) {
+                    rec.applied = false;
+                    rec.what = "SENTINEL FAILOVER: the sentinels did not see two good replicas";
+                    break;
+                }
                 fixture_.failover();
-                switch_to(fixture_.wait_agreed_master([old](int p) { return p != old; }));
+                switch_to(fixture_.wait_agreed_master([old](int p) { return p != old; },
+                                                      std::chrono::seconds{20}));
+                // Every sentinel names the new master: clients must be on it now. The demoted
+                // master stays writable a while, as until the sentinels' INFO period would
+                // re-point it; that is not part of the fault.
+                rec.end = monotonic_ns();
                 pause_for(std::chrono::milliseconds{spec.duration_ms}, ctx.stop);
                 fixture_.repoint(old, master_);
                 wait_replicas();
                 rec.what = "SENTINEL FAILOVER: " + m + " -> 127.0.0.1:" + std::to_string(master_) +
-                           " (old master re-pointed " + ms + " ms after the switch)";
+                           " (the old master re-pointed " + ms + " ms after the switch)";
                 rec.loses = write_loss::recent;
                 rec.error_slack_ns = 3'000'000'000;
-                break;
+                rec.block_slack_ns = 1'000'000'000;
+                last_failover_ = monotonic_ns();
+                return rec;
             }
             case fault_kind::forced_failover: {
                 const int old = master_;
+                if (!ready_for_failover(ctx)) {
+                    rec.applied = false;
+                    rec.what = "kill -9 of the master: the sentinels did not see two good replicas";
+                    break;
+                }
                 fixture_.kill_node(old);
                 switch_to(fixture_.wait_agreed_master([old](int p) { return p != old; }));
                 pause_for(std::chrono::milliseconds{spec.duration_ms}, ctx.stop);
@@ -196,6 +213,9 @@ public:
                 break;
         }
         rec.end = monotonic_ns();
+        if (rec.loses != write_loss::none) {
+            last_failover_ = rec.end;
+        }
         return rec;
     }
 
@@ -221,6 +241,35 @@ private:
 
     void switch_to(int master) { master_ = master; }
 
+    // Whether every sentinel knows two replicas in good health, the last failover is far
+    // enough behind for them to start another (twice their failover-timeout), and they agree on
+    // the master: waits up to 15 s for it.
+    bool ready_for_failover(const fault_context& ctx) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::seconds{15};
+        while (std::chrono::steady_clock::now() < until && !ctx.stop.load()) {
+            bool ready = monotonic_ns() - last_failover_ >= 7'000'000'000;
+            for (const int sentinel : fixture_.sentinel_ports()) {
+                const node_reply r = node_command(sentinel, {"SENTINEL", "REPLICAS",
+                                                             test::redis_sentinel::master_name});
+                int good = 0;
+                for (std::size_t i = 0; i + 1 < r.elements.size(); ++i) {
+                    if (r.elements[i] == "flags" && r.elements[i + 1] == "slave") {
+                        ++good;
+                    }
+                }
+                const node_reply m = node_command(sentinel, {"SENTINEL", "GET-MASTER-ADDR-BY-NAME",
+                                                             test::redis_sentinel::master_name});
+                ready = ready && good >= 2 && m.elements.size() == 2 &&
+                        m.elements[1] == std::to_string(master_);
+            }
+            if (ready) {
+                return true;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds{100});
+        }
+        return false;
+    }
+
     // Until the master has both replicas online again (at most 20 s).
     void wait_replicas() {
         const auto until = std::chrono::steady_clock::now() + std::chrono::seconds{20};
@@ -244,6 +293,7 @@ private:
 
     test::redis_sentinel fixture_;
     int master_ = 0;
+    std::int64_t last_failover_ = 0;
     std::vector<int> ports_;
 };
 

@@ -289,7 +289,8 @@ private:
         std::int64_t fence = 0;
         int lease_ms = 0;
         std::uint8_t flags = 0;
-        bool publish = true;  ///< in thread_now (not in a forked child)
+        bool publish = true;      ///< in thread_now (not in a forked child)
+        bool told_lost = false;   ///< a release of this hold answered lock_lost
     };
 
     static std::string open_descriptors() {
@@ -516,9 +517,12 @@ private:
                     if (got) {
                         h.lease_ms = std::max(h.lease_ms, so.lease_ms);
                         const bool kept = hold_for(h, s.hold_ms, t);
-                        timed_release(t, e, so, *sibling, s.shared,
-                                      static_cast<std::uint8_t>(f | flag_inner),
-                                      h.lock->remaining().count());
+                        const std::error_code ec = timed_release(
+                            t, e, so, *sibling, s.shared,
+                            static_cast<std::uint8_t>(f | flag_inner |
+                                                      (h.told_lost ? flag_after_loss : 0)),
+                            h.lock->remaining().count());
+                        h.told_lost = h.told_lost || ec == redislock::errc::lock_lost;
                         if (!kept) {
                             return false;
                         }
@@ -698,8 +702,10 @@ private:
         switch (how) {
             case release_kind::unlock_ec:
             case release_kind::expire:
-                ec = timed_release(t, e, o, *h.lock, ep.shared, h.flags,
-                                   h.lock->remaining().count());
+                ec = timed_release(
+                    t, e, o, *h.lock, ep.shared,
+                    static_cast<std::uint8_t>(h.flags | (h.told_lost ? flag_after_loss : 0)),
+                    h.lock->remaining().count());
                 break;
             case release_kind::unlock: {
                 const std::int64_t start = monotonic_ns();
