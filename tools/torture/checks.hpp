@@ -721,7 +721,11 @@ private:
             ++out_.excused["error"];
             return;
         }
-        if (cls == error_class::timeout && e.t3 != 0 && e.t2 >= e.t3 - 2 * ms) {
+        const bool timed_out =
+            cls == error_class::timeout ||
+            (cls == error_class::connection &&
+             e.text.find("did not answer in time") != std::string::npos);
+        if (timed_out && e.t3 != 0 && e.t2 >= e.t3 - 2 * ms) {
             // The server did not answer within the time the caller gave.
             ++out_.excused["error"];
             return;
@@ -737,6 +741,12 @@ private:
                              [&](const fault_record& x) {
                                  return x.errors_ok || (x.replicas_only && e.min_replicas > 0);
                              });
+        } else if (cls == error_class::system && !redlock) {
+            // A read entry whose release failed stays until the reaper drops it: an upgrade
+            // through another object of the owner is refused meanwhile (shared_mutex.hpp).
+            f = fault_during(e.name, e.process, e.client, e.t1 - 10'000 * ms, e.t2,
+                             [](const fault_record& x) { return x.error_slack_ns; },
+                             [](const fault_record& x) { return x.errors_ok; });
         } else if (transient(cls) && redlock) {
             f = fault_during(e.name, e.process, e.client, e.t1, e.t2,
                              [](const fault_record& x) { return x.error_slack_ns; },

@@ -17,8 +17,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -161,7 +159,9 @@ public:
                     rec.what = "SIGSTOP of the master " + m + " for " +
                                std::to_string(spec.duration_ms) + " ms";
                     if (spec.duration_ms >= 1500) {
-                        // Its replica may have taken over: let the cluster settle.
+                        // Its replica may have taken over: let the cluster settle. Until then
+                        // the cluster refuses every slot (CLUSTERDOWN).
+                        rec.names = ~0ULL;
                         pause_for(std::chrono::milliseconds{1000}, ctx.stop);
                         rec.loses = write_loss::any_holder;
                         rec.error_slack_ns = 3'000'000'000;
@@ -177,8 +177,8 @@ public:
                         rec.what = "kill -9 of " + m + ": it has no replica left";
                         break;
                     }
-                    const pid_t pid = server_pid(master);
-                    const auto args = command_line(pid);
+                    const auto args = command_line(master);
+                    rec.names = ~0ULL;  // CLUSTERDOWN for every slot until its replica took over
                     fixture_.kill(master);
                     fixture_.wait_healthy();  // its replica took over
                     pause_for(std::chrono::milliseconds{spec.duration_ms}, ctx.stop);
@@ -228,6 +228,9 @@ public:
             }
         } catch (const std::exception& e) {
             rec.tool_error = e.what();
+            if (rec.what.empty()) {
+                rec.what = std::string{to_string(spec.kind)};
+            }
         }
         rec.end = monotonic_ns();
         return rec;
@@ -344,25 +347,19 @@ private:
         });
     }
 
-    static std::vector<std::string> command_line(pid_t pid) {
-        std::ifstream in{"/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary};
-        const std::string raw{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
-        std::vector<std::string> args;
-        std::string current;
-        for (const char c : raw) {
-            if (c == '\0') {
-                args.push_back(current);
-                current.clear();
-            } else {
-                current += c;
-            }
+    // The node's command line as tests/support/redis_cluster.hpp starts it (the process
+    // rewrites its own /proc/<pid>/cmdline, so it is rebuilt from the node's directory).
+    std::vector<std::string> command_line(int port) const {
+        const node_reply dir = ask(port, {"CONFIG", "GET", "dir"});
+        if (dir.elements.size() != 2) {
+            throw std::runtime_error{"cannot read the directory of node " + std::to_string(port)};
         }
-        if (args.empty()) {
-            throw std::runtime_error{"cannot read the command line of process " +
-                                     std::to_string(pid)};
-        }
-        args.front() = test::detail::find_executable("redis-server");
-        return args;
+        const std::string& d = dir.elements[1];
+        return {test::detail::find_executable("redis-server"),
+                "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "",
+                "--appendonly", "no", "--daemonize", "no", "--dir", d, "--logfile", d + "/log",
+                "--cluster-enabled", "yes", "--cluster-config-file", d + "/nodes.conf",
+                "--cluster-node-timeout", "2000", "--repl-diskless-sync-delay", "0", "--hz", "100"};
     }
 
     // The node on `port` again, from the same command line: it rejoins from its nodes.conf.

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -80,6 +81,25 @@ public:
         if (spec.kind == fault_kind::evict_queue) {
             return evict_queue(spec, ctx);
         }
+        try {
+            return apply_to_nodes(spec, ctx);
+        } catch (const std::exception& e) {
+            // The fixture gave up waiting: say what the first sentinel saw.
+            throw std::runtime_error{std::string{e.what()} + "; sentinel-0 log: " + log_tail()};
+        }
+    }
+
+    void heal_all() override {
+        for (const int port : ports_) {
+            auto& node = fixture_.node(port);
+            if (node.pid() > 0 && test::detail::process_state(node.pid()) == 'T') {
+                node.resume();
+            }
+        }
+    }
+
+private:
+    fault_record apply_to_nodes(const fault_spec& spec, fault_context& ctx) {
         fault_record rec;
         rec.kind = spec.kind;
         rec.start = monotonic_ns();
@@ -219,16 +239,29 @@ public:
         return rec;
     }
 
-    void heal_all() override {
-        for (const int port : ports_) {
-            auto& node = fixture_.node(port);
-            if (node.pid() > 0 && test::detail::process_state(node.pid()) == 'T') {
-                node.resume();
+    // The last lines of the first sentinel's log that tell a failover's progress.
+    std::string log_tail() const {
+        const std::string info =
+            node_command(fixture_.sentinel_ports().front(), {"INFO", "server"}).text;
+        const auto at = info.find("config_file:");
+        if (at == std::string::npos) {
+            return "(unknown)";
+        }
+        std::string conf = info.substr(at + 12, info.find_first_of("\r\n", at) - at - 12);
+        std::ifstream in{conf.substr(0, conf.rfind('/')) + "/sentinel-0.log"};
+        std::vector<std::string> lines;
+        for (std::string line; std::getline(in, line);) {
+            if (line.find(" # ") != std::string::npos || line.find(" * +") != std::string::npos) {
+                lines.push_back(line.substr(std::min<std::size_t>(line.size(), 33)));
             }
         }
+        std::string out;
+        for (std::size_t i = lines.size() > 6 ? lines.size() - 6 : 0; i < lines.size(); ++i) {
+            out += lines[i] + " | ";
+        }
+        return out;
     }
 
-private:
     std::vector<int> replicas() const {
         std::vector<int> out;
         for (const int p : ports_) {
