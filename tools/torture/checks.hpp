@@ -101,7 +101,8 @@ struct run_data {
 struct findings {
     std::vector<violation> violations;
     std::map<std::string, int> excused;  ///< by check
-    std::vector<std::string> tool_errors;
+    std::vector<std::string> tool_errors;  ///< the run could not be made (exit status 3)
+    std::vector<std::string> notes;        ///< a fault that did not complete (its window excuses)
 };
 
 class checker {
@@ -553,7 +554,7 @@ private:
                     // allowance, and the waiter sees it within its backoff.
                     bound = lease / 100 + 2 * ms + 100 * ms + 256 * ms;
                     if (waiter_killed(until - lease - 2500 * ms, until)) {
-                        bound += 2000 * ms;
+                        bound += 2500 * ms;
                     }
                     why += " (by expiry, no fault around)";
                 }
@@ -798,8 +799,9 @@ private:
                 report("migration", f.end, f.problem + " [" + f.what + "]");
             }
             if (!f.tool_error.empty()) {
-                out_.tool_errors.push_back("fault '" + f.what + "' at " + at(f.start) + ": " +
-                                           f.tool_error);
+                out_.notes.push_back("fault '" + f.what + "' at " + at(f.start) +
+                                     " did not complete (" + f.tool_error +
+                                     "); the faults after it were not caused");
             }
         }
         for (const auto& l : d_.leftovers) {

@@ -177,10 +177,12 @@ public:
                         rec.what = "kill -9 of " + m + ": it has no replica left";
                         break;
                     }
+                    const int replica = fixture_.replicas_of(master).front();
                     const auto args = command_line(master);
                     rec.names = ~0ULL;  // CLUSTERDOWN for every slot until its replica took over
                     fixture_.kill(master);
-                    fixture_.wait_healthy();  // its replica took over
+                    wait_master(replica);  // restarted sooner, it would come back an empty master
+                    fixture_.wait_healthy();
                     pause_for(std::chrono::milliseconds{spec.duration_ms}, ctx.stop);
                     respawn(args, master);
                     rec.what = "kill -9 of the master " + m +

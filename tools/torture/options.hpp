@@ -18,7 +18,8 @@ namespace redislock::torture {
 inline constexpr const char* usage_text =
     R"(usage: redislock-torture [--topology single|sentinel|cluster|redlock|all[,...]] [--uri URI]
                          [--seed S] [--seconds N | --minutes M] [--processes P] [--threads T]
-                         [--verbose] [--no-faults] [--no-netns] [--print-plan] [--help]
+                         [--verbose] [--trace N] [--no-faults] [--no-netns] [--print-plan]
+                         [--help]
 
 A seeded schedule explorer for redislock: P worker processes x T threads run a plan of lock
 operations drawn from the seed (every lock kind; several objects per owner with different
@@ -45,6 +46,7 @@ nothing left in Redis but fencing counters, no leaked descriptor or thread.
   --processes P   worker processes (default 3, at most 16).
   --threads T     threads per worker process (default 3, at most 16).
   --verbose       also print each fault as it happened.
+  --trace N       at the end, print everything logged about name N (0, 1, ...) in time order.
   --no-faults     draw the plan as usual but cause none of its faults (a finding without faults
                   is not theirs).
   --print-plan    print every episode and fault of the plan, then exit (nothing runs).
@@ -68,6 +70,7 @@ struct options {
     bool faults = true;
     bool netns = true;
     bool print_plan = false;
+    int trace = -1;
     bool help = false;
 };
 
@@ -154,6 +157,8 @@ inline options parse_options(const std::vector<std::string_view>& args) {
             o.verbose = true;
         } else if (a == "--no-faults") {
             o.faults = false;
+        } else if (a == "--trace") {
+            o.trace = parse_count("--trace", value(), 0, max_names - 1);
         } else if (a == "--print-plan") {
             o.print_plan = true;
         } else if (a == "--no-netns") {

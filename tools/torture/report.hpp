@@ -118,6 +118,68 @@ inline void print_plan(std::ostream& out, const plan& p) {
     }
 }
 
+/// Everything logged about one name, in time order (--trace).
+inline void print_trace(std::ostream& out, const checker& c, const run_data& d, int name) {
+    struct line {
+        std::int64_t at;
+        std::string text;
+    };
+    std::vector<line> lines;
+    for (const auto& e : d.entries) {
+        if (e.name != name || (e.type != record_type::call && e.type != record_type::hold)) {
+            continue;
+        }
+        const std::string who = "p" + std::to_string(e.process) + "t" + std::to_string(e.thread) +
+                                " ep " + std::to_string(e.episode) +
+                                ((e.flags & flag_shared) ? " read" : "") +
+                                ((e.flags & flag_fork_child) ? " (child)" : "") +
+                                ((e.flags & flag_inner) ? " (inner)" : "");
+        if (e.type == record_type::hold) {
+            lines.push_back({e.t1, "hold " + who + " acquired " + c.at(e.t1) + ", owned " +
+                                       c.at(e.t2) + ", let go " + c.at(e.t3) + ", free " +
+                                       c.at(e.t4) + (e.op == 2 ? " (lost)" : "") + ", lease " +
+                                       std::to_string(e.lease_ms) + ", token " +
+                                       std::to_string(e.value)});
+            continue;
+        }
+        static constexpr const char* ops[] = {"?", "acquire", "reenter", "unlock",
+                                              "extend", "verify", "fork"};
+        static constexpr const char* results[] = {"?", "acquired", "refused", "threw", "done",
+                                                  "hung"};
+        lines.push_back({e.t1, std::string{"call "} + who + " " + ops[e.op % 7] + " " +
+                                   c.at(e.t1) + " .. " + c.at(e.t2) + " " +
+                                   results[e.result % 6] + " value " + std::to_string(e.value) +
+                                   (e.text.empty() ? "" : ": " + e.text)});
+    }
+    for (const auto& k : d.kills) {
+        for (const auto& w : k.waits) {
+            if (w.name == name) {
+                lines.push_back({k.at, "kill of p" + std::to_string(k.process) + ", its t" +
+                                           std::to_string(w.thread) + " waiting since " +
+                                           c.at(w.since)});
+            }
+        }
+        for (const auto& h : k.holds) {
+            if (h.name == name) {
+                lines.push_back({k.at, "kill of p" + std::to_string(k.process) + ", its t" +
+                                           std::to_string(h.thread) + " holding since " +
+                                           c.at(h.acquired)});
+            }
+        }
+    }
+    for (const auto& f : d.faults) {
+        if (f.touches(name)) {
+            lines.push_back({f.start, "fault " + f.what + " until " + c.at(f.end)});
+        }
+    }
+    std::stable_sort(lines.begin(), lines.end(),
+                     [](const line& a, const line& b) { return a.at < b.at; });
+    out << "trace of '" << d.names[static_cast<std::size_t>(name)] << "':\n";
+    for (const auto& l : lines) {
+        out << "  " << c.at(l.at) << " " << l.text << "\n";
+    }
+}
+
 inline void print_fault(std::ostream& out, const checker& c, const fault_record& f) {
     out << "  fault " << c.at(f.start) << " .. " << c.at(f.end) << ": "
         << (f.applied ? "" : "(not applied) ") << f.what << "\n";
@@ -142,6 +204,9 @@ inline void print_findings(std::ostream& out, const findings& f, std::size_t mos
     }
     for (const auto& e : f.tool_errors) {
         out << "TOOL ERROR: " << e << "\n";
+    }
+    for (const auto& n : f.notes) {
+        out << "NOTE: " << n << "\n";
     }
 }
 

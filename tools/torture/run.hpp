@@ -108,6 +108,7 @@ private:
     void play(std::int64_t t0, std::int64_t t_end) {
         std::vector<kill_event> kills;
         fault_context ctx{plan_, names_, log_, stop_, filter_, kills, {}};
+        bool broken = false;  // a fault did not complete: the topology may not be whole
         for (const fault_spec& spec : plan_.faults) {
             const std::int64_t due = t0 + std::int64_t{spec.at_ms} * 1'000'000;
             while (!stop_.load() && monotonic_ns() < due) {
@@ -122,6 +123,9 @@ private:
             if (monotonic_ns() > t_end - 500'000'000) {
                 rec.applied = false;
                 rec.what = std::string{to_string(spec.kind)} + ": the run ended first";
+            } else if (broken) {
+                rec.applied = false;
+                rec.what = std::string{to_string(spec.kind)} + ": an earlier fault did not complete";
             } else if (!enabled_) {
                 rec.applied = false;
                 rec.what = std::string{to_string(spec.kind)} + ": faults are off (--no-faults)";
@@ -136,6 +140,7 @@ private:
                     rec.what = std::string{to_string(spec.kind)};
                     rec.end = monotonic_ns();
                 }
+                broken = broken || !rec.tool_error.empty();
             }
             std::lock_guard guard{mutex_};
             records_.push_back(rec);
@@ -415,6 +420,9 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
         }
     }
     print_findings(out, found, 200);
+    if (o.trace >= 0 && o.trace < static_cast<int>(names.size())) {
+        print_trace(out, check, data, o.trace);
+    }
     summary s;
     for (const auto& e : data.entries) {
         if (e.type == record_type::hold) {

@@ -52,7 +52,16 @@ public:
         return e;
     }
 
-    std::vector<int> masters() override { return {master_}; }
+    /// Every data node that says it is a master (a stuck failover may leave more than one).
+    std::vector<int> masters() override {
+        std::vector<int> out;
+        for (const int port : ports_) {
+            if (info_field(port, "replication", "role") == "master") {
+                out.push_back(port);
+            }
+        }
+        return out.empty() ? std::vector<int>{master_} : out;
+    }
     int port_for_key(const std::string&) override { return master_; }
 
     bool can(fault_kind kind, const fault_context&) const override {
