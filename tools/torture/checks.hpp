@@ -349,6 +349,7 @@ private:
         std::sort(all.begin(), all.end(),
                   [](const hold_span& a, const hold_span& b) { return a.acquired < b.acquired; });
         std::map<int, std::vector<hold_span>> active;  // by name
+        std::map<std::pair<std::uint32_t, std::int64_t>, overlap> overlaps;
         for (const auto& b : all) {
             if (b.last_owned < b.acquired) {
                 continue;  // never seen owned
@@ -361,20 +362,37 @@ private:
                 if (a.actor == b.actor || !(a.write() || b.write())) {
                     continue;
                 }
-                if (const fault_record* f = write_loss_between(a, b)) {
+                if (write_loss_between(a, b) != nullptr) {
                     ++out_.excused["exclusion"];
-                    (void)f;
                     continue;
                 }
-                report("exclusion", b.acquired,
-                       "two holders of " + lock_desc(b.name) + " at once for " +
-                           std::to_string((std::min(a.last_owned, b.last_owned) - b.acquired) / ms) +
-                           " ms: " + hold_desc(a) + "; and " + hold_desc(b) +
-                           describe_faults(b.name, a.acquired, b.last_owned));
+                // One line per hold that others overlapped: the first of them, and how many.
+                const auto key = std::make_pair(a.actor, a.acquired);
+                auto [it, fresh] = overlaps.try_emplace(key, overlap{a, b, 0});
+                ++it->second.rivals;
+                (void)fresh;
             }
             list.push_back(b);
         }
+        for (const auto& [key, o] : overlaps) {
+            report("exclusion", o.first.acquired,
+                   "two holders of " + lock_desc(o.held.name) + " at once for " +
+                       std::to_string((std::min(o.held.last_owned, o.first.last_owned) -
+                                       o.first.acquired) /
+                                      ms) +
+                       " ms: " + hold_desc(o.held) + "; and " + hold_desc(o.first) +
+                       (o.rivals > 1 ? "; and " + std::to_string(o.rivals - 1) +
+                                           " more holders during the first one's hold"
+                                     : std::string{}) +
+                       describe_faults(o.held.name, o.held.acquired, o.first.last_owned));
+        }
     }
+
+    struct overlap {
+        hold_span held;   ///< the earlier hold
+        hold_span first;  ///< the first other holder during it
+        int rivals;
+    };
 
     std::string describe_faults(int name, std::int64_t from, std::int64_t to) const {
         std::string s;

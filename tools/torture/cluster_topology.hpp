@@ -285,16 +285,20 @@ private:
         }
         rec.errors_ok = false;  // a migration is no outage: ASK and TRYAGAIN are to be ridden out
         const auto step = std::chrono::milliseconds{std::max(spec.duration_ms / 3, 1)};
+        // Keys move a few at a time, so that some of a lock's keys are on the target while
+        // others are still on the source, as with redis-cli --cluster reshard's batches.
+        static constexpr int batches[] = {1, 2, 10};
+        const std::string batch = std::to_string(batches[spec.pick % 3]);
         rec.what = "migration of slot " + std::to_string(slot) + " ('" + n + "') 127.0.0.1:" +
                    std::to_string(from) + " -> 127.0.0.1:" + std::to_string(to) +
-                   (replace ? " (MIGRATE REPLACE)" : " (MIGRATE without REPLACE)") + ", steps " +
-                   std::to_string(step.count()) + " ms apart";
+                   (replace ? " (MIGRATE REPLACE" : " (MIGRATE without REPLACE") + ", " + batch +
+                   " key(s) at a time), steps " + std::to_string(step.count()) + " ms apart";
         fixture_.begin_migration(slot, from, to);
         pause_for(step, ctx.stop);
         const std::string s = std::to_string(slot);
         for (int round = 0; round < 1000; ++round) {
             const auto keys = test::detail::split_lines(
-                fixture_.command(from, {"CLUSTER", "GETKEYSINSLOT", s, "10"}));
+                fixture_.command(from, {"CLUSTER", "GETKEYSINSLOT", s, batch}));
             if (keys.empty()) {
                 break;
             }
