@@ -423,20 +423,32 @@ private:
             std::sort(list.begin(), list.end(), [](const hold_span& a, const hold_span& b) {
                 return a.call_start < b.call_start;
             });
+            // The two highest tokens granted so far, of different owners: a holder may meet
+            // its own token again (a re-entry of an entry whose release failed).
             std::size_t next = 0;
             std::optional<hold_span> highest;
+            std::optional<hold_span> second;
             for (const auto& b : list) {
                 while (next < by_grant.size() && by_grant[next].acquired < b.call_start) {
-                    if (!highest || by_grant[next].fence > highest->fence) {
-                        highest = by_grant[next];
+                    const hold_span& g = by_grant[next];
+                    if (!highest || g.fence > highest->fence) {
+                        if (highest && highest->actor != g.actor) {
+                            second = highest;
+                        }
+                        highest = g;
+                    } else if (g.actor != highest->actor && (!second || g.fence > second->fence)) {
+                        second = g;
                     }
                     ++next;
                 }
-                if (highest && b.fence <= highest->fence) {
+                const std::optional<hold_span>& other =
+                    highest && highest->actor == b.actor ? second : highest;
+                if (other && b.fence <= other->fence) {
+                    const hold_span& h = *other;
                     report("fencing", b.acquired,
                            "fencing token of " + lock_desc(name) + " did not increase: " +
-                               hold_desc(*highest) + "; then " + hold_desc(b) + ", asked for at " +
-                               at(b.call_start) + describe_faults(name, highest->acquired, b.acquired));
+                               hold_desc(h) + "; then " + hold_desc(b) + ", asked for at " +
+                               at(b.call_start) + describe_faults(name, h.acquired, b.acquired));
                 }
             }
         }
@@ -561,7 +573,12 @@ private:
             std::int64_t bound = loose;
             std::string why = hold_desc(h);
             if (h.killed) {
-                bound = 100 * ms;  // its span already lasts its lease past the kill
+                // Its span already lasts its lease past the kill; no release tells the waiters,
+                // so a dead waiter's place lapses only 2 s after the wait it asked for.
+                bound = 100 * ms;
+                if (waiter_killed(until - std::int64_t{h.lease_ms} * ms - 2500 * ms, until)) {
+                    bound += 2500 * ms;
+                }
                 why += ", its process killed";
             } else if (h.lost) {
                 why += ", found lost " + at(until);
@@ -613,7 +630,17 @@ private:
                     }
                 }
                 if (!held_by_other) {
-                    busy.push_back({k.at, k.at + std::int64_t{wt.lease_ms} * ms, 100 * ms,
+                    const std::int64_t until = k.at + std::int64_t{wt.lease_ms} * ms;
+                    // Another dead waiter behind it is told nothing when its lease ends.
+                    int dead_waiters = 0;
+                    for (const auto& k2 : d_.kills) {
+                        for (const auto& w2 : k2.waits) {
+                            dead_waiters += w2.name == n && k2.at <= until &&
+                                            k2.at >= k.at - 2500 * ms;
+                        }
+                    }
+                    const bool other_killed = dead_waiters >= 2;
+                    busy.push_back({k.at, until, (other_killed ? 2600 : 100) * ms,
                                     "a waiter of p" + std::to_string(k.process) + " killed " +
                                         at(k.at) + " as the lock was free"});
                 }
@@ -646,11 +673,29 @@ private:
             // or one round trip when nothing did.
             std::int64_t due = w.t1 + 100 * ms + std::int64_t{c.command_timeout_ms} * ms;
             std::string after = "nothing (free when the call started)";
+            std::int64_t latest = 0;
             for (const auto& b : busy) {
                 if (b.to <= s && b.to + b.bound > due) {
                     due = b.to + b.bound;
                     after = b.why;
                 }
+                if (b.to <= s && b.to > latest && due == w.t1 + 100 * ms +
+                                                     std::int64_t{c.command_timeout_ms} * ms) {
+                    latest = b.to;
+                    after = "nothing for a while (free when the call started); the last: " + b.why;
+                }
+            }
+            std::string dead;
+            for (const auto& k : d_.kills) {
+                for (const auto& wt : k.waits) {
+                    if (wt.name == n && k.at <= s && k.at >= s - 10'000 * ms) {
+                        dead += " " + at(k.at) + " (p" + std::to_string(k.process) + "t" +
+                                std::to_string(wt.thread) + ")";
+                    }
+                }
+            }
+            if (!dead.empty()) {
+                after += "; waiters of it killed at" + dead;
             }
             if (next > due) {
                 const std::int64_t late = next - due;
@@ -835,11 +880,18 @@ private:
                 report("hang", d_.t_end, who_p + " did not finish: " + o.hang);
             }
             if (o.finished && o.fds_after > o.fds_before) {
+                std::string which;
+                for (const auto& e : d_.entries) {
+                    if (e.type == record_type::note && e.process == static_cast<int>(p) &&
+                        e.text.starts_with("descriptors still open")) {
+                        which = ": " + e.text;
+                    }
+                }
                 report("leak", d_.t_end,
                        who_p + " has " + std::to_string(o.fds_after - o.fds_before) +
                            " more descriptors open after its clients were destroyed (" +
                            std::to_string(o.fds_before) + " -> " + std::to_string(o.fds_after) +
-                           ")");
+                           ")" + which);
             }
             if (o.finished && o.tasks_after > o.tasks_before + 1) {
                 report("leak", d_.t_end,

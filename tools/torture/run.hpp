@@ -418,6 +418,12 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
         for (const auto& f : data.faults) {
             print_fault(out, check, f);
         }
+        for (std::size_t i = 0; i < outcomes.size(); ++i) {
+            const auto& po = outcomes[i];
+            out << "  process " << i << ": descriptors " << po.fds_before << " -> "
+                << po.fds_after << ", threads " << po.tasks_before << " -> " << po.tasks_after
+                << (po.finished ? "" : " (did not finish)") << "\n";
+        }
     }
     print_findings(out, found, 200);
     if (o.trace >= 0 && o.trace < static_cast<int>(names.size())) {

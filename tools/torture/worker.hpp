@@ -257,7 +257,10 @@ public:
         // reaper thread lives on (one per process, by design).
         long fds = 0;
         long tasks = 0;
-        for (int i = 0; i < 500; ++i) {
+        // Cleanups left to the reaper keep their client's connection and threads until they
+        // are done or their lease has surely run out.
+        const int polls = (plan_.max_lease_ms() + 6000) / 10;
+        for (int i = 0; i < polls; ++i) {
             fds = count_entries("/proc/self/fd");
             tasks = count_entries("/proc/self/task");
             if (fds <= now_.fds_before.load() && tasks <= now_.tasks_before.load() + 1) {
