@@ -113,7 +113,7 @@ inline void print_plan(std::ostream& out, const plan& p) {
     }
     for (const auto& f : p.faults) {
         out << "fault at " << f.at_ms << " ms: " << to_string(f.kind) << ", " << f.duration_ms
-            << " ms, target " << f.target << ", count " << f.count << ", variant " << f.variant
+            << " ms, target " << f.target << ", count " << f.count << ", variant " << f.variant << ", pick " << f.pick
             << "\n";
     }
 }
