@@ -40,7 +40,9 @@ bool enter_private_network() {
     return up;
 }
 
-void on_signal(int) { redislock::torture::interrupted = 1; }
+void on_signal(int) {
+    redislock::torture::interrupted = 1;
+}
 
 }  // namespace
 
@@ -58,8 +60,8 @@ int main(int argc, char** argv) {
         std::cout << usage_text;
         return 0;
     }
-    const std::uint64_t seed = o.seed ? *o.seed : std::random_device{}() * 0x100000001ULL ^
-                                                      std::random_device{}();
+    const std::uint64_t seed =
+        o.seed ? *o.seed : std::random_device{}() * 0x100000001ULL ^ std::random_device{}();
     const bool private_netns = o.netns && o.uri.empty() && enter_private_network();
 
     struct sigaction sa {};
@@ -85,9 +87,9 @@ int main(int argc, char** argv) {
         }
     }
     if (violations > 0 || tool_errors > 0 || interrupted != 0) {
-        std::cout << "FAILED with seed " << seed_text(seed) << ": " << violations
-                  << " violations, " << tool_errors << " tool errors"
-                  << (interrupted != 0 ? ", interrupted" : "") << "\n";
+        std::cout << "FAILED with seed " << seed_text(seed) << ": " << violations << " violations, "
+                  << tool_errors << " tool errors" << (interrupted != 0 ? ", interrupted" : "")
+                  << "\n";
     }
     if (interrupted != 0) {
         return 130;

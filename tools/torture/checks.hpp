@@ -100,7 +100,7 @@ struct run_data {
 
 struct findings {
     std::vector<violation> violations;
-    std::map<std::string, int> excused;  ///< by check
+    std::map<std::string, int> excused;    ///< by check
     std::vector<std::string> tool_errors;  ///< the run could not be made (exit status 3)
     std::vector<std::string> notes;        ///< a fault that did not complete (its window excuses)
 };
@@ -155,13 +155,11 @@ private:
         }
         const auto& e = t.episodes[episode];
         const auto& o = t.objects[static_cast<std::size_t>(e.object)];
-        std::string s = " [object #" + std::to_string(e.object) + ": lease " +
-                        std::to_string(o.lease_ms) + " ms" + (o.watchdog ? ", watchdog" : "") +
-                        (o.fencing ? ", fencing" : "") +
-                        (o.min_replicas > 0 ? ", min_replicas " + std::to_string(o.min_replicas)
-                                            : "") +
-                        (o.explicit_owner ? ", explicit owner" : "") + "; " +
-                        std::string{to_string(e.call)};
+        std::string s =
+            " [object #" + std::to_string(e.object) + ": lease " + std::to_string(o.lease_ms) +
+            " ms" + (o.watchdog ? ", watchdog" : "") + (o.fencing ? ", fencing" : "") +
+            (o.min_replicas > 0 ? ", min_replicas " + std::to_string(o.min_replicas) : "") +
+            (o.explicit_owner ? ", explicit owner" : "") + "; " + std::string{to_string(e.call)};
         if (e.call == call_kind::try_lock_for || e.call == call_kind::try_lock_until ||
             e.call == call_kind::try_lock_for_stop) {
             s += " " + std::to_string(e.timeout_ms) + " ms";
@@ -194,8 +192,8 @@ private:
     }
 
     std::string who(int process, int thread, std::uint32_t episode, int flags) const {
-        std::string s = "p" + std::to_string(process) + "t" + std::to_string(thread) +
-                        " episode " + std::to_string(episode) + plan_of(process, thread, episode);
+        std::string s = "p" + std::to_string(process) + "t" + std::to_string(thread) + " episode " +
+                        std::to_string(episode) + plan_of(process, thread, episode);
         if (flags & flag_fork_child) {
             s += " (forked child)";
         }
@@ -314,9 +312,8 @@ private:
         std::string s = who(h.process, h.thread, h.episode, h.flags) + " (" +
                         (h.write() ? "write" : "read") + ", lease " + std::to_string(h.lease_ms) +
                         " ms" + ((h.flags & flag_watchdog) ? ", watchdog" : "") +
-                        (h.fence > 0 ? ", token " + std::to_string(h.fence) : "") +
-                        ") acquired " + at(h.acquired) + ", owned() still true at " +
-                        at(h.last_owned);
+                        (h.fence > 0 ? ", token " + std::to_string(h.fence) : "") + ") acquired " +
+                        at(h.acquired) + ", owned() still true at " + at(h.last_owned);
         if (h.killed) {
             s += ", killed " + at(h.let_go);
         }
@@ -355,9 +352,10 @@ private:
                 continue;  // never seen owned
             }
             auto& list = active[b.name];
-            list.erase(std::remove_if(list.begin(), list.end(),
-                                      [&](const hold_span& a) { return a.last_owned <= b.acquired; }),
-                       list.end());
+            list.erase(
+                std::remove_if(list.begin(), list.end(),
+                               [&](const hold_span& a) { return a.last_owned <= b.acquired; }),
+                list.end());
             for (const auto& a : list) {
                 if (a.actor == b.actor || !(a.write() || b.write())) {
                     continue;
@@ -375,16 +373,16 @@ private:
             list.push_back(b);
         }
         for (const auto& [key, o] : overlaps) {
-            report("exclusion", o.first.acquired,
-                   "two holders of " + lock_desc(o.held.name) + " at once for " +
-                       std::to_string((std::min(o.held.last_owned, o.first.last_owned) -
-                                       o.first.acquired) /
-                                      ms) +
-                       " ms: " + hold_desc(o.held) + "; and " + hold_desc(o.first) +
-                       (o.rivals > 1 ? "; and " + std::to_string(o.rivals - 1) +
-                                           " more holders during the first one's hold"
-                                     : std::string{}) +
-                       describe_faults(o.held.name, o.held.acquired, o.first.last_owned));
+            report(
+                "exclusion", o.first.acquired,
+                "two holders of " + lock_desc(o.held.name) + " at once for " +
+                    std::to_string(
+                        (std::min(o.held.last_owned, o.first.last_owned) - o.first.acquired) / ms) +
+                    " ms: " + hold_desc(o.held) + "; and " + hold_desc(o.first) +
+                    (o.rivals > 1 ? "; and " + std::to_string(o.rivals - 1) +
+                                        " more holders during the first one's hold"
+                                  : std::string{}) +
+                    describe_faults(o.held.name, o.held.acquired, o.first.last_owned));
         }
     }
 
@@ -398,8 +396,7 @@ private:
         std::string s;
         for (const auto& f : d_.faults) {
             if (f.applied && f.touches(name) && f.start <= to && f.end >= from - 2000 * ms) {
-                s += (s.empty() ? "" : "; ") + f.what + " [" + at(f.start) + ", " + at(f.end) +
-                     "]";
+                s += (s.empty() ? "" : "; ") + f.what + " [" + at(f.start) + ", " + at(f.end) + "]";
             }
         }
         return s.empty() ? " — no fault around" : " — faults around: " + s;
@@ -418,8 +415,9 @@ private:
         for (auto& [name, list] : by_name) {
             // Granted before another was asked for: its token must be smaller.
             std::vector<hold_span> by_grant = list;
-            std::sort(by_grant.begin(), by_grant.end(),
-                      [](const hold_span& a, const hold_span& b) { return a.acquired < b.acquired; });
+            std::sort(by_grant.begin(), by_grant.end(), [](const hold_span& a, const hold_span& b) {
+                return a.acquired < b.acquired;
+            });
             std::sort(list.begin(), list.end(), [](const hold_span& a, const hold_span& b) {
                 return a.call_start < b.call_start;
             });
@@ -476,12 +474,13 @@ private:
                     deadline = std::max(deadline, e.t1 + std::int64_t{c.node_timeout_ms} * ms);
                 }
                 bound = deadline == 0 ? e.t4 : e.t4 == 0 ? deadline : std::min(deadline, e.t4);
-                what = std::string{to_string(static_cast<call_kind>(e.call))} +
-                       (e.t3 != 0 ? " with a " + std::to_string(e.timeout_ms) + " ms timeout" : "") +
-                       (e.t4 != 0 ? ", stop requested " + at(e.t4) : "");
+                what =
+                    std::string{to_string(static_cast<call_kind>(e.call))} +
+                    (e.t3 != 0 ? " with a " + std::to_string(e.timeout_ms) + " ms timeout" : "") +
+                    (e.t4 != 0 ? ", stop requested " + at(e.t4) : "");
             } else if (op == call_op::unlock) {
-                const int allowed = redlock ? c.node_timeout_ms
-                                            : c.connect_timeout_ms + c.command_timeout_ms;
+                const int allowed =
+                    redlock ? c.node_timeout_ms : c.connect_timeout_ms + c.command_timeout_ms;
                 bound = e.t1 + std::int64_t{allowed} * ms;
                 what = "unlock (allowed " + std::to_string(allowed) + " ms)";
             } else {
@@ -500,8 +499,7 @@ private:
                        who(e.process, e.thread, e.episode, e.flags) + " started " + at(e.t1) +
                        ", was due by " + at(bound) + " + 50 ms, returned " + at(e.t2) + " (" +
                        std::to_string((e.t2 - bound) / ms) + " ms late)" +
-                       (e.text.empty() ? "" : ": " + e.text) +
-                       describe_faults(e.name, e.t1, e.t2));
+                       (e.text.empty() ? "" : ": " + e.text) + describe_faults(e.name, e.t1, e.t2));
         }
     }
 
@@ -516,7 +514,8 @@ private:
     void liveness() {
         const auto all = holds();
         for (const auto& w : d_.entries) {
-            if (w.type != record_type::call || w.op != static_cast<std::uint8_t>(call_op::acquire)) {
+            if (w.type != record_type::call ||
+                w.op != static_cast<std::uint8_t>(call_op::acquire)) {
                 continue;
             }
             const auto call = static_cast<call_kind>(w.call);
@@ -543,7 +542,8 @@ private:
                 if (!f.applied || !f.touches(n) || !f.blocks) {
                     continue;
                 }
-                if (!path_matches(f, h.process, h.client) && !path_matches(f, w.process, w.client)) {
+                if (!path_matches(f, h.process, h.client) &&
+                    !path_matches(f, w.process, w.client)) {
                     continue;
                 }
                 if (f.start <= to && f.end + f.block_slack_ns >= from) {
@@ -635,8 +635,8 @@ private:
                     int dead_waiters = 0;
                     for (const auto& k2 : d_.kills) {
                         for (const auto& w2 : k2.waits) {
-                            dead_waiters += w2.name == n && k2.at <= until &&
-                                            k2.at >= k.at - 2500 * ms;
+                            dead_waiters +=
+                                w2.name == n && k2.at <= until && k2.at >= k.at - 2500 * ms;
                         }
                     }
                     const bool other_killed = dead_waiters >= 2;
@@ -679,8 +679,8 @@ private:
                     due = b.to + b.bound;
                     after = b.why;
                 }
-                if (b.to <= s && b.to > latest && due == w.t1 + 100 * ms +
-                                                     std::int64_t{c.command_timeout_ms} * ms) {
+                if (b.to <= s && b.to > latest &&
+                    due == w.t1 + 100 * ms + std::int64_t{c.command_timeout_ms} * ms) {
                     latest = b.to;
                     after = "nothing for a while (free when the call started); the last: " + b.why;
                 }
@@ -777,18 +777,17 @@ private:
         const auto op = static_cast<call_op>(e.op);
         const std::string call = op == call_op::acquire || op == call_op::reenter
                                      ? std::string{to_string(static_cast<call_kind>(e.call))}
-                                     : op == call_op::extend ? "extend()"
-                                     : op == call_op::verify ? "verify()"
-                                     : op == call_op::unlock ? "unlock(ec)"
-                                                             : "a call";
+                                 : op == call_op::extend ? "extend()"
+                                 : op == call_op::verify ? "verify()"
+                                 : op == call_op::unlock ? "unlock(ec)"
+                                                         : "a call";
         if (cls == error_class::replication && e.min_replicas > 0) {
             ++out_.excused["error"];
             return;
         }
-        const bool timed_out =
-            cls == error_class::timeout ||
-            (cls == error_class::connection &&
-             e.text.find("did not answer in time") != std::string::npos);
+        const bool timed_out = cls == error_class::timeout ||
+                               (cls == error_class::connection &&
+                                e.text.find("did not answer in time") != std::string::npos);
         if (timed_out && e.t3 != 0 && e.t2 >= e.t3 - 2 * ms) {
             // The server did not answer within the time the caller gave.
             ++out_.excused["error"];
@@ -796,25 +795,29 @@ private:
         }
         const fault_record* f = nullptr;
         if (cls == error_class::quorum) {
-            f = fault_during(e.name, e.process, e.client, e.t1, e.t2,
-                             [](const fault_record& x) { return x.error_slack_ns; },
-                             [](const fault_record& x) { return x.errors_ok && x.masters >= 3; });
+            f = fault_during(
+                e.name, e.process, e.client, e.t1, e.t2,
+                [](const fault_record& x) { return x.error_slack_ns; },
+                [](const fault_record& x) { return x.errors_ok && x.masters >= 3; });
         } else if (transient(cls) && !redlock) {
-            f = fault_during(e.name, e.process, e.client, e.t1, e.t2,
-                             [](const fault_record& x) { return x.error_slack_ns; },
-                             [&](const fault_record& x) {
-                                 return x.errors_ok || (x.replicas_only && e.min_replicas > 0);
-                             });
+            f = fault_during(
+                e.name, e.process, e.client, e.t1, e.t2,
+                [](const fault_record& x) { return x.error_slack_ns; },
+                [&](const fault_record& x) {
+                    return x.errors_ok || (x.replicas_only && e.min_replicas > 0);
+                });
         } else if (cls == error_class::system && !redlock) {
             // A read entry whose release failed stays until the reaper drops it: an upgrade
             // through another object of the owner is refused meanwhile (shared_mutex.hpp).
-            f = fault_during(e.name, e.process, e.client, e.t1 - 10'000 * ms, e.t2,
-                             [](const fault_record& x) { return x.error_slack_ns; },
-                             [](const fault_record& x) { return x.errors_ok; });
+            f = fault_during(
+                e.name, e.process, e.client, e.t1 - 10'000 * ms, e.t2,
+                [](const fault_record& x) { return x.error_slack_ns; },
+                [](const fault_record& x) { return x.errors_ok; });
         } else if (transient(cls) && redlock) {
-            f = fault_during(e.name, e.process, e.client, e.t1, e.t2,
-                             [](const fault_record& x) { return x.error_slack_ns; },
-                             [](const fault_record& x) { return x.errors_ok; });
+            f = fault_during(
+                e.name, e.process, e.client, e.t1, e.t2,
+                [](const fault_record& x) { return x.error_slack_ns; },
+                [](const fault_record& x) { return x.errors_ok; });
         }
         if (f != nullptr) {
             ++out_.excused["error"];
@@ -835,9 +838,10 @@ private:
         if (std::int64_t{e.remaining_ms} * ms <= margin) {
             return;
         }
-        if (fault_during(e.name, e.process, e.client, e.t1 - std::int64_t{e.lease_ms} * ms, e.t2,
-                         [](const fault_record& x) { return x.error_slack_ns; },
-                         [](const fault_record&) { return true; })) {
+        if (fault_during(
+                e.name, e.process, e.client, e.t1 - std::int64_t{e.lease_ms} * ms, e.t2,
+                [](const fault_record& x) { return x.error_slack_ns; },
+                [](const fault_record&) { return true; })) {
             ++out_.excused["early loss"];
             return;
         }
@@ -897,8 +901,8 @@ private:
                 report("leak", d_.t_end,
                        who_p + " has " + std::to_string(o.tasks_after - o.tasks_before - 1) +
                            " more threads after its clients were destroyed (" +
-                           std::to_string(o.tasks_before) + " -> " +
-                           std::to_string(o.tasks_after) + ", the process's reaper allowed)");
+                           std::to_string(o.tasks_before) + " -> " + std::to_string(o.tasks_after) +
+                           ", the process's reaper allowed)");
             }
         }
         for (const auto& e : d_.entries) {

@@ -117,14 +117,14 @@ public:
                     const int replica = replicas.front();
                     if (spec.kind == fault_kind::failover) {
                         fixture_.failover(replica);
-                        rec.what = "CLUSTER FAILOVER: " + m + " -> 127.0.0.1:" +
-                                   std::to_string(replica);
+                        rec.what =
+                            "CLUSTER FAILOVER: " + m + " -> 127.0.0.1:" + std::to_string(replica);
                     } else {
                         const std::string how = spec.variant == 1 ? "TAKEOVER" : "FORCE";
                         fixture_.command(replica, {"CLUSTER", "FAILOVER", how});
                         wait_master(replica);
-                        rec.what = "CLUSTER FAILOVER " + how + ": " + m + " -> 127.0.0.1:" +
-                                   std::to_string(replica);
+                        rec.what = "CLUSTER FAILOVER " + how + ": " + m +
+                                   " -> 127.0.0.1:" + std::to_string(replica);
                         rec.loses = write_loss::any_holder;
                     }
                     fixture_.wait_healthy();
@@ -200,7 +200,8 @@ public:
                 case fault_kind::client_pause: {
                     const int d = std::min(spec.duration_ms, 1500);
                     const bool write = spec.variant == 1;
-                    (void)ask(master, {"CLIENT", "PAUSE", std::to_string(d), write ? "WRITE" : "ALL"});
+                    (void)ask(master,
+                              {"CLIENT", "PAUSE", std::to_string(d), write ? "WRITE" : "ALL"});
                     pause_for(std::chrono::milliseconds{d}, ctx.stop);
                     (void)ask(master, {"CLIENT", "UNPAUSE"});
                     rec.what = "CLIENT PAUSE " + std::to_string(d) + (write ? " WRITE" : " ALL") +
@@ -289,8 +290,8 @@ private:
         // others are still on the source, as with redis-cli --cluster reshard's batches.
         static constexpr int batches[] = {1, 2, 10};
         const std::string batch = std::to_string(batches[spec.pick % 3]);
-        rec.what = "migration of slot " + std::to_string(slot) + " ('" + n + "') 127.0.0.1:" +
-                   std::to_string(from) + " -> 127.0.0.1:" + std::to_string(to) +
+        rec.what = "migration of slot " + std::to_string(slot) + " ('" + n +
+                   "') 127.0.0.1:" + std::to_string(from) + " -> 127.0.0.1:" + std::to_string(to) +
                    (replace ? " (MIGRATE REPLACE" : " (MIGRATE without REPLACE") + ", " + batch +
                    " key(s) at a time), steps " + std::to_string(step.count()) + " ms apart";
         fixture_.begin_migration(slot, from, to);
@@ -302,8 +303,8 @@ private:
             if (keys.empty()) {
                 break;
             }
-            std::vector<std::string> args{"MIGRATE", "127.0.0.1", std::to_string(to), "", "0",
-                                          "5000"};
+            std::vector<std::string> args{"MIGRATE", "127.0.0.1", std::to_string(to),
+                                          "",        "0",         "5000"};
             if (replace) {
                 args.push_back("REPLACE");
             }
@@ -321,7 +322,8 @@ private:
                     listed += (listed.empty() ? "" : " ") + k;
                 }
                 if (rec.problem.empty()) {
-                    rec.problem = "MIGRATE of slot " + s + " without REPLACE, as redis-cli "
+                    rec.problem = "MIGRATE of slot " + s +
+                                  " without REPLACE, as redis-cli "
                                   "--cluster reshard sends it, was refused (" +
                                   what.substr(what.find("BUSYKEY")) +
                                   "): a key of the slot was written on the target while the "
@@ -362,10 +364,30 @@ private:
         }
         const std::string& d = dir.elements[1];
         return {test::detail::find_executable("redis-server"),
-                "--port", std::to_string(port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--daemonize", "no", "--dir", d, "--logfile", d + "/log",
-                "--cluster-enabled", "yes", "--cluster-config-file", d + "/nodes.conf",
-                "--cluster-node-timeout", "2000", "--repl-diskless-sync-delay", "0", "--hz", "100"};
+                "--port",
+                std::to_string(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--dir",
+                d,
+                "--logfile",
+                d + "/log",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                d + "/nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+                "--repl-diskless-sync-delay",
+                "0",
+                "--hz",
+                "100"};
     }
 
     // The node on `port` again, from the same command line: it rejoins from its nodes.conf.

@@ -43,15 +43,15 @@ enum class write_loss { none, recent, any_holder };
 
 struct fault_record {
     fault_kind kind{};
-    std::string what;                 ///< the fault and its targets, for reports
-    std::int64_t start = 0;           ///< ns
-    std::int64_t end = 0;             ///< healed, ns
-    std::uint64_t names = ~0ULL;      ///< bit per name it touched
-    int path = -2;                    ///< -2: every client path; k: only through proxy k
+    std::string what;             ///< the fault and its targets, for reports
+    std::int64_t start = 0;       ///< ns
+    std::int64_t end = 0;         ///< healed, ns
+    std::uint64_t names = ~0ULL;  ///< bit per name it touched
+    int path = -2;                ///< -2: every client path; k: only through proxy k
     bool blocks = true;
     bool errors_ok = true;
-    bool replicas_only = false;       ///< only replicas: matters to min_replicas > 0 only
-    int masters = 1;                  ///< Redlock: how many masters it touched
+    bool replicas_only = false;  ///< only replicas: matters to min_replicas > 0 only
+    int masters = 1;             ///< Redlock: how many masters it touched
     write_loss loses = write_loss::none;
     std::int64_t error_slack_ns = 1'000'000'000;  ///< after `end`, errors still excused
     std::int64_t block_slack_ns = 0;              ///< after `end`, liveness still excused
@@ -124,17 +124,16 @@ inline bool pause_for(std::chrono::milliseconds d, const std::atomic<bool>& stop
         if (stop.load()) {
             return false;
         }
-        std::this_thread::sleep_for(
-            std::min<std::chrono::steady_clock::duration>(until - std::chrono::steady_clock::now(),
-                                                          std::chrono::milliseconds{10}));
+        std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+            until - std::chrono::steady_clock::now(), std::chrono::milliseconds{10}));
     }
     return true;
 }
 
 /// One command to 127.0.0.1:port over a connection of its own, apart from the library.
 struct node_reply {
-    bool ok = false;       ///< an answer that is not an error
-    std::string text;      ///< string, status, error or integer
+    bool ok = false;                    ///< an answer that is not an error
+    std::string text;                   ///< string, status, error or integer
     std::vector<std::string> elements;  ///< an array's elements (nested arrays flattened)
 };
 
@@ -256,10 +255,12 @@ public:
     bool usable() const { return usable_; }
 
     /// Drops every packet to `port` (requests, and the SYNs of new connections).
-    bool drop(int port) { return run({"-I", "INPUT", "-p", "tcp", "--dport", std::to_string(port),
-                                      "-j", "DROP"}); }
-    bool undrop(int port) { return run({"-D", "INPUT", "-p", "tcp", "--dport",
-                                        std::to_string(port), "-j", "DROP"}); }
+    bool drop(int port) {
+        return run({"-I", "INPUT", "-p", "tcp", "--dport", std::to_string(port), "-j", "DROP"});
+    }
+    bool undrop(int port) {
+        return run({"-D", "INPUT", "-p", "tcp", "--dport", std::to_string(port), "-j", "DROP"});
+    }
 
 private:
     bool run(std::vector<std::string> args) {
@@ -305,9 +306,8 @@ inline std::vector<waiting_worker> waiting_workers(journal& j, int processes, in
             }
         }
     }
-    std::sort(out.begin(), out.end(), [](const waiting_worker& a, const waiting_worker& b) {
-        return a.since < b.since;
-    });
+    std::sort(out.begin(), out.end(),
+              [](const waiting_worker& a, const waiting_worker& b) { return a.since < b.since; });
     return out;
 }
 

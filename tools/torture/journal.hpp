@@ -115,20 +115,20 @@ enum record_flag : std::uint8_t {
 struct record {
     std::atomic<std::uint32_t> ready{0};
     record_type type{};
-    std::uint8_t op = 0;       ///< call_op; hold: hold_end
-    std::uint8_t result = 0;   ///< outcome; hold: errc of the release (0 ok)
-    std::uint8_t error = 0;    ///< error_class
+    std::uint8_t op = 0;      ///< call_op; hold: hold_end
+    std::uint8_t result = 0;  ///< outcome; hold: errc of the release (0 ok)
+    std::uint8_t error = 0;   ///< error_class
     std::uint16_t name = 0;
     std::uint8_t process = 0;
     std::uint8_t thread = 0;
-    std::uint8_t call = 0;     ///< call_kind
-    std::uint8_t flags = 0;    ///< record_flag
+    std::uint8_t call = 0;   ///< call_kind
+    std::uint8_t flags = 0;  ///< record_flag
     std::uint8_t min_replicas = 0;
     std::uint8_t object = 0;
-    std::uint32_t actor = 0;   ///< who: one worker thread incarnation or forked child
+    std::uint32_t actor = 0;  ///< who: one worker thread incarnation or forked child
     std::uint32_t episode = 0;
     std::int64_t t0 = 0, t1 = 0, t2 = 0, t3 = 0, t4 = 0;
-    std::int64_t value = 0;    ///< hold: fencing token; unlock: errc; extend/verify: result
+    std::int64_t value = 0;  ///< hold: fencing token; unlock: errc; extend/verify: result
     std::int32_t lease_ms = 0;
     std::int32_t timeout_ms = 0;    ///< call: the try_lock_for timeout
     std::int32_t remaining_ms = 0;  ///< hold: remaining() at the last owned check; call made

@@ -48,7 +48,7 @@ public:
     explicit lock_of(Lock lock) : lock_{std::move(lock)} {}
 
     bool acquire(const acquire_args& a, bool shared) override {
-        if constexpr (requires(Lock& l) { l.lock_shared(); }) {
+        if constexpr (requires(Lock & l) { l.lock_shared(); }) {
             if (shared) {
                 switch (a.call) {
                     case call_kind::lock:
@@ -88,7 +88,7 @@ public:
 
     std::error_code release(bool shared) override {
         std::error_code ec;
-        if constexpr (requires(Lock& l, std::error_code& e) { l.unlock_shared(e); }) {
+        if constexpr (requires(Lock & l, std::error_code & e) { l.unlock_shared(e); }) {
             if (shared) {
                 lock_.unlock_shared(ec);
                 return ec;
@@ -99,7 +99,7 @@ public:
     }
 
     void release_quietly(bool shared) override {
-        if constexpr (requires(Lock& l) { l.unlock_shared(); }) {
+        if constexpr (requires(Lock & l) { l.unlock_shared(); }) {
             if (shared) {
                 lock_.unlock_shared();
                 return;
@@ -136,11 +136,12 @@ template <class Client>
 class client_of final : public any_client {
 public:
     template <class... Args>
-    explicit client_of(Args&&... args) : client_{std::make_unique<Client>(std::forward<Args>(args)...)} {}
+    explicit client_of(Args&&... args)
+        : client_{std::make_unique<Client>(std::forward<Args>(args)...)} {}
 
     std::unique_ptr<any_lock> make(const std::string& name, lock_type type,
                                    const lock_options& options) override {
-        if constexpr (requires(Client& c) { c.recursive_mutex(name, options); }) {
+        if constexpr (requires(Client & c) { c.recursive_mutex(name, options); }) {
             switch (type) {
                 case lock_type::mutex:
                     return std::make_unique<lock_of<decltype(client_->mutex(name, options))>>(
@@ -150,7 +151,8 @@ public:
                         lock_of<decltype(client_->recursive_mutex(name, options))>>(
                         client_->recursive_mutex(name, options));
                 case lock_type::shared:
-                    return std::make_unique<lock_of<decltype(client_->shared_mutex(name, options))>>(
+                    return std::make_unique<
+                        lock_of<decltype(client_->shared_mutex(name, options))>>(
                         client_->shared_mutex(name, options));
             }
             return nullptr;
@@ -199,8 +201,8 @@ inline std::unique_ptr<any_client> make_client(const endpoints& where, const cli
                 uris.push_back(with_query(m, query));
             }
             return std::make_unique<client_of<redislock::redlock_client>>(
-                uris, redlock_options{.node_timeout = std::chrono::milliseconds{
-                                          spec.node_timeout_ms}});
+                uris,
+                redlock_options{.node_timeout = std::chrono::milliseconds{spec.node_timeout_ms}});
         }
     }
     throw std::logic_error{"torture: unknown topology"};

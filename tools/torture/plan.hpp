@@ -99,12 +99,12 @@ inline std::string_view to_string(call_kind c) {
 struct inner_step {
     enum class kind { reenter, extend, verify } what = kind::verify;
     int at_ms = 0;
-    int object = 0;        ///< reenter: the object it re-enters through (the holding one or a
-                           ///< sibling of the same owner)
-    bool shared = false;   ///< reenter: in read mode
-    int hold_ms = 0;       ///< reenter: how long the inner entry is kept
-    int timeout_ms = 50;   ///< reenter: try_lock_for timeout
-    int lease_ms = 1000;   ///< extend: the new lease
+    int object = 0;       ///< reenter: the object it re-enters through (the holding one or a
+                          ///< sibling of the same owner)
+    bool shared = false;  ///< reenter: in read mode
+    int hold_ms = 0;      ///< reenter: how long the inner entry is kept
+    int timeout_ms = 50;  ///< reenter: try_lock_for timeout
+    int lease_ms = 1000;  ///< extend: the new lease
 };
 
 enum class release_kind { unlock, unlock_ec, destroy, expire };
@@ -341,9 +341,9 @@ inline object_spec draw_object(rng& r, const run_shape& shape, int name, lock_ty
 }
 
 inline call_kind draw_call(rng& r) {
-    static constexpr call_kind calls[] = {call_kind::lock,           call_kind::try_lock,
-                                          call_kind::try_lock_for,   call_kind::try_lock_until,
-                                          call_kind::lock_stop,      call_kind::try_lock_for_stop};
+    static constexpr call_kind calls[] = {call_kind::lock,         call_kind::try_lock,
+                                          call_kind::try_lock_for, call_kind::try_lock_until,
+                                          call_kind::lock_stop,    call_kind::try_lock_for_stop};
     return calls[r.weighted({12, 15, 35, 10, 15, 13})];
 }
 
@@ -404,8 +404,8 @@ inline episode draw_episode(rng& r, const run_shape& shape, const std::vector<lo
         switch (r.weighted({reentrant ? 60 : 0, 20, 20})) {
             case 0: {
                 s.what = inner_step::kind::reenter;
-                s.object = mine[static_cast<std::size_t>(
-                    r.between(0, static_cast<int>(mine.size()) - 1))];
+                s.object =
+                    mine[static_cast<std::size_t>(r.between(0, static_cast<int>(mine.size()) - 1))];
                 // A reader cannot ask to write (it would throw for a deadlock).
                 s.shared = type == lock_type::shared && (e.shared || r.percent(50));
                 s.hold_ms = r.log_between(1, 300);
@@ -455,20 +455,23 @@ inline std::vector<fault_spec> draw_faults(rng& r, const run_shape& shape, int n
     std::vector<weighted_kind> kinds;
     switch (shape.topology) {
         case topology_kind::single:
-            kinds = {{f::kill_restart, 1}, {f::sigstop, 2},     {f::client_kill, 2},
+            kinds = {{f::kill_restart, 1}, {f::sigstop, 2},      {f::client_kill, 2},
                      {f::client_pause, 2}, {f::server_sleep, 2}, {f::oom, 2},
                      {f::evict_queue, 3},  {f::proxy_stall, 3},  {f::proxy_cut, 1},
                      {f::proxy_delay, 1},  {f::net_drop, 2},     {f::kill_waiter, 4}};
             break;
         case topology_kind::given:
-            kinds = {{f::evict_queue, 3}, {f::proxy_stall, 3}, {f::proxy_cut, 2},
-                     {f::proxy_delay, 1}, {f::kill_waiter, 4}};
+            kinds = {{f::evict_queue, 3},
+                     {f::proxy_stall, 3},
+                     {f::proxy_cut, 2},
+                     {f::proxy_delay, 1},
+                     {f::kill_waiter, 4}};
             break;
         case topology_kind::sentinel:
-            kinds = {{f::failover, 3},       {f::forced_failover, 1}, {f::sigstop, 1},
-                     {f::replica_stop, 2},   {f::replica_kill, 1},    {f::client_kill, 2},
-                     {f::client_pause, 2},   {f::server_sleep, 1},    {f::oom, 1},
-                     {f::evict_queue, 3},    {f::kill_waiter, 3}};
+            kinds = {{f::failover, 3},     {f::forced_failover, 1}, {f::sigstop, 1},
+                     {f::replica_stop, 2}, {f::replica_kill, 1},    {f::client_kill, 2},
+                     {f::client_pause, 2}, {f::server_sleep, 1},    {f::oom, 1},
+                     {f::evict_queue, 3},  {f::kill_waiter, 3}};
             break;
         case topology_kind::cluster:
             kinds = {{f::migrate, 7},      {f::failover, 2},     {f::forced_failover, 1},
@@ -477,9 +480,9 @@ inline std::vector<fault_spec> draw_faults(rng& r, const run_shape& shape, int n
                      {f::replica_stop, 1}, {f::evict_queue, 2},  {f::kill_waiter, 2}};
             break;
         case topology_kind::redlock:
-            kinds = {{f::kill_restart, 2}, {f::sigstop, 3},   {f::client_kill, 2},
+            kinds = {{f::kill_restart, 2}, {f::sigstop, 3},      {f::client_kill, 2},
                      {f::client_pause, 2}, {f::server_sleep, 2}, {f::oom, 2},
-                     {f::proxy_stall, 2},  {f::proxy_cut, 1},  {f::net_drop, 3},
+                     {f::proxy_stall, 2},  {f::proxy_cut, 1},    {f::net_drop, 3},
                      {f::kill_waiter, 2}};
             break;
     }
@@ -533,9 +536,8 @@ inline std::vector<fault_spec> draw_faults(rng& r, const run_shape& shape, int n
                 break;
             case f::failover:
                 // Sentinel: the demoted master stays writable this long after the switch.
-                s.duration_ms = shape.topology == topology_kind::sentinel
-                                    ? r.log_between(50, 8000)
-                                    : r.between(0, 1000);
+                s.duration_ms = shape.topology == topology_kind::sentinel ? r.log_between(50, 8000)
+                                                                          : r.between(0, 1000);
                 break;
             case f::forced_failover:
                 s.duration_ms = r.between(0, 1000);  // the old master stays down this long
@@ -592,8 +594,8 @@ inline plan draw_plan(const run_shape& shape) {
                 const int count = type == lock_type::mutex ? tr.between(1, 2) : tr.between(2, 3);
                 const bool explicit_owner = tr.percent(20);
                 for (int k = 0; k < count; ++k) {
-                    t.objects.push_back(drawing::draw_object(tr, shape, n, type, proc.clients,
-                                                             explicit_owner));
+                    t.objects.push_back(
+                        drawing::draw_object(tr, shape, n, type, proc.clients, explicit_owner));
                 }
             }
             int budget = shape.run_ms * 6 / 5;

@@ -26,8 +26,9 @@ inline std::string seed_text(std::uint64_t seed) {
 /// The command line that draws the same plan.
 inline std::string reproduce_line(const run_shape& shape, const std::string& uri) {
     std::string line = "redislock-torture ";
-    line += shape.topology == topology_kind::given ? "--uri " + uri
-                                                   : "--topology " + std::string{to_string(shape.topology)};
+    line += shape.topology == topology_kind::given
+                ? "--uri " + uri
+                : "--topology " + std::string{to_string(shape.topology)};
     line += " --seed " + seed_text(shape.seed);
     if (shape.run_ms % 60'000 == 0 && shape.run_ms >= 60'000) {
         line += " --minutes " + std::to_string(shape.run_ms / 60'000);
@@ -76,9 +77,8 @@ inline std::string describe_episode(const thread_plan& t, const episode& e) {
             case inner_step::kind::reenter: {
                 const auto& so = t.objects[static_cast<std::size_t>(st.object)];
                 s += "re-enter through object #" + std::to_string(st.object) + " (lease " +
-                     std::to_string(so.lease_ms) + " ms" + (so.watchdog ? ", watchdog" : "") +
-                     ")" + (st.shared ? " to read" : "") + " for " + std::to_string(st.hold_ms) +
-                     " ms";
+                     std::to_string(so.lease_ms) + " ms" + (so.watchdog ? ", watchdog" : "") + ")" +
+                     (st.shared ? " to read" : "") + " for " + std::to_string(st.hold_ms) + " ms";
                 break;
             }
             case inner_step::kind::extend:
@@ -113,8 +113,8 @@ inline void print_plan(std::ostream& out, const plan& p) {
     }
     for (const auto& f : p.faults) {
         out << "fault at " << f.at_ms << " ms: " << to_string(f.kind) << ", " << f.duration_ms
-            << " ms, target " << f.target << ", count " << f.count << ", variant " << f.variant << ", pick " << f.pick
-            << "\n";
+            << " ms, target " << f.target << ", count " << f.count << ", variant " << f.variant
+            << ", pick " << f.pick << "\n";
     }
 }
 
@@ -142,13 +142,13 @@ inline void print_trace(std::ostream& out, const checker& c, const run_data& d, 
                                        std::to_string(e.value)});
             continue;
         }
-        static constexpr const char* ops[] = {"?", "acquire", "reenter", "unlock",
-                                              "extend", "verify", "fork"};
-        static constexpr const char* results[] = {"?", "acquired", "refused", "threw", "done",
-                                                  "hung"};
-        lines.push_back({e.t1, std::string{"call "} + who + " " + ops[e.op % 7] + " " +
-                                   c.at(e.t1) + " .. " + c.at(e.t2) + " " +
-                                   results[e.result % 6] + " value " + std::to_string(e.value) +
+        static constexpr const char* ops[] = {"?",      "acquire", "reenter", "unlock",
+                                              "extend", "verify",  "fork"};
+        static constexpr const char* results[] = {"?",     "acquired", "refused",
+                                                  "threw", "done",     "hung"};
+        lines.push_back({e.t1, std::string{"call "} + who + " " + ops[e.op % 7] + " " + c.at(e.t1) +
+                                   " .. " + c.at(e.t2) + " " + results[e.result % 6] + " value " +
+                                   std::to_string(e.value) +
                                    (e.text.empty() ? "" : ": " + e.text)});
     }
     for (const auto& k : d.kills) {

@@ -63,8 +63,14 @@ class fault_player {
 public:
     fault_player(const plan& p, topology& topo, const std::vector<std::string>& names, journal& log,
                  bool private_netns, std::ostream& out, bool verbose, bool enabled)
-        : plan_{p}, topo_{topo}, names_{names}, log_{log}, filter_{private_netns}, out_{out},
-          verbose_{verbose}, enabled_{enabled} {}
+        : plan_{p},
+          topo_{topo},
+          names_{names},
+          log_{log},
+          filter_{private_netns},
+          out_{out},
+          verbose_{verbose},
+          enabled_{enabled} {}
 
     fault_player(const fault_player&) = delete;
     fault_player& operator=(const fault_player&) = delete;
@@ -125,7 +131,8 @@ private:
                 rec.what = std::string{to_string(spec.kind)} + ": the run ended first";
             } else if (broken) {
                 rec.applied = false;
-                rec.what = std::string{to_string(spec.kind)} + ": an earlier fault did not complete";
+                rec.what =
+                    std::string{to_string(spec.kind)} + ": an earlier fault did not complete";
             } else if (!enabled_) {
                 rec.applied = false;
                 rec.what = std::string{to_string(spec.kind)} + ": faults are off (--no-faults)";
@@ -147,8 +154,8 @@ private:
             kills_ = kills;
             if (verbose_) {
                 out_ << "  fault " << (rec.start - t0) / 1'000'000 << " ms .. "
-                     << (rec.end - t0) / 1'000'000 << " ms: " << (rec.applied ? "" : "(not applied) ")
-                     << rec.what << "\n"
+                     << (rec.end - t0) / 1'000'000
+                     << " ms: " << (rec.applied ? "" : "(not applied) ") << rec.what << "\n"
                      << std::flush;
             }
         }
@@ -360,8 +367,7 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
                 }
                 stragglers.push_back(ev);
                 outcomes[static_cast<std::size_t>(i)].hang =
-                    "still running " +
-                    std::to_string((monotonic_ns() - t_end) / 1'000'000) +
+                    "still running " + std::to_string((monotonic_ns() - t_end) / 1'000'000) +
                     " ms after the run's end: " + doing;
                 done[static_cast<std::size_t>(i)] = true;
             }
@@ -422,8 +428,8 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
         }
         for (std::size_t i = 0; i < outcomes.size(); ++i) {
             const auto& po = outcomes[i];
-            out << "  process " << i << ": descriptors " << po.fds_before << " -> "
-                << po.fds_after << ", threads " << po.tasks_before << " -> " << po.tasks_after
+            out << "  process " << i << ": descriptors " << po.fds_before << " -> " << po.fds_after
+                << ", threads " << po.tasks_before << " -> " << po.tasks_after
                 << (po.finished ? "" : " (did not finish)") << "\n";
         }
     }

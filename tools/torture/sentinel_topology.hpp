@@ -158,8 +158,9 @@ private:
                 fixture_.node(old).start();
                 fixture_.repoint(old, master_);
                 wait_replicas();
-                rec.what = "kill -9 of the master " + m + ", failover to 127.0.0.1:" +
-                           std::to_string(master_) + ", old master restarted empty as a replica";
+                rec.what = "kill -9 of the master " + m +
+                           ", failover to 127.0.0.1:" + std::to_string(master_) +
+                           ", old master restarted empty as a replica";
                 rec.loses = write_loss::any_holder;
                 rec.error_slack_ns = 3'000'000'000;
                 break;
@@ -181,8 +182,8 @@ private:
                     wait_replicas();
                     rec.loses = write_loss::any_holder;
                     rec.error_slack_ns = 3'000'000'000;
-                    rec.block_slack_ns = ghost_slack_ns(fault_kind::forced_failover, 0,
-                                                        ctx.the_plan.max_lease_ms());
+                    rec.block_slack_ns =
+                        ghost_slack_ns(fault_kind::forced_failover, 0, ctx.the_plan.max_lease_ms());
                 }
                 break;
             }
@@ -291,8 +292,8 @@ private:
         while (std::chrono::steady_clock::now() < until && !ctx.stop.load()) {
             bool ready = monotonic_ns() - last_failover_ >= 7'000'000'000;
             for (const int sentinel : fixture_.sentinel_ports()) {
-                const node_reply r = node_command(sentinel, {"SENTINEL", "REPLICAS",
-                                                             test::redis_sentinel::master_name});
+                const node_reply r = node_command(
+                    sentinel, {"SENTINEL", "REPLICAS", test::redis_sentinel::master_name});
                 int good = 0;
                 for (std::size_t i = 0; i + 1 < r.elements.size(); ++i) {
                     if (r.elements[i] == "flags" && r.elements[i + 1] == "slave") {

@@ -40,7 +40,11 @@ class server_fault {
 public:
     server_fault(fault_kind kind, int variant, int duration_ms, server_node& node, int proxy,
                  packet_filter& filter)
-        : kind_{kind}, variant_{variant}, duration_ms_{duration_ms}, node_{node}, proxy_{proxy},
+        : kind_{kind},
+          variant_{variant},
+          duration_ms_{duration_ms},
+          node_{node},
+          proxy_{proxy},
           filter_{filter} {}
 
     server_fault(const server_fault&) = delete;
@@ -87,7 +91,8 @@ public:
                 for (auto& p : node_.proxies) {
                     p->stall();
                 }
-                return "paths to " + where + " stalled (no iptables: proxies only) for " + ms + " ms";
+                return "paths to " + where + " stalled (no iptables: proxies only) for " + ms +
+                       " ms";
             case fault_kind::proxy_stall:
                 proxy().stall();
                 return "path " + proxy().uri() + " -> " + where + " stalled for " + ms + " ms";
@@ -216,8 +221,8 @@ public:
     single_topology() : node_{2} {}
 
     std::string describe() const override {
-        return "one server 127.0.0.1:" + std::to_string(node_.server.port()) +
-               ", proxies " + node_.proxies[0]->uri() + " and " + node_.proxies[1]->uri();
+        return "one server 127.0.0.1:" + std::to_string(node_.server.port()) + ", proxies " +
+               node_.proxies[0]->uri() + " and " + node_.proxies[1]->uri();
     }
 
     endpoints where() const override {
@@ -455,8 +460,8 @@ public:
         std::vector<std::unique_ptr<server_fault>> faults;
         for (int i = 0; i < rec.masters; ++i) {
             server_node& node = *nodes_[static_cast<std::size_t>((spec.target + i) % 5)];
-            faults.push_back(std::make_unique<server_fault>(spec.kind, spec.variant, duration,
-                                                            node, 0, ctx.filter));
+            faults.push_back(std::make_unique<server_fault>(spec.kind, spec.variant, duration, node,
+                                                            0, ctx.filter));
         }
         rec.start = monotonic_ns();
         for (auto& f : faults) {

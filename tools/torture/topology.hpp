@@ -80,16 +80,15 @@ public:
         rec.names = 0;
         rec.start = rec.end = monotonic_ns();
         const auto& shape = ctx.the_plan.shape;
-        const auto waiting =
-            waiting_workers(ctx.log, shape.processes, shape.threads, 50'000'000);
+        const auto waiting = waiting_workers(ctx.log, shape.processes, shape.threads, 50'000'000);
         if (waiting.empty()) {
             rec.applied = false;
             rec.what = "kill -9 of a waiting process: none waited";
             return rec;
         }
         // The oldest waiters are the likeliest heads of their queues.
-        const auto& victim = waiting[static_cast<std::size_t>(spec.pick) %
-                                     std::min<std::size_t>(waiting.size(), 3)];
+        const auto& victim =
+            waiting[static_cast<std::size_t>(spec.pick) % std::min<std::size_t>(waiting.size(), 3)];
         process_now& pn = ctx.log.process(victim.process);
         const pid_t pid = pn.pid.load();
         pn.killed_by_fault.store(1);
@@ -163,8 +162,8 @@ public:
                 const node_reply r =
                     ask(port, {"SCAN", cursor, "MATCH", "*" + prefix + "*", "COUNT", "1000"});
                 if (!r.ok || r.elements.empty()) {
-                    found.push_back("(SCAN failed on " + host() + ":" + std::to_string(port) + ": " +
-                                    r.text + ")");
+                    found.push_back("(SCAN failed on " + host() + ":" + std::to_string(port) +
+                                    ": " + r.text + ")");
                     break;
                 }
                 cursor = r.elements.front();

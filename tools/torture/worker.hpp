@@ -292,8 +292,8 @@ private:
         std::int64_t fence = 0;
         int lease_ms = 0;
         std::uint8_t flags = 0;
-        bool publish = true;      ///< in thread_now (not in a forked child)
-        bool told_lost = false;   ///< a release of this hold answered lock_lost
+        bool publish = true;     ///< in thread_now (not in a forked child)
+        bool told_lost = false;  ///< a release of this hold answered lock_lost
     };
 
     static std::string open_descriptors() {
@@ -310,7 +310,8 @@ private:
             const std::string link = std::string{"/proc/self/fd/"} + e->d_name;
             const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
             if (n > 0 && std::atoi(e->d_name) > 2) {
-                out += std::string{e->d_name} + "->" + std::string{target, static_cast<std::size_t>(n)} + " ";
+                out += std::string{e->d_name} + "->" +
+                       std::string{target, static_cast<std::size_t>(n)} + " ";
             }
         }
         ::closedir(d);
@@ -520,11 +521,11 @@ private:
                     if (got) {
                         h.lease_ms = std::max(h.lease_ms, so.lease_ms);
                         const bool kept = hold_for(h, s.hold_ms, t);
-                        const std::error_code ec = timed_release(
-                            t, e, so, *sibling, s.shared,
-                            static_cast<std::uint8_t>(f | flag_inner |
-                                                      (h.told_lost ? flag_after_loss : 0)),
-                            h.lock->remaining().count());
+                        const std::error_code ec =
+                            timed_release(t, e, so, *sibling, s.shared,
+                                          static_cast<std::uint8_t>(
+                                              f | flag_inner | (h.told_lost ? flag_after_loss : 0)),
+                                          h.lock->remaining().count());
                         h.told_lost = h.told_lost || ec == redislock::errc::lock_lost;
                         if (!kept) {
                             return false;
@@ -554,8 +555,8 @@ private:
                                   h.flags);
                         r.t1 = start;
                         r.t2 = end;
-                        r.result = static_cast<std::uint8_t>(err == error_class::none ? outcome::done
-                                                                                       : outcome::threw);
+                        r.result = static_cast<std::uint8_t>(
+                            err == error_class::none ? outcome::done : outcome::threw);
                         r.error = static_cast<std::uint8_t>(err);
                         r.value = answer ? 1 : 0;
                         r.lease_ms = extend ? s.lease_ms : h.spec->lease_ms;
@@ -592,8 +593,8 @@ private:
             if (now >= until) {
                 return true;
             }
-            std::this_thread::sleep_for(std::chrono::nanoseconds{std::min<std::int64_t>(
-                until - now, 3'000'000)});
+            std::this_thread::sleep_for(
+                std::chrono::nanoseconds{std::min<std::int64_t>(until - now, 3'000'000)});
         }
     }
 
@@ -757,12 +758,14 @@ private:
     }
 
     void fresh_client_episode(int t, int e, const episode& ep, const thread_plan& tp,
-                              std::vector<std::unique_ptr<any_lock>>& objects, std::uint32_t actor) {
+                              std::vector<std::unique_ptr<any_lock>>& objects,
+                              std::uint32_t actor) {
         const object_spec& o = tp.objects[static_cast<std::size_t>(ep.object)];
         std::unique_ptr<any_client> client;
         const std::int64_t start = monotonic_ns();
         try {
-            client = make_client(setup_.where, proc_plan_.clients[static_cast<std::size_t>(o.client)]);
+            client =
+                make_client(setup_.where, proc_plan_.clients[static_cast<std::size_t>(o.client)]);
         } catch (...) {
             const auto [err, what] = classify(std::current_exception());
             log_.append(p_, [&](record& r) {
@@ -792,8 +795,7 @@ private:
         try {
             child.emplace([&](test::line_channel&) {
                 std::vector<std::unique_ptr<any_lock>> mine(tp.objects.size());
-                hold_episode(t, e, ep, tp, mine, log_.new_actor(), nullptr, false,
-                             flag_fork_child);
+                hold_episode(t, e, ep, tp, mine, log_.new_actor(), nullptr, false, flag_fork_child);
                 mine.clear();
                 return 0;
             });
