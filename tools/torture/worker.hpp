@@ -767,7 +767,9 @@ private:
             client =
                 make_client(setup_.where, proc_plan_.clients[static_cast<std::size_t>(o.client)]);
         } catch (...) {
-            const auto [err, what] = classify(std::current_exception());
+            const auto classified = classify(std::current_exception());
+            const error_class err = classified.first;
+            const std::string what = classified.second;
             log_.append(p_, [&](record& r) {
                 fill_call(r, t, e, o, call_op::acquire, flags_of(o, ep.shared) | flag_fresh_client);
                 r.call = static_cast<std::uint8_t>(ep.call);
