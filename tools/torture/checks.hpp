@@ -573,9 +573,10 @@ private:
             std::int64_t bound = loose;
             std::string why = hold_desc(h);
             if (h.killed) {
-                // Its span already lasts its lease past the kill; no release tells the waiters,
-                // so a dead waiter's place lapses only 2 s after the wait it asked for.
-                bound = 100 * ms;
+                // Its span already lasts its lease past the kill. No release tells the
+                // waiters: they see the key gone within the drift allowance and their backoff,
+                // and a dead waiter's place lapses only 2 s after the wait it asked for.
+                bound = std::int64_t{h.lease_ms} * ms / 100 + 2 * ms + 100 * ms + 256 * ms;
                 if (waiter_killed(until - std::int64_t{h.lease_ms} * ms - 2500 * ms, until)) {
                     bound += 2500 * ms;
                 }

@@ -520,6 +520,7 @@ private:
                                 s.shared, call_op::reenter, f, before_ms);
                     if (got) {
                         h.lease_ms = std::max(h.lease_ms, so.lease_ms);
+                        publish_lease(h, t);
                         const bool kept = hold_for(h, s.hold_ms, t);
                         const std::error_code ec =
                             timed_release(t, e, so, *sibling, s.shared,
@@ -549,6 +550,7 @@ private:
                     const std::int64_t end = monotonic_ns();
                     if (extend && answer) {
                         h.lease_ms = std::max(h.lease_ms, s.lease_ms);
+                        publish_lease(h, t);
                     }
                     log_.append(p_, [&](record& r) {
                         fill_call(r, t, e, *h.spec, extend ? call_op::extend : call_op::verify,
@@ -568,6 +570,13 @@ private:
             }
         }
         return hold_until(h, h.acquired + std::int64_t{ep.hold_ms} * 1'000'000, t);
+    }
+
+    // The longest lease the hold's key may carry now, for the checks to close it at a kill.
+    void publish_lease(const holding& h, int t) {
+        if (h.publish) {
+            now_.threads[t].hold_lease.store(h.lease_ms);
+        }
     }
 
     bool hold_for(holding& h, int ms, int t) {
