@@ -641,7 +641,8 @@ private:
                         }
                     }
                     const bool other_killed = dead_waiters >= 2;
-                    busy.push_back({k.at, until, (other_killed ? 2600 : 100) * ms,
+                    const std::int64_t seen = std::int64_t{wt.lease_ms} * ms / 100 + 358 * ms;
+                    busy.push_back({k.at, until, seen + (other_killed ? 2500 * ms : 0),
                                     "a waiter of p" + std::to_string(k.process) + " killed " +
                                         at(k.at) + " as the lock was free"});
                 }
