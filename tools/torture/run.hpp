@@ -113,7 +113,7 @@ public:
 private:
     void play(std::int64_t t0, std::int64_t t_end) {
         std::vector<kill_event> kills;
-        fault_context ctx{plan_, names_, log_, stop_, filter_, kills, {}};
+        fault_context ctx{plan_, names_, log_, stop_, filter_, kills};
         bool broken = false;  // a fault did not complete: the topology may not be whole
         for (const fault_spec& spec : plan_.faults) {
             const std::int64_t due = t0 + std::int64_t{spec.at_ms} * 1'000'000;

@@ -13,7 +13,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,8 +40,6 @@ struct fault_context {
     const std::atomic<bool>& stop;
     packet_filter& filter;
     std::vector<kill_event>& kills;
-    /// Which processes' clients go through proxy k: set by the run for proxy faults.
-    std::function<bool(int process, int path)> uses_path;
 };
 
 class topology {
