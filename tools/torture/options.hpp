@@ -18,6 +18,7 @@ namespace redislock::torture {
 inline constexpr const char* usage_text =
     R"(usage: redislock-torture [--topology single|sentinel|cluster|redlock|all[,...]] [--uri URI]
                          [--seed S] [--seconds N | --minutes M] [--processes P] [--threads T]
+                         [--names N]
                          [--verbose] [--trace N] [--no-faults] [--no-netns] [--print-plan]
                          [--help]
 
@@ -45,6 +46,8 @@ nothing left in Redis but fencing counters, no leaked descriptor or thread.
   --minutes M     a soak: M minutes per topology.
   --processes P   worker processes (default 3, at most 16).
   --threads T     threads per worker process (default 3, at most 16).
+  --names N       lock names (default 5, Redlock 3, at most 64): more names, more acquisitions
+                  per second (for a soak), less contention on each.
   --verbose       also print each fault as it happened.
   --trace N       at the end, print everything logged about name N (0, 1, ...) in time order.
   --no-faults     draw the plan as usual but cause none of its faults (a finding without faults
@@ -66,6 +69,7 @@ struct options {
     int run_ms = 20'000;
     int processes = 3;
     int threads = 3;
+    int names = 0;
     bool verbose = false;
     bool faults = true;
     bool netns = true;
@@ -153,6 +157,8 @@ inline options parse_options(const std::vector<std::string_view>& args) {
             o.processes = parse_count("--processes", value(), 1, max_processes);
         } else if (a == "--threads") {
             o.threads = parse_count("--threads", value(), 1, max_threads);
+        } else if (a == "--names") {
+            o.names = parse_count("--names", value(), 1, max_names);
         } else if (a == "--verbose") {
             o.verbose = true;
         } else if (a == "--no-faults") {

@@ -235,6 +235,7 @@ struct run_shape {
     int run_ms = 20'000;
     int processes = 3;
     int threads = 3;
+    int names = 0;  ///< 0: five (Redlock: three)
 };
 
 struct plan {
@@ -563,7 +564,7 @@ inline plan draw_plan(const run_shape& shape) {
     const rng root{shape.seed ^ (static_cast<std::uint64_t>(shape.topology) << 56)};
     rng names = root.stream("names");
     const bool redlock = shape.topology == topology_kind::redlock;
-    const int name_count = redlock ? 3 : 5;
+    const int name_count = shape.names > 0 ? shape.names : redlock ? 3 : 5;
     for (int i = 0; i < name_count; ++i) {
         if (redlock) {
             p.names.push_back(lock_type::mutex);

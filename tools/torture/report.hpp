@@ -37,6 +37,9 @@ inline std::string reproduce_line(const run_shape& shape, const std::string& uri
     }
     line += " --processes " + std::to_string(shape.processes) + " --threads " +
             std::to_string(shape.threads);
+    if (shape.names > 0) {
+        line += " --names " + std::to_string(shape.names);
+    }
     return line;
 }
 

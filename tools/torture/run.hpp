@@ -219,6 +219,7 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
     shape.run_ms = o.run_ms;
     shape.processes = o.processes;
     shape.threads = o.threads;
+    shape.names = o.names;
     const plan p = draw_plan(shape);
     if (o.print_plan) {
         print_header(out, p, "(the plan only)", o.uri);
