@@ -29,6 +29,7 @@
 #include "torture/faults.hpp"
 #include "torture/journal.hpp"
 #include "torture/plan.hpp"
+#include "torture/server_probe.hpp"
 
 namespace redislock::torture {
 
@@ -93,6 +94,7 @@ struct run_data {
     std::vector<kill_event> kills;
     std::vector<process_outcome> processes;
     std::vector<std::string> leftovers;
+    std::vector<slow_answer> slow;  ///< servers that answered the run's probe slowly
     std::int64_t t0 = 0;
     std::int64_t t_end = 0;
     std::uint64_t overflow = 0;
@@ -248,6 +250,17 @@ private:
             }
         }
         return worst;
+    }
+
+    // The servers that took at least `took` to answer a probe sent during [from, to].
+    std::set<int> slow_servers(std::int64_t from, std::int64_t to, std::int64_t took) const {
+        std::set<int> ports;
+        for (const auto& a : d_.slow) {
+            if (a.at <= to && a.at + a.took >= from && a.took >= took) {
+                ports.insert(a.port);
+            }
+        }
+        return ports;
     }
 
     void report(const std::string& check, std::int64_t when, std::string text) {
@@ -701,7 +714,7 @@ private:
             }
             if (next > due) {
                 const std::int64_t late = next - due;
-                if (lateness(w.process, s, next) >= late) {
+                if (lateness(w.process, s, next) >= late || !slow_servers(s, next, late).empty()) {
                     ++out_.excused["liveness"];
                     return;
                 }
@@ -822,6 +835,29 @@ private:
                 [](const fault_record& x) { return x.errors_ok; });
         }
         if (f != nullptr) {
+            ++out_.excused["error"];
+            return;
+        }
+        // The servers themselves did not answer in time (a loaded machine): a timeout or an
+        // outage is then theirs.
+        const client_spec& c = client_of(e.process, e.client);
+        if (cls == error_class::quorum) {
+            int faulted = 0;
+            for (const auto& x : d_.faults) {
+                if (x.applied && x.errors_ok && x.start <= e.t2 &&
+                    x.end + x.error_slack_ns >= e.t1) {
+                    faulted = std::max(faulted, x.masters);
+                }
+            }
+            const auto slow =
+                slow_servers(e.t1 - 100 * ms, e.t2, std::int64_t{c.node_timeout_ms} * ms);
+            if (static_cast<int>(slow.size()) + faulted >= 3) {
+                ++out_.excused["error"];
+                return;
+            }
+        } else if (transient(cls) &&
+                   !slow_servers(e.t1 - 100 * ms, e.t2, std::int64_t{c.command_timeout_ms} * ms / 2)
+                        .empty()) {
             ++out_.excused["error"];
             return;
         }

@@ -62,6 +62,7 @@ public:
         }
     }
 
+    std::vector<int> all_ports() override { return fixture_.ports(); }
     int port_for_key(const std::string& key) override { return fixture_.master_for_key(key); }
 
     bool can(fault_kind kind, const fault_context&) const override {

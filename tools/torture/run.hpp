@@ -27,6 +27,7 @@
 #include "torture/plan.hpp"
 #include "torture/report.hpp"
 #include "torture/sentinel_topology.hpp"
+#include "torture/server_probe.hpp"
 #include "torture/servers.hpp"
 #include "torture/topology.hpp"
 #include "torture/worker.hpp"
@@ -268,6 +269,7 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
     }
 
     fault_player faults{p, *topo, names, log, private_netns, out, o.verbose, o.faults};
+    server_probe probe{topo->all_ports()};
     const std::int64_t t0 = monotonic_ns();
     const std::int64_t t_end = t0 + std::int64_t{shape.run_ms} * 1'000'000;
     log.header().t0 = t0;
@@ -385,6 +387,7 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
         }
     }
     faults.stop_and_heal();
+    probe.stop();
 
     run_data data;
     data.the_plan = &p;
@@ -394,6 +397,7 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
     data.faults = faults.records();
     data.kills = faults.kills();
     data.kills.insert(data.kills.end(), stragglers.begin(), stragglers.end());
+    data.slow = probe.slow();
     if (!result.interrupted) {
         // Nothing may be left but fencing counters, once the leases of the killed are over.
         const std::int64_t until =

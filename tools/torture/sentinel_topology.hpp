@@ -62,6 +62,7 @@ public:
         }
         return out.empty() ? std::vector<int>{master_} : out;
     }
+    std::vector<int> all_ports() override { return ports_; }
     int port_for_key(const std::string&) override { return master_; }
 
     bool can(fault_kind kind, const fault_context&) const override {

@@ -236,6 +236,7 @@ public:
     }
 
     std::vector<int> masters() override { return {node_.server.port()}; }
+    std::vector<int> all_ports() override { return {node_.server.port()}; }
     int port_for_key(const std::string&) override { return node_.server.port(); }
 
     bool can(fault_kind kind, const fault_context&) const override {
@@ -326,6 +327,7 @@ public:
     }
 
     std::vector<int> masters() override { return {ep_.port}; }
+    std::vector<int> all_ports() override { return {}; }  // not ours to probe
     int port_for_key(const std::string&) override { return ep_.port; }
     std::string password() const override { return ep_.password; }
     std::string host() const override { return ep_.host; }
@@ -426,6 +428,7 @@ public:
         }
         return ports;
     }
+    std::vector<int> all_ports() override { return masters(); }
     int port_for_key(const std::string&) override { return nodes_[0]->server.port(); }
 
     bool can(fault_kind kind, const fault_context&) const override {

@@ -50,6 +50,8 @@ public:
     virtual endpoints where() const = 0;
     /// The masters to scan at the end (ports on 127.0.0.1), after every fault healed.
     virtual std::vector<int> masters() = 0;
+    /// Every data node's port, for the responsiveness probe (fixed for the run).
+    virtual std::vector<int> all_ports() = 0;
     /// Whether this topology can cause `kind` here (process control, DEBUG, iptables...).
     virtual bool can(fault_kind kind, const fault_context& ctx) const = 0;
     /// Causes the fault, waits its duration, heals it; returns what it did.
