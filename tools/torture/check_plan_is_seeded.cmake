@@ -1,0 +1,27 @@
+# The plan redislock-torture draws depends on its seed alone: the same seed prints the same plan
+# (the `operations:` line and every episode and fault), another seed another one.
+# Usage: cmake -DTOOL=<redislock-torture> -P check_plan_is_seeded.cmake
+foreach(run IN ITEMS first second other)
+    set(seed 12345)
+    if(run STREQUAL "other")
+        set(seed 12346)
+    endif()
+    execute_process(COMMAND ${TOOL} --print-plan --topology all --seed ${seed} --seconds 30
+                    OUTPUT_VARIABLE ${run} RESULT_VARIABLE status)
+    if(NOT status EQUAL 0)
+        message(FATAL_ERROR "${TOOL} --print-plan failed with ${status}")
+    endif()
+    string(REGEX REPLACE "[^\n]*seed 0x[^\n]*\n" "" ${run} "${${run}}")
+endforeach()
+string(REGEX MATCHALL "operations: [0-9]+" lines "${first}")
+list(LENGTH lines count)
+if(NOT count EQUAL 4)
+    message(FATAL_ERROR "expected an operations: line per topology, got:\n${first}")
+endif()
+if(NOT first STREQUAL second)
+    message(FATAL_ERROR "the same seed drew two different plans")
+endif()
+if(first STREQUAL other)
+    message(FATAL_ERROR "two seeds drew the same plan")
+endif()
+message(STATUS "plans are drawn from the seed: ${lines}")

@@ -1,0 +1,975 @@
+// redislock-torture: the checks, made from outside Redis on what the workers logged, the faults
+// did and the final scan found. Each finding is a violation unless a fault documented to allow
+// it explains it (then it is counted as excused):
+// - exclusion: no two holders of a name at once (readers may overlap readers), a hold counting
+//   from the acquiring call's return to the last owned() that said yes;
+// - fencing: a fenced acquisition granted before another one was asked for drew a smaller token;
+// - deadlines: every timed call (try_lock_for, try_lock_until, a stop request) returns by its
+//   deadline + 50 ms (Redlock: its first attempt may take node_timeout, as documented), every
+//   unlock() within the connect and command timeouts + 50 ms; a late return is excused when the
+//   process's own scheduler probe was as late then;
+// - liveness: a waiter gets a free lock within the last holder's lease + 100 ms once it was
+//   released (a loss by expiry with no fault around: within the drift allowance + the waiter's
+//   backoff + 100 ms), except while a fault blocks the name and for a while after it heals;
+// - errors: no lock call throws and no release fails unless a fault allows it (a slot being
+//   migrated allows none); no server answer says a lock is gone while its holder's local
+//   deadline is still ahead;
+// - leftovers, leaks, crashes, hangs, and what the faults themselves found (BUSYKEY).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "torture/faults.hpp"
+#include "torture/journal.hpp"
+#include "torture/plan.hpp"
+#include "torture/server_probe.hpp"
+
+namespace redislock::torture {
+
+/// A record copied out of the journal.
+struct entry {
+    record_type type{};
+    std::uint8_t op = 0, result = 0, error = 0;
+    int name = 0, process = 0, thread = 0, call = 0, flags = 0, min_replicas = 0, client = 0;
+    std::uint32_t actor = 0, episode = 0;
+    std::int64_t t0 = 0, t1 = 0, t2 = 0, t3 = 0, t4 = 0, value = 0;
+    int lease_ms = 0, timeout_ms = 0, remaining_ms = 0;
+    std::string text;
+
+    static entry of(const record& r) {
+        entry e;
+        e.type = r.type;
+        e.op = r.op;
+        e.result = r.result;
+        e.error = r.error;
+        e.name = r.name;
+        e.process = r.process;
+        e.thread = r.thread;
+        e.call = r.call;
+        e.flags = r.flags;
+        e.min_replicas = r.min_replicas;
+        e.client = r.client;
+        e.actor = r.actor;
+        e.episode = r.episode;
+        e.t0 = r.t0;
+        e.t1 = r.t1;
+        e.t2 = r.t2;
+        e.t3 = r.t3;
+        e.t4 = r.t4;
+        e.value = r.value;
+        e.lease_ms = r.lease_ms;
+        e.timeout_ms = r.timeout_ms;
+        e.remaining_ms = r.remaining_ms;
+        e.text = r.text;
+        return e;
+    }
+};
+
+struct violation {
+    std::string check;
+    std::string text;
+    std::int64_t at = 0;
+};
+
+struct process_outcome {
+    long fds_before = -1, fds_after = -1, tasks_before = -1, tasks_after = -1;
+    bool finished = false;
+    std::string death;  ///< how it died, when not by the run's hand
+    std::string hang;   ///< what it was doing when the run had to kill it
+};
+
+/// Everything the checks look at.
+struct run_data {
+    const plan* the_plan = nullptr;
+    std::vector<std::string> names;
+    std::vector<entry> entries;
+    std::vector<fault_record> faults;
+    std::vector<kill_event> kills;
+    std::vector<process_outcome> processes;
+    std::vector<std::string> leftovers;
+    std::vector<slow_answer> slow;  ///< servers that answered the run's probe slowly
+    std::int64_t t0 = 0;
+    std::int64_t t_end = 0;
+    std::uint64_t overflow = 0;
+};
+
+struct findings {
+    std::vector<violation> violations;
+    std::map<std::string, int> excused;    ///< by check
+    std::vector<std::string> tool_errors;  ///< the run could not be made (exit status 3)
+    std::vector<std::string> notes;        ///< a fault that did not complete (its window excuses)
+};
+
+class checker {
+public:
+    explicit checker(const run_data& d) : d_{d}, p_{*d.the_plan} {}
+
+    findings run() {
+        exclusion();
+        fencing();
+        deadlines();
+        liveness();
+        errors();
+        rest();
+        std::sort(out_.violations.begin(), out_.violations.end(),
+                  [](const violation& a, const violation& b) { return a.at < b.at; });
+        return out_;
+    }
+
+    /// "+12.345s": a time of the run.
+    std::string at(std::int64_t ns) const {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%+.3fs", static_cast<double>(ns - d_.t0) / 1e9);
+        return buf;
+    }
+
+private:
+    static constexpr std::int64_t ms = 1'000'000;
+
+    struct hold_span {
+        int name = 0, process = 0, thread = 0, flags = 0, lease_ms = 0, client = 0;
+        std::uint32_t actor = 0, episode = 0;
+        std::int64_t call_start = 0, acquired = 0, last_owned = 0, let_go = 0, free = 0;
+        std::int64_t fence = 0;
+        bool lost = false, killed = false;
+        int min_replicas = 0;
+        bool write() const { return (flags & flag_shared) == 0; }
+        std::int64_t occupied_until() const { return lost ? let_go : free; }
+    };
+
+    // ---- helpers ---------------------------------------------------------------------------
+
+    const std::string& name_of(int n) const { return d_.names[static_cast<std::size_t>(n)]; }
+
+    // What the plan says of an episode, in short.
+    std::string plan_of(int process, int thread, std::uint32_t episode) const {
+        const auto& t = p_.processes[static_cast<std::size_t>(process)]
+                            .threads[static_cast<std::size_t>(thread)];
+        if (episode >= t.episodes.size()) {
+            return {};
+        }
+        const auto& e = t.episodes[episode];
+        const auto& o = t.objects[static_cast<std::size_t>(e.object)];
+        std::string s =
+            " [object #" + std::to_string(e.object) + ": lease " + std::to_string(o.lease_ms) +
+            " ms" + (o.watchdog ? ", watchdog" : "") + (o.fencing ? ", fencing" : "") +
+            (o.min_replicas > 0 ? ", min_replicas " + std::to_string(o.min_replicas) : "") +
+            (o.explicit_owner ? ", explicit owner" : "") + "; " + std::string{to_string(e.call)};
+        if (e.call == call_kind::try_lock_for || e.call == call_kind::try_lock_until ||
+            e.call == call_kind::try_lock_for_stop) {
+            s += " " + std::to_string(e.timeout_ms) + " ms";
+        }
+        if (e.call == call_kind::lock_stop || e.call == call_kind::try_lock_for_stop) {
+            s += ", stop after " + std::to_string(e.stop_ms) + " ms";
+        }
+        s += std::string{e.shared ? ", read" : ""} + ", hold " + std::to_string(e.hold_ms) + " ms";
+        for (const auto& st : e.steps) {
+            s += ", @" + std::to_string(st.at_ms) + " ms ";
+            switch (st.what) {
+                case inner_step::kind::reenter: {
+                    const auto& so = t.objects[static_cast<std::size_t>(st.object)];
+                    s += "re-enter through object #" + std::to_string(st.object) + " (lease " +
+                         std::to_string(so.lease_ms) + " ms" + (so.watchdog ? ", watchdog" : "") +
+                         ")" + (st.shared ? " to read" : "") + " for " +
+                         std::to_string(st.hold_ms) + " ms";
+                    break;
+                }
+                case inner_step::kind::extend:
+                    s += "extend(" + std::to_string(st.lease_ms) + " ms)";
+                    break;
+                case inner_step::kind::verify:
+                    s += "verify()";
+                    break;
+            }
+        }
+        s += ", then " + std::string{to_string(e.release)} + "]";
+        return s;
+    }
+
+    std::string who(int process, int thread, std::uint32_t episode, int flags) const {
+        std::string s = "p" + std::to_string(process) + "t" + std::to_string(thread) + " episode " +
+                        std::to_string(episode) + plan_of(process, thread, episode);
+        if (flags & flag_fork_child) {
+            s += " (forked child)";
+        }
+        if (flags & flag_fresh_client) {
+            s += " (client destroyed while holding)";
+        }
+        return s;
+    }
+
+    std::string lock_desc(int name) const {
+        return "'" + name_of(name) + "' (" +
+               std::string{to_string(p_.names[static_cast<std::size_t>(name)])} + ")";
+    }
+
+    const client_spec& client_of(int process, int client) const {
+        const auto& clients = p_.processes[static_cast<std::size_t>(process)].clients;
+        return clients[static_cast<std::size_t>(client) % clients.size()];
+    }
+
+    int path_of(int process, int client) const { return client_of(process, client).path; }
+
+    bool path_matches(const fault_record& f, int process, int client) const {
+        return f.path == -2 || f.path == path_of(process, client);
+    }
+
+    // Faults during [from, to] (each stretched by `slack(f)` after its end) that touch `name`
+    // on the path of (process, client).
+    template <class Slack, class Want>
+    const fault_record* fault_during(int name, int process, int client, std::int64_t from,
+                                     std::int64_t to, Slack slack, Want want) const {
+        for (const auto& f : d_.faults) {
+            if (!f.applied || !f.touches(name) || !want(f)) {
+                continue;
+            }
+            if (process >= 0 && !path_matches(f, process, client)) {
+                continue;
+            }
+            if (f.start <= to && f.end + slack(f) >= from) {
+                return &f;
+            }
+        }
+        return nullptr;
+    }
+
+    // How late the process's own scheduler was, at most, during [from, to].
+    std::int64_t lateness(int process, std::int64_t from, std::int64_t to) const {
+        std::int64_t worst = 0;
+        for (const auto& e : d_.entries) {
+            if (e.type == record_type::late && e.process == process && e.t1 <= to &&
+                e.t1 + e.t2 >= from) {
+                worst = std::max(worst, e.t2);
+            }
+        }
+        return worst;
+    }
+
+    // The servers that took at least `took` to answer a probe sent during [from, to].
+    std::set<int> slow_servers(std::int64_t from, std::int64_t to, std::int64_t took) const {
+        std::set<int> ports;
+        for (const auto& a : d_.slow) {
+            if (a.at <= to && a.at + a.took >= from && a.took >= took) {
+                ports.insert(a.port);
+            }
+        }
+        return ports;
+    }
+
+    void report(const std::string& check, std::int64_t when, std::string text) {
+        out_.violations.push_back({check, std::move(text), when});
+    }
+
+    std::vector<hold_span> holds() const {
+        std::vector<hold_span> out;
+        for (const auto& e : d_.entries) {
+            if (e.type != record_type::hold) {
+                continue;
+            }
+            hold_span h;
+            h.name = e.name;
+            h.process = e.process;
+            h.thread = e.thread;
+            h.flags = e.flags;
+            h.lease_ms = e.lease_ms;
+            h.client = e.client;
+            h.actor = e.actor;
+            h.episode = e.episode;
+            h.call_start = e.t0;
+            h.acquired = e.t1;
+            h.last_owned = e.t2;
+            h.let_go = e.t3;
+            h.free = e.t4;
+            h.fence = e.value;
+            h.lost = e.op == static_cast<std::uint8_t>(hold_end::lost);
+            h.min_replicas = e.min_replicas;
+            out.push_back(h);
+        }
+        for (const auto& k : d_.kills) {
+            for (const auto& held : k.holds) {
+                hold_span h;
+                h.name = held.name;
+                h.process = k.process;
+                h.thread = held.thread;
+                h.flags = held.flags;
+                h.lease_ms = held.lease_ms;
+                h.actor = held.actor;
+                h.episode = static_cast<std::uint32_t>(held.episode);
+                h.call_start = held.acquired;
+                h.acquired = held.acquired;
+                h.last_owned = held.last_owned;
+                h.let_go = k.at;
+                // A dead holder's key lives until its lease runs out.
+                h.free = k.at + std::int64_t{held.lease_ms} * ms;
+                h.fence = held.fence;
+                h.killed = true;
+                h.min_replicas = held.min_replicas;
+                const auto& objects = p_.processes[static_cast<std::size_t>(k.process)]
+                                          .threads[static_cast<std::size_t>(held.thread)]
+                                          .objects;
+                h.client = objects[static_cast<std::size_t>(held.object) % objects.size()].client;
+                out.push_back(h);
+            }
+        }
+        return out;
+    }
+
+    std::string hold_desc(const hold_span& h) const {
+        std::string s = who(h.process, h.thread, h.episode, h.flags) + " (" +
+                        (h.write() ? "write" : "read") + ", lease " + std::to_string(h.lease_ms) +
+                        " ms" + ((h.flags & flag_watchdog) ? ", watchdog" : "") +
+                        (h.fence > 0 ? ", token " + std::to_string(h.fence) : "") + ") acquired " +
+                        at(h.acquired) + ", owned() still true at " + at(h.last_owned);
+        if (h.killed) {
+            s += ", killed " + at(h.let_go);
+        }
+        return s;
+    }
+
+    // ---- exclusion -------------------------------------------------------------------------
+
+    // Whether a failover or restart that may lose acknowledged writes explains `a` and `b`
+    // holding at once (see docs/guarantees.md).
+    const fault_record* write_loss_between(const hold_span& a, const hold_span& b) const {
+        for (const auto& f : d_.faults) {
+            if (!f.applied || !f.touches(a.name) || f.loses == write_loss::none) {
+                continue;
+            }
+            if (f.loses == write_loss::any_holder) {
+                if (a.acquired <= f.end + 1000 * ms && b.acquired >= f.start - 500 * ms) {
+                    return &f;
+                }
+            } else if (a.acquired >= f.start - 100 * ms && a.acquired <= f.start + 300 * ms &&
+                       b.acquired >= f.start) {
+                return &f;
+            }
+        }
+        return nullptr;
+    }
+
+    void exclusion() {
+        auto all = holds();
+        std::sort(all.begin(), all.end(),
+                  [](const hold_span& a, const hold_span& b) { return a.acquired < b.acquired; });
+        std::map<int, std::vector<hold_span>> active;  // by name
+        std::map<std::pair<std::uint32_t, std::int64_t>, overlap> overlaps;
+        for (const auto& b : all) {
+            if (b.last_owned < b.acquired) {
+                continue;  // never seen owned
+            }
+            auto& list = active[b.name];
+            list.erase(
+                std::remove_if(list.begin(), list.end(),
+                               [&](const hold_span& a) { return a.last_owned <= b.acquired; }),
+                list.end());
+            for (const auto& a : list) {
+                if (a.actor == b.actor || !(a.write() || b.write())) {
+                    continue;
+                }
+                if (write_loss_between(a, b) != nullptr) {
+                    ++out_.excused["exclusion"];
+                    continue;
+                }
+                // One line per hold that others overlapped: the first of them, and how many.
+                const auto key = std::make_pair(a.actor, a.acquired);
+                auto [it, fresh] = overlaps.try_emplace(key, overlap{a, b, 0});
+                ++it->second.rivals;
+                (void)fresh;
+            }
+            list.push_back(b);
+        }
+        for (const auto& [key, o] : overlaps) {
+            report(
+                "exclusion", o.first.acquired,
+                "two holders of " + lock_desc(o.held.name) + " at once for " +
+                    std::to_string(
+                        (std::min(o.held.last_owned, o.first.last_owned) - o.first.acquired) / ms) +
+                    " ms: " + hold_desc(o.held) + "; and " + hold_desc(o.first) +
+                    (o.rivals > 1 ? "; and " + std::to_string(o.rivals - 1) +
+                                        " more holders during the first one's hold"
+                                  : std::string{}) +
+                    describe_faults(o.held.name, o.held.acquired, o.first.last_owned));
+        }
+    }
+
+    struct overlap {
+        hold_span held;   ///< the earlier hold
+        hold_span first;  ///< the first other holder during it
+        int rivals;
+    };
+
+    std::string describe_faults(int name, std::int64_t from, std::int64_t to) const {
+        std::string s;
+        for (const auto& f : d_.faults) {
+            if (f.applied && f.touches(name) && f.start <= to && f.end >= from - 2000 * ms) {
+                s += (s.empty() ? "" : "; ") + f.what + " [" + at(f.start) + ", " + at(f.end) + "]";
+            }
+        }
+        return s.empty() ? " — no fault around" : " — faults around: " + s;
+    }
+
+    // ---- fencing ---------------------------------------------------------------------------
+
+    void fencing() {
+        auto all = holds();
+        std::map<int, std::vector<hold_span>> by_name;
+        for (const auto& h : all) {
+            if (h.fence > 0 && h.write()) {
+                by_name[h.name].push_back(h);
+            }
+        }
+        for (auto& [name, list] : by_name) {
+            // Granted before another was asked for: its token must be smaller.
+            std::vector<hold_span> by_grant = list;
+            std::sort(by_grant.begin(), by_grant.end(), [](const hold_span& a, const hold_span& b) {
+                return a.acquired < b.acquired;
+            });
+            std::sort(list.begin(), list.end(), [](const hold_span& a, const hold_span& b) {
+                return a.call_start < b.call_start;
+            });
+            // The two highest tokens granted so far, of different owners: a holder may meet
+            // its own token again (a re-entry of an entry whose release failed).
+            std::size_t next = 0;
+            std::optional<hold_span> highest;
+            std::optional<hold_span> second;
+            for (const auto& b : list) {
+                while (next < by_grant.size() && by_grant[next].acquired < b.call_start) {
+                    const hold_span& g = by_grant[next];
+                    if (!highest || g.fence > highest->fence) {
+                        if (highest && highest->actor != g.actor) {
+                            second = highest;
+                        }
+                        highest = g;
+                    } else if (g.actor != highest->actor && (!second || g.fence > second->fence)) {
+                        second = g;
+                    }
+                    ++next;
+                }
+                const std::optional<hold_span>& other =
+                    highest && highest->actor == b.actor ? second : highest;
+                if (other && b.fence <= other->fence) {
+                    const hold_span& h = *other;
+                    report("fencing", b.acquired,
+                           "fencing token of " + lock_desc(name) + " did not increase: " +
+                               hold_desc(h) + "; then " + hold_desc(b) + ", asked for at " +
+                               at(b.call_start) + describe_faults(name, h.acquired, b.acquired));
+                }
+            }
+        }
+    }
+
+    // ---- deadlines -------------------------------------------------------------------------
+
+    void deadlines() {
+        const bool redlock = p_.shape.topology == topology_kind::redlock;
+        for (const auto& e : d_.entries) {
+            if (e.type != record_type::call) {
+                continue;
+            }
+            const auto op = static_cast<call_op>(e.op);
+            const client_spec& c = client_of(e.process, e.client);
+            std::int64_t bound = 0;
+            std::string what;
+            if (op == call_op::acquire || op == call_op::reenter) {
+                if (e.t3 == 0 && e.t4 == 0) {
+                    continue;
+                }
+                std::int64_t deadline = e.t3;
+                if (deadline != 0 && redlock) {
+                    // The first attempt always gets the full node_timeout (redlock_mutex.hpp).
+                    deadline = std::max(deadline, e.t1 + std::int64_t{c.node_timeout_ms} * ms);
+                }
+                bound = deadline == 0 ? e.t4 : e.t4 == 0 ? deadline : std::min(deadline, e.t4);
+                what =
+                    std::string{to_string(static_cast<call_kind>(e.call))} +
+                    (e.t3 != 0 ? " with a " + std::to_string(e.timeout_ms) + " ms timeout" : "") +
+                    (e.t4 != 0 ? ", stop requested " + at(e.t4) : "");
+            } else if (op == call_op::unlock) {
+                const int allowed =
+                    redlock ? c.node_timeout_ms : c.connect_timeout_ms + c.command_timeout_ms;
+                bound = e.t1 + std::int64_t{allowed} * ms;
+                what = "unlock (allowed " + std::to_string(allowed) + " ms)";
+            } else {
+                continue;
+            }
+            const std::int64_t over = e.t2 - (bound + 50 * ms);
+            if (over <= 0) {
+                continue;
+            }
+            if (lateness(e.process, bound - 100 * ms, e.t2) >= over) {
+                ++out_.excused["deadline"];
+                continue;
+            }
+            report("deadline", e.t2,
+                   what + " on " + lock_desc(e.name) + " by " +
+                       who(e.process, e.thread, e.episode, e.flags) + " started " + at(e.t1) +
+                       ", was due by " + at(bound) + " + 50 ms, returned " + at(e.t2) + " (" +
+                       std::to_string((e.t2 - bound) / ms) + " ms late)" +
+                       (e.text.empty() ? "" : ": " + e.text) + describe_faults(e.name, e.t1, e.t2));
+        }
+    }
+
+    // ---- liveness --------------------------------------------------------------------------
+
+    struct span {
+        std::int64_t from, to;
+        std::int64_t bound;  ///< after `to`, how long a waiter may still wait
+        std::string why;
+    };
+
+    void liveness() {
+        const auto all = holds();
+        for (const auto& w : d_.entries) {
+            if (w.type != record_type::call ||
+                w.op != static_cast<std::uint8_t>(call_op::acquire)) {
+                continue;
+            }
+            const auto call = static_cast<call_kind>(w.call);
+            if (call == call_kind::try_lock) {
+                continue;
+            }
+            if (w.result == static_cast<std::uint8_t>(outcome::threw)) {
+                continue;  // the errors check speaks for it
+            }
+            if (w.min_replicas > 0) {
+                continue;  // slow replicas may hold it back (each grant waits for their WAIT)
+            }
+            check_waiter(w, all);
+        }
+    }
+
+    void check_waiter(const entry& w, const std::vector<hold_span>& all) {
+        const int n = w.name;
+        const client_spec& c = client_of(w.process, w.client);
+        std::vector<span> busy;
+        // A blocking fault on the name, on the holder's or the waiter's path, during [from, to].
+        const auto fault_near = [&](const hold_span& h, std::int64_t from, std::int64_t to) {
+            for (const auto& f : d_.faults) {
+                if (!f.applied || !f.touches(n) || !f.blocks) {
+                    continue;
+                }
+                if (!path_matches(f, h.process, h.client) &&
+                    !path_matches(f, w.process, w.client)) {
+                    continue;
+                }
+                if (f.start <= to && f.end + f.block_slack_ns >= from) {
+                    return true;
+                }
+            }
+            return false;
+        };
+        // A waiter of the name killed lately: its place in the queue lapses by itself 2 s after
+        // the wait its last attempt asked for (docs/configuration.md), unless told to go.
+        const auto waiter_killed = [&](std::int64_t from, std::int64_t to) {
+            for (const auto& k : d_.kills) {
+                for (const auto& wt : k.waits) {
+                    if (wt.name == n && k.at >= from && k.at <= to) {
+                        return true;
+                    }
+                }
+            }
+            return false;
+        };
+        for (const auto& h : all) {
+            if (h.name != n || h.acquired > w.t2) {
+                continue;
+            }
+            const std::int64_t until = h.occupied_until();
+            const std::int64_t loose = std::int64_t{h.lease_ms} * ms + 100 * ms;
+            std::int64_t bound = loose;
+            std::string why = hold_desc(h);
+            if (h.killed) {
+                // Its span already lasts its lease past the kill. No release tells the
+                // waiters: they see the key gone within the drift allowance and their backoff,
+                // and a dead waiter's place lapses only 2 s after the wait it asked for.
+                bound = std::int64_t{h.lease_ms} * ms / 100 + 2 * ms + 100 * ms + 256 * ms;
+                if (waiter_killed(until - std::int64_t{h.lease_ms} * ms - 2500 * ms, until)) {
+                    bound += 2500 * ms;
+                }
+                why += ", its process killed";
+            } else if (h.lost) {
+                why += ", found lost " + at(until);
+                const std::int64_t lease = std::int64_t{h.lease_ms} * ms;
+                if (!fault_near(h, h.acquired - 1000 * ms, until + 2000 * ms) &&
+                    lateness(h.process, until - lease / 3 - 50 * ms, until) < 20 * ms) {
+                    // Lost by expiry with nothing going on: the server lets go within the drift
+                    // allowance, and the waiter sees it within its backoff.
+                    bound = lease / 100 + 2 * ms + 100 * ms + 256 * ms;
+                    if (waiter_killed(until - lease - 2500 * ms, until)) {
+                        bound += 2500 * ms;
+                    }
+                    why += " (by expiry, no fault around)";
+                }
+            } else {
+                why += ", released " + at(until);
+                if (!fault_near(h, until - 1000 * ms, until + 1000 * ms)) {
+                    // Released with nothing going on: the waiter is told at once (README,
+                    // "Waiting"); a second covers a busy machine and a waiter that polls.
+                    bound = std::min(loose, 1000 * ms);
+                    why += " (no fault around)";
+                }
+            }
+            busy.push_back({h.acquired, until, bound, why});
+        }
+        // Faults that keep the name from being taken, on the waiter's path.
+        for (const auto& f : d_.faults) {
+            if (!f.applied || !f.touches(n) || f.start > w.t2) {
+                continue;
+            }
+            const bool blocks = f.blocks || (f.replicas_only && w.min_replicas > 0);
+            if (!blocks || !path_matches(f, w.process, w.client)) {
+                continue;
+            }
+            busy.push_back({f.start, f.end + f.block_slack_ns, 100 * ms, f.what});
+        }
+        // A killed waiter's attempt may have taken a free lock as it died: held for its lease.
+        for (const auto& k : d_.kills) {
+            for (const auto& wt : k.waits) {
+                if (wt.name != n || k.at > w.t2) {
+                    continue;
+                }
+                bool held_by_other = false;
+                for (const auto& h : all) {
+                    if (h.name == n && h.process != k.process && h.acquired <= k.at &&
+                        h.occupied_until() >= k.at) {
+                        held_by_other = true;
+                        break;
+                    }
+                }
+                if (!held_by_other) {
+                    const std::int64_t until = k.at + std::int64_t{wt.lease_ms} * ms;
+                    // Another dead waiter behind it is told nothing when its lease ends.
+                    int dead_waiters = 0;
+                    for (const auto& k2 : d_.kills) {
+                        for (const auto& w2 : k2.waits) {
+                            dead_waiters +=
+                                w2.name == n && k2.at <= until && k2.at >= k.at - 2500 * ms;
+                        }
+                    }
+                    const bool other_killed = dead_waiters >= 2;
+                    const std::int64_t seen = std::int64_t{wt.lease_ms} * ms / 100 + 358 * ms;
+                    busy.push_back({k.at, until, seen + (other_killed ? 2500 * ms : 0),
+                                    "a waiter of p" + std::to_string(k.process) + " killed " +
+                                        at(k.at) + " as the lock was free"});
+                }
+            }
+        }
+        // Walk the waiter's call: a free stretch starts where the busy spans covering it end,
+        // lasts until the next busy span (every grant starts one: its hold), and must not
+        // outlast the bound of what ended before it.
+        std::int64_t s = w.t1;
+        for (;;) {
+            for (bool moved = true; moved;) {
+                moved = false;
+                for (const auto& b : busy) {
+                    if (b.from <= s && b.to > s) {
+                        s = b.to;
+                        moved = true;
+                    }
+                }
+            }
+            if (s >= w.t2) {
+                return;
+            }
+            std::int64_t next = w.t2;
+            for (const auto& b : busy) {
+                if (b.from > s) {
+                    next = std::min(next, b.from);
+                }
+            }
+            // By when the waiter should have it: the longest allowance of what ended by then,
+            // or one round trip when nothing did.
+            std::int64_t due = w.t1 + 100 * ms + std::int64_t{c.command_timeout_ms} * ms;
+            std::string after = "nothing (free when the call started)";
+            std::int64_t latest = 0;
+            for (const auto& b : busy) {
+                if (b.to <= s && b.to + b.bound > due) {
+                    due = b.to + b.bound;
+                    after = b.why;
+                }
+                if (b.to <= s && b.to > latest &&
+                    due == w.t1 + 100 * ms + std::int64_t{c.command_timeout_ms} * ms) {
+                    latest = b.to;
+                    after = "nothing for a while (free when the call started); the last: " + b.why;
+                }
+            }
+            std::string dead;
+            for (const auto& k : d_.kills) {
+                for (const auto& wt : k.waits) {
+                    if (wt.name == n && k.at <= s && k.at >= s - 10'000 * ms) {
+                        dead += " " + at(k.at) + " (p" + std::to_string(k.process) + "t" +
+                                std::to_string(wt.thread) + ")";
+                    }
+                }
+            }
+            if (!dead.empty()) {
+                after += "; waiters of it killed at" + dead;
+            }
+            if (next > due) {
+                const std::int64_t late = next - due;
+                if (lateness(w.process, s, next) >= late || !slow_servers(s, next, late).empty()) {
+                    ++out_.excused["liveness"];
+                    return;
+                }
+                report("liveness", due,
+                       std::string{to_string(static_cast<call_kind>(w.call))} +
+                           (w.flags & flag_shared ? " (read)" : "") + " of " + lock_desc(n) +
+                           " by " + who(w.process, w.thread, w.episode, w.flags) + " (lease " +
+                           std::to_string(w.lease_ms) + " ms, call " + at(w.t1) + " to " +
+                           at(w.t2) +
+                           (w.result == static_cast<std::uint8_t>(outcome::acquired)
+                                ? ", acquired"
+                                : ", not acquired") +
+                           "): free from " + at(s) + ", due by " + at(due) + ", still waiting " +
+                           std::to_string(late / ms) + " ms later; last before it: " + after +
+                           describe_faults(n, s - 3000 * ms, next));
+                return;
+            }
+            s = next;
+        }
+    }
+
+    // ---- errors ----------------------------------------------------------------------------
+
+    static bool transient(error_class e) {
+        switch (e) {
+            case error_class::connection:
+            case error_class::timeout:
+            case error_class::unavailable:
+            case error_class::server:
+            case error_class::replication:
+                return true;
+            default:
+                return false;
+        }
+    }
+
+    void errors() {
+        for (const auto& e : d_.entries) {
+            if (e.type != record_type::call) {
+                continue;
+            }
+            const auto op = static_cast<call_op>(e.op);
+            const bool threw = e.result == static_cast<std::uint8_t>(outcome::threw);
+            if (threw) {
+                judge_error(e, static_cast<error_class>(e.error),
+                            std::string{to_string(static_cast<error_class>(e.error))});
+            } else if (op == call_op::unlock && e.value > 0) {
+                const auto ec = static_cast<int>(e.value);
+                if (ec == 4 || ec == 5) {  // connection_failed, server_failed
+                    judge_error(e, ec == 4 ? error_class::connection : error_class::server,
+                                "unlock(ec) = " + e.text);
+                } else if (ec == 3) {  // lock_lost
+                    early_loss(e, "unlock(ec) reported the lock lost");
+                } else if (ec == 1 && (e.flags & flag_after_loss)) {
+                    // not_held: the entries went with the release that said lock_lost.
+                } else {
+                    report("error", e.t2,
+                           std::string{(e.flags & flag_inner) ? "the re-entry's unlock(ec)"
+                                                              : "unlock(ec)"} +
+                               std::string{(e.flags & flag_shared) ? " (read)" : ""} + " of " +
+                               lock_desc(e.name) + " by " +
+                               who(e.process, e.thread, e.episode, e.flags) + " at " + at(e.t1) +
+                               ": " + e.text);
+                }
+            } else if ((op == call_op::extend || op == call_op::verify) && e.value == 0 &&
+                       e.result == static_cast<std::uint8_t>(outcome::done)) {
+                early_loss(e, op == call_op::extend ? "extend() found the lock lost"
+                                                    : "verify() found the lock lost");
+            }
+        }
+    }
+
+    void judge_error(const entry& e, error_class cls, const std::string& what) {
+        const bool redlock = p_.shape.topology == topology_kind::redlock;
+        const auto op = static_cast<call_op>(e.op);
+        const std::string call = op == call_op::acquire || op == call_op::reenter
+                                     ? std::string{to_string(static_cast<call_kind>(e.call))}
+                                 : op == call_op::extend ? "extend()"
+                                 : op == call_op::verify ? "verify()"
+                                 : op == call_op::unlock ? "unlock(ec)"
+                                                         : "a call";
+        if (cls == error_class::replication && e.min_replicas > 0) {
+            ++out_.excused["error"];
+            return;
+        }
+        const bool timed_out = cls == error_class::timeout ||
+                               (cls == error_class::connection &&
+                                e.text.find("did not answer in time") != std::string::npos);
+        if (timed_out && e.t3 != 0 && e.t2 >= e.t3 - 2 * ms) {
+            // The server did not answer within the time the caller gave.
+            ++out_.excused["error"];
+            return;
+        }
+        const fault_record* f = nullptr;
+        if (cls == error_class::quorum) {
+            f = fault_during(
+                e.name, e.process, e.client, e.t1, e.t2,
+                [](const fault_record& x) { return x.error_slack_ns; },
+                [](const fault_record& x) { return x.errors_ok && x.masters >= 3; });
+        } else if (transient(cls) && !redlock) {
+            f = fault_during(
+                e.name, e.process, e.client, e.t1, e.t2,
+                [](const fault_record& x) { return x.error_slack_ns; },
+                [&](const fault_record& x) {
+                    return x.errors_ok || (x.replicas_only && e.min_replicas > 0);
+                });
+        } else if (cls == error_class::system && !redlock) {
+            // A read entry whose release failed stays until the reaper drops it: an upgrade
+            // through another object of the owner is refused meanwhile (shared_mutex.hpp).
+            f = fault_during(
+                e.name, e.process, e.client, e.t1 - 10'000 * ms, e.t2,
+                [](const fault_record& x) { return x.error_slack_ns; },
+                [](const fault_record& x) { return x.errors_ok; });
+        } else if (transient(cls) && redlock) {
+            f = fault_during(
+                e.name, e.process, e.client, e.t1, e.t2,
+                [](const fault_record& x) { return x.error_slack_ns; },
+                [](const fault_record& x) { return x.errors_ok; });
+        }
+        if (f != nullptr) {
+            ++out_.excused["error"];
+            return;
+        }
+        // The servers themselves did not answer in time (a loaded machine): a timeout or an
+        // outage is then theirs.
+        const client_spec& c = client_of(e.process, e.client);
+        if (cls == error_class::quorum) {
+            int faulted = 0;
+            for (const auto& x : d_.faults) {
+                if (x.applied && x.errors_ok && x.start <= e.t2 &&
+                    x.end + x.error_slack_ns >= e.t1) {
+                    faulted = std::max(faulted, x.masters);
+                }
+            }
+            const auto slow =
+                slow_servers(e.t1 - 100 * ms, e.t2, std::int64_t{c.node_timeout_ms} * ms);
+            if (static_cast<int>(slow.size()) + faulted >= 3) {
+                ++out_.excused["error"];
+                return;
+            }
+        } else if (transient(cls) &&
+                   !slow_servers(e.t1 - 100 * ms, e.t2, std::int64_t{c.command_timeout_ms} * ms / 2)
+                        .empty()) {
+            ++out_.excused["error"];
+            return;
+        }
+        report("error", e.t2,
+               call + " of " + lock_desc(e.name) + " by " +
+                   who(e.process, e.thread, e.episode, e.flags) + " (" + at(e.t1) + " to " +
+                   at(e.t2) + ") failed: " + what + (e.text.empty() ? "" : ": " + e.text) +
+                   describe_faults(e.name, e.t1 - 3000 * ms, e.t2));
+    }
+
+    // The server said the lock was gone while the holder's local deadline was still ahead.
+    void early_loss(const entry& e, const std::string& what) {
+        // remaining_ms was measured just before the call (unlock: at the last owned() check,
+        // which may be a little earlier).
+        const std::int64_t margin = 25 * ms + (e.t2 - e.t1);
+        if (std::int64_t{e.remaining_ms} * ms <= margin) {
+            return;
+        }
+        if (fault_during(
+                e.name, e.process, e.client, e.t1 - std::int64_t{e.lease_ms} * ms, e.t2,
+                [](const fault_record& x) { return x.error_slack_ns; },
+                [](const fault_record&) { return true; })) {
+            ++out_.excused["early loss"];
+            return;
+        }
+        if (lateness(e.process, e.t1 - std::int64_t{e.remaining_ms} * ms, e.t2) >=
+            std::int64_t{e.remaining_ms} * ms - margin) {
+            ++out_.excused["early loss"];
+            return;
+        }
+        report("early loss", e.t1,
+               what + " for " + lock_desc(e.name) + " by " +
+                   who(e.process, e.thread, e.episode, e.flags) + " at " + at(e.t1) +
+                   " while its local deadline was " + std::to_string(e.remaining_ms) +
+                   " ms ahead (the server let go before the holder was due to)" +
+                   describe_faults(e.name, e.t1 - 3000 * ms, e.t2));
+    }
+
+    // ---- the rest --------------------------------------------------------------------------
+
+    void rest() {
+        for (const auto& f : d_.faults) {
+            if (!f.problem.empty()) {
+                report("migration", f.end, f.problem + " [" + f.what + "]");
+            }
+            if (!f.tool_error.empty()) {
+                out_.notes.push_back("fault '" + f.what + "' at " + at(f.start) +
+                                     " did not complete (" + f.tool_error +
+                                     "); the faults after it were not caused");
+            }
+        }
+        for (const auto& l : d_.leftovers) {
+            report("leftover", d_.t_end, "left in Redis after the run: " + l);
+        }
+        for (std::size_t p = 0; p < d_.processes.size(); ++p) {
+            const auto& o = d_.processes[p];
+            const std::string who_p = "process " + std::to_string(p);
+            if (!o.death.empty()) {
+                report("crash", d_.t_end, who_p + " died: " + o.death);
+            }
+            if (!o.hang.empty()) {
+                report("hang", d_.t_end, who_p + " did not finish: " + o.hang);
+            }
+            if (o.finished && o.fds_after > o.fds_before) {
+                std::string which;
+                for (const auto& e : d_.entries) {
+                    if (e.type == record_type::note && e.process == static_cast<int>(p) &&
+                        e.text.starts_with("descriptors still open")) {
+                        which = ": " + e.text;
+                    }
+                }
+                report("leak", d_.t_end,
+                       who_p + " has " + std::to_string(o.fds_after - o.fds_before) +
+                           " more descriptors open after its clients were destroyed (" +
+                           std::to_string(o.fds_before) + " -> " + std::to_string(o.fds_after) +
+                           ")" + which);
+            }
+            if (o.finished && o.tasks_after > o.tasks_before + 1) {
+                report("leak", d_.t_end,
+                       who_p + " has " + std::to_string(o.tasks_after - o.tasks_before - 1) +
+                           " more threads after its clients were destroyed (" +
+                           std::to_string(o.tasks_before) + " -> " + std::to_string(o.tasks_after) +
+                           ", the process's reaper allowed)");
+            }
+        }
+        for (const auto& e : d_.entries) {
+            if (e.type == record_type::note) {
+                if (e.text.starts_with("descriptors still open")) {
+                    continue;  // the leak check tells
+                }
+                if (e.text.find("fork skipped") != std::string::npos) {
+                    continue;
+                }
+                out_.tool_errors.push_back("p" + std::to_string(e.process) + "t" +
+                                           std::to_string(e.thread) + " at " + at(e.t1) + ": " +
+                                           e.text);
+            } else if (e.type == record_type::call &&
+                       e.op == static_cast<std::uint8_t>(call_op::fork_child)) {
+                report("fork", e.t2,
+                       who(e.process, e.thread, e.episode, e.flags) + " forked at " + at(e.t1) +
+                           ": " + e.text);
+            }
+        }
+        if (d_.overflow > 0) {
+            out_.tool_errors.push_back(std::to_string(d_.overflow) +
+                                       " records did not fit in the journal");
+        }
+    }
+
+    const run_data& d_;
+    const plan& p_;
+    findings out_;
+};
+
+}  // namespace redislock::torture
