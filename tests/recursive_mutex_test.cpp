@@ -1022,6 +1022,115 @@ TEST(RecursiveMutex, ReentryRefreshesTheLease) {
     EXPECT_EQ(exists(srv, "x"), "0");
 }
 
+// Objects of one owner share its entries, so the key must last as long as any of them counts
+// on: a rival that takes the lock while one of them still holds is a second holder.
+// `rival_gets_in` tries the lock as another owner (and gives it back at once).
+// Whether the key's TTL covers what `holder` believes it has left: the TTL is read first, so
+// the local estimate, read after it, can only be lower.
+testing::AssertionResult outlives(const redis_server& srv, const std::string& key,
+                                  const redislock::recursive_mutex& holder) {
+    const auto ttl = pttl(srv, key);
+    const auto believed = holder.remaining().count();
+    if (ttl >= believed) {
+        return testing::AssertionSuccess();
+    }
+    return testing::AssertionFailure()
+           << "the key has " << ttl << " ms left, the holder believes it has " << believed;
+}
+
+bool rival_gets_in(redislock::recursive_mutex& rival) {
+    const bool got = rival.try_lock();
+    if (got) {
+        rival.unlock();
+    }
+    return got;
+}
+
+TEST(RecursiveMutex, ObjectWithAShorterLeaseNeverShortensWhatAnotherObjectOfItsOwnerHolds) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+    auto rival = other.recursive_mutex("x");
+    auto a = client.recursive_mutex("x", {.lease = 10s});
+    auto b = client.recursive_mutex("x", {.lease = 1s});
+    a.lock();
+
+    b.lock();  // a re-entry
+    EXPECT_TRUE(outlives(srv, "x", a));
+    b.unlock();  // an inner release
+    EXPECT_TRUE(outlives(srv, "x", a));
+
+    std::this_thread::sleep_for(1200ms);
+    ASSERT_TRUE(a.owned());
+    EXPECT_FALSE(rival_gets_in(rival))
+        << "a rival got in while a holds with " << a.remaining().count() << " ms left";
+    a.unlock();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, ReentryThroughAnotherObjectKeepsALeaseTheHolderExtended) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+    auto rival = other.recursive_mutex("x");
+    auto a = client.recursive_mutex("x", {.lease = 1s});
+    auto b = client.recursive_mutex("x", {.lease = 1s});
+    a.lock();
+    ASSERT_TRUE(a.extend(10s));
+
+    b.lock();
+    b.unlock();
+    EXPECT_TRUE(outlives(srv, "x", a));
+
+    std::this_thread::sleep_for(1200ms);
+    ASSERT_TRUE(a.owned());
+    EXPECT_FALSE(rival_gets_in(rival))
+        << "a rival got in while a holds with " << a.remaining().count() << " ms left";
+    a.unlock();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, ExtendThroughAnotherObjectNeverShortensWhatTheHolderCountsOn) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+    auto rival = other.recursive_mutex("x");
+    auto a = client.recursive_mutex("x", {.lease = 10s});
+    auto b = client.recursive_mutex("x", {.lease = 10s});
+    a.lock();
+    b.lock();
+
+    ASSERT_TRUE(b.extend(1s));
+    EXPECT_TRUE(outlives(srv, "x", a));
+
+    std::this_thread::sleep_for(1200ms);
+    ASSERT_TRUE(a.owned());
+    EXPECT_FALSE(rival_gets_in(rival))
+        << "a rival got in while a holds with " << a.remaining().count() << " ms left";
+    b.unlock();
+    a.unlock();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+// A re-entry never shortens what the object itself was granted: the server keeps the longer
+// lease, and so does the object's local deadline (a shorter one would be told lost early).
+TEST(RecursiveMutex, ReentryKeepsTheLongerLeaseTheObjectWasExtendedTo) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rm = client.recursive_mutex("x", {.lease = 1s});
+    rm.lock();
+    ASSERT_TRUE(rm.extend(10s));
+
+    rm.lock();
+    EXPECT_GT(pttl(srv, "x"), 9000);
+    EXPECT_GT(rm.remaining(), 8s);
+    rm.unlock();
+    EXPECT_GT(pttl(srv, "x"), 9000);
+    EXPECT_GT(rm.remaining(), 8s);
+    rm.unlock();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
 TEST(RecursiveMutex, ExpiredLeaseIsReportedOnceAndNeverTouchesTheNewHolder) {
     redis_server srv;
     redislock::client client{srv.uri()};

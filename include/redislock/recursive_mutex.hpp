@@ -115,7 +115,9 @@ public:
         ec = release::leave(state_, out.entry, out.entries, out.last, out.ended);
     }
 
-    /// Sets the lease to `lease` from now if the lock is still ours.
+    /// Sets the lease to `lease` from now if the lock is still ours; never shorter than what the
+    /// key has left, since another object of the same owner may count on that (the local
+    /// deadline then stays as it was).
     /// Returns false (and calls on_lost) if the lock was lost; false at once if not held.
     /// @throws redislock::invalid_argument, redislock::connection_error;
     ///         redislock::server_error when the server answers with an error (the lock is not

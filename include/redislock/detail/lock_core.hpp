@@ -316,6 +316,13 @@ struct renewal_spec {
     std::vector<std::string> args;
 };
 
+/// True for a State whose scripts never shorten the server's expiry (`static constexpr bool
+/// expiry_never_shortened = true`): the kinds whose entries several objects of one owner share.
+/// A renewal or re-entry then never moves a local deadline earlier, since the one held stays
+/// below the server's expiry; a shorter one would be told lost while still held.
+template <class State>
+inline constexpr bool deadline_never_earlier = requires { requires State::expiry_never_shortened; };
+
 /// Starts, renews, loses and ends tracked leases for one lock object. Its State has a
 /// `std::mutex mutex`, `connection_type` (the C of its tracked_lease<C>), `lease_key` (what names
 /// one acquisition) and `static tracked_lease<C>* find_lease(State&, const lease_key&)`, which
@@ -451,11 +458,7 @@ public:
 
     /// A renewal sent at `renewed_at` was confirmed: the local deadline moves.
     void renewed(const key_type& key, steady::time_point renewed_at) {
-        std::lock_guard guard{st_->mutex};
-        if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
-            t->valid_until = valid_until(renewed_at, st_->options.lease);
-            core().timer->move(t->timer, t->valid_until);
-        }
+        renewed_for(key, renewed_at, st_->options.lease);
     }
 
     /// An extend() of `lease` sent at `sent` succeeded.
@@ -656,7 +659,11 @@ private:
                      std::chrono::milliseconds lease) {
         std::lock_guard guard{st_->mutex};
         if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
-            t->valid_until = valid_until(sent, lease);
+            auto until = valid_until(sent, lease);
+            if constexpr (deadline_never_earlier<State>) {
+                until = std::max(until, t->valid_until);
+            }
+            t->valid_until = until;
             core().timer->move(t->timer, t->valid_until);
         }
     }

@@ -34,6 +34,9 @@ template <connection C>
 struct recursive_state : lock_identity<C> {
     using lock_identity<C>::lock_identity;
     using lease_key = std::uint64_t;  // an outermost acquisition is named by its epoch
+    // The scripts never shorten the key's expiry: objects of one owner share its entries (see
+    // deadline_never_earlier).
+    static constexpr bool expiry_never_shortened = true;
 
     bool caller_is_holder() const { return this->caller_is(holder); }
     // Held by the parent this process was forked from: only the parent may release it.

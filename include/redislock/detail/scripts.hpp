@@ -731,7 +731,8 @@ inline constexpr script recursive_acquire{
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
 -- ARGV[1]  the owner id
--- ARGV[2]  the lease, ms (set again on every entry)
+-- ARGV[2]  the lease, ms (set again on every entry, unless the key has more left: another
+--          object of the owner may count on that)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
 -- ARGV[4]  the id for a new acquisition; the same on every retry of one lock() call
 -- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
@@ -751,6 +752,13 @@ inline constexpr script recursive_acquire{
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[2] not a fencing counter;
 --          nothing is written then.
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Gives the key our lease, or keeps what it has left if that is longer: every object of the
+-- owner that entered counts on its own lease, and none may lose it to a shorter one. A TTL over
+-- the longest lease (2^40 ms) was set by no lock; it is cut to that.
+local function lease_key()
+    local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(left, tonumber(ARGV[2])))
+end
 -- A new acquisition's entry. `taken_over`: the hash exists (an entry of ours being taken over),
 -- so a stale fence goes.
 local function fresh(taken_over)
@@ -770,7 +778,11 @@ local function fresh(taken_over)
         redis.call('HDEL', KEYS[1], 'fence')
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    if taken_over then
+        lease_key()
+    else
+        redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    end
     return {1, fence, ARGV[4]}
 end
 if ARGV[3] == '1' then
@@ -791,13 +803,13 @@ local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
 if id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.') then
     -- The mark stays: a call that acquires never leaves the queue, and one whose reply is lost
     -- and that gives up then still takes back its one entry.
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    lease_key()
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
 if id and not taken_over then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    lease_key()
     return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 -- Taken over, free with waiters, or held by another owner: only now are the queue's helpers
@@ -1005,11 +1017,12 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "f01022ef48e33c91a4f6a51488afe818e2be44fd"};
+    "199ca2823627ba6259602a33a32f88a2e43dea13"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
-    R"lua(-- Sets a reentrant lock's lease to ARGV[2] ms from now if ARGV[1] still holds acquisition ARGV[3].
+    R"lua(-- Sets a reentrant lock's lease to ARGV[2] ms from now if ARGV[1] still holds acquisition ARGV[3],
+-- unless the key has more left: another object of the owner may count on that.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
 -- ARGV[2]  the new lease, ms
@@ -1017,11 +1030,12 @@ inline constexpr script recursive_extend{
 -- Returns  1 extended; 0 not the owner's (expired, held by another owner, or a later acquisition's)
 if redis.call('TYPE', KEYS[1]).ok == 'hash' and
     redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) == ARGV[3] then
-    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    return redis.call('PEXPIRE', KEYS[1], math.max(left, tonumber(ARGV[2])))
 end
 return 0
 )lua",
-    "f01e93590a5e72b48433e4e95fb95fd301fe6c8e"};
+    "91d2cfd8ceaa435fe58f7885d126e9d219182551"};
 
 inline constexpr script recursive_release{
     "recursive_release",
@@ -1032,8 +1046,9 @@ inline constexpr script recursive_release{
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
 -- ARGV[2]  how many entries to leave (1 for unlock; a huge count drops the acquisition)
--- ARGV[3]  the lease, ms, set again while entries remain; '0' keeps the key's TTL (a release
---          finished in the background must not extend what its owner no longer renews)
+-- ARGV[3]  the lease, ms, set again while entries remain unless the key has more left (another
+--          object of the owner may count on that); '0' keeps the key's TTL (a release finished
+--          in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
@@ -1049,11 +1064,10 @@ if entry.err or entry[1] ~= ARGV[5] then
 end
 local left = (tonumber(entry[2]) or 0) - tonumber(ARGV[2])
 if left > 0 then
-    local lease = tonumber(ARGV[3])
-    if lease <= 0 then
-        lease = math.max(redis.call('PTTL', KEYS[1]), 1)
-    end
-    redis.call('PEXPIRE', KEYS[1], lease)
+    -- PEXPIRE even when the TTL stays: it is the write Redis allows when out of memory. A TTL
+    -- over the longest lease (2^40 ms) was set by no lock; it is cut to that.
+    local ttl = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(ttl, tonumber(ARGV[3]), 1))
     redis.call('HSET', KEYS[1], ARGV[1], left)
     return 0
 end
@@ -1236,7 +1250,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "03e434f7f9d337f14d94fa34ac268c343ea7bccd"};
+    "35a4aeed5251c8cc918bd5e2db8567db0eda87b6"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1477,8 +1491,8 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
--- Drop expired entries; note ours, and who else holds or waits.
-local mine, ids, others, latest, longest = {}, {}, {}, now, 0
+-- Drop expired entries; note ours (count, id, expiry), and who else holds or waits.
+local mine, ids, ends, others, latest, longest = {}, {}, {}, {}, now, 0
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
     local tag, owner = string.sub(fields[i], 1, 1), string.sub(fields[i], 3)
@@ -1490,7 +1504,7 @@ for i = 1, #fields, 2 do
         else
             latest = math.max(latest, expiry)
             if owner == me then
-                mine[tag], ids[tag] = tonumber(count), id
+                mine[tag], ids[tag], ends[tag] = tonumber(count), id, expiry
             else
                 others[tag] = true
                 longest = math.max(longest, expiry - now)
@@ -1541,17 +1555,20 @@ elseif not result then
     end
     result = {1, fence, id}
 end
+-- An entry we keep keeps its expiry if that is later: every object of the owner that entered it
+-- counts on its own lease, and none may lose it to a shorter one.
 redis.call('HSET', KEYS[1], want .. ':' .. me,
-           ((mine[want] or 0) + 1) .. ' ' .. (now + lease) .. ' ' .. id,
+           ((mine[want] or 0) + 1) .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,
            'mode', (want == 'w' or mine.w) and 'write' or 'read')
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "67125f3f9ba1b0a7b682ebe6cb65d87cd4093d7f"};
+    "0bb9aa2da691d9d2a90e4f53e412e022896ab09e"};
 
 inline constexpr script shared_extend{
     "shared_extend",
-    R"lua(-- Sets the lease of one holder of a read-write lock to ARGV[3] ms from now, if still held.
+    R"lua(-- Sets the lease of one holder of a read-write lock to ARGV[3] ms from now, if still held, unless
+-- its entry has more left: another object of the owner may count on that.
 -- Layout: see shared_acquire.lua.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
@@ -1570,12 +1587,14 @@ end
 local lease = tonumber(ARGV[3])
 if lease > 0 then
     -- PEXPIRE first: Redis refuses HSET at out-of-memory unless the script already wrote.
-    redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), lease))
-    redis.call('HSET', KEYS[1], field, count .. ' ' .. (now + lease) .. ' ' .. id)
+    local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(left, lease))
+    redis.call('HSET', KEYS[1], field,
+               count .. ' ' .. math.max(tonumber(expiry), now + lease) .. ' ' .. id)
 end
 return 1
 )lua",
-    "bdb3e9f72927d51f678da68ed4da0dfc3e22838c"};
+    "f1ab4948ac562a883d34feb768320d5cfcf51ef9"};
 
 inline constexpr script shared_release{
     "shared_release",

@@ -4,7 +4,8 @@
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the fencing counter (same hash slot; expires a day after its last use)
 -- ARGV[1]  the owner id
--- ARGV[2]  the lease, ms (set again on every entry)
+-- ARGV[2]  the lease, ms (set again on every entry, unless the key has more left: another
+--          object of the owner may count on that)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
 -- ARGV[4]  the id for a new acquisition; the same on every retry of one lock() call
 -- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
@@ -24,6 +25,13 @@
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[2] not a fencing counter;
 --          nothing is written then.
 local queue, lapses = ARGV[#ARGV - 1], ARGV[#ARGV]
+-- Gives the key our lease, or keeps what it has left if that is longer: every object of the
+-- owner that entered counts on its own lease, and none may lose it to a shorter one. A TTL over
+-- the longest lease (2^40 ms) was set by no lock; it is cut to that.
+local function lease_key()
+    local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(left, tonumber(ARGV[2])))
+end
 -- A new acquisition's entry. `taken_over`: the hash exists (an entry of ours being taken over),
 -- so a stale fence goes.
 local function fresh(taken_over)
@@ -43,7 +51,11 @@ local function fresh(taken_over)
         redis.call('HDEL', KEYS[1], 'fence')
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    if taken_over then
+        lease_key()
+    else
+        redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    end
     return {1, fence, ARGV[4]}
 end
 if ARGV[3] == '1' then
@@ -64,13 +76,13 @@ local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
 if id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.') then
     -- The mark stays: a call that acquires never leaves the queue, and one whose reply is lost
     -- and that gives up then still takes back its one entry.
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    lease_key()
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
 if id and not taken_over then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    lease_key()
     return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 -- Taken over, free with waiters, or held by another owner: only now are the queue's helpers
