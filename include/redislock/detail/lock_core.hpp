@@ -321,7 +321,9 @@ struct renewal_spec {
 /// A renewal or re-entry then never moves a local deadline earlier, since the one held stays
 /// below the server's expiry; a shorter one would be told lost while still held.
 template <class State>
-inline constexpr bool deadline_never_earlier = requires { requires State::expiry_never_shortened; };
+inline constexpr bool deadline_never_earlier = requires {
+    requires State::expiry_never_shortened;
+};
 
 /// Starts, renews, loses and ends tracked leases for one lock object. Its State has a
 /// `std::mutex mutex`, `connection_type` (the C of its tracked_lease<C>), `lease_key` (what names
