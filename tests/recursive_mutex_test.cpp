@@ -439,7 +439,9 @@ TEST(RecursiveReleaseScript, LastEntryWithAWaiterQueuedPublishesTheWaitersId) {
     EXPECT_EQ(queue_of(srv, "s"), (std::vector<std::string>{"wo3"}));
 }
 
-TEST(RecursiveReleaseScript, LastEntryHandsTheLockToAnHWaiterAtTheHeadAndTellsItAlone) {
+// The entry is kept for the 'h' head for the grace only (2 s here), no longer than its lease, and
+// the head keeps its place in line until its next attempt claims the entry.
+TEST(RecursiveReleaseScript, LastEntryHandsTheLockToAnHWaiterAtTheHeadAndTellsIt) {
     redis_server srv;
     redislock::client client{srv.uri()};
     ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
@@ -450,13 +452,21 @@ TEST(RecursiveReleaseScript, LastEntryHandsTheLockToAnHWaiterAtTheHeadAndTellsIt
 
     EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")),
               std::vector<std::int64_t>{2});
-    EXPECT_EQ(released.next(), o2);
-    // One entry of o2, under the acquisition id and the lease its waiter id names.
+    EXPECT_EQ(released.next(), o2 + " ?wo3");
+    // One entry of o2, under the acquisition id its waiter id names, kept for the grace.
     EXPECT_EQ(sole_owner(srv, "s"), "o2");
     EXPECT_EQ(sole_count(srv, "s"), "1");
     EXPECT_EQ(srv.cli({"HGET", "s", "id:o2"}), "00aa");
     EXPECT_GT(pttl(srv, "s"), 0);
-    EXPECT_LE(pttl(srv, "s"), 5000);
+    EXPECT_LE(pttl(srv, "s"), 2000);
+    EXPECT_EQ(queue_of(srv, "s"), (std::vector<std::string>{o2, "wo3"}));
+
+    // o2's next attempt claims it for its lease and leaves the queue.
+    const auto claimed =
+        run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "1", "", "5000", o2);
+    EXPECT_EQ(integers(claimed), (std::vector<std::int64_t>{1, 0}));
+    EXPECT_EQ(acquisition_id(claimed), "00aa");
+    EXPECT_GT(pttl(srv, "s"), 50'000);
     EXPECT_EQ(queue_of(srv, "s"), (std::vector<std::string>{"wo3"}));
 
     // o2 holds it as that acquisition: its release tells the next waiter.
@@ -512,14 +522,14 @@ TEST(RecursiveQueueLeaveScript, WaiterHandedTheLockThatGivesUpHandsItOn) {
     const std::string o2 = handed_waiter("00a2", "o2");
     const std::string o3 = handed_waiter("00a3", "o3");
     ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}, {"o3", o3}}));
-    ASSERT_EQ(released.next(), o2);
+    ASSERT_EQ(released.next(), o2 + " ?" + o3);
 
-    // o2 gave up before it heard: its entry goes to o3.
+    // o2 gave up before it heard: its entry goes to o3, kept for it until it comes.
     EXPECT_EQ(integers(run_leave(client, "s", o2)), std::vector<std::int64_t>{1});
     EXPECT_EQ(released.next(), o3);
     EXPECT_EQ(sole_owner(srv, "s"), "o3");
     EXPECT_EQ(srv.cli({"HGET", "s", "id:o3"}), "00a3");
-    EXPECT_TRUE(queue_of(srv, "s").empty());
+    EXPECT_EQ(queue_of(srv, "s"), std::vector<std::string>{o3});
 
     // Sent again (its reply lost), the leave finds nothing of o2's and changes nothing.
     EXPECT_EQ(integers(run_leave(client, "s", o2)), std::vector<std::int64_t>{0});
@@ -603,7 +613,7 @@ TEST(RecursiveQueueLeaveScript, HeadLeavingAFreeLockHandsItToAnHWaiterNext) {
     EXPECT_EQ(released.next(), o3);
     EXPECT_EQ(sole_owner(srv, "s"), "o3");
     EXPECT_EQ(srv.cli({"HGET", "s", "id:o3"}), "00e3");
-    EXPECT_TRUE(queue_of(srv, "s").empty());
+    EXPECT_EQ(queue_of(srv, "s"), std::vector<std::string>{o3});
 }
 
 TEST(RecursiveAcquireScript, SecondWaiterCannotTakeAFreeLockWhileTheFirstIsQueued) {

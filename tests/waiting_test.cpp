@@ -469,6 +469,68 @@ TEST(Waiting, HolderCrashWhileAWaiterWaitsDelaysItOnlyUntilTheLeaseEnds) {
     }
 }
 
+// A waiter the lock is handed to but that never comes (stopped, then killed, before it could read
+// the hand-over) holds the next waiter up for about a second at most, whatever its lease: a
+// hand-over only reserves the lock until the waiter comes to take it.
+TEST(Waiting, LockHandedToAWaiterThatNeverComesIsFreeAgainWithinASecond) {
+    using redislock::test::monotonic_ns;
+    redis_server srv;
+    constexpr auto lease = 20s;
+    for (kind k : {kind::simple, kind::reentrant, kind::writer}) {
+        SCOPED_TRACE(kind_name(k));
+        srv.flushall();
+        int go[2];
+        ASSERT_EQ(::pipe(go), 0);
+        child_process child{::fork()};
+        if (child.pid == 0) {
+            // Waits in line once told to; nothing it throws may reach the test runner's copy.
+            ::close(go[1]);
+            try {
+                char c = 0;
+                if (::read(go[0], &c, 1) != 1) {
+                    std::_Exit(1);
+                }
+                redislock::client client{srv.uri()};
+                any_lock waiter = make_lock(client, k, "handed", {.lease = lease});
+                std::_Exit(waiter.try_lock_for(30s) ? 0 : 2);
+            } catch (...) {
+                std::_Exit(3);
+            }
+        }
+        ::close(go[0]);
+        redislock::client client{srv.uri()};
+        any_lock holder = make_lock(client, k, "handed", {.lease = lease});
+        ASSERT_TRUE(holder.try_lock_for(0ms));
+        ASSERT_EQ(::write(go[1], "g", 1), 1);
+        ::close(go[1]);
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{handed}:queue") == 1; }));
+        ASSERT_EQ(::kill(child.pid, SIGSTOP), 0);
+
+        redislock::client other{srv.uri()};
+        any_lock next = make_lock(other, k, "handed", {.lease = lease});
+        std::atomic<std::int64_t> acquired{0};
+        std::jthread t{[&] {
+            if (next.try_lock_for(10s)) {
+                acquired = monotonic_ns();
+                next.unlock();
+            }
+        }};
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{handed}:queue") == 2; }));
+        const std::int64_t released = monotonic_ns();
+        holder.unlock();  // hands the lock to the stopped waiter
+        const std::optional<int> status = child.crash();
+        ASSERT_TRUE(status.has_value());
+        EXPECT_TRUE(WIFSIGNALED(*status)) << "the stopped waiter returned";
+        t.join();
+        if (acquired.load() == 0) {
+            ADD_FAILURE() << "the next waiter did not get the lock within 10 s";
+            continue;
+        }
+        EXPECT_LT(std::chrono::nanoseconds{acquired.load() - released}, 1s);
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    }
+}
+
 // Each client hears a lock's releases on a channel of its own beside the lock's: a release tells
 // every waiter it lets go (here two readers of two clients), each on its client's channel, and
 // publishes nothing on a channel the other clients hear too.

@@ -155,11 +155,10 @@ struct lock_event {
     std::string_view name{};
     /// acquired: from the call to the grant, waiting in line and between attempts included.
     std::chrono::microseconds wait{};
-    /// acquired, contended: attempts the call has made so far (1 when the lock was free; a lock
-    /// handed over by its releaser counts as the attempt that succeeded).
+    /// acquired, contended: attempts the call has made so far (1 when the lock was free).
     std::uint32_t attempts = 0;
     /// released, lost: how long the acquisition was held, counted from when its granting attempt
-    /// was sent (a lock handed over by its releaser: from when the waiter took it).
+    /// was sent.
     std::chrono::microseconds held{};
     /// contended: the holder's remaining lease as the server told it; negative when unknown.
     std::chrono::milliseconds holder_ttl{-1};

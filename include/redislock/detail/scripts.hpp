@@ -62,8 +62,9 @@ end
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -137,21 +138,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -160,10 +155,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -171,23 +167,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -196,16 +188,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -277,7 +266,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "0db872c691e983fb42219cd0432064a1b8140887"};
+    "25a064c2051f97858be400c75e4d6a04cafdb9bf"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -320,8 +309,9 @@ end
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -395,21 +385,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -418,10 +402,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -429,23 +414,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -454,16 +435,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -490,7 +468,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "fb19a133e46cd343322b28dbd5cc609d17a56f8a"};
+    "179b3a5944b023f702835dce4de976b9c995169e"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -510,8 +488,9 @@ inline constexpr script queue_leave{
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -585,21 +564,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -608,10 +581,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -619,23 +593,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -644,16 +614,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -705,9 +672,9 @@ end
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
     return 0
 end
--- A free lock goes to the head, as a release would hand it on: a simple lock is kept free for
--- it or handed to a 'g' head; a lock of another kind is handed to an 'h' head, others are told
--- they may go (telling an 'h' waiter by name would read as a hand-over).
+-- A free lock goes to the head, as a release would hand it on: a simple lock is kept for it;
+-- a lock of another kind is kept for an 'h' head as an entry of its owner, others are told they
+-- may go.
 if kind == 'none' then
     local hand_on = ARGV[4] == 'm' and queue_hand_on or queue_hand_on_entry
     return hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
@@ -721,7 +688,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "a7fb5315948a368e7c62fe55a09a15533acef883"};
+    "4e58b1ecaff43a6ae1c9d061a6928fe7f890146b"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -741,7 +708,8 @@ inline constexpr script recursive_acquire{
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
 --          is claimed as it is, with any re-entries other calls of the owner made since,
---          whatever ARGV[5] says, unless the object gave it up (ARGV[6])
+--          whatever ARGV[5] says, unless the object gave it up (ARGV[6]); the call then leaves
+--          the queue
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[9]  the waiting queue; ARGV[10] its lapse times (see _queue.lua and mutex_acquire.lua)
@@ -801,9 +769,12 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
 if id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.') then
-    -- The mark stays: a call that acquires never leaves the queue, and one whose reply is lost
-    -- and that gives up then still takes back its one entry.
+    -- Claimed: the call leaves the queue, where its place was kept until it came. The mark
+    -- stays: a call that acquires never leaves the queue itself, and one whose reply is lost and
+    -- that gives up then still takes back its one entry.
     lease_key()
+    redis.call('ZREM', queue, ARGV[7])
+    redis.call('ZREM', lapses, ARGV[7])
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
@@ -818,8 +789,9 @@ end
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -893,21 +865,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -916,10 +882,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -927,23 +894,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -952,16 +915,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -1017,7 +977,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "199ca2823627ba6259602a33a32f88a2e43dea13"};
+    "6693906daf259874f78f390124d8e76349dc26fa"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1080,8 +1040,9 @@ end
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1155,21 +1116,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -1178,10 +1133,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -1189,23 +1145,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1214,16 +1166,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -1250,7 +1199,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "35a4aeed5251c8cc918bd5e2db8567db0eda87b6"};
+    "aa45c59eac445db5782711015a95119b728edfa0"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1314,8 +1263,9 @@ end
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1389,21 +1339,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -1412,10 +1356,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -1423,23 +1368,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1448,16 +1389,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -1563,7 +1501,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "0bb9aa2da691d9d2a90e4f53e412e022896ab09e"};
+    "81093f386918d3884bb36c86be8b80970f5099f9"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1663,8 +1601,9 @@ end
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1738,21 +1677,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -1761,10 +1694,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -1772,23 +1706,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1797,16 +1727,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -1837,15 +1764,16 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "afeb2b2995d6d9c6b2b2a41655db029acfb576dd"};
+    "c6902a17ba5f86811d69bf24b4fca6ad2ce1ecd8"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1919,21 +1847,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -1942,10 +1864,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -1953,23 +1876,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1978,16 +1897,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is

@@ -14,7 +14,8 @@
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
 --          is claimed as it is, with any re-entries other calls of the owner made since,
---          whatever ARGV[5] says, unless the object gave it up (ARGV[6])
+--          whatever ARGV[5] says, unless the object gave it up (ARGV[6]); the call then leaves
+--          the queue
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[9]  the waiting queue; ARGV[10] its lapse times (see _queue.lua and mutex_acquire.lua)
@@ -74,9 +75,12 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
 if id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.') then
-    -- The mark stays: a call that acquires never leaves the queue, and one whose reply is lost
-    -- and that gives up then still takes back its one entry.
+    -- Claimed: the call leaves the queue, where its place was kept until it came. The mark
+    -- stays: a call that acquires never leaves the queue itself, and one whose reply is lost and
+    -- that gives up then still takes back its one entry.
     lease_key()
+    redis.call('ZREM', queue, ARGV[7])
+    redis.call('ZREM', lapses, ARGV[7])
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
