@@ -1009,6 +1009,65 @@ TEST(Waiting, ReentryAfterATransientErrorStillPassesTheLocalGate) {
 }
 
 // A release nobody waits for publishes nothing and leaves no queue keys.
+// The queue's lapse times (`{name}:waiting`) lost (evicted under an allkeys-* policy; DEL here)
+// while a waiter that never comes heads the queue, before or after the release that told it to
+// go: that head is pruned within a bounded time (2 s), the lock goes to the waiter behind it,
+// which sleeps meanwhile rather than poll.
+TEST(Waiting, LostLapseTimesNeverJamTheQueueBehindAHeadThatDoesNotCome) {
+    redis_server srv;
+    for (const bool lost_before_release : {true, false}) {
+        SCOPED_TRACE(lost_before_release ? "lost before the release" : "lost after it");
+        srv.flushall();
+        redislock::client holder_client{srv.uri()};
+        auto holder = holder_client.mutex("jam", {.lease = 2s});
+        ASSERT_TRUE(holder.try_lock());
+        // A waiter that never comes: queued at script level, as a lock() call that then died was.
+        const redislock::reply queued = redislock::detail::run_script(
+            holder_client.connection(), redislock::detail::scripts::mutex_acquire,
+            std::array<std::string_view, 2>{"jam", "{jam}:fence"},
+            std::array<std::string_view, 7>{"dead-token", "30000", "0", "wdead", "2000",
+                                            "{jam}:queue", "{jam}:waiting"});
+        ASSERT_TRUE(queued.is_array()) << queued.text();
+        ASSERT_EQ(queued.elements().at(0).as_integer(), 0);
+
+        std::atomic<int> attempts{0};
+        redislock::client client{srv.uri(), {.on_event = [&](const redislock::lock_event& e) {
+                                     if (e.type == redislock::event_type::contended) {
+                                         ++attempts;
+                                     }
+                                 }}};
+        auto m = client.mutex("jam");
+        std::atomic<bool> acquired{false};
+        std::atomic<std::int64_t> waited_ms{0};
+        std::string failure;
+        std::jthread waiter{[&] {
+            const stopwatch watch;
+            try {
+                acquired = m.try_lock_for(6s);
+            } catch (const redislock::error& e) {
+                failure = e.what();
+            }
+            waited_ms = watch.elapsed().count();
+            if (acquired) {
+                m.unlock();
+            }
+        }};
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{jam}:queue") == 2; }));
+        if (lost_before_release) {
+            ASSERT_EQ(srv.cli({"DEL", "{jam}:waiting"}), "1");
+        }
+        holder.unlock();  // tells the dead head
+        if (!lost_before_release) {
+            ASSERT_EQ(srv.cli({"DEL", "{jam}:waiting"}), "1");
+        }
+        waiter.join();
+        EXPECT_EQ(failure, "");
+        EXPECT_TRUE(acquired) << "the queue stayed jammed for " << waited_ms << " ms";
+        EXPECT_LT(attempts.load(), 20) << "the waiter polled";
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    }
+}
+
 TEST(Waiting, UncontendedLocksTouchNoQueue) {
     redis_server srv;
     redislock::client client{srv.uri()};

@@ -34,6 +34,13 @@
 //                    | NOPERM, up to 10 s after an open that timed |
 //                    | out, else 200 ms; never again without       |
 //                    | sharded pub/sub)                            |
+//   evicting_server  | the client was made, and the server it      | name (the server, when the
+//                    | connected to has a maxmemory-policy other   | connection says: "host:port"),
+//                    | than noeviction: it may evict a lock (a     | detail (the policy and
+//                    | second holder) or its queue keys. Locks     | maxmemory)
+//                    | need noeviction. Asked with one INFO when   |
+//                    | the client is made, only when a hook is set |
+//                    | (for a Cluster: one master)                 |
 //
 // A lock's events come from its own calls, the client's watchdog and its loss timer; the
 // connection's from the connection (see below). An acquisition reports acquired once, then
@@ -80,7 +87,9 @@
 // thread finds when it checks the master (after +switch-master, or after it subscribed again) is
 // reported on that thread: a pool opened to a new master, or a connection of the master's pool
 // reopened; subscription_refused on the client's subscriber thread, once per lock while the same
-// refusal lasts (again for another reason, after a subscription succeeded, or a minute later).
+// refusal lasts (again for another reason, after a subscription succeeded, or a minute later);
+// evicting_server on the thread that makes the client, inside its constructor (the hook must not
+// use that client then).
 //
 // Lifetime: the hook may be called as long as any lock of the client, or a release or queue
 // exit left to the background reaper, is alive: after the client itself is gone, and for a
@@ -117,6 +126,7 @@ enum class event_type {
     script_reloaded,       ///< NOSCRIPT was answered with SCRIPT LOAD
     subscription_refused,  ///< waiters of a lock poll: their channel was refused, or no
                            ///< subscriber link could be opened
+    evicting_server,       ///< the server's maxmemory-policy may evict locks (not noeviction)
 };
 
 /// Which lock an event is about.
@@ -193,6 +203,8 @@ constexpr std::string_view to_string(event_type type) noexcept {
             return "script_reloaded";
         case event_type::subscription_refused:
             return "subscription_refused";
+        case event_type::evicting_server:
+            return "evicting_server";
     }
     return "unknown";
 }

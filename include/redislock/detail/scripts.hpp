@@ -69,7 +69,33 @@ end
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapses = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapses[#lapses + 1] = now + 2000
+                    lapses[#lapses + 1] = ids[i]
+                end
+            end
+            if #lapses > 0 then
+                redis.call('ZADD', w, unpack(lapses))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -266,7 +292,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "25a064c2051f97858be400c75e4d6a04cafdb9bf"};
+    "1eaabc124b815dd77398d59547e329889eda1318"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -316,7 +342,33 @@ end
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapses = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapses[#lapses + 1] = now + 2000
+                    lapses[#lapses + 1] = ids[i]
+                end
+            end
+            if #lapses > 0 then
+                redis.call('ZADD', w, unpack(lapses))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -468,7 +520,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "179b3a5944b023f702835dce4de976b9c995169e"};
+    "1d4637b4b1c2c66a450e238c14d7e9ad25720129"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -495,7 +547,33 @@ inline constexpr script queue_leave{
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapses = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapses[#lapses + 1] = now + 2000
+                    lapses[#lapses + 1] = ids[i]
+                end
+            end
+            if #lapses > 0 then
+                redis.call('ZADD', w, unpack(lapses))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -688,7 +766,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "4e58b1ecaff43a6ae1c9d061a6928fe7f890146b"};
+    "e3ed9c7012c69c1f25fb35f7721b3265ecb70c7c"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -796,7 +874,33 @@ end
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapses = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapses[#lapses + 1] = now + 2000
+                    lapses[#lapses + 1] = ids[i]
+                end
+            end
+            if #lapses > 0 then
+                redis.call('ZADD', w, unpack(lapses))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -977,7 +1081,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "6693906daf259874f78f390124d8e76349dc26fa"};
+    "1a42f065ad3c0e9de28ccf1a367be238df6e20ed"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1047,7 +1151,33 @@ end
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapses = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapses[#lapses + 1] = now + 2000
+                    lapses[#lapses + 1] = ids[i]
+                end
+            end
+            if #lapses > 0 then
+                redis.call('ZADD', w, unpack(lapses))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -1199,7 +1329,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "aa45c59eac445db5782711015a95119b728edfa0"};
+    "b4ce82223fe553ec96f12db80b7a511638ee6fd9"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1270,7 +1400,33 @@ end
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapses = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapses[#lapses + 1] = now + 2000
+                    lapses[#lapses + 1] = ids[i]
+                end
+            end
+            if #lapses > 0 then
+                redis.call('ZADD', w, unpack(lapses))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -1501,7 +1657,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "81093f386918d3884bb36c86be8b80970f5099f9"};
+    "cd52b3782cf9c33654986517fefdd7a70aca80c7"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1608,7 +1764,33 @@ end
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapses = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapses[#lapses + 1] = now + 2000
+                    lapses[#lapses + 1] = ids[i]
+                end
+            end
+            if #lapses > 0 then
+                redis.call('ZADD', w, unpack(lapses))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -1764,7 +1946,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "c6902a17ba5f86811d69bf24b4fca6ad2ce1ecd8"};
+    "4a6bc7aa9d75c152aea8a56d5c0bdf191a7119ca"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -1778,7 +1960,33 @@ inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue 
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapses = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapses[#lapses + 1] = now + 2000
+                    lapses[#lapses + 1] = ids[i]
+                end
+            end
+            if #lapses > 0 then
+                redis.call('ZADD', w, unpack(lapses))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
