@@ -1068,6 +1068,68 @@ TEST(Waiting, LostLapseTimesNeverJamTheQueueBehindAHeadThatDoesNotCome) {
     }
 }
 
+// A holder key that is not ours, of the kind's type, with a TTL longer than any lease: past
+// 2^63 ns (about 292 years) the time it asks a waiter to wait overflows a steady_clock time
+// point, and from 10^17 ms (Redis 7.0; 10^14 ms elsewhere) Lua hands the queue's PEXPIRE a
+// float it refuses. A timed call waits it out like any holder: it returns false at its
+// deadline, without an error and without polling, and leaves nothing behind.
+TEST(Waiting, HolderWithATtlOfCenturiesIsWaitedForWithoutAnErrorOrPolling) {
+    redis_server srv;
+    for (kind k : {kind::simple, kind::reentrant, kind::writer, kind::reader}) {
+        for (const std::string ttl : {"10000000000000", "200000000000000", "200000000000000000"}) {
+            SCOPED_TRACE(std::string{kind_name(k)} + ", TTL " + ttl + " ms");
+            srv.flushall();
+            std::istringstream time{srv.cli({"TIME"})};
+            long long seconds = 0;
+            long long micros = 0;
+            time >> seconds >> micros;
+            const std::string expiry =
+                std::to_string(seconds * 1000 + micros / 1000 + std::stoll(ttl));
+            switch (k) {
+                case kind::simple:
+                    ASSERT_EQ(srv.cli({"SET", "far", "foreign"}), "OK");
+                    break;
+                case kind::reentrant:
+                    ASSERT_EQ(srv.cli({"HSET", "far", "other-owner", "1", "id:other-owner", "a1"}),
+                              "2");
+                    break;
+                case kind::writer:
+                case kind::reader:
+                    ASSERT_EQ(srv.cli({"HSET", "far", "mode", "write", "w:other-owner",
+                                       "1 " + expiry + " a1"}),
+                              "2");
+                    break;
+            }
+            ASSERT_EQ(srv.cli({"PEXPIRE", "far", ttl}), "1");
+
+            std::atomic<int> attempts{0};
+            redislock::client client{srv.uri(), {.on_event = [&](const redislock::lock_event& e) {
+                                         if (e.type == redislock::event_type::contended) {
+                                             ++attempts;
+                                         }
+                                     }}};
+            any_lock waiter = make_lock(client, k, "far");
+            bool acquired = true;
+            try {
+                acquired = waiter.try_lock_for(300ms);
+            } catch (const redislock::error& e) {
+                ADD_FAILURE() << "the wait ended in " << e.what();
+            }
+            EXPECT_FALSE(acquired);
+            EXPECT_LE(attempts.load(), 3) << "the waiter polled";
+            // The waiter's queue entry goes with it; the holder's key stays, for as long as it
+            // had (a read-write lock's TTL follows its latest entry, cut to the longest lease).
+            EXPECT_TRUE(eventually([&] { return srv.cli({"DBSIZE"}) == "1"; }))
+                << srv.cli({"KEYS", "*"});
+            const long long longest = redislock::max_lease.count();
+            const long long kept = k == kind::simple || k == kind::reentrant
+                                       ? std::stoll(ttl)
+                                       : std::min(std::stoll(ttl), longest);
+            EXPECT_GT(std::stoll(srv.cli({"PTTL", "far"})), kept - 60'000);
+        }
+    }
+}
+
 TEST(Waiting, UncontendedLocksTouchNoQueue) {
     redis_server srv;
     redislock::client client{srv.uri()};

@@ -251,7 +251,7 @@ private:
                     throw server_error{"redislock: unexpected reply to an acquisition"};
                 }
                 if (r.elements()[0].as_integer() == 0) {
-                    return detail::holder_ttl{r.elements()[1].as_integer()};
+                    return detail::saturated_ttl(r.elements()[1].as_integer());
                 }
                 fence = r.elements()[1].as_integer();
             }

@@ -223,10 +223,14 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                           queue_place{join ? std::string_view{waiter_id()} : trying, join, may_wait,
                                       &tally, &counted});
             refused = ttl.has_value();
+            if (ttl) {
+                ttl = saturated_ttl(ttl->count());  // whatever the attempt read it from
+            }
             if (join && ttl) {
                 longest_wait = std::max(longest_wait, *ttl);
-                lapses_by = std::max(lapses_by, steady::now() + std::max(*ttl, holder_ttl::zero()) +
-                                                    queue_place::kept);
+                lapses_by =
+                    std::max(lapses_by, later_by(steady::now(), std::max(*ttl, holder_ttl::zero()) +
+                                                                    queue_place::kept));
             }
             if (!ttl) {
                 acquired = true;
@@ -266,7 +270,8 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 // The attempt may have joined (or kept its place) with a wait not told: the
                 // holder's lease left, assumed no longer than the longest known or this lock's.
                 const auto assumed = std::max(longest_wait, holder_ttl{lk.options.lease});
-                lapses_by = std::max(lapses_by, steady::now() + assumed + queue_place::kept);
+                lapses_by =
+                    std::max(lapses_by, later_by(steady::now(), assumed + queue_place::kept));
             }
             ttl = holder_ttl{-1};
         }
@@ -279,10 +284,10 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         }
         steady::time_point until;
         if (slot && slot->subscribed() && *ttl >= holder_ttl::zero()) {
-            until = now + *ttl + std::chrono::milliseconds{1};
+            until = later_by(now, *ttl + std::chrono::milliseconds{1});
         } else {
             // Polling: often enough not to miss the grace of a turn given to this waiter.
-            until = now + std::min<steady::duration>(policy.next(*ttl), grace / 2);
+            until = later_by(now, std::min<steady::duration>(policy.next(*ttl), grace / 2));
         }
         until = std::min(until, deadline);
         const bool woken =

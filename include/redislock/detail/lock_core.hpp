@@ -135,8 +135,8 @@ std::optional<holder_ttl> refuse_grant(const State& lk, steady::time_point sent,
 }
 
 /// What a reentrant or read-write acquisition script answers: its status (0: not acquired, then
-/// `value` is the holder's TTL; 1: a new acquisition; 2: a re-entry...), `value` (the fencing
-/// token when acquired) and the id of the acquisition the entry belongs to.
+/// `value` is the holder's TTL, saturated_ttl(); 1: a new acquisition; 2: a re-entry...), `value`
+/// (the fencing token when acquired) and the id of the acquisition the entry belongs to.
 struct entry_reply {
     std::int64_t status = 0;
     std::int64_t value = 0;
@@ -153,7 +153,12 @@ inline entry_reply decode_entry(const reply& r, std::string_view name, const cha
     if (!r.is_array() || r.elements().size() != 3) {
         throw server_error{unexpected};
     }
-    return {r.elements()[0].as_integer(), r.elements()[1].as_integer(), r.elements()[2].text()};
+    entry_reply got{r.elements()[0].as_integer(), r.elements()[1].as_integer(),
+                    r.elements()[2].text()};
+    if (got.status == 0) {
+        got.value = saturated_ttl(got.value).count();
+    }
+    return got;
 }
 
 /// True for failures a wait with time left rides out (then throws the last of them).

@@ -284,15 +284,19 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
     end
     return {1, fence}
 end
-local wait = holder and redis.call('PTTL', KEYS[1]) or
-    (tonumber(redis.call('ZSCORE', lapses, redis.call('ZRANGE', queue, 0, 0)[1])) or now) - now
+-- At most 2^40 ms, the longest lease: a longer TTL is no lock's (it may be centuries), and the
+-- cap keeps every number an exact integer here, in the queue's commands and in the waiter's
+-- clock arithmetic. A waiter told that much asks again then.
+local wait = math.min(holder and redis.call('PTTL', KEYS[1]) or
+    (tonumber(redis.call('ZSCORE', lapses, redis.call('ZRANGE', queue, 0, 0)[1])) or now) - now,
+    1099511627776)
 if ARGV[5] ~= '0' then
     queue_join(queue, lapses, id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                math.max(wait, 0) + tonumber(ARGV[5]))
 end
 return {0, wait}
 )lua",
-    "1eaabc124b815dd77398d59547e329889eda1318"};
+    "715c9614d7fb49cc4fd37eef84e1c6380ef99fc5"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -1058,8 +1062,10 @@ local function enter(over)
     return entered
 end
 
--- Not acquired: join the queue when waiting, and say how long to wait.
+-- Not acquired: join the queue when waiting, and say how long to wait: at most 2^40 ms, the
+-- longest lease (a longer TTL is no lock's; see mutex_acquire.lua).
 local function wait(ms, now, time)
+    ms = math.min(ms, 1099511627776)
     if ARGV[8] ~= '0' then
         queue_join(queue, lapses, ARGV[7], now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                    math.max(ms, 0) + tonumber(ARGV[8]))
@@ -1081,7 +1087,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "1a42f065ad3c0e9de28ccf1a367be238df6e20ed"};
+    "4a2d9cba678a5993adc6d482d3fab362f700182a"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1592,7 +1598,9 @@ for i = 1, #fields, 2 do
     local tag, owner = string.sub(fields[i], 1, 1), string.sub(fields[i], 3)
     local count, expiry, id = string.match(fields[i + 1], '^(%d+) (%d+) ?(%S*)$')
     if string.sub(fields[i], 2, 2) == ':' and expiry then
-        expiry = tonumber(expiry)
+        -- At most the longest lease (2^40 ms) from now: a later one is no lock's, and the cap
+        -- keeps every number an exact integer here and in the waiter's clock arithmetic.
+        expiry = math.min(tonumber(expiry), now + 1099511627776)
         if expiry <= now or (owner == me and given_up[id]) then
             redis.call('HDEL', KEYS[1], fields[i])
         else
@@ -1657,7 +1665,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "cd52b3782cf9c33654986517fefdd7a70aca80c7"};
+    "dfd6c876e9473ab334612ce9df7d447266cce6a6"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1683,12 +1691,12 @@ if lease > 0 then
     -- PEXPIRE first: Redis refuses HSET at out-of-memory unless the script already wrote.
     local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
     redis.call('PEXPIRE', KEYS[1], math.max(left, lease))
-    redis.call('HSET', KEYS[1], field,
-               count .. ' ' .. math.max(tonumber(expiry), now + lease) .. ' ' .. id)
+    local until_ms = math.max(math.min(tonumber(expiry), now + 1099511627776), now + lease)
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. until_ms .. ' ' .. id)
 end
 return 1
 )lua",
-    "f1ab4948ac562a883d34feb768320d5cfcf51ef9"};
+    "e00da2ec2dc7feecd45b5f21112d9b15cacdc278"};
 
 inline constexpr script shared_release{
     "shared_release",
@@ -1721,7 +1729,9 @@ for i = 1, #fields, 2 do
         entry = fields[i + 1]
     else
         local tag = string.sub(fields[i], 1, 2)
-        local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
+        -- At most the longest lease (2^40 ms) from now: see shared_acquire.lua.
+        local left = math.min(tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0),
+                              now + 1099511627776)
         if left > now and (tag == 'r:' or tag == 'w:') then
             latest = math.max(latest, left)
             writer = writer or tag == 'w:'
@@ -1735,7 +1745,8 @@ if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
 end
 count = tonumber(count) - tonumber(ARGV[3])
 if count > 0 then
-    redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), 1))
+    local ttl = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(ttl, 1))
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     return 0
 end
@@ -1946,7 +1957,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "4a6bc7aa9d75c152aea8a56d5c0bdf191a7119ca"};
+    "04c02072d3afcbe514267096c918d317d1432399"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->

@@ -102,8 +102,10 @@ local function enter(over)
     return entered
 end
 
--- Not acquired: join the queue when waiting, and say how long to wait.
+-- Not acquired: join the queue when waiting, and say how long to wait: at most 2^40 ms, the
+-- longest lease (a longer TTL is no lock's; see mutex_acquire.lua).
 local function wait(ms, now, time)
+    ms = math.min(ms, 1099511627776)
     if ARGV[8] ~= '0' then
         queue_join(queue, lapses, ARGV[7], now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                    math.max(ms, 0) + tonumber(ARGV[8]))

@@ -73,7 +73,9 @@ for i = 1, #fields, 2 do
     local tag, owner = string.sub(fields[i], 1, 1), string.sub(fields[i], 3)
     local count, expiry, id = string.match(fields[i + 1], '^(%d+) (%d+) ?(%S*)$')
     if string.sub(fields[i], 2, 2) == ':' and expiry then
-        expiry = tonumber(expiry)
+        -- At most the longest lease (2^40 ms) from now: a later one is no lock's, and the cap
+        -- keeps every number an exact integer here and in the waiter's clock arithmetic.
+        expiry = math.min(tonumber(expiry), now + 1099511627776)
         if expiry <= now or (owner == me and given_up[id]) then
             redis.call('HDEL', KEYS[1], fields[i])
         else

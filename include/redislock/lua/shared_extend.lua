@@ -20,7 +20,7 @@ if lease > 0 then
     -- PEXPIRE first: Redis refuses HSET at out-of-memory unless the script already wrote.
     local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
     redis.call('PEXPIRE', KEYS[1], math.max(left, lease))
-    redis.call('HSET', KEYS[1], field,
-               count .. ' ' .. math.max(tonumber(expiry), now + lease) .. ' ' .. id)
+    local until_ms = math.max(math.min(tonumber(expiry), now + 1099511627776), now + lease)
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. until_ms .. ' ' .. id)
 end
 return 1
