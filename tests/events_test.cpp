@@ -692,6 +692,37 @@ TEST(Events, OnLostAloneStillWorksAsAPlainCallback) {
     EXPECT_TRUE(eventually([&] { return calls.load() == 1; }, 5s));
 }
 
+// A server that may evict keys (any maxmemory-policy but noeviction) can drop a lock, or the
+// queue beside it: the client says so once, as it is made; a server with noeviction, and a
+// client without a hook, hear nothing of it.
+TEST(Events, ServerThatMayEvictKeysIsReportedWhenTheClientConnects) {
+    for (const std::string policy : {"allkeys-lru", "volatile-ttl"}) {
+        SCOPED_TRACE(policy);
+        redis_server srv{{.extra_args = {"--maxmemory", "100mb", "--maxmemory-policy", policy}}};
+        recorder events;
+        redislock::client client{srv.uri(), {.on_event = events.hook()}};
+        const auto told = events.of(event_type::evicting_server);
+        ASSERT_EQ(told.size(), 1U);
+        EXPECT_EQ(told.front().name, "127.0.0.1:" + std::to_string(srv.port()));
+        EXPECT_EQ(told.front().kind, lock_kind::none);
+        EXPECT_NE(told.front().detail.find("maxmemory-policy " + policy), std::string::npos)
+            << told.front().detail;
+        EXPECT_NE(told.front().detail.find("noeviction"), std::string::npos) << told.front().detail;
+        // Locks work as before: the event is a warning, not a refusal.
+        auto m = client.mutex("x");
+        EXPECT_TRUE(m.try_lock());
+        m.unlock();
+        EXPECT_EQ(events.count(event_type::evicting_server), 1U);
+    }
+    redis_server srv;
+    recorder events;
+    redislock::client client{srv.uri(), {.on_event = events.hook()}};
+    auto m = client.mutex("x");
+    EXPECT_TRUE(m.try_lock());
+    m.unlock();
+    EXPECT_EQ(events.count(event_type::evicting_server), 0U);
+}
+
 TEST(Events, NamesOfEveryEnumeratorAreSpelledOut) {
     EXPECT_EQ(redislock::to_string(event_type::acquired), "acquired");
     EXPECT_EQ(redislock::to_string(event_type::script_reloaded), "script_reloaded");
@@ -699,6 +730,7 @@ TEST(Events, NamesOfEveryEnumeratorAreSpelledOut) {
     EXPECT_EQ(redislock::to_string(event_type::unlock_refused), "unlock_refused");
     EXPECT_EQ(redislock::to_string(event_type::lease_too_short), "lease_too_short");
     EXPECT_EQ(redislock::to_string(event_type::late_grant), "late_grant");
+    EXPECT_EQ(redislock::to_string(event_type::evicting_server), "evicting_server");
     EXPECT_EQ(redislock::to_string(lock_kind::shared_mutex_read), "shared_mutex_read");
     EXPECT_EQ(redislock::to_string(loss_reason::client_shutdown), "client_shutdown");
     EXPECT_EQ(redislock::to_string(loss_reason::server_lost), "server_lost");

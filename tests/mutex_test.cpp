@@ -925,17 +925,15 @@ TEST(Mutex, ReleaseTellsATaggedWaiterOnItsClientsChannel) {
     ASSERT_EQ(srv.cli({"SPUBLISH", "{t}:released", "marker"}), "1");
     EXPECT_EQ(shared_channel.next(), "marker");
 
-    // A 'g' waiter: the lock goes to it under its own token and lease, and it alone is told.
+    // A 'g' waiter: the lock is kept for it under its own token, only for the grace (100 ms for
+    // this lease; script_test checks what the key holds meanwhile), and it is told the same way.
     (void)srv.cli({"DEL", "t", "{t}:queue", "{t}:waiting"});  // the told waiter never came
     m.lock();
     const std::string handed = "g0123456789abcdef0123456789abcdef.5000@00ff00ff00ff00ff";
     ASSERT_EQ(queue_waiter(client, "t", handed), 0);
     m.unlock();
     EXPECT_EQ(own.next(), handed);
-    EXPECT_EQ(srv.cli({"GET", "t"}), "0123456789abcdef0123456789abcdef");
-    const auto ttl = std::stoll(srv.cli({"PTTL", "t"}));
-    EXPECT_GT(ttl, 0);
-    EXPECT_LE(ttl, 5000);
+    EXPECT_LE(std::stoll(srv.cli({"PTTL", "t"})), 100);
     ASSERT_EQ(srv.cli({"SPUBLISH", "{t}:released", "marker"}), "1");
     EXPECT_EQ(shared_channel.next(), "marker");
 }

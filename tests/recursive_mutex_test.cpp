@@ -460,7 +460,9 @@ TEST(RecursiveReleaseScript, QueueKeyOfAnotherTypeIsRefusedBeforeAnyWrite) {
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1") << "the release wrote";
 }
 
-TEST(RecursiveReleaseScript, LastEntryHandsTheLockToAnHWaiterAtTheHeadAndTellsItAlone) {
+// The entry is kept for the 'h' head for the grace only (2 s here), no longer than its lease, and
+// the head keeps its place in line until its next attempt claims the entry.
+TEST(RecursiveReleaseScript, LastEntryHandsTheLockToAnHWaiterAtTheHeadAndTellsIt) {
     redis_server srv;
     redislock::client client{srv.uri()};
     ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
@@ -471,13 +473,21 @@ TEST(RecursiveReleaseScript, LastEntryHandsTheLockToAnHWaiterAtTheHeadAndTellsIt
 
     EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "60000", "{s}:released")),
               std::vector<std::int64_t>{2});
-    EXPECT_EQ(released.next(), o2);
-    // One entry of o2, under the acquisition id and the lease its waiter id names.
+    EXPECT_EQ(released.next(), o2 + " ?wo3");
+    // One entry of o2, under the acquisition id its waiter id names, kept for the grace.
     EXPECT_EQ(sole_owner(srv, "s"), "o2");
     EXPECT_EQ(sole_count(srv, "s"), "1");
     EXPECT_EQ(srv.cli({"HGET", "s", "id:o2"}), "00aa");
     EXPECT_GT(pttl(srv, "s"), 0);
-    EXPECT_LE(pttl(srv, "s"), 5000);
+    EXPECT_LE(pttl(srv, "s"), 2000);
+    EXPECT_EQ(queue_of(srv, "s"), (std::vector<std::string>{o2, "wo3"}));
+
+    // o2's next attempt claims it for its lease and leaves the queue.
+    const auto claimed =
+        run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "1", "", "5000", o2);
+    EXPECT_EQ(integers(claimed), (std::vector<std::int64_t>{1, 0}));
+    EXPECT_EQ(acquisition_id(claimed), "00aa");
+    EXPECT_GT(pttl(srv, "s"), 50'000);
     EXPECT_EQ(queue_of(srv, "s"), (std::vector<std::string>{"wo3"}));
 
     // o2 holds it as that acquisition: its release tells the next waiter.
@@ -533,14 +543,14 @@ TEST(RecursiveQueueLeaveScript, WaiterHandedTheLockThatGivesUpHandsItOn) {
     const std::string o2 = handed_waiter("00a2", "o2");
     const std::string o3 = handed_waiter("00a3", "o3");
     ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}, {"o3", o3}}));
-    ASSERT_EQ(released.next(), o2);
+    ASSERT_EQ(released.next(), o2 + " ?" + o3);
 
-    // o2 gave up before it heard: its entry goes to o3.
+    // o2 gave up before it heard: its entry goes to o3, kept for it until it comes.
     EXPECT_EQ(integers(run_leave(client, "s", o2)), std::vector<std::int64_t>{1});
     EXPECT_EQ(released.next(), o3);
     EXPECT_EQ(sole_owner(srv, "s"), "o3");
     EXPECT_EQ(srv.cli({"HGET", "s", "id:o3"}), "00a3");
-    EXPECT_TRUE(queue_of(srv, "s").empty());
+    EXPECT_EQ(queue_of(srv, "s"), std::vector<std::string>{o3});
 
     // Sent again (its reply lost), the leave finds nothing of o2's and changes nothing.
     EXPECT_EQ(integers(run_leave(client, "s", o2)), std::vector<std::int64_t>{0});
@@ -624,7 +634,7 @@ TEST(RecursiveQueueLeaveScript, HeadLeavingAFreeLockHandsItToAnHWaiterNext) {
     EXPECT_EQ(released.next(), o3);
     EXPECT_EQ(sole_owner(srv, "s"), "o3");
     EXPECT_EQ(srv.cli({"HGET", "s", "id:o3"}), "00e3");
-    EXPECT_TRUE(queue_of(srv, "s").empty());
+    EXPECT_EQ(queue_of(srv, "s"), std::vector<std::string>{o3});
 }
 
 TEST(RecursiveAcquireScript, SecondWaiterCannotTakeAFreeLockWhileTheFirstIsQueued) {
@@ -1038,6 +1048,115 @@ TEST(RecursiveMutex, ReentryRefreshesTheLease) {
     std::this_thread::sleep_for(700ms);
     rm.unlock();
     EXPECT_GT(pttl(srv, "x"), 1700);
+    rm.unlock();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+// Objects of one owner share its entries, so the key must last as long as any of them counts
+// on: a rival that takes the lock while one of them still holds is a second holder.
+// `rival_gets_in` tries the lock as another owner (and gives it back at once).
+// Whether the key's TTL covers what `holder` believes it has left: the TTL is read first, so
+// the local estimate, read after it, can only be lower.
+testing::AssertionResult outlives(const redis_server& srv, const std::string& key,
+                                  const redislock::recursive_mutex& holder) {
+    const auto ttl = pttl(srv, key);
+    const auto believed = holder.remaining().count();
+    if (ttl >= believed) {
+        return testing::AssertionSuccess();
+    }
+    return testing::AssertionFailure()
+           << "the key has " << ttl << " ms left, the holder believes it has " << believed;
+}
+
+bool rival_gets_in(redislock::recursive_mutex& rival) {
+    const bool got = rival.try_lock();
+    if (got) {
+        rival.unlock();
+    }
+    return got;
+}
+
+TEST(RecursiveMutex, ObjectWithAShorterLeaseNeverShortensWhatAnotherObjectOfItsOwnerHolds) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+    auto rival = other.recursive_mutex("x");
+    auto a = client.recursive_mutex("x", {.lease = 10s});
+    auto b = client.recursive_mutex("x", {.lease = 1s});
+    a.lock();
+
+    b.lock();  // a re-entry
+    EXPECT_TRUE(outlives(srv, "x", a));
+    b.unlock();  // an inner release
+    EXPECT_TRUE(outlives(srv, "x", a));
+
+    std::this_thread::sleep_for(1200ms);
+    ASSERT_TRUE(a.owned());
+    EXPECT_FALSE(rival_gets_in(rival))
+        << "a rival got in while a holds with " << a.remaining().count() << " ms left";
+    a.unlock();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, ReentryThroughAnotherObjectKeepsALeaseTheHolderExtended) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+    auto rival = other.recursive_mutex("x");
+    auto a = client.recursive_mutex("x", {.lease = 1s});
+    auto b = client.recursive_mutex("x", {.lease = 1s});
+    a.lock();
+    ASSERT_TRUE(a.extend(10s));
+
+    b.lock();
+    b.unlock();
+    EXPECT_TRUE(outlives(srv, "x", a));
+
+    std::this_thread::sleep_for(1200ms);
+    ASSERT_TRUE(a.owned());
+    EXPECT_FALSE(rival_gets_in(rival))
+        << "a rival got in while a holds with " << a.remaining().count() << " ms left";
+    a.unlock();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+TEST(RecursiveMutex, ExtendThroughAnotherObjectNeverShortensWhatTheHolderCountsOn) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+    auto rival = other.recursive_mutex("x");
+    auto a = client.recursive_mutex("x", {.lease = 10s});
+    auto b = client.recursive_mutex("x", {.lease = 10s});
+    a.lock();
+    b.lock();
+
+    ASSERT_TRUE(b.extend(1s));
+    EXPECT_TRUE(outlives(srv, "x", a));
+
+    std::this_thread::sleep_for(1200ms);
+    ASSERT_TRUE(a.owned());
+    EXPECT_FALSE(rival_gets_in(rival))
+        << "a rival got in while a holds with " << a.remaining().count() << " ms left";
+    b.unlock();
+    a.unlock();
+    EXPECT_EQ(exists(srv, "x"), "0");
+}
+
+// A re-entry never shortens what the object itself was granted: the server keeps the longer
+// lease, and so does the object's local deadline (a shorter one would be told lost early).
+TEST(RecursiveMutex, ReentryKeepsTheLongerLeaseTheObjectWasExtendedTo) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rm = client.recursive_mutex("x", {.lease = 1s});
+    rm.lock();
+    ASSERT_TRUE(rm.extend(10s));
+
+    rm.lock();
+    EXPECT_GT(pttl(srv, "x"), 9000);
+    EXPECT_GT(rm.remaining(), 8s);
+    rm.unlock();
+    EXPECT_GT(pttl(srv, "x"), 9000);
+    EXPECT_GT(rm.remaining(), 8s);
     rm.unlock();
     EXPECT_EQ(exists(srv, "x"), "0");
 }

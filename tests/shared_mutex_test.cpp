@@ -1056,6 +1056,130 @@ TEST(SharedMutex, ExpiredReaderLeavesOtherReadersProtected) {
 // ---------------------------------------------------------------------------------------------
 // Reentrancy, ownership, leases
 
+// Objects of one owner share its entry in each mode, so that entry, and the key, must last as
+// long as any of them counts on: a rival that gets in while one of them still holds is a second
+// holder. `rival_gets_in` tries the other mode's lock as another owner (and gives it back).
+// Whether the key's TTL covers what `holder` believes it has left: the TTL is read first, so
+// the local estimate, read after it, can only be lower.
+testing::AssertionResult outlives(const redis_server& srv, const std::string& key,
+                                  const redislock::shared_mutex& holder) {
+    const auto ttl = pttl(srv, key);
+    const auto believed = holder.remaining().count();
+    if (ttl >= believed) {
+        return testing::AssertionSuccess();
+    }
+    return testing::AssertionFailure()
+           << "the key has " << ttl << " ms left, the holder believes it has " << believed;
+}
+
+bool rival_gets_in(redislock::shared_mutex& rival, bool write) {
+    const bool got = write ? rival.try_lock() : rival.try_lock_shared();
+    if (got) {
+        if (write) {
+            rival.unlock();
+        } else {
+            rival.unlock_shared();
+        }
+    }
+    return got;
+}
+
+TEST(SharedMutex, ObjectWithAShorterLeaseNeverShortensWhatAnotherObjectOfItsOwnerHolds) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+    auto rival = other.shared_mutex("doc");
+    for (const bool write : {false, true}) {
+        SCOPED_TRACE(write ? "write" : "read");
+        auto a = client.shared_mutex("doc", {.lease = 10s});
+        auto b = client.shared_mutex("doc", {.lease = 1s});
+        if (write) {
+            a.lock();
+            b.lock();  // a re-entry
+            b.unlock();
+        } else {
+            a.lock_shared();
+            b.lock_shared();
+            b.unlock_shared();
+        }
+        EXPECT_TRUE(outlives(srv, "doc", a));
+
+        std::this_thread::sleep_for(1200ms);
+        ASSERT_TRUE(a.owned());
+        EXPECT_FALSE(rival_gets_in(rival, !write))
+            << "a rival got in while a holds with " << a.remaining().count() << " ms left";
+        if (write) {
+            a.unlock();
+        } else {
+            a.unlock_shared();
+        }
+        EXPECT_FALSE(exists(srv, "doc"));
+    }
+}
+
+TEST(SharedMutex, ReentryThroughAnotherObjectKeepsALeaseTheHolderExtended) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+    auto rival = other.shared_mutex("doc");
+    auto a = client.shared_mutex("doc", {.lease = 1s});
+    auto b = client.shared_mutex("doc", {.lease = 1s});
+    a.lock_shared();
+    ASSERT_TRUE(a.extend(10s));
+
+    b.lock_shared();
+    b.unlock_shared();
+    EXPECT_TRUE(outlives(srv, "doc", a));
+
+    std::this_thread::sleep_for(1200ms);
+    ASSERT_TRUE(a.owned());
+    EXPECT_FALSE(rival_gets_in(rival, true))
+        << "a writer got in while a reads with " << a.remaining().count() << " ms left";
+    a.unlock_shared();
+    EXPECT_FALSE(exists(srv, "doc"));
+}
+
+TEST(SharedMutex, ExtendThroughAnotherObjectNeverShortensWhatTheHolderCountsOn) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client other{srv.uri()};
+    auto rival = other.shared_mutex("doc");
+    auto a = client.shared_mutex("doc", {.lease = 10s});
+    auto b = client.shared_mutex("doc", {.lease = 10s});
+    a.lock_shared();
+    b.lock_shared();
+
+    ASSERT_TRUE(b.extend(1s));
+
+    std::this_thread::sleep_for(1200ms);
+    ASSERT_TRUE(a.owned());
+    EXPECT_FALSE(rival_gets_in(rival, true))
+        << "a writer got in while a reads with " << a.remaining().count() << " ms left";
+    b.unlock_shared();
+    a.unlock_shared();
+    EXPECT_FALSE(exists(srv, "doc"));
+}
+
+// A re-entry never shortens what the object itself was granted: its entry keeps the longer
+// lease, and so does its local deadline (a shorter one would be told lost early).
+TEST(SharedMutex, ReentryKeepsTheLongerLeaseTheObjectWasExtendedTo) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rw = client.shared_mutex("doc", {.lease = 1s});
+    const std::string field = "r:" + caller_owner(client);
+    rw.lock_shared();
+    ASSERT_TRUE(rw.extend(10s));
+    const long long extended = parse_entry(hash_of(srv, "doc")[field]).expiry;
+
+    rw.lock_shared();
+    EXPECT_GE(parse_entry(hash_of(srv, "doc")[field]).expiry, extended);
+    EXPECT_GT(pttl(srv, "doc"), 9000);
+    EXPECT_GT(rw.remaining(), 8s);
+    rw.unlock_shared();
+    rw.unlock_shared();
+    EXPECT_FALSE(exists(srv, "doc"));
+}
+
 TEST(SharedMutex, ReadLockIsReentrant) {
     redis_server srv;
     redislock::client client{srv.uri()};

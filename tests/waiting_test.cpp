@@ -469,6 +469,68 @@ TEST(Waiting, HolderCrashWhileAWaiterWaitsDelaysItOnlyUntilTheLeaseEnds) {
     }
 }
 
+// A waiter the lock is handed to but that never comes (stopped, then killed, before it could read
+// the hand-over) holds the next waiter up for about a second at most, whatever its lease: a
+// hand-over only reserves the lock until the waiter comes to take it.
+TEST(Waiting, LockHandedToAWaiterThatNeverComesIsFreeAgainWithinASecond) {
+    using redislock::test::monotonic_ns;
+    redis_server srv;
+    constexpr auto lease = 20s;
+    for (kind k : {kind::simple, kind::reentrant, kind::writer}) {
+        SCOPED_TRACE(kind_name(k));
+        srv.flushall();
+        int go[2];
+        ASSERT_EQ(::pipe(go), 0);
+        child_process child{::fork()};
+        if (child.pid == 0) {
+            // Waits in line once told to; nothing it throws may reach the test runner's copy.
+            ::close(go[1]);
+            try {
+                char c = 0;
+                if (::read(go[0], &c, 1) != 1) {
+                    std::_Exit(1);
+                }
+                redislock::client client{srv.uri()};
+                any_lock waiter = make_lock(client, k, "handed", {.lease = lease});
+                std::_Exit(waiter.try_lock_for(30s) ? 0 : 2);
+            } catch (...) {
+                std::_Exit(3);
+            }
+        }
+        ::close(go[0]);
+        redislock::client client{srv.uri()};
+        any_lock holder = make_lock(client, k, "handed", {.lease = lease});
+        ASSERT_TRUE(holder.try_lock_for(0ms));
+        ASSERT_EQ(::write(go[1], "g", 1), 1);
+        ::close(go[1]);
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{handed}:queue") == 1; }));
+        ASSERT_EQ(::kill(child.pid, SIGSTOP), 0);
+
+        redislock::client other{srv.uri()};
+        any_lock next = make_lock(other, k, "handed", {.lease = lease});
+        std::atomic<std::int64_t> acquired{0};
+        std::jthread t{[&] {
+            if (next.try_lock_for(10s)) {
+                acquired = monotonic_ns();
+                next.unlock();
+            }
+        }};
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{handed}:queue") == 2; }));
+        const std::int64_t released = monotonic_ns();
+        holder.unlock();  // hands the lock to the stopped waiter
+        const std::optional<int> status = child.crash();
+        ASSERT_TRUE(status.has_value());
+        EXPECT_TRUE(WIFSIGNALED(*status)) << "the stopped waiter returned";
+        t.join();
+        if (acquired.load() == 0) {
+            ADD_FAILURE() << "the next waiter did not get the lock within 10 s";
+            continue;
+        }
+        EXPECT_LT(std::chrono::nanoseconds{acquired.load() - released}, 1s);
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    }
+}
+
 // Each client hears a lock's releases on a channel of its own beside the lock's: a release tells
 // every waiter it lets go (here two readers of two clients), each on its client's channel, and
 // publishes nothing on a channel the other clients hear too.
@@ -951,6 +1013,127 @@ TEST(Waiting, ReentryAfterATransientErrorStillPassesTheLocalGate) {
 }
 
 // A release nobody waits for publishes nothing and leaves no queue keys.
+// The queue's lapse times (`{name}:waiting`) lost (evicted under an allkeys-* policy; DEL here)
+// while a waiter that never comes heads the queue, before or after the release that told it to
+// go: that head is pruned within a bounded time (2 s), the lock goes to the waiter behind it,
+// which sleeps meanwhile rather than poll.
+TEST(Waiting, LostLapseTimesNeverJamTheQueueBehindAHeadThatDoesNotCome) {
+    redis_server srv;
+    for (const bool lost_before_release : {true, false}) {
+        SCOPED_TRACE(lost_before_release ? "lost before the release" : "lost after it");
+        srv.flushall();
+        redislock::client holder_client{srv.uri()};
+        auto holder = holder_client.mutex("jam", {.lease = 2s});
+        ASSERT_TRUE(holder.try_lock());
+        // A waiter that never comes: queued at script level, as a lock() call that then died was.
+        const redislock::reply queued = redislock::detail::run_script(
+            holder_client.connection(), redislock::detail::scripts::mutex_acquire,
+            std::array<std::string_view, 2>{"jam", "{jam}:fence"},
+            std::array<std::string_view, 7>{"dead-token", "30000", "0", "wdead", "2000",
+                                            "{jam}:queue", "{jam}:waiting"});
+        ASSERT_TRUE(queued.is_array()) << queued.text();
+        ASSERT_EQ(queued.elements().at(0).as_integer(), 0);
+
+        std::atomic<int> attempts{0};
+        redislock::client client{srv.uri(), {.on_event = [&](const redislock::lock_event& e) {
+                                     if (e.type == redislock::event_type::contended) {
+                                         ++attempts;
+                                     }
+                                 }}};
+        auto m = client.mutex("jam");
+        std::atomic<bool> acquired{false};
+        std::atomic<std::int64_t> waited_ms{0};
+        std::string failure;
+        std::jthread waiter{[&] {
+            const stopwatch watch;
+            try {
+                acquired = m.try_lock_for(6s);
+            } catch (const redislock::error& e) {
+                failure = e.what();
+            }
+            waited_ms = watch.elapsed().count();
+            if (acquired) {
+                m.unlock();
+            }
+        }};
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{jam}:queue") == 2; }));
+        if (lost_before_release) {
+            ASSERT_EQ(srv.cli({"DEL", "{jam}:waiting"}), "1");
+        }
+        holder.unlock();  // tells the dead head
+        if (!lost_before_release) {
+            ASSERT_EQ(srv.cli({"DEL", "{jam}:waiting"}), "1");
+        }
+        waiter.join();
+        EXPECT_EQ(failure, "");
+        EXPECT_TRUE(acquired) << "the queue stayed jammed for " << waited_ms << " ms";
+        EXPECT_LT(attempts.load(), 20) << "the waiter polled";
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    }
+}
+
+// A holder key that is not ours, of the kind's type, with a TTL longer than any lease: past
+// 2^63 ns (about 292 years) the time it asks a waiter to wait overflows a steady_clock time
+// point, and from 10^17 ms (Redis 7.0; 10^14 ms elsewhere) Lua hands the queue's PEXPIRE a
+// float it refuses. A timed call waits it out like any holder: it returns false at its
+// deadline, without an error and without polling, and leaves nothing behind.
+TEST(Waiting, HolderWithATtlOfCenturiesIsWaitedForWithoutAnErrorOrPolling) {
+    redis_server srv;
+    for (kind k : {kind::simple, kind::reentrant, kind::writer, kind::reader}) {
+        for (const std::string ttl : {"10000000000000", "200000000000000", "200000000000000000"}) {
+            SCOPED_TRACE(std::string{kind_name(k)} + ", TTL " + ttl + " ms");
+            srv.flushall();
+            std::istringstream time{srv.cli({"TIME"})};
+            long long seconds = 0;
+            long long micros = 0;
+            time >> seconds >> micros;
+            const std::string expiry =
+                std::to_string(seconds * 1000 + micros / 1000 + std::stoll(ttl));
+            switch (k) {
+                case kind::simple:
+                    ASSERT_EQ(srv.cli({"SET", "far", "foreign"}), "OK");
+                    break;
+                case kind::reentrant:
+                    ASSERT_EQ(srv.cli({"HSET", "far", "other-owner", "1", "id:other-owner", "a1"}),
+                              "2");
+                    break;
+                case kind::writer:
+                case kind::reader:
+                    ASSERT_EQ(srv.cli({"HSET", "far", "mode", "write", "w:other-owner",
+                                       "1 " + expiry + " a1"}),
+                              "2");
+                    break;
+            }
+            ASSERT_EQ(srv.cli({"PEXPIRE", "far", ttl}), "1");
+
+            std::atomic<int> attempts{0};
+            redislock::client client{srv.uri(), {.on_event = [&](const redislock::lock_event& e) {
+                                         if (e.type == redislock::event_type::contended) {
+                                             ++attempts;
+                                         }
+                                     }}};
+            any_lock waiter = make_lock(client, k, "far");
+            bool acquired = true;
+            try {
+                acquired = waiter.try_lock_for(300ms);
+            } catch (const redislock::error& e) {
+                ADD_FAILURE() << "the wait ended in " << e.what();
+            }
+            EXPECT_FALSE(acquired);
+            EXPECT_LE(attempts.load(), 3) << "the waiter polled";
+            // The waiter's queue entry goes with it; the holder's key stays, for as long as it
+            // had (a read-write lock's TTL follows its latest entry, cut to the longest lease).
+            EXPECT_TRUE(eventually([&] { return srv.cli({"DBSIZE"}) == "1"; }))
+                << srv.cli({"KEYS", "*"});
+            const long long longest = redislock::max_lease.count();
+            const long long kept = k == kind::simple || k == kind::reentrant
+                                       ? std::stoll(ttl)
+                                       : std::min(std::stoll(ttl), longest);
+            EXPECT_GT(std::stoll(srv.cli({"PTTL", "far"})), kept - 60'000);
+        }
+    }
+}
+
 TEST(Waiting, UncontendedLocksTouchNoQueue) {
     redis_server srv;
     redislock::client client{srv.uri()};

@@ -53,6 +53,13 @@
 //                    | that late end the call with lease_error     |
 //                    | (see "Attempts that can never succeed" in   |
 //                    | docs/guarantees.md)                         |
+//   evicting_server  | the client was made, and the server it      | name (the server, when the
+//                    | connected to has a maxmemory-policy other   | connection says: "host:port"),
+//                    | than noeviction: it may evict a lock (a     | detail (the policy and
+//                    | second holder) or its queue keys. Locks     | maxmemory)
+//                    | need noeviction. Asked with one INFO when   |
+//                    | the client is made, only when a hook is set |
+//                    | (for a Cluster: one master)                 |
 //
 // A lock's events come from its own calls, the client's watchdog and its loss timer; the
 // connection's from the connection (see below). An acquisition reports acquired once, then
@@ -103,6 +110,8 @@
 // unlock_refused on the thread whose unlock() was refused; lease_too_short on the thread that
 // made the lock object (client.mutex() and the others), each time one is made; late_grant on the
 // thread of the lock call.
+// evicting_server on the thread that makes the client, inside its constructor (the hook must not
+// use that client then).
 //
 // Lifetime: the hook may be called as long as any lock of the client, or a release or queue
 // exit left to the background reaper, is alive: after the client itself is gone, and for a
@@ -143,6 +152,7 @@ enum class event_type {
     unlock_refused,        ///< unlock() from a thread that does not hold the lock: nothing sent
     lease_too_short,       ///< a watchdog lease below 6 x the connection's command_timeout
     late_grant,            ///< a grant whose reply came after its lease ran out was given back
+    evicting_server,       ///< the server's maxmemory-policy may evict locks (not noeviction)
 };
 
 /// Which lock an event is about.
@@ -181,11 +191,10 @@ struct lock_event {
     std::string_view name{};
     /// acquired: from the call to the grant, waiting in line and between attempts included.
     std::chrono::microseconds wait{};
-    /// acquired, contended: attempts the call has made so far (1 when the lock was free; a lock
-    /// handed over by its releaser counts as the attempt that succeeded).
+    /// acquired, contended: attempts the call has made so far (1 when the lock was free).
     std::uint32_t attempts = 0;
     /// released, lost: how long the acquisition was held, counted from when its granting attempt
-    /// was sent (a lock handed over by its releaser: from when the waiter took it).
+    /// was sent.
     std::chrono::microseconds held{};
     /// contended: the holder's remaining lease as the server told it; negative when unknown.
     std::chrono::milliseconds holder_ttl{-1};
@@ -233,6 +242,8 @@ constexpr std::string_view to_string(event_type type) noexcept {
             return "lease_too_short";
         case event_type::late_grant:
             return "late_grant";
+        case event_type::evicting_server:
+            return "evicting_server";
     }
     return "unknown";
 }

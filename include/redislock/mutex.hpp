@@ -212,16 +212,7 @@ private:
             // WAIT, in its own round trip: neither can be handed over.
             detail::line_options{.simple = true,
                                  .handed = !opts.fencing && opts.min_replicas == 0,
-                                 .kind = lock_kind::mutex},
-            [this](const detail::token& token, detail::steady::time_point since,
-                   const detail::wait_tally& wait) {
-                if (detail::steady::now() >= detail::valid_until(since, state_->options.lease)) {
-                    return false;
-                }
-                // Held from now: the wait before the hand-over is not hold time.
-                on_acquired(token, {.sent = since, .wait = &wait, .taken = detail::steady::now()});
-                return true;
-            });
+                                 .kind = lock_kind::mutex});
     }
 
     // One acquisition attempt: std::nullopt when acquired, else how long to wait at most.
@@ -269,7 +260,7 @@ private:
                     throw server_error{"redislock: unexpected reply to an acquisition"};
                 }
                 if (r.elements()[0].as_integer() == 0) {
-                    return detail::holder_ttl{r.elements()[1].as_integer()};
+                    return detail::saturated_ttl(r.elements()[1].as_integer());
                 }
                 fence = r.elements()[1].as_integer();
             }

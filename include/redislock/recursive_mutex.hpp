@@ -123,7 +123,9 @@ public:
         ec = release::leave(state_, std::move(out.entry), out.entries, out.last, out.ended);
     }
 
-    /// Sets the lease to `lease` from now if the lock is still ours.
+    /// Sets the lease to `lease` from now if the lock is still ours; never shorter than what the
+    /// key has left, since another object of the same owner may count on that (the local
+    /// deadline then stays as it was).
     /// Returns false (and calls on_lost) if the lock was lost; false at once if not held.
     /// @throws redislock::invalid_argument, redislock::connection_error;
     ///         redislock::server_error when the server answers with an error (the lock is not
@@ -239,25 +241,7 @@ private:
             detail::line_options{.reentry = !opts.owner.empty() || detail::thread_may_hold_any(),
                                  .handed = handed,
                                  .owner = owner,
-                                 .kind = lock_kind::recursive_mutex},
-            [&](const detail::token& acquisition, detail::steady::time_point since,
-                const detail::wait_tally& wait) {
-                const auto now = detail::steady::now();
-                if (now >= detail::valid_until(since, opts.lease)) {
-                    return false;
-                }
-                {
-                    // Handed again after this object gave it up (a claim whose grant came too
-                    // late): its release may still land, so the next attempt takes it over.
-                    std::lock_guard guard{state_->mutex};
-                    if (state_->given_up == acquisition.view()) {
-                        return false;
-                    }
-                }
-                // Held from now: the wait before the hand-over is not hold time.
-                on_entered(owner, detail::entry_reply{1, 0, acquisition.str()}, since, &wait, now);
-                return true;
-            });
+                                 .kind = lock_kind::recursive_mutex});
     }
 
     // One attempt: std::nullopt when acquired or re-entered (a first entry reports acquired),
@@ -315,12 +299,11 @@ private:
     // Counts an entry in; the first through this object reports the call's `wait` as acquired
     // before its lease can be found lost.
     void on_entered(const std::string& owner, const detail::entry_reply& got,
-                    detail::steady::time_point sent, const detail::wait_tally* wait,
-                    std::optional<detail::steady::time_point> taken = std::nullopt) {
+                    detail::steady::time_point sent, const detail::wait_tally* wait) {
         typename state::entered e;
         {
             std::lock_guard guard{state_->mutex};
-            e = state_->enter(owner, got, sent, taken);
+            e = state_->enter(owner, got, sent);
         }
         if (!e.first_entry) {
             tracker().extended(epoch_now(), sent, state_->options.lease);  // re-entry refreshed it

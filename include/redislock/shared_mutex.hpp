@@ -129,7 +129,9 @@ public:
     /// basic_recursive_mutex::unlock(std::error_code&)).
     void unlock_shared(std::error_code& ec) noexcept { ec = leave_one(mode::read); }
 
-    /// Sets the lease of every mode the caller holds to `lease` from now.
+    /// Sets the lease of every mode the caller holds to `lease` from now; never shorter than what
+    /// an entry has left, since another object of the same owner may count on that (the local
+    /// deadline then stays as it was).
     /// Returns false (and calls on_lost) if any was lost; false at once if the caller holds none.
     /// @throws redislock::invalid_argument, redislock::connection_error
     bool extend(std::chrono::milliseconds lease) {

@@ -15,6 +15,7 @@
 #include <redislock/client_options.hpp>
 #include <redislock/connection.hpp>
 #include <redislock/detail/event_sink.hpp>
+#include <redislock/detail/eviction_check.hpp>
 #include <redislock/detail/local_gate.hpp>
 #include <redislock/detail/loss_timer.hpp>
 #include <redislock/detail/notifier.hpp>
@@ -110,6 +111,7 @@ struct client_core {
                     [this](std::string_view server) { events.reconnected(server); });
             }
         }
+        report_eviction_policy(connection, events, command_budget(connection));
     }
     client_core(const client_core&) = delete;
     client_core& operator=(const client_core&) = delete;

@@ -21,7 +21,6 @@
 #include <stop_token>
 #include <string>
 #include <string_view>
-#include <type_traits>
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/client_core.hpp>
@@ -105,42 +104,36 @@ struct line_options {
                            // same owner: its first attempt skips the gate, since its own release
                            // is what the threads in the gate wait for
     bool simple = false;   // a simple lock (see queue_leave.lua)
-    // The lock may be handed to this waiter: a simple lock under a token of its own (see
-    // queue_hand_on), or, with `owner` set, a reentrant lock as an entry of that owner (see
-    // queue_hand_on_entry); the owner then holds neither '@' nor ' '.
+    // The lock may be handed to this waiter: kept for it under a token of its own, for a simple
+    // lock (see queue_hand_on), or, with `owner` set, as an entry of that owner, for a reentrant
+    // lock (see queue_hand_on_entry), until its next attempt takes it; the owner then holds
+    // neither '@' nor ' '.
     bool handed = false;
     std::string_view owner = {};
     lock_kind kind = lock_kind::none;  // what contended events say it is
 };
 
-/// Calls the lock's `granted(token, since, tally)` for a lock handed to it under `token` (a
-/// reentrant lock's acquisition id): valid for a lease counted from `since` at least (the
-/// hand-over came after the waiter joined the queue); `tally` is the call's wait. Returns false
-/// when the lock could not take it; the next attempt then claims it.
-using no_hand_over = std::nullptr_t;
-
 /// Runs `attempt(how, place)` until it acquires, the deadline passes or a stop is requested,
 /// waiting in line between attempts. `attempt` returns std::nullopt when it acquired, else how
 /// long to wait at most before trying again (the holder's PTTL; negative: unknown); a grant it
 /// gave back because its reply came too late (late_grant) is told and counts as a failed
-/// attempt. With line_options::handed, a release may hand the lock over while this call sleeps:
-/// `granted` (see no_hand_over) then takes it without another round trip. Failures are handled
-/// as acquire_until() does, a slot being migrated included; attempts answered after their lease
-/// ran out, three in a row, throw lease_error (see late_replies).
-template <connection C, class Attempt, class Granted = no_hand_over>
+/// attempt. A release that names this waiter wakes it for its next attempt at once; with
+/// line_options::handed that attempt takes the lock kept for it. It is never taken without that
+/// round trip: a lock handed to a waiter that does not come must be free again within the grace,
+/// whatever its lease. Failures are handled as acquire_until() does, a slot being migrated
+/// included; attempts answered after their lease ran out, three in a row, throw lease_error (see
+/// late_replies).
+template <connection C, class Attempt>
 bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time_point deadline,
-                     const std::stop_token& stop, const line_options& line,
-                     Granted&& granted = nullptr) {
+                     const std::stop_token& stop, const line_options& line) {
     waiting_room& room = lk.core->waiting.get();
     const bool may_wait = deadline > steady::now();
     // Built when first needed: an uncontended call pays for none of it.
-    std::optional<token> grant;
     std::string waiter;
     const auto waiter_id = [&]() -> const std::string& {
         if (waiter.empty()) {
             if (line.handed) {
-                grant = token::random();
-                waiter = (line.owner.empty() ? "g" : "h") + grant->str() + "." +
+                waiter = (line.owner.empty() ? "g" : "h") + token::random().str() + "." +
                          std::string{lk.lease_text.view()};
                 if (!line.owner.empty()) {
                     waiter.append(".").append(line.owner);
@@ -156,7 +149,6 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
     };
     std::string listen;  // the channel this call is told on, once it enrolled
     const std::string_view trying = line.reader ? "r" : "w";  // a try that does not join
-    std::optional<steady::time_point> first_join;  // when the first attempt that joined was sent
     steady::time_point lapses_by{};  // when the queue entry lapses at the latest, as last told
     holder_ttl longest_wait{0};      // the longest wait a joining attempt was told
     std::optional<local_gates::place> place;
@@ -187,8 +179,7 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
 
     const local_gates::view gate = room.gates.look(lk.name);
     // Whether the last attempt got a definite "not acquired": until then a possible re-entry
-    // keeps skipping the gate, and a hand-over cannot be told from one the attempt itself took
-    // (and lost with its reply).
+    // keeps skipping the gate.
     bool refused = false;
     const auto grace = handoff_grace(lk.options.lease);
     const event_sink& events = lk.core->events;
@@ -199,10 +190,6 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
     backoff policy{lk.options};
     late_replies late;
     std::exception_ptr unacknowledged;
-    // A hand-over may be claimed without a round trip until an attempt's outcome is unknown: it
-    // may have taken the handed lock over and been given up since, which frees it, so a message
-    // read later could be stale. The next attempt claims a hand-over then.
-    bool claim_on_message = true;
     for (bool first = true;; first = false) {
         // Only the thread at the head of its process's gate joins the queue in Redis: one that
         // joined and then waited in the gate could be told its turn while it cannot come. An
@@ -249,9 +236,6 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         std::optional<holder_ttl> ttl;
         try {
             joined = joined || join;
-            if (join && !first_join) {
-                first_join = steady::now();
-            }
             refused = false;
             counted = false;
             ++tally.attempts;
@@ -281,10 +265,14 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 late.fail(lk.name, lk.options.lease);
             }
             refused = ttl.has_value();
+            if (ttl) {
+                ttl = saturated_ttl(ttl->count());  // whatever the attempt read it from
+            }
             if (join && ttl) {
                 longest_wait = std::max(longest_wait, *ttl);
-                lapses_by = std::max(lapses_by, steady::now() + std::max(*ttl, holder_ttl::zero()) +
-                                                    queue_place::kept);
+                lapses_by =
+                    std::max(lapses_by, later_by(steady::now(), std::max(*ttl, holder_ttl::zero()) +
+                                                                    queue_place::kept));
             }
             if (!ttl) {
                 acquired = true;
@@ -326,12 +314,12 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
                 }
                 throw;
             }
-            claim_on_message = claim_on_message && migrating;
             if (join && !migrating) {
                 // The attempt may have joined (or kept its place) with a wait not told: the
                 // holder's lease left, assumed no longer than the longest known or this lock's.
                 const auto assumed = std::max(longest_wait, holder_ttl{lk.options.lease});
-                lapses_by = std::max(lapses_by, steady::now() + assumed + queue_place::kept);
+                lapses_by =
+                    std::max(lapses_by, later_by(steady::now(), assumed + queue_place::kept));
             }
             ttl = holder_ttl{-1};
         }
@@ -344,41 +332,16 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         }
         steady::time_point until;
         if (slot && slot->subscribed() && *ttl >= holder_ttl::zero()) {
-            until = now + *ttl + std::chrono::milliseconds{1};
+            until = later_by(now, *ttl + std::chrono::milliseconds{1});
         } else {
             // Polling: often enough not to miss the grace of a turn given to this waiter.
-            until = now + std::min<steady::duration>(policy.next(*ttl), grace / 2);
+            until = later_by(now, std::min<steady::duration>(policy.next(*ttl), grace / 2));
         }
         until = std::min(until, deadline);
         const bool woken =
             slot ? room.notify.wait(*slot, until, stop) : sleep_unless_stopped(until - now, stop);
         if (!woken && stop.stop_requested()) {
             return false;
-        }
-        if constexpr (!std::is_same_v<std::remove_cvref_t<Granted>, no_hand_over>) {
-            // Handed over: take it without a round trip while at least half a lease, counted
-            // from the first join, is left, and no failover of the master was announced since
-            // (the release that handed it may have run on a master being replaced, whose writes
-            // the failover loses); else the next attempt claims it afresh.
-            if (line.handed && claim_on_message && refused && woken && slot && slot->named() &&
-                first_join &&
-                valid_until(*first_join, lk.options.lease) - steady::now() > lk.options.lease / 2 &&
-                grant && settled_since(*lk.conn, *first_join)) {
-                ++tally.attempts;  // the hand-over is the attempt that succeeded
-                bool taken = false;
-                try {
-                    taken = granted(*grant, *first_join, tally);
-                } catch (...) {
-                    counted = true;  // the lock gave back what it could not record
-                    throw;
-                }
-                if (taken) {
-                    acquired = true;
-                    room.gates.note_contention(lk.name, true);
-                    return true;
-                }
-                --tally.attempts;
-            }
         }
     }
 }

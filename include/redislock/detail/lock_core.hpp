@@ -203,8 +203,8 @@ private:
 };
 
 /// What a reentrant or read-write acquisition script answers: its status (0: not acquired, then
-/// `value` is the holder's TTL; 1: a new acquisition; 2: a re-entry...), `value` (the fencing
-/// token when acquired) and the id of the acquisition the entry belongs to.
+/// `value` is the holder's TTL, saturated_ttl(); 1: a new acquisition; 2: a re-entry...), `value`
+/// (the fencing token when acquired) and the id of the acquisition the entry belongs to.
 struct entry_reply {
     std::int64_t status = 0;
     std::int64_t value = 0;
@@ -221,7 +221,12 @@ inline entry_reply decode_entry(const reply& r, std::string_view name, const cha
     if (!r.is_array() || r.elements().size() != 3) {
         throw server_error{unexpected};
     }
-    return {r.elements()[0].as_integer(), r.elements()[1].as_integer(), r.elements()[2].text()};
+    entry_reply got{r.elements()[0].as_integer(), r.elements()[1].as_integer(),
+                    r.elements()[2].text()};
+    if (got.status == 0) {
+        got.value = saturated_ttl(got.value).count();
+    }
+    return got;
 }
 
 /// True for failures a wait with time left rides out (then throws the last of them).
@@ -480,6 +485,15 @@ struct renewal_spec {
     std::vector<std::string> args;
 };
 
+/// True for a State whose scripts never shorten the server's expiry (`static constexpr bool
+/// expiry_never_shortened = true`): the kinds whose entries several objects of one owner share.
+/// A renewal or re-entry then never moves a local deadline earlier, since the one held stays
+/// below the server's expiry; a shorter one would be told lost while still held.
+template <class State>
+inline constexpr bool deadline_never_earlier = requires {
+    requires State::expiry_never_shortened;
+};
+
 /// Starts, renews, loses and ends tracked leases for one lock object. Its State has a
 /// `std::mutex mutex`, `connection_type` (the C of its tracked_lease<C>), `lease_key` (what names
 /// one acquisition) and `static tracked_lease<C>* find_lease(State&, const lease_key&)`, which
@@ -623,11 +637,7 @@ public:
 
     /// A renewal sent at `renewed_at` was confirmed: the local deadline moves.
     void renewed(const key_type& key, steady::time_point renewed_at) {
-        std::lock_guard guard{st_->mutex};
-        if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
-            t->valid_until = valid_until(renewed_at, st_->options.lease);
-            core().timer->move(t->timer, t->valid_until);
-        }
+        renewed_for(key, renewed_at, st_->options.lease);
     }
 
     /// An extend() of `lease` sent at `sent` succeeded.
@@ -887,7 +897,11 @@ private:
                      std::chrono::milliseconds lease) {
         std::lock_guard guard{st_->mutex};
         if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
-            t->valid_until = valid_until(sent, lease);
+            auto until = valid_until(sent, lease);
+            if constexpr (deadline_never_earlier<State>) {
+                until = std::max(until, t->valid_until);
+            }
+            t->valid_until = until;
             core().timer->move(t->timer, t->valid_until);
         }
     }

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <utility>
 
@@ -52,9 +51,6 @@ struct mutex_state : lock_identity<C> {
         std::int64_t fence = 0;
         // The lock call's wait, reported as acquired before the lease can be found lost.
         const wait_tally* wait = nullptr;
-        // Handed over: when this process came to hold it (hold times count from then, not from
-        // `sent`).
-        std::optional<steady::time_point> taken{};
     };
 
     // The books below need the mutex.
@@ -72,7 +68,7 @@ struct mutex_state : lock_identity<C> {
         holder_thread = std::this_thread::get_id();
         generation = current_fork_generation();
         lease.valid_until = valid_until(g.sent, this->options.lease);
-        lease.acquired_at = g.taken.value_or(g.sent);
+        lease.acquired_at = g.sent;
         lease.kind = lock_kind::mutex;
         fence = g.fence;
         return previous;

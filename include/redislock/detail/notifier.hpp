@@ -60,7 +60,6 @@ public:
     void reset() {
         std::lock_guard guard{mutex_};
         woken_ = false;
-        named_ = false;
         changed_ = false;
         signalled_.store(false, std::memory_order_relaxed);
         check_at_ = steady::time_point::max();
@@ -69,13 +68,6 @@ public:
     /// True when woken or named standby since the last reset(): sleep_until() would return at
     /// once or compute a new limit. Read without the mutex, for a waiter that spins.
     bool signalled() const noexcept { return signalled_.load(std::memory_order_acquire); }
-
-    /// True when a release named this waiter since the last reset(): for a waiter a simple lock
-    /// is handed to, that the lock is its own.
-    bool named() {
-        std::lock_guard guard{mutex_};
-        return named_;
-    }
 
     /// Sleeps until woken, named standby and its grace is over, `until`, or a stop request.
     /// True when woken or the standby time came.
@@ -103,11 +95,17 @@ public:
     /// True while the channel is subscribed on a live link: a release will reach this waiter.
     bool subscribed() const noexcept { return subscribed_.load(std::memory_order_acquire); }
 
-    /// Wakes the waiter to try again (its link was lost, a message may be missing).
-    void wake() noexcept { wake(false); }
-
-    /// Wakes the waiter a release named.
-    void wake_named() noexcept { wake(true); }
+    /// Wakes the waiter to try again: a release named it, or its link was lost (a message may
+    /// be missing).
+    void wake() noexcept {
+        {
+            std::lock_guard guard{mutex_};
+            woken_ = true;
+            changed_ = true;
+            signalled_.store(true, std::memory_order_release);
+        }
+        wake_.notify_all();
+    }
 
     void standby() {
         {
@@ -122,21 +120,9 @@ public:
     void set_subscribed(bool on) noexcept { subscribed_.store(on, std::memory_order_release); }
 
 private:
-    void wake(bool named) noexcept {
-        {
-            std::lock_guard guard{mutex_};
-            woken_ = true;
-            named_ = named_ || named;
-            changed_ = true;
-            signalled_.store(true, std::memory_order_release);
-        }
-        wake_.notify_all();
-    }
-
     std::mutex mutex_;
     std::condition_variable_any wake_;
     bool woken_ = false;
-    bool named_ = false;
     bool changed_ = false;  // woken or given a closer check since the sleeper last looked
     steady::time_point check_at_ = steady::time_point::max();
     steady::duration grace_;
@@ -925,7 +911,7 @@ private:
             if (standby) {
                 slot->standby();
             } else {
-                slot->wake_named();
+                slot->wake();
             }
         }
     }

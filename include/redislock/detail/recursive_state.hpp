@@ -35,6 +35,9 @@ template <connection C>
 struct recursive_state : lock_identity<C> {
     using lock_identity<C>::lock_identity;
     using lease_key = std::uint64_t;  // an outermost acquisition is named by its epoch
+    // The scripts never shorten the key's expiry: objects of one owner share its entries (see
+    // deadline_never_earlier).
+    static constexpr bool expiry_never_shortened = true;
 
     bool caller_is_holder() const { return this->caller_is(holder); }
     // Held by the parent this process was forked from: only the parent may release it.
@@ -72,10 +75,8 @@ struct recursive_state : lock_identity<C> {
         bool previous_lost = false;                // which was still live
     };
 
-    // Counts in an entry of `owner` that `got` granted to an attempt sent at `sent`; one handed
-    // over by its releaser is held from `taken` (hold times count from then).
-    entered enter(const std::string& owner, const entry_reply& got, steady::time_point sent,
-                  std::optional<steady::time_point> taken = std::nullopt) {
+    // Counts in an entry of `owner` that `got` granted to an attempt sent at `sent`.
+    entered enter(const std::string& owner, const entry_reply& got, steady::time_point sent) {
         entered e;
         // Entries still counted here (unlock counts them out before its round trip) that Redis
         // no longer has: a new acquisition, an entry by another owner, or a re-entry into
@@ -102,7 +103,7 @@ struct recursive_state : lock_identity<C> {
             uncertain = 0;
             fence = got.value;
             lease.valid_until = valid_until(sent, this->options.lease);
-            lease.acquired_at = taken.value_or(sent);
+            lease.acquired_at = sent;
             lease.kind = lock_kind::recursive_mutex;
             if (this->options.owner.empty()) {
                 mark.count();

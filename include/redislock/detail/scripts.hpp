@@ -67,13 +67,40 @@ end
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapse_times = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapse_times[#lapse_times + 1] = now + 2000
+                    lapse_times[#lapse_times + 1] = ids[i]
+                end
+            end
+            if #lapse_times > 0 then
+                redis.call('ZADD', w, unpack(lapse_times))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -142,21 +169,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -165,10 +186,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -176,23 +198,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -201,16 +219,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -290,15 +305,19 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
     end
     return {1, fence}
 end
-local wait = holder and redis.call('PTTL', KEYS[1]) or
-    (tonumber(redis.call('ZSCORE', lapses, redis.call('ZRANGE', queue, 0, 0)[1])) or now) - now
+-- At most 2^40 ms, the longest lease: a longer TTL is no lock's (it may be centuries), and the
+-- cap keeps every number an exact integer here, in the queue's commands and in the waiter's
+-- clock arithmetic. A waiter told that much asks again then.
+local wait = math.min(holder and redis.call('PTTL', KEYS[1]) or
+    (tonumber(redis.call('ZSCORE', lapses, redis.call('ZRANGE', queue, 0, 0)[1])) or now) - now,
+    1099511627776)
 if ARGV[5] ~= '0' then
     queue_join(queue, lapses, id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                math.max(wait, 0) + tonumber(ARGV[5]))
 end
 return {0, wait}
 )lua",
-    "33e97294384f59d2dce26082c0018979dba81da1"};
+    "1ffdf79a55156e504f20514928512655aa235682"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -342,13 +361,40 @@ end
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapse_times = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapse_times[#lapse_times + 1] = now + 2000
+                    lapse_times[#lapse_times + 1] = ids[i]
+                end
+            end
+            if #lapse_times > 0 then
+                redis.call('ZADD', w, unpack(lapse_times))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -417,21 +463,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -440,10 +480,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -451,23 +492,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -476,16 +513,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -529,7 +563,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "737b4bd8f831cee6a0f3e77902ede7f5b3ce4ad9"};
+    "76380100e3ea91d7d794effe72a9cbee53604a7b"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -550,13 +584,40 @@ inline constexpr script queue_leave{
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapse_times = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapse_times[#lapse_times + 1] = now + 2000
+                    lapse_times[#lapse_times + 1] = ids[i]
+                end
+            end
+            if #lapse_times > 0 then
+                redis.call('ZADD', w, unpack(lapse_times))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -625,21 +686,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -648,10 +703,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -659,23 +715,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -684,16 +736,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -761,9 +810,9 @@ end
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
     return 0
 end
--- A free lock goes to the head, as a release would hand it on: a simple lock is kept free for
--- it or handed to a 'g' head; a lock of another kind is handed to an 'h' head, others are told
--- they may go (telling an 'h' waiter by name would read as a hand-over).
+-- A free lock goes to the head, as a release would hand it on: a simple lock is kept for it;
+-- a lock of another kind is kept for an 'h' head as an entry of its owner, others are told they
+-- may go.
 if kind == 'none' and ARGV[4] == 'm' then
     return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 elseif kind == 'none' then
@@ -778,7 +827,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "935e8b4400d40029a353451ba13c4a35a6499ccd"};
+    "5f4bd29e1c39ed25bc03ee4603884a685954c052"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -790,7 +839,8 @@ inline constexpr script recursive_acquire{
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
 --          when ARGV[3] is '1': no other call touches it
 -- ARGV[1]  the owner id
--- ARGV[2]  the lease, ms (set again on every entry)
+-- ARGV[2]  the lease, ms (set again on every entry, unless the key has more left: another
+--          object of the owner may count on that)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
 -- ARGV[4]  the id for a new acquisition; the same on every retry of one lock() call
 -- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
@@ -799,7 +849,8 @@ inline constexpr script recursive_acquire{
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
 --          is claimed as it is, with any re-entries other calls of the owner made since,
---          whatever ARGV[5] says, unless the object gave it up (ARGV[6])
+--          whatever ARGV[5] says, unless the object gave it up (ARGV[6]); the call then leaves
+--          the queue
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
@@ -811,6 +862,13 @@ inline constexpr script recursive_acquire{
 local queue, lapses = KEYS[2], KEYS[3]
 if ARGV[3] == '1' and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
+-- Gives the key our lease, or keeps what it has left if that is longer: every object of the
+-- owner that entered counts on its own lease, and none may lose it to a shorter one. A TTL over
+-- the longest lease (2^40 ms) was set by no lock; it is cut to that.
+local function lease_key()
+    local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(left, tonumber(ARGV[2])))
 end
 -- A new acquisition's entry. `taken_over`: the hash exists (an entry of ours being taken over),
 -- so a stale fence goes.
@@ -831,7 +889,11 @@ local function fresh(taken_over)
         redis.call('HDEL', KEYS[1], 'fence')
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    if taken_over then
+        lease_key()
+    else
+        redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    end
     return {1, fence, ARGV[4]}
 end
 if ARGV[3] == '1' then
@@ -849,15 +911,18 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
 if id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.') then
-    -- The mark stays: a call that acquires never leaves the queue, and one whose reply is lost
-    -- and that gives up then still takes back its one entry.
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    -- Claimed: the call leaves the queue, where its place was kept until it came. The mark
+    -- stays: a call that acquires never leaves the queue itself, and one whose reply is lost and
+    -- that gives up then still takes back its one entry.
+    lease_key()
+    redis.call('ZREM', queue, ARGV[7])
+    redis.call('ZREM', lapses, ARGV[7])
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
 if id and not taken_over then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    lease_key()
     return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 -- Taken over, free with waiters, or held by another owner: only now are the queue's helpers
@@ -866,13 +931,40 @@ end
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapse_times = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapse_times[#lapse_times + 1] = now + 2000
+                    lapse_times[#lapse_times + 1] = ids[i]
+                end
+            end
+            if #lapse_times > 0 then
+                redis.call('ZADD', w, unpack(lapse_times))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -941,21 +1033,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -964,10 +1050,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -975,23 +1062,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1000,16 +1083,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -1058,8 +1138,10 @@ local function enter(over)
     return entered
 end
 
--- Not acquired: join the queue when waiting, and say how long to wait.
+-- Not acquired: join the queue when waiting, and say how long to wait: at most 2^40 ms, the
+-- longest lease (a longer TTL is no lock's; see mutex_acquire.lua).
 local function wait(ms, now, time)
+    ms = math.min(ms, 1099511627776)
     if ARGV[8] ~= '0' then
         queue_join(queue, lapses, ARGV[7], now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                    math.max(ms, 0) + tonumber(ARGV[8]))
@@ -1081,11 +1163,12 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "10bc313130b193734f45613653619eed79e75f46"};
+    "968da8628fefc184cd6e74c40869f4549e01303b"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
-    R"lua(-- Sets a reentrant lock's lease to ARGV[2] ms from now if ARGV[1] still holds acquisition ARGV[3].
+    R"lua(-- Sets a reentrant lock's lease to ARGV[2] ms from now if ARGV[1] still holds acquisition ARGV[3],
+-- unless the key has more left: another object of the owner may count on that.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
 -- ARGV[2]  the new lease, ms
@@ -1093,11 +1176,12 @@ inline constexpr script recursive_extend{
 -- Returns  1 extended; 0 not the owner's (expired, held by another owner, or a later acquisition's)
 if redis.call('TYPE', KEYS[1]).ok == 'hash' and
     redis.call('HGET', KEYS[1], 'id:' .. ARGV[1]) == ARGV[3] then
-    return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    return redis.call('PEXPIRE', KEYS[1], math.max(left, tonumber(ARGV[2])))
 end
 return 0
 )lua",
-    "f01e93590a5e72b48433e4e95fb95fd301fe6c8e"};
+    "91d2cfd8ceaa435fe58f7885d126e9d219182551"};
 
 inline constexpr script recursive_release{
     "recursive_release",
@@ -1110,8 +1194,9 @@ inline constexpr script recursive_release{
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  the owner id
 -- ARGV[2]  how many entries to leave (1 for unlock; a huge count drops the acquisition)
--- ARGV[3]  the lease, ms, set again while entries remain; '0' keeps the key's TTL (a release
---          finished in the background must not extend what its owner no longer renews)
+-- ARGV[3]  the lease, ms, set again while entries remain unless the key has more left (another
+--          object of the owner may count on that); '0' keeps the key's TTL (a release finished
+--          in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
@@ -1127,11 +1212,10 @@ if entry.err or entry[1] ~= ARGV[5] then
 end
 local left = (tonumber(entry[2]) or 0) - tonumber(ARGV[2])
 if left > 0 then
-    local lease = tonumber(ARGV[3])
-    if lease <= 0 then
-        lease = math.max(redis.call('PTTL', KEYS[1]), 1)
-    end
-    redis.call('PEXPIRE', KEYS[1], lease)
+    -- PEXPIRE even when the TTL stays: it is the write Redis allows when out of memory. A TTL
+    -- over the longest lease (2^40 ms) was set by no lock; it is cut to that.
+    local ttl = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(ttl, tonumber(ARGV[3]), 1))
     redis.call('HSET', KEYS[1], ARGV[1], left)
     return 0
 end
@@ -1144,13 +1228,40 @@ end
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapse_times = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapse_times[#lapse_times + 1] = now + 2000
+                    lapse_times[#lapse_times + 1] = ids[i]
+                end
+            end
+            if #lapse_times > 0 then
+                redis.call('ZADD', w, unpack(lapse_times))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -1219,21 +1330,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -1242,10 +1347,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -1253,23 +1359,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1278,16 +1380,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -1331,7 +1430,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "5cbf06a8a1d033a645d9925927e5ecffe8775d28"};
+    "e5dda34d13009a23e5641e3e098a04c5dbea2ba8"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1400,13 +1499,40 @@ end
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapse_times = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapse_times[#lapse_times + 1] = now + 2000
+                    lapse_times[#lapse_times + 1] = ids[i]
+                end
+            end
+            if #lapse_times > 0 then
+                redis.call('ZADD', w, unpack(lapse_times))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -1475,21 +1601,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -1498,10 +1618,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -1509,23 +1630,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1534,16 +1651,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -1593,20 +1707,22 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
--- Drop expired entries; note ours, and who else holds or waits.
-local mine, ids, others, latest, longest = {}, {}, {}, now, 0
+-- Drop expired entries; note ours (count, id, expiry), and who else holds or waits.
+local mine, ids, ends, others, latest, longest = {}, {}, {}, {}, now, 0
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
     local tag, owner = string.sub(fields[i], 1, 1), string.sub(fields[i], 3)
     local count, expiry, id = string.match(fields[i + 1], '^(%d+) (%d+) ?(%S*)$')
     if string.sub(fields[i], 2, 2) == ':' and expiry then
-        expiry = tonumber(expiry)
+        -- At most the longest lease (2^40 ms) from now: a later one is no lock's, and the cap
+        -- keeps every number an exact integer here and in the waiter's clock arithmetic.
+        expiry = math.min(tonumber(expiry), now + 1099511627776)
         if expiry <= now or (owner == me and given_up[id]) then
             redis.call('HDEL', KEYS[1], fields[i])
         else
             latest = math.max(latest, expiry)
             if owner == me then
-                mine[tag], ids[tag] = tonumber(count), id
+                mine[tag], ids[tag], ends[tag] = tonumber(count), id, expiry
             else
                 others[tag] = true
                 longest = math.max(longest, expiry - now)
@@ -1657,17 +1773,20 @@ elseif not result then
     end
     result = {1, fence, id}
 end
+-- An entry we keep keeps its expiry if that is later: every object of the owner that entered it
+-- counts on its own lease, and none may lose it to a shorter one.
 redis.call('HSET', KEYS[1], want .. ':' .. me,
-           ((mine[want] or 0) + 1) .. ' ' .. (now + lease) .. ' ' .. id,
+           ((mine[want] or 0) + 1) .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,
            'mode', (want == 'w' or mine.w) and 'write' or 'read')
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "0ed94db2454d3e070114ea9cfaedf469b2a2df59"};
+    "7cc6ac85f9711824bfd63ddf5e4320d1d65e4907"};
 
 inline constexpr script shared_extend{
     "shared_extend",
-    R"lua(-- Sets the lease of one holder of a read-write lock to ARGV[3] ms from now, if still held.
+    R"lua(-- Sets the lease of one holder of a read-write lock to ARGV[3] ms from now, if still held, unless
+-- its entry has more left: another object of the owner may count on that.
 -- Layout: see shared_acquire.lua.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
@@ -1686,12 +1805,14 @@ end
 local lease = tonumber(ARGV[3])
 if lease > 0 then
     -- PEXPIRE first: Redis refuses HSET at out-of-memory unless the script already wrote.
-    redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), lease))
-    redis.call('HSET', KEYS[1], field, count .. ' ' .. (now + lease) .. ' ' .. id)
+    local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(left, lease))
+    local until_ms = math.max(math.min(tonumber(expiry), now + 1099511627776), now + lease)
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. until_ms .. ' ' .. id)
 end
 return 1
 )lua",
-    "bdb3e9f72927d51f678da68ed4da0dfc3e22838c"};
+    "e00da2ec2dc7feecd45b5f21112d9b15cacdc278"};
 
 inline constexpr script shared_release{
     "shared_release",
@@ -1726,7 +1847,9 @@ for i = 1, #fields, 2 do
         entry = fields[i + 1]
     else
         local tag = string.sub(fields[i], 1, 2)
-        local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
+        -- At most the longest lease (2^40 ms) from now: see shared_acquire.lua.
+        local left = math.min(tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0),
+                              now + 1099511627776)
         if left > now and (tag == 'r:' or tag == 'w:') then
             latest = math.max(latest, left)
             writer = writer or tag == 'w:'
@@ -1740,7 +1863,8 @@ if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
 end
 count = tonumber(count) - tonumber(ARGV[3])
 if count > 0 then
-    redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), 1))
+    local ttl = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(ttl, 1))
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     return 0
 end
@@ -1766,13 +1890,40 @@ end
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapse_times = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapse_times[#lapse_times + 1] = now + 2000
+                    lapse_times[#lapse_times + 1] = ids[i]
+                end
+            end
+            if #lapse_times > 0 then
+                redis.call('ZADD', w, unpack(lapse_times))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -1841,21 +1992,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -1864,10 +2009,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -1875,23 +2021,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -1900,16 +2042,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -1957,20 +2096,47 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "9b1d579e77094f8761cfe70eb70163a12cc59c92"};
+    "63067b0e2d3b83f5826df8b614940f8de5ea87ec"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapse_times = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapse_times[#lapse_times + 1] = now + 2000
+                    lapse_times[#lapse_times + 1] = ids[i]
+                end
+            end
+            if #lapse_times > 0 then
+                redis.call('ZADD', w, unpack(lapse_times))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -2039,21 +2205,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -2062,10 +2222,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -2073,23 +2234,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -2098,16 +2255,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is

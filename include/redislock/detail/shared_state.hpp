@@ -76,6 +76,9 @@ template <connection C>
 struct shared_state : lock_identity<C> {
     using lock_identity<C>::lock_identity;
     using lease_key = shared_hold_ref;
+    // The scripts never shorten an entry's expiry: objects of one owner share its entry in each
+    // mode (see deadline_never_earlier).
+    static constexpr bool expiry_never_shortened = true;
 
     shared_hold<C>* find(const std::string& owner, shared_mode kind) {
         for (shared_hold<C>& h : holds) {

@@ -24,6 +24,22 @@ using steady = std::chrono::steady_clock;
 /// (-1: the holder set no lease, -2: the key is gone, try again at once).
 using holder_ttl = std::chrono::milliseconds;
 
+/// A holder's TTL as a server told it (`ms`), cut to the longest lease: a longer one is no
+/// lock's (a key with a TTL of centuries), a waiter asks again after that much anyway, and
+/// `now + ttl` then stays far from overflowing steady_clock (about 292 years of nanoseconds).
+/// Below -2 (no such answer) it is unknown: -1.
+inline holder_ttl saturated_ttl(std::int64_t ms) noexcept {
+    if (ms < -2) {
+        return holder_ttl{-1};
+    }
+    return holder_ttl{std::min(ms, max_lease.count())};
+}
+
+/// `t + d` for a `d` >= 0, saturating at steady::time_point::max().
+inline steady::time_point later_by(steady::time_point t, steady::duration d) noexcept {
+    return d > steady::time_point::max() - t ? steady::time_point::max() : t + d;
+}
+
 /// Converts a deadline on any clock to the steady clock, saturating instead of overflowing.
 template <class Clock, class Duration>
 steady::time_point to_steady(const std::chrono::time_point<Clock, Duration>& deadline) {
@@ -83,8 +99,8 @@ public:
         ++round_;
         if (ttl == milliseconds{-2}) {
             ceiling = std::min(ceiling, milliseconds{1});  // already free: retry almost at once
-        } else if (ttl >= milliseconds::zero()) {
-            ceiling = std::min(ceiling, ttl + milliseconds{1});
+        } else if (ttl >= milliseconds::zero() && ttl < ceiling) {
+            ceiling = ttl + milliseconds{1};  // (compared first: ttl + 1 ms cannot overflow)
         }
         const auto ceiling_us = std::chrono::duration_cast<std::chrono::microseconds>(ceiling);
         if (ceiling_us.count() <= 0) {

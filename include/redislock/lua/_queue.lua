@@ -2,13 +2,40 @@
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
 -- 'g<token>.<lease ms>' names a waiter for a simple lock, and 'h<acquisition>.<lease ms>.<owner>'
--- one for a reentrant lock, that takes the lock handed to it. An id ending in '@<tag>' is told on
--- its client's channel, '<release channel>:<tag>'.
+-- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
+-- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
+-- client's channel, '<release channel>:<tag>'.
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
 -- values at most; each id costs about 1.5 µs.
+-- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
+-- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
+-- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
+-- within which a waiter that is alive comes back.
 local function queue_prune(q, w, now)
+    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+        local ids = redis.call('ZRANGE', q, 0, -1)
+        for first = 1, #ids, 1000 do
+            local last = math.min(first + 999, #ids)
+            local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
+            local lapse_times = {}
+            for i = first, last do
+                if not known[i - first + 1] then
+                    lapse_times[#lapse_times + 1] = now + 2000
+                    lapse_times[#lapse_times + 1] = ids[i]
+                end
+            end
+            if #lapse_times > 0 then
+                redis.call('ZADD', w, unpack(lapse_times))
+            end
+        end
+        local keep = math.max(redis.call('PTTL', q), 2000)
+        if #ids > 0 and redis.call('PTTL', w) < keep then
+            redis.call('PEXPIRE', w, keep)
+        end
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
@@ -77,21 +104,15 @@ local function queue_tell(channel, words)
 end
 
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over. A 'g' or 'h' waiter named
--- plainly would take the lock for handed to it: one met here (its lock name used by another
--- kind too) is told as the waiter after them is.
+-- after them (prefixed '?') is told to check once that grace is over.
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
     end
     local words = {}
     for i, id in ipairs(run) do
-        if string.find(id, '^[gh]') then
-            words[i] = '?' .. id
-        else
-            redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
-            words[i] = id
-        end
+        redis.call('ZADD', w, 'XX', 'LT', now + grace, id)
+        words[i] = id
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
@@ -100,10 +121,11 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue: a 'g' waiter gets it at once, under its own
--- token and lease, saving the round trip of coming to take it; another is told, the key kept
--- for it ('queued:<id>') for `grace` ms so that a plain SET NX cannot barge in. True when
--- someone was told.
+-- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
+-- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
+-- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
+-- A head that does not come within the grace lapses, and the lock is free again: it holds no
+-- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
@@ -111,23 +133,19 @@ local function queue_hand_on(key, q, w, channel, now, grace)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
-    if token then
-        redis.call('SET', key, token, 'PX', lease)
-        queue_leave(q, w, head)
-        queue_tell(channel, {head})
-    else
-        redis.call('SET', key, 'queued:' .. head, 'PX', grace)
-        queue_notify(q, w, channel, {head}, now, grace)
-    end
+    redis.call('SET', key, token or 'queued:' .. head, 'PX',
+               math.min(tonumber(lease) or grace, grace))
+    queue_notify(q, w, channel, {head}, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue: an 'h' waiter gets an entry of its owner
--- at once, under its own acquisition id and lease, saving the round trip of coming to take it;
--- another is told it may go. handed:<owner> marks the entry as the one made for that waiter: if
--- it gives up instead, its leave takes back this one entry (a waiter that acquires never leaves,
--- so the mark may stay until the key goes or the owner's entry is taken over). True when someone
--- was told.
+-- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
+-- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
+-- its lease) until its next attempt claims it, so that a head that does not come holds no one
+-- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
+-- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
+-- mark may stay until the key goes or the owner's entry is taken over). True when someone was
+-- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     queue_prune(q, w, now)
     local run = queue_runners(q)
@@ -136,16 +154,13 @@ local function queue_hand_on_entry(key, q, w, channel, now, grace)
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if not acquisition then
-        queue_notify(q, w, channel, run, now, grace)
-        return #run > 0
+    if acquisition then
+        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+                   'handed:' .. owner, acquisition)
+        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     end
-    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-               'handed:' .. owner, acquisition)
-    redis.call('PEXPIRE', key, lease)
-    queue_leave(q, w, run[1])
-    queue_tell(channel, run)
-    return true
+    queue_notify(q, w, channel, run, now, grace)
+    return #run > 0
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is

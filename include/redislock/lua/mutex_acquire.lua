@@ -81,8 +81,12 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
     end
     return {1, fence}
 end
-local wait = holder and redis.call('PTTL', KEYS[1]) or
-    (tonumber(redis.call('ZSCORE', lapses, redis.call('ZRANGE', queue, 0, 0)[1])) or now) - now
+-- At most 2^40 ms, the longest lease: a longer TTL is no lock's (it may be centuries), and the
+-- cap keeps every number an exact integer here, in the queue's commands and in the waiter's
+-- clock arithmetic. A waiter told that much asks again then.
+local wait = math.min(holder and redis.call('PTTL', KEYS[1]) or
+    (tonumber(redis.call('ZSCORE', lapses, redis.call('ZRANGE', queue, 0, 0)[1])) or now) - now,
+    1099511627776)
 if ARGV[5] ~= '0' then
     queue_join(queue, lapses, id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                math.max(wait, 0) + tonumber(ARGV[5]))

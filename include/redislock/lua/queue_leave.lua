@@ -45,9 +45,9 @@ end
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
     return 0
 end
--- A free lock goes to the head, as a release would hand it on: a simple lock is kept free for
--- it or handed to a 'g' head; a lock of another kind is handed to an 'h' head, others are told
--- they may go (telling an 'h' waiter by name would read as a hand-over).
+-- A free lock goes to the head, as a release would hand it on: a simple lock is kept for it;
+-- a lock of another kind is kept for an 'h' head as an entry of its owner, others are told they
+-- may go.
 if kind == 'none' and ARGV[4] == 'm' then
     return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 elseif kind == 'none' then

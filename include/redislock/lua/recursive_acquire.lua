@@ -6,7 +6,8 @@
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
 --          when ARGV[3] is '1': no other call touches it
 -- ARGV[1]  the owner id
--- ARGV[2]  the lease, ms (set again on every entry)
+-- ARGV[2]  the lease, ms (set again on every entry, unless the key has more left: another
+--          object of the owner may count on that)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
 -- ARGV[4]  the id for a new acquisition; the same on every retry of one lock() call
 -- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
@@ -15,7 +16,8 @@
 -- ARGV[6]  the id of the object's last given-up acquisition, or ''
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
 --          is claimed as it is, with any re-entries other calls of the owner made since,
---          whatever ARGV[5] says, unless the object gave it up (ARGV[6])
+--          whatever ARGV[5] says, unless the object gave it up (ARGV[6]); the call then leaves
+--          the queue
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
@@ -27,6 +29,13 @@
 local queue, lapses = KEYS[2], KEYS[3]
 if ARGV[3] == '1' and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
+-- Gives the key our lease, or keeps what it has left if that is longer: every object of the
+-- owner that entered counts on its own lease, and none may lose it to a shorter one. A TTL over
+-- the longest lease (2^40 ms) was set by no lock; it is cut to that.
+local function lease_key()
+    local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(left, tonumber(ARGV[2])))
 end
 -- A new acquisition's entry. `taken_over`: the hash exists (an entry of ours being taken over),
 -- so a stale fence goes.
@@ -47,7 +56,11 @@ local function fresh(taken_over)
         redis.call('HDEL', KEYS[1], 'fence')
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    if taken_over then
+        lease_key()
+    else
+        redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    end
     return {1, fence, ARGV[4]}
 end
 if ARGV[3] == '1' then
@@ -65,15 +78,18 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
 if id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.') then
-    -- The mark stays: a call that acquires never leaves the queue, and one whose reply is lost
-    -- and that gives up then still takes back its one entry.
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    -- Claimed: the call leaves the queue, where its place was kept until it came. The mark
+    -- stays: a call that acquires never leaves the queue itself, and one whose reply is lost and
+    -- that gives up then still takes back its one entry.
+    lease_key()
+    redis.call('ZREM', queue, ARGV[7])
+    redis.call('ZREM', lapses, ARGV[7])
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
 if id and not taken_over then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    lease_key()
     return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 -- Taken over, free with waiters, or held by another owner: only now are the queue's helpers
@@ -93,8 +109,10 @@ local function enter(over)
     return entered
 end
 
--- Not acquired: join the queue when waiting, and say how long to wait.
+-- Not acquired: join the queue when waiting, and say how long to wait: at most 2^40 ms, the
+-- longest lease (a longer TTL is no lock's; see mutex_acquire.lua).
 local function wait(ms, now, time)
+    ms = math.min(ms, 1099511627776)
     if ARGV[8] ~= '0' then
         queue_join(queue, lapses, ARGV[7], now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                    math.max(ms, 0) + tonumber(ARGV[8]))

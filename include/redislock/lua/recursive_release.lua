@@ -7,8 +7,9 @@
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  the owner id
 -- ARGV[2]  how many entries to leave (1 for unlock; a huge count drops the acquisition)
--- ARGV[3]  the lease, ms, set again while entries remain; '0' keeps the key's TTL (a release
---          finished in the background must not extend what its owner no longer renews)
+-- ARGV[3]  the lease, ms, set again while entries remain unless the key has more left (another
+--          object of the owner may count on that); '0' keeps the key's TTL (a release finished
+--          in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
@@ -24,11 +25,10 @@ if entry.err or entry[1] ~= ARGV[5] then
 end
 local left = (tonumber(entry[2]) or 0) - tonumber(ARGV[2])
 if left > 0 then
-    local lease = tonumber(ARGV[3])
-    if lease <= 0 then
-        lease = math.max(redis.call('PTTL', KEYS[1]), 1)
-    end
-    redis.call('PEXPIRE', KEYS[1], lease)
+    -- PEXPIRE even when the TTL stays: it is the write Redis allows when out of memory. A TTL
+    -- over the longest lease (2^40 ms) was set by no lock; it is cut to that.
+    local ttl = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(ttl, tonumber(ARGV[3]), 1))
     redis.call('HSET', KEYS[1], ARGV[1], left)
     return 0
 end

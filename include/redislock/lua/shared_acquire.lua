@@ -75,20 +75,22 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
--- Drop expired entries; note ours, and who else holds or waits.
-local mine, ids, others, latest, longest = {}, {}, {}, now, 0
+-- Drop expired entries; note ours (count, id, expiry), and who else holds or waits.
+local mine, ids, ends, others, latest, longest = {}, {}, {}, {}, now, 0
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
     local tag, owner = string.sub(fields[i], 1, 1), string.sub(fields[i], 3)
     local count, expiry, id = string.match(fields[i + 1], '^(%d+) (%d+) ?(%S*)$')
     if string.sub(fields[i], 2, 2) == ':' and expiry then
-        expiry = tonumber(expiry)
+        -- At most the longest lease (2^40 ms) from now: a later one is no lock's, and the cap
+        -- keeps every number an exact integer here and in the waiter's clock arithmetic.
+        expiry = math.min(tonumber(expiry), now + 1099511627776)
         if expiry <= now or (owner == me and given_up[id]) then
             redis.call('HDEL', KEYS[1], fields[i])
         else
             latest = math.max(latest, expiry)
             if owner == me then
-                mine[tag], ids[tag] = tonumber(count), id
+                mine[tag], ids[tag], ends[tag] = tonumber(count), id, expiry
             else
                 others[tag] = true
                 longest = math.max(longest, expiry - now)
@@ -139,8 +141,10 @@ elseif not result then
     end
     result = {1, fence, id}
 end
+-- An entry we keep keeps its expiry if that is later: every object of the owner that entered it
+-- counts on its own lease, and none may lose it to a shorter one.
 redis.call('HSET', KEYS[1], want .. ':' .. me,
-           ((mine[want] or 0) + 1) .. ' ' .. (now + lease) .. ' ' .. id,
+           ((mine[want] or 0) + 1) .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,
            'mode', (want == 'w' or mine.w) and 'write' or 'read')
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result

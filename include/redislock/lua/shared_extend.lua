@@ -1,4 +1,5 @@
--- Sets the lease of one holder of a read-write lock to ARGV[3] ms from now, if still held.
+-- Sets the lease of one holder of a read-write lock to ARGV[3] ms from now, if still held, unless
+-- its entry has more left: another object of the owner may count on that.
 -- Layout: see shared_acquire.lua.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner id
@@ -17,7 +18,9 @@ end
 local lease = tonumber(ARGV[3])
 if lease > 0 then
     -- PEXPIRE first: Redis refuses HSET at out-of-memory unless the script already wrote.
-    redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), lease))
-    redis.call('HSET', KEYS[1], field, count .. ' ' .. (now + lease) .. ' ' .. id)
+    local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(left, lease))
+    local until_ms = math.max(math.min(tonumber(expiry), now + 1099511627776), now + lease)
+    redis.call('HSET', KEYS[1], field, count .. ' ' .. until_ms .. ' ' .. id)
 end
 return 1

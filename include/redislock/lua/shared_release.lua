@@ -29,7 +29,9 @@ for i = 1, #fields, 2 do
         entry = fields[i + 1]
     else
         local tag = string.sub(fields[i], 1, 2)
-        local left = tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0)
+        -- At most the longest lease (2^40 ms) from now: see shared_acquire.lua.
+        local left = math.min(tonumber(string.match(fields[i + 1], '^%d+ (%d+)') or 0),
+                              now + 1099511627776)
         if left > now and (tag == 'r:' or tag == 'w:') then
             latest = math.max(latest, left)
             writer = writer or tag == 'w:'
@@ -43,7 +45,8 @@ if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
 end
 count = tonumber(count) - tonumber(ARGV[3])
 if count > 0 then
-    redis.call('PEXPIRE', KEYS[1], math.max(redis.call('PTTL', KEYS[1]), 1))
+    local ttl = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+    redis.call('PEXPIRE', KEYS[1], math.max(ttl, 1))
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     return 0
 end
