@@ -618,7 +618,8 @@ public:
     /// As start(), on a context of the pool that is open and free now; std::nullopt, with
     /// nothing sent, when start() would first have to open one or wait for one to be freed
     /// (see fanout_connection in connection.hpp: a caller that must not wait for a connect
-    /// calls connect() on another thread).
+    /// calls connect() on another thread). The commands must fit in the socket's send buffer at
+    /// once: a server that leaves no room is given up (timeout_error), never waited for.
     /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
     std::optional<call> start_if_connected(std::span<const command> commands,
                                            const call_context& how) {
@@ -630,10 +631,9 @@ public:
         if (!ctx) {
             return std::nullopt;
         }
-        send(ctx, commands,
-             std::min(how.deadline,
-                      std::chrono::steady_clock::now() + this_pool().config.command_timeout),
-             how);
+        // Never waits for room to write: a fan-out sends to one server after another, and a
+        // server that reads nothing must not hold back the sends to the others.
+        send(ctx, commands, std::chrono::steady_clock::now(), how);
         return call{this_pool(), std::move(ctx), commands.size(), nullptr};
     }
 
