@@ -894,14 +894,15 @@ private:
             start_watchers_locked();
         }
 
-        // What one subscription thread keeps across its links.
+        /// What one subscription thread keeps across its links.
         struct watcher_state {
-            std::size_t index = 0;  // its sentinel
+            std::size_t index = 0;  ///< its sentinel
+            /// A link of this thread subscribed before: a new one may have missed announcements.
             bool subscribed_before = false;
-            // Its own link for the queries about a failover its sentinel announced (no
-            // resolve_mutex, so that a resolution held up by another sentinel delays nothing).
+            /// Its own link for the queries about a failover its sentinel announced (no
+            /// resolve_mutex, so that a resolution held up by another sentinel delays nothing).
             std::unique_ptr<hiredis_connection> query;
-            clock::time_point next_check{};  // of the failover its sentinel announced
+            clock::time_point next_check{};  ///< of the failover its sentinel announced
         };
 
         // The subscription thread of sentinel `index`: its announcements about the master,
