@@ -10,7 +10,7 @@
 namespace redislock {
 
 /// Options of one lock object, given to client.mutex(), client.recursive_mutex() or
-/// client.shared_mutex(). An aggregate: write `lock_options{.lease = 5s, .watchdog = true}`.
+/// client.shared_mutex(). An aggregate: write `lock_options{.lease = 20s, .watchdog = true}`.
 struct lock_options {
     /// How long Redis keeps the lock if its holder goes silent. Must be in (0, max_lease].
     std::chrono::milliseconds lease{30'000};

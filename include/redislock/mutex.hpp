@@ -30,7 +30,9 @@
 // throw redislock::lease_error, see docs/guarantees.md); one abandoned mid-flight (deadline, stop
 // request, broken connection) and a release that could not be finished are cleaned up by the
 // client's reaper once the server answers. A wait with time left rides out connection errors and
-// LOADING/READONLY/TRYAGAIN. Lifetime: independent of the client's (the connection is shared).
+// LOADING/READONLY; a Cluster slot being migrated (TRYAGAIN) is waited out by every lock call,
+// try_lock() included, as a held lock is (see cluster.hpp). Lifetime: independent of the
+// client's (the connection is shared).
 // Movable, not copyable; a moved-from object behaves as a lock never held (queries answer "not
 // held", lock calls throw redislock::invalid_argument). Destroying a held lock releases it.
 // Exceptions: lock calls throw redislock::error subclasses on failures (never for contention),

@@ -1,15 +1,19 @@
 // redislock::basic_recursive_mutex: the reentrant lock, one Redis hash per name.
 //
-// Layout: hash `name`, field <owner id> -> that owner's entry count, PEXPIRE'd with the lease on
-// every entry, and field id:<owner id> -> a random id of the acquisition those entries belong to
-// (a release or renewal names it, so one made for an acquisition that was lost never acts on a
-// later one of the same owner); with fencing also field `fence` -> the first entry's token. The
+// Layout: hash `name`, field <owner id> -> that owner's entry count, and field id:<owner id> ->
+// a random id of the acquisition those entries belong to (a release or renewal names it, so one
+// made for an acquisition that was lost never acts on a later one of the same owner); with
+// fencing also field `fence` -> the first entry's token; handed:<owner id> marks an entry a
+// release kept for that owner's waiter (lua/_queue.lua). Each entry, re-entry and renewal sets
+// the key's expiry to the lease, but never shortens it: another object of the same owner may
+// count on a longer one. The waiting queue lives beside it, in {name}:queue and {name}:waiting
+// (the same slot on Redis Cluster). The
 // owner id is the client's instance id plus the calling thread, or plus lock_options::owner when
 // set, so code that hops threads (coroutines, thread pools) can lock on one thread and unlock on
 // another. The same owner re-entering through another object for the same name is a re-entry.
 //
 // TimedLockable like std::recursive_timed_mutex: lock() by the holder re-enters (one round trip
-// that also refreshes the lease); each lock() is matched by one unlock().
+// that also refreshes the lease, never shortening it); each lock() is matched by one unlock().
 //
 // Thread safety: one object may be shared by several threads. Each thread is its own owner (unless
 // lock_options::owner is set, which makes every caller the same owner): another thread of this

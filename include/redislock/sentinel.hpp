@@ -37,11 +37,11 @@
 // reply that comes after a step was announced, or after the connection moved to another master, is
 // not returned: the command is sent again on the next master when that is safe (see "Retries"),
 // else the call fails with connection_error, its outcome unknown. So a lock is never granted, and a
-// renewal never confirmed, by a master after its failover was announced; settled_since() tells the
-// locks whether anything disturbed the master since a moment (a lock handed over by a release
-// message takes it only if not). Should every sentinel fall silent, a failover stops holding calls
-// back after twice the sentinels' failover-timeout; so does an aborted one whose abort was not
-// heard where an ACL refuses SENTINEL MASTER (its flags cannot be read then).
+// renewal never confirmed, by a master after its failover was announced; settled_since() tells
+// whether anything disturbed the master since a moment. Should every sentinel fall silent, a
+// failover stops holding calls back after twice the sentinels' failover-timeout; so does an
+// aborted one whose abort was not heard where an ACL refuses SENTINEL MASTER (its flags cannot be
+// read then).
 //
 // Retries: a call that fails that way re-resolves and is retried once, within its deadline,
 // when that is safe: after READONLY always (the node did not run the command); after a
@@ -84,8 +84,9 @@
 // Lifetime: movable, not copyable. The destructor stops and joins the subscription threads
 // (within the sentinels' connect and command timeouts).
 // fork(): a child never uses its parent's sockets or threads: the pools drop inherited contexts,
-// and the child starts its own subscription threads on its first call. As with any library that
-// uses threads, fork from a quiet moment (not during a failover the parent is following).
+// and the child starts its own subscription threads on its first call, before it waits for a
+// failover it inherited, so a child forked during a failover follows it to the new master. As
+// with any library that uses threads, fork from a quiet moment otherwise (client.hpp).
 #pragma once
 
 #include <poll.h>
@@ -893,14 +894,15 @@ private:
             start_watchers_locked();
         }
 
-        // What one subscription thread keeps across its links.
+        /// What one subscription thread keeps across its links.
         struct watcher_state {
-            std::size_t index = 0;  // its sentinel
+            std::size_t index = 0;  ///< its sentinel
+            /// A link of this thread subscribed before: a new one may have missed announcements.
             bool subscribed_before = false;
-            // Its own link for the queries about a failover its sentinel announced (no
-            // resolve_mutex, so that a resolution held up by another sentinel delays nothing).
+            /// Its own link for the queries about a failover its sentinel announced (no
+            /// resolve_mutex, so that a resolution held up by another sentinel delays nothing).
             std::unique_ptr<hiredis_connection> query;
-            clock::time_point next_check{};  // of the failover its sentinel announced
+            clock::time_point next_check{};  ///< of the failover its sentinel announced
         };
 
         // The subscription thread of sentinel `index`: its announcements about the master,

@@ -6,7 +6,10 @@
 // its acquisition, so one made for a lost acquisition never acts on a later one; q:<owner>
 // marks a waiting writer, which makes new readers wait (no writer starvation); `mode` marks the
 // hash as a read-write lock; `fence` holds the writer's fencing token. The key's own TTL is the
-// longest lease in it. Everything is in one key, so it works on Redis Cluster. Owners are as
+// longest lease in it; no re-entry, release or renewal shortens an entry's expiry that another
+// object of the same owner counts on. The waiting queue lives beside it, in {name}:queue and
+// {name}:waiting, and the fencing counter in {name}:fence: every key of a name is in one slot on
+// Redis Cluster, and every script declares the keys it touches. Owners are as
 // for basic_recursive_mutex: client instance id plus the calling thread, or plus
 // lock_options::owner.
 //
