@@ -2003,17 +2003,18 @@ TEST(SharedMutex, WatchdogKeepsEveryHeldModeAlivePastItsLease) {
     redis_server srv;
     redislock::client client{srv.uri()};
     redislock::client other_client{srv.uri()};
-    auto rw = client.shared_mutex("catalog", {.lease = 300ms, .watchdog = true});
+    // A lease long enough for a machine busy with other work to renew in time.
+    auto rw = client.shared_mutex("catalog", {.lease = 1500ms, .watchdog = true});
     auto other = other_client.shared_mutex("catalog");
 
     rw.lock();
     rw.lock_shared();
-    std::this_thread::sleep_for(1s);  // more than three leases
+    std::this_thread::sleep_for(2s);  // more than a lease
     EXPECT_TRUE(rw.verify());
     EXPECT_TRUE(rw.owned());
     EXPECT_FALSE(other.try_lock_shared());
     rw.unlock();
-    std::this_thread::sleep_for(1s);
+    std::this_thread::sleep_for(2s);
     EXPECT_TRUE(rw.verify());  // the read entry is still renewed
     EXPECT_FALSE(other.try_lock());
     EXPECT_TRUE(other.try_lock_shared());
