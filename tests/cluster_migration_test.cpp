@@ -7,12 +7,16 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <mutex>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -603,6 +607,286 @@ TEST_F(ClusterMigration, ScriptsOnAMigratingSourceNeverTouchAKeyTheyRemoved) {
     EXPECT_EQ(r, reply::integer(0)) << "read-held, its only waiter leaves: " << r.text();
     EXPECT_TRUE(gone({gives_up.queue, gives_up.waiting}));
     EXPECT_EQ(peek({"HGET", gives_up.lock, "r:rdr"}), held);
+}
+
+// Every script in states drawn at random (seeded) for each lock kind, run on a migrating source
+// that has every key it declares and, the same state, on a stable slot: the same answer and the
+// same keys left, so never a call on a key the script removed ("non local key"). Expiry times
+// and waits are left out of the comparison; lapse times are far from the server's clock.
+TEST_F(ClusterMigration, ScriptsInRandomStatesAnswerOnAMigratingSourceAsOnAStableSlot) {
+    namespace scripts = redislock::detail::scripts;
+    const move m = plan("{fuzz}");
+    const int steady_slot = cluster_->key_slot("{steady}");
+    ASSERT_NE(steady_slot, m.slot);
+    redislock::hiredis_connection on_source{cluster_->uri_of(m.from)};
+    redislock::hiredis_connection on_stable{
+        cluster_->uri_of(cluster_->master_for_slot(steady_slot))};
+    const auto call = [](redislock::hiredis_connection& c, const std::vector<std::string>& words) {
+        const std::vector<std::string_view> argv{words.begin(), words.end()};
+        return c.execute(argv);
+    };
+    const long long now = std::stoll(call(on_source, {"TIME"}).elements().at(0).text()) * 1000;
+    const std::string live = std::to_string(now + 600'000);
+    const std::string lapsed = std::to_string(now - 1000);
+
+    // A drawn case: "$L" stands for the lock's key and "$C" for its channel.
+    struct drawn {
+        std::vector<std::vector<std::string>> lock;
+        std::vector<std::pair<std::string, bool>> queue;  // id, whether its entry is live
+        std::size_t lost = SIZE_MAX;                      // an id without a lapse time
+        const redislock::script* s = nullptr;
+        std::vector<std::string> args;
+    };
+    const unsigned seed = 28;
+    std::mt19937 rng{seed};
+    const auto pick = [&](const std::vector<std::string>& from) {
+        return from[std::uniform_int_distribution<std::size_t>{0, from.size() - 1}(rng)];
+    };
+    const auto chance = [&](int percent) {
+        return std::uniform_int_distribution<int>{0, 99}(rng) < percent;
+    };
+    const std::string grace = "60000";
+    const auto draw = [&]() {
+        drawn d;
+        std::vector<std::string> pool;
+        const int kind = std::uniform_int_distribution<int>{0, 2}(rng);
+        const int script = std::uniform_int_distribution<int>{0, 2}(rng);
+        if (kind == 0) {
+            d.lock.push_back({"SET", "$L", pick({"tok", "queued:wA", "queued:wB", "0d", "mine"}),
+                              "PX", "600000"});
+            pool = {"wA", "wB", "g0d.600000", "wDead"};
+            if (script == 0) {
+                d.s = &scripts::mutex_acquire;
+                d.args = {pick({"tok", "mine", "0d"}), "600000", "0",
+                          pick({"wA", "wB", "g0d.600000", "wNew"}), pick({"0", "5000"})};
+            } else if (script == 1) {
+                d.s = &scripts::mutex_release;
+                d.args = {pick({"tok", "0d", "x"}), "$C", grace};
+            } else {
+                d.s = &scripts::queue_leave;
+                d.args = {pick({"wA", "wB", "g0d.600000", "wDead", "wNew"}), "$C", grace, "m"};
+            }
+        } else if (kind == 1) {
+            const std::string owner = pick({"own", "other"});
+            const std::string id = pick({"a1", "0a", "0b"});
+            std::vector<std::string> hset{"HSET", "$L", owner, pick({"1", "2"}), "id:" + owner, id};
+            if (chance(50)) {
+                hset.insert(hset.end(), {"handed:" + owner, id});
+            }
+            if (chance(30)) {
+                hset.insert(hset.end(), {"fence", "5"});
+            }
+            d.lock = {hset, {"PEXPIRE", "$L", "600000"}};
+            pool = {"h0a.600000.own", "h0b.600000.other", "h0c.600000.other", "wA"};
+            if (script == 0) {
+                d.s = &scripts::recursive_acquire;
+                d.args = {pick({"own", "other"}),
+                          "600000",
+                          "0",
+                          pick({"a1", "0a", "0b", "a9"}),
+                          pick({"0", "1"}),
+                          pick({"", "a1", "0a"}),
+                          pick({"h0a.600000.own", "h0b.600000.other", "h0c.600000.other", "wA"}),
+                          pick({"0", "5000"})};
+            } else if (script == 1) {
+                d.s = &scripts::recursive_release;
+                d.args = {pick({"own", "other"}),   pick({"1", "1000000"}),
+                          pick({"600000", "0"}),    "$C",
+                          pick({"a1", "0a", "0b"}), grace};
+            } else {
+                d.s = &scripts::queue_leave;
+                d.args = {pick({"h0a.600000.own", "h0b.600000.other", "wA", "wDead"}), "$C", grace,
+                          pick({"", "k"})};
+            }
+        } else {
+            std::vector<std::string> hset{"HSET", "$L", "mode", pick({"read", "write"})};
+            if (chance(70)) {
+                hset.insert(hset.end(), {"r:rdr", "1 " + pick({live, lapsed}) + " a1"});
+            }
+            if (chance(40)) {
+                hset.insert(hset.end(), {"w:wr", "1 " + pick({live, lapsed}) + " a2"});
+            }
+            if (chance(20)) {
+                hset.insert(hset.end(), {"r:wr", "1 " + pick({live, lapsed}) + " a2"});
+            }
+            d.lock = {hset, {"PEXPIRE", "$L", "600000"}};
+            pool = {"rX", "rY", "wA", "wDead"};
+            if (script == 0) {
+                d.s = &scripts::shared_acquire;
+                const std::string want = pick({"r", "w"});
+                d.args = {pick({"rdr", "wr", "new"}),
+                          want,
+                          "600000",
+                          "0",
+                          want == "r" ? pick({"rX", "rY", "rNew"}) : pick({"wA", "wNew"}),
+                          pick({"a1", "a2", "a9"}),
+                          pick({"0", "1"}),
+                          pick({"", "a1"}),
+                          pick({"0", "5000"})};
+            } else if (script == 1) {
+                d.s = &scripts::shared_release;
+                d.args = {pick({"rdr", "wr"}),    pick({"r", "w"}),
+                          pick({"1", "1000000"}), "$C",
+                          pick({"a1", "a2"}),     grace};
+            } else {
+                d.s = &scripts::queue_leave;
+                d.args = {pick({"rX", "rY", "wA", "wDead", "rNew"}), "$C", grace, ""};
+            }
+        }
+        std::shuffle(pool.begin(), pool.end(), rng);
+        pool.resize(std::uniform_int_distribution<std::size_t>{1, 3}(rng));
+        for (const std::string& id : pool) {
+            d.queue.emplace_back(id, chance(70));
+        }
+        if (d.queue.size() > 1 && chance(20)) {
+            d.lost = std::uniform_int_distribution<std::size_t>{0, d.queue.size() - 1}(rng);
+        }
+        return d;
+    };
+
+    struct names {
+        std::string lock, queue, waiting, channel;
+    };
+    const auto named = [](const names& n) {
+        return [&n](const std::string& word) {
+            if (word == "$L") {
+                return n.lock;
+            }
+            return word == "$C" ? n.channel : word;
+        };
+    };
+    // Sets the case up under `n`.
+    const auto set_up = [&](redislock::hiredis_connection& c, const drawn& d, const names& n) {
+        for (const auto& words : d.lock) {
+            std::vector<std::string> argv;
+            std::transform(words.begin(), words.end(), std::back_inserter(argv), named(n));
+            ASSERT_FALSE(call(c, argv).is_error());
+        }
+        for (std::size_t i = 0; i < d.queue.size(); ++i) {
+            call(c, {"ZADD", n.queue, std::to_string(i + 1), d.queue[i].first});
+            if (i != d.lost) {
+                call(c, {"ZADD", n.waiting, d.queue[i].second ? live : lapsed, d.queue[i].first});
+            }
+        }
+        call(c, {"PEXPIRE", n.queue, "600000"});
+        call(c, {"PEXPIRE", n.waiting, "600000"});
+    };
+    // Runs the case's script under `n` and says what it answered and left, the names written
+    // as "$".
+    const auto play = [&](redislock::hiredis_connection& c, const drawn& d, const names& n) {
+        std::vector<std::string> eval{"EVALSHA", std::string{d.s->sha1}, "3", n.lock, n.queue,
+                                      n.waiting};
+        std::transform(d.args.begin(), d.args.end(), std::back_inserter(eval), named(n));
+        const reply r = call(c, eval);
+        std::string seen;
+        if (r.is_error()) {
+            seen = "error " + r.text();
+            for (const std::string* key : {&n.lock, &n.queue, &n.waiting}) {
+                for (auto at = seen.find(*key); at != std::string::npos; at = seen.find(*key)) {
+                    seen.replace(at, key->size(), "$");
+                }
+            }
+        } else if (r.is_array()) {
+            seen = "{" + std::to_string(r.elements().at(0).as_integer()) + ", ...}";
+        } else {
+            seen = std::to_string(r.as_integer());
+        }
+        // What is left; a key the migrating source no longer has is answered with ASK.
+        for (const std::string* key : {&n.lock, &n.queue, &n.waiting}) {
+            const reply type = call(c, {"TYPE", *key});
+            const std::string kind = type.is_error() ? "none" : type.text();
+            seen += " | " + kind;
+            if (kind == "string") {
+                seen += " " + call(c, {"GET", *key}).text();
+            } else if (kind == "zset") {
+                const reply ids = call(c, {"ZRANGE", *key, "0", "-1"});
+                for (const reply& id : ids.elements()) {
+                    seen += " " + id.text();
+                }
+            } else if (kind == "hash") {
+                std::vector<std::string> fields;
+                const auto all = call(c, {"HGETALL", *key}).elements();
+                for (std::size_t i = 0; i + 1 < all.size(); i += 2) {
+                    std::string value = all[i + 1].text();
+                    if (all[i].text().starts_with("r:") || all[i].text().starts_with("w:")) {
+                        value = value.substr(0, value.find(' ')) +
+                                value.substr(value.rfind(' '));  // count and id
+                    }
+                    fields.push_back(all[i].text() + "=" + value);
+                }
+                std::sort(fields.begin(), fields.end());
+                for (const std::string& f : fields) {
+                    seen += " " + f;
+                }
+            }
+        }
+        return seen;
+    };
+
+    for (const redislock::script* s :
+         {&scripts::mutex_acquire, &scripts::mutex_release, &scripts::queue_leave,
+          &scripts::recursive_acquire, &scripts::recursive_release, &scripts::shared_acquire,
+          &scripts::shared_release}) {
+        for (redislock::hiredis_connection* c : {&on_source, &on_stable}) {
+            ASSERT_EQ(call(*c, {"SCRIPT", "LOAD", std::string{s->source}}).text(), s->sha1);
+        }
+    }
+    constexpr int cases = 600;
+    std::vector<drawn> drawn_cases;
+    std::vector<names> on_fuzz;
+    std::vector<names> on_steady;
+    for (int i = 0; i < cases; ++i) {
+        drawn_cases.push_back(draw());
+        const auto names_for = [&](const std::string& tag) {
+            const std::string name = "{" + tag + "}:" + std::to_string(i);
+            return names{name, derived_key(name, "queue"), derived_key(name, "waiting"),
+                         derived_key(name, "released")};
+        };
+        on_fuzz.push_back(names_for("fuzz"));
+        on_steady.push_back(names_for("steady"));
+        set_up(on_stable, drawn_cases.back(), on_steady.back());
+        set_up(on_source, drawn_cases.back(), on_fuzz.back());
+    }
+    // Every key is on the source as the slot starts migrating.
+    cluster_->begin_migration(m.slot, m.from, m.to);
+    struct settle {
+        const move& m;
+        ~settle() {
+            cluster_->move_keys(m.slot, m.from, m.to);
+            cluster_->finish_migration(m.slot, m.from, m.to);
+        }
+    } settle_at_end{m};
+    int differ = 0;
+    int ran = 0;
+    for (int i = 0; i < cases && differ < 10; ++i, ++ran) {
+        const drawn& d = drawn_cases[static_cast<std::size_t>(i)];
+        const std::string stable = play(on_stable, d, on_steady[static_cast<std::size_t>(i)]);
+        const std::string migrating = play(on_source, d, on_fuzz[static_cast<std::size_t>(i)]);
+        if (migrating != stable) {
+            ++differ;
+            std::string state;
+            for (const auto& words : d.lock) {
+                for (const std::string& w : words) {
+                    state += w + " ";
+                }
+                state += "; ";
+            }
+            for (std::size_t q = 0; q < d.queue.size(); ++q) {
+                state += d.queue[q].first + (q == d.lost         ? "(no lapse time)"
+                                             : d.queue[q].second ? "(live) "
+                                                                 : "(lapsed) ");
+            }
+            std::string args;
+            for (const std::string& a : d.args) {
+                args += "'" + a + "' ";
+            }
+            ADD_FAILURE() << "case " << i << " (seed " << seed << "): " << d.s->name << " " << args
+                          << "\n  state:     " << state << "\n  stable:    " << stable
+                          << "\n  migrating: " << migrating;
+        }
+    }
+    std::printf("[ random   ] %d cases of seed %u, %d answered otherwise on the migrating source\n",
+                ran, seed, differ);
 }
 
 // Once the lock key (and fencing counter) moved and the queue has not, a new waiter waits for the
