@@ -560,6 +560,63 @@ TEST(MutexReleaseScript, ReleaseWithAWaiterKeepsTheLockForItAndPublishesItsId) {
     EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wA", "wB"}));
 }
 
+// A release rewrites the key for the waiter it keeps the lock for (it never deletes it and then
+// writes it again): out of memory, where Redis refuses a script's SET, HSET or ZADD unless the
+// script already wrote, its first write is one Redis allows, so the hand-over still happens, also
+// when the queue's lapse times were lost and the release gives them back first.
+TEST(MutexReleaseScript, ReleaseWithAWaiterKeepsTheLockForItAtOutOfMemory) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "60000"}), "OK");
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA")).first, 0);
+    // A reentrant lock of owner "own", an 'h' waiter of owner "other" queued (see _queue.lua).
+    const std::string rqueue = "{rlock}:queue";
+    const std::string rlapses = "{rlock}:waiting";
+    ASSERT_EQ(srv.cli({"HSET", "rlock", "own", "1", "id:own", "a1"}), "2");
+    ASSERT_EQ(srv.cli({"PEXPIRE", "rlock", "60000"}), "1");
+    const std::string far = std::to_string(server_ms(srv) + 60'000);
+    ASSERT_EQ(srv.cli({"ZADD", rqueue, "1", "h0b.60000.other"}), "1");
+    ASSERT_EQ(srv.cli({"ZADD", rlapses, far, "h0b.60000.other"}), "1");
+    // A simple lock whose queue lost its lapse times.
+    ASSERT_EQ(srv.cli({"SET", "{lost}", "holder", "PX", "60000"}), "OK");
+    ASSERT_EQ(srv.cli({"ZADD", "{lost}:queue", "1", "wL"}), "1");
+    for (const redislock::script& s : {scripts::mutex_release, scripts::recursive_release}) {
+        ASSERT_EQ(run(conn, {"SCRIPT", "LOAD", s.source}), reply::string(std::string{s.sha1}));
+    }
+    ASSERT_GT(srv.fill_memory_until_oom(), 0);
+    // Out of memory as each script starts: the filler's connections are gone, which freed a
+    // little, so this connection fills up to the limit again.
+    const auto out_of_memory = [&] {
+        for (int i = 0; i < 100'000; ++i) {
+            const std::string key = "oom-top:" + std::to_string(i);
+            if (run(conn, {"SET", key, std::string(64, 'x')}).is_error_code("OOM")) {
+                return true;
+            }
+        }
+        return false;
+    };
+
+    ASSERT_TRUE(out_of_memory());
+    EXPECT_EQ(release(conn, "holder", "60000"), reply::integer(2));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "queued:wA");
+
+    ASSERT_TRUE(out_of_memory());
+    reply r = run_script(
+        conn, scripts::recursive_release, keys3{"rlock", rqueue, rlapses},
+        std::array<std::string_view, 6>{"own", "1", "60000", "{rlock}:released", "a1", "60000"});
+    EXPECT_EQ(r, reply::integer(2)) << r.text();
+    EXPECT_EQ(srv.cli({"HGET", "rlock", "id:other"}), "0b");
+    EXPECT_EQ(srv.cli({"HEXISTS", "rlock", "own"}), "0");
+    EXPECT_GT(std::stoll(srv.cli({"PTTL", "rlock"})), 0);
+
+    ASSERT_TRUE(out_of_memory());
+    r = run_script(conn, scripts::mutex_release, keys3{"{lost}", "{lost}:queue", "{lost}:waiting"},
+                   args3{"holder", "{lost}:released", "60000"});
+    EXPECT_EQ(r, reply::integer(2)) << r.text();
+    EXPECT_EQ(srv.cli({"GET", "{lost}"}), "queued:wL");
+    EXPECT_EQ(srv.cli({"ZCARD", "{lost}:waiting"}), "1");
+}
+
 // ---------------------------------------------------------------------------------------------
 // The waiting queue of a simple lock (_queue.lua through mutex_acquire, mutex_release and
 // queue_leave)

@@ -1028,9 +1028,8 @@ TEST(Waiting, LostLapseTimesNeverJamTheQueueBehindAHeadThatDoesNotCome) {
         // A waiter that never comes: queued at script level, as a lock() call that then died was.
         const redislock::reply queued = redislock::detail::run_script(
             holder_client.connection(), redislock::detail::scripts::mutex_acquire,
-            std::array<std::string_view, 2>{"jam", "{jam}:fence"},
-            std::array<std::string_view, 7>{"dead-token", "30000", "0", "wdead", "2000",
-                                            "{jam}:queue", "{jam}:waiting"});
+            std::array<std::string_view, 3>{"jam", "{jam}:queue", "{jam}:waiting"},
+            std::array<std::string_view, 5>{"dead-token", "30000", "0", "wdead", "2000"});
         ASSERT_TRUE(queued.is_array()) << queued.text();
         ASSERT_EQ(queued.elements().at(0).as_integer(), 0);
 

@@ -70,6 +70,11 @@ end
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+-- A script never calls Redis on a key after it removed it (DEL, or the last entry of a sorted
+-- set): on a slot being migrated, Redis checks each call against the keys the node has at that
+-- moment and refuses one on a key it no longer has ("non local key"), after the writes before
+-- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
+--
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -79,8 +84,11 @@ end
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
 -- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
 -- within which a waiter that is alive comes back.
+-- True when the queue still holds someone; false when it is empty (its keys are gone then, not
+-- to be touched again).
 local function queue_prune(q, w, now)
-    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+    local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
+    if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
@@ -93,7 +101,7 @@ local function queue_prune(q, w, now)
                 end
             end
             if #lapse_times > 0 then
-                redis.call('ZADD', w, unpack(lapse_times))
+                times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
@@ -101,12 +109,18 @@ local function queue_prune(q, w, now)
             redis.call('PEXPIRE', w, keep)
         end
     end
+    if times == 0 then
+        return false
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
-        redis.call('ZREM', q, unpack(lapsed, first, last))
-        redis.call('ZREM', w, unpack(lapsed, first, last))
+        if size > 0 then
+            size = size - redis.call('ZREM', q, unpack(lapsed, first, last))
+        end
+        times = times - redis.call('ZREM', w, unpack(lapsed, first, last))
     end
+    return size > 0 and times > 0
 end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
@@ -122,9 +136,13 @@ local function queue_join(q, w, id, now, ticket, keep)
     end
 end
 
+-- Takes `id` out of the queue. False when that emptied it, or its lapse times (see
+-- queue_prune); true when those were missing already (queue_prune gives the ids left some).
 local function queue_leave(q, w, id)
-    redis.call('ZREM', q, id)
-    redis.call('ZREM', w, id)
+    local size = redis.call('ZCARD', q) - redis.call('ZREM', q, id)
+    local times = redis.call('ZCARD', w)
+    local emptied = times > 0 and redis.call('ZREM', w, id) == times
+    return size > 0 and not emptied
 end
 
 -- The waiters that may go once the lock is free: the first writer alone, or every reader before
@@ -186,15 +204,19 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
--- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
--- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
--- A head that does not come within the grace lapses, and the lock is free again: it holds no
--- one up for its lease. True when someone was told.
+-- Frees the simple lock `key` (the caller's to give away; a queue being there): it goes to the
+-- head of the queue, which is told, the key rewritten in place and kept for it for `grace` ms
+-- (no longer than its lease), so that a plain SET NX cannot barge in: under its own token for a
+-- 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'. A head that
+-- does not come within the grace lapses, and the lock is free again: it holds no one up for its
+-- lease. With no one left in the queue the key is deleted. The first write is PEXPIRE, which
+-- Redis allows out of memory (once a script has written, the rest of it may write too). True
+-- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
+        redis.call('DEL', key)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
@@ -204,28 +226,43 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
--- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
--- its lease) until its next attempt claims it, so that a head that does not come holds no one
--- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
--- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
--- mark may stay until the key goes or the owner's entry is taken over). True when someone was
--- told.
+-- Frees the reentrant lock `key` (the caller's to give away; a queue being there): it goes to
+-- the head of the queue, which is told it may go. An 'h' head gets an entry of its owner under
+-- its own acquisition id, the hash rewritten in place (its other fields go once the entry is
+-- in) and kept for `grace` ms (no longer than its lease) until its next attempt claims it, so
+-- that a head that does not come holds no one up for its lease; else the key is deleted.
+-- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
+-- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
+-- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
+-- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local run = queue_runners(q)
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local run = queue_prune(q, w, now) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if acquisition then
-        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-                   'handed:' .. owner, acquisition)
-        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
+    if not acquisition then
+        redis.call('DEL', key)
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
     end
+    local entry = {[owner] = true, ['id:' .. owner] = true, ['handed:' .. owner] = true}
+    local stale = {}
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+        if not entry[field] then
+            stale[#stale + 1] = field
+        end
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
+    if #stale > 0 then
+        redis.call('HDEL', key, unpack(stale))
+    end
+    redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     queue_notify(q, w, channel, run, now, grace)
-    return #run > 0
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -280,7 +317,7 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
 -- Lapsed waiters matter only when the lock may be free for this one (see queue_prune).
 if queued and (not holder or holder == 'queued:' .. id) then
-    queue_prune(queue, lapses, now)
+    queued = queue_prune(queue, lapses, now)
 end
 if holder == ARGV[1] then
     -- This very attempt, sent again after its reply was lost: it acquired.
@@ -317,7 +354,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "1ffdf79a55156e504f20514928512655aa235682"};
+    "3e6c6025602cb1899aefa739905f62822da7e409"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -337,8 +374,8 @@ inline constexpr script mutex_release{
     "mutex_release",
     R"lua(-- Releases a simple lock if it still holds our token. When someone waits, the lock goes to the
 -- head of the queue (see queue_hand_on in _queue.lua) and the head is told. Every check comes
--- before DEL, the first write: Redis allows DEL when out of memory, and once a script has
--- written, the rest of it may write too.
+-- before the first write, DEL or PEXPIRE: Redis allows both when out of memory, and once a
+-- script has written, the rest of it may write too.
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  our token
@@ -364,6 +401,11 @@ end
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+-- A script never calls Redis on a key after it removed it (DEL, or the last entry of a sorted
+-- set): on a slot being migrated, Redis checks each call against the keys the node has at that
+-- moment and refuses one on a key it no longer has ("non local key"), after the writes before
+-- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
+--
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -373,8 +415,11 @@ end
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
 -- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
 -- within which a waiter that is alive comes back.
+-- True when the queue still holds someone; false when it is empty (its keys are gone then, not
+-- to be touched again).
 local function queue_prune(q, w, now)
-    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+    local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
+    if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
@@ -387,7 +432,7 @@ local function queue_prune(q, w, now)
                 end
             end
             if #lapse_times > 0 then
-                redis.call('ZADD', w, unpack(lapse_times))
+                times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
@@ -395,12 +440,18 @@ local function queue_prune(q, w, now)
             redis.call('PEXPIRE', w, keep)
         end
     end
+    if times == 0 then
+        return false
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
-        redis.call('ZREM', q, unpack(lapsed, first, last))
-        redis.call('ZREM', w, unpack(lapsed, first, last))
+        if size > 0 then
+            size = size - redis.call('ZREM', q, unpack(lapsed, first, last))
+        end
+        times = times - redis.call('ZREM', w, unpack(lapsed, first, last))
     end
+    return size > 0 and times > 0
 end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
@@ -416,9 +467,13 @@ local function queue_join(q, w, id, now, ticket, keep)
     end
 end
 
+-- Takes `id` out of the queue. False when that emptied it, or its lapse times (see
+-- queue_prune); true when those were missing already (queue_prune gives the ids left some).
 local function queue_leave(q, w, id)
-    redis.call('ZREM', q, id)
-    redis.call('ZREM', w, id)
+    local size = redis.call('ZCARD', q) - redis.call('ZREM', q, id)
+    local times = redis.call('ZCARD', w)
+    local emptied = times > 0 and redis.call('ZREM', w, id) == times
+    return size > 0 and not emptied
 end
 
 -- The waiters that may go once the lock is free: the first writer alone, or every reader before
@@ -480,15 +535,19 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
--- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
--- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
--- A head that does not come within the grace lapses, and the lock is free again: it holds no
--- one up for its lease. True when someone was told.
+-- Frees the simple lock `key` (the caller's to give away; a queue being there): it goes to the
+-- head of the queue, which is told, the key rewritten in place and kept for it for `grace` ms
+-- (no longer than its lease), so that a plain SET NX cannot barge in: under its own token for a
+-- 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'. A head that
+-- does not come within the grace lapses, and the lock is free again: it holds no one up for its
+-- lease. With no one left in the queue the key is deleted. The first write is PEXPIRE, which
+-- Redis allows out of memory (once a script has written, the rest of it may write too). True
+-- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
+        redis.call('DEL', key)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
@@ -498,28 +557,43 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
--- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
--- its lease) until its next attempt claims it, so that a head that does not come holds no one
--- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
--- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
--- mark may stay until the key goes or the owner's entry is taken over). True when someone was
--- told.
+-- Frees the reentrant lock `key` (the caller's to give away; a queue being there): it goes to
+-- the head of the queue, which is told it may go. An 'h' head gets an entry of its owner under
+-- its own acquisition id, the hash rewritten in place (its other fields go once the entry is
+-- in) and kept for `grace` ms (no longer than its lease) until its next attempt claims it, so
+-- that a head that does not come holds no one up for its lease; else the key is deleted.
+-- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
+-- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
+-- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
+-- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local run = queue_runners(q)
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local run = queue_prune(q, w, now) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if acquisition then
-        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-                   'handed:' .. owner, acquisition)
-        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
+    if not acquisition then
+        redis.call('DEL', key)
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
     end
+    local entry = {[owner] = true, ['id:' .. owner] = true, ['handed:' .. owner] = true}
+    local stale = {}
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+        if not entry[field] then
+            stale[#stale + 1] = field
+        end
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
+    if #stale > 0 then
+        redis.call('HDEL', key, unpack(stale))
+    end
+    redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     queue_notify(q, w, channel, run, now, grace)
-    return #run > 0
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -558,12 +632,11 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
-redis.call('DEL', KEYS[1])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "76380100e3ea91d7d794effe72a9cbee53604a7b"};
+    "c979a2f7cdf2a6089f4963abb13a7f46be123de9"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -587,6 +660,11 @@ inline constexpr script queue_leave{
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+-- A script never calls Redis on a key after it removed it (DEL, or the last entry of a sorted
+-- set): on a slot being migrated, Redis checks each call against the keys the node has at that
+-- moment and refuses one on a key it no longer has ("non local key"), after the writes before
+-- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
+--
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -596,8 +674,11 @@ inline constexpr script queue_leave{
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
 -- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
 -- within which a waiter that is alive comes back.
+-- True when the queue still holds someone; false when it is empty (its keys are gone then, not
+-- to be touched again).
 local function queue_prune(q, w, now)
-    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+    local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
+    if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
@@ -610,7 +691,7 @@ local function queue_prune(q, w, now)
                 end
             end
             if #lapse_times > 0 then
-                redis.call('ZADD', w, unpack(lapse_times))
+                times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
@@ -618,12 +699,18 @@ local function queue_prune(q, w, now)
             redis.call('PEXPIRE', w, keep)
         end
     end
+    if times == 0 then
+        return false
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
-        redis.call('ZREM', q, unpack(lapsed, first, last))
-        redis.call('ZREM', w, unpack(lapsed, first, last))
+        if size > 0 then
+            size = size - redis.call('ZREM', q, unpack(lapsed, first, last))
+        end
+        times = times - redis.call('ZREM', w, unpack(lapsed, first, last))
     end
+    return size > 0 and times > 0
 end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
@@ -639,9 +726,13 @@ local function queue_join(q, w, id, now, ticket, keep)
     end
 end
 
+-- Takes `id` out of the queue. False when that emptied it, or its lapse times (see
+-- queue_prune); true when those were missing already (queue_prune gives the ids left some).
 local function queue_leave(q, w, id)
-    redis.call('ZREM', q, id)
-    redis.call('ZREM', w, id)
+    local size = redis.call('ZCARD', q) - redis.call('ZREM', q, id)
+    local times = redis.call('ZCARD', w)
+    local emptied = times > 0 and redis.call('ZREM', w, id) == times
+    return size > 0 and not emptied
 end
 
 -- The waiters that may go once the lock is free: the first writer alone, or every reader before
@@ -703,15 +794,19 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
--- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
--- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
--- A head that does not come within the grace lapses, and the lock is free again: it holds no
--- one up for its lease. True when someone was told.
+-- Frees the simple lock `key` (the caller's to give away; a queue being there): it goes to the
+-- head of the queue, which is told, the key rewritten in place and kept for it for `grace` ms
+-- (no longer than its lease), so that a plain SET NX cannot barge in: under its own token for a
+-- 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'. A head that
+-- does not come within the grace lapses, and the lock is free again: it holds no one up for its
+-- lease. With no one left in the queue the key is deleted. The first write is PEXPIRE, which
+-- Redis allows out of memory (once a script has written, the rest of it may write too). True
+-- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
+        redis.call('DEL', key)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
@@ -721,28 +816,43 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
--- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
--- its lease) until its next attempt claims it, so that a head that does not come holds no one
--- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
--- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
--- mark may stay until the key goes or the owner's entry is taken over). True when someone was
--- told.
+-- Frees the reentrant lock `key` (the caller's to give away; a queue being there): it goes to
+-- the head of the queue, which is told it may go. An 'h' head gets an entry of its owner under
+-- its own acquisition id, the hash rewritten in place (its other fields go once the entry is
+-- in) and kept for `grace` ms (no longer than its lease) until its next attempt claims it, so
+-- that a head that does not come holds no one up for its lease; else the key is deleted.
+-- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
+-- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
+-- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
+-- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local run = queue_runners(q)
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local run = queue_prune(q, w, now) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if acquisition then
-        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-                   'handed:' .. owner, acquisition)
-        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
+    if not acquisition then
+        redis.call('DEL', key)
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
     end
+    local entry = {[owner] = true, ['id:' .. owner] = true, ['handed:' .. owner] = true}
+    local stale = {}
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+        if not entry[field] then
+            stale[#stale + 1] = field
+        end
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
+    if #stale > 0 then
+        redis.call('HDEL', key, unpack(stale))
+    end
+    redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     queue_notify(q, w, channel, run, now, grace)
-    return #run > 0
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -782,14 +892,19 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
-queue_leave(queue, lapses, ARGV[1])
+-- Whether anyone is left: once the queue is gone its keys are not touched again (see _queue.lua),
+-- and a lock kept for this waiter is simply freed.
+local waiting = queue_leave(queue, lapses, ARGV[1])
 local kind = redis.call('TYPE', KEYS[1]).ok
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'string' then
     local holder = redis.call('GET', KEYS[1])
     if holder == 'queued:' .. ARGV[1] or holder == string.match(ARGV[1], '^g(%x+)%.') then
-        redis.call('DEL', KEYS[1])
+        if not waiting then
+            redis.call('DEL', KEYS[1])
+            return 0
+        end
         return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
     end
 end
@@ -803,11 +918,16 @@ if kind == 'hash' and acquisition and ARGV[4] ~= 'k' and
     if redis.call('HINCRBY', KEYS[1], owner, -1) > 0 then
         return 0
     end
-    redis.call('DEL', KEYS[1])
+    if not waiting then
+        redis.call('DEL', KEYS[1])
+        return 0
+    end
     return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
--- Held by a writer (or a simple or reentrant holder): its release tells the queue.
-if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
+-- Held by a writer (or a simple or reentrant holder): its release tells the queue. No one left
+-- to tell: done.
+if not waiting or
+    (kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read')) then
     return 0
 end
 -- A free lock goes to the head, as a release would hand it on: a simple lock is kept for it;
@@ -819,7 +939,9 @@ elseif kind == 'none' then
     return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 -- Read-held: only readers may join now.
-queue_prune(queue, lapses, now)
+if not queue_prune(queue, lapses, now) then
+    return 0
+end
 local run = queue_runners(queue)
 if string.sub(run[1] or 'w', 1, 1) ~= 'r' then
     return 0
@@ -827,7 +949,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "5f4bd29e1c39ed25bc03ee4603884a685954c052"};
+    "dbf6ef2e3e7672cdd93e4b05c3d6764810b39d0f"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -934,6 +1056,11 @@ end
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+-- A script never calls Redis on a key after it removed it (DEL, or the last entry of a sorted
+-- set): on a slot being migrated, Redis checks each call against the keys the node has at that
+-- moment and refuses one on a key it no longer has ("non local key"), after the writes before
+-- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
+--
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -943,8 +1070,11 @@ end
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
 -- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
 -- within which a waiter that is alive comes back.
+-- True when the queue still holds someone; false when it is empty (its keys are gone then, not
+-- to be touched again).
 local function queue_prune(q, w, now)
-    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+    local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
+    if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
@@ -957,7 +1087,7 @@ local function queue_prune(q, w, now)
                 end
             end
             if #lapse_times > 0 then
-                redis.call('ZADD', w, unpack(lapse_times))
+                times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
@@ -965,12 +1095,18 @@ local function queue_prune(q, w, now)
             redis.call('PEXPIRE', w, keep)
         end
     end
+    if times == 0 then
+        return false
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
-        redis.call('ZREM', q, unpack(lapsed, first, last))
-        redis.call('ZREM', w, unpack(lapsed, first, last))
+        if size > 0 then
+            size = size - redis.call('ZREM', q, unpack(lapsed, first, last))
+        end
+        times = times - redis.call('ZREM', w, unpack(lapsed, first, last))
     end
+    return size > 0 and times > 0
 end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
@@ -986,9 +1122,13 @@ local function queue_join(q, w, id, now, ticket, keep)
     end
 end
 
+-- Takes `id` out of the queue. False when that emptied it, or its lapse times (see
+-- queue_prune); true when those were missing already (queue_prune gives the ids left some).
 local function queue_leave(q, w, id)
-    redis.call('ZREM', q, id)
-    redis.call('ZREM', w, id)
+    local size = redis.call('ZCARD', q) - redis.call('ZREM', q, id)
+    local times = redis.call('ZCARD', w)
+    local emptied = times > 0 and redis.call('ZREM', w, id) == times
+    return size > 0 and not emptied
 end
 
 -- The waiters that may go once the lock is free: the first writer alone, or every reader before
@@ -1050,15 +1190,19 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
--- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
--- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
--- A head that does not come within the grace lapses, and the lock is free again: it holds no
--- one up for its lease. True when someone was told.
+-- Frees the simple lock `key` (the caller's to give away; a queue being there): it goes to the
+-- head of the queue, which is told, the key rewritten in place and kept for it for `grace` ms
+-- (no longer than its lease), so that a plain SET NX cannot barge in: under its own token for a
+-- 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'. A head that
+-- does not come within the grace lapses, and the lock is free again: it holds no one up for its
+-- lease. With no one left in the queue the key is deleted. The first write is PEXPIRE, which
+-- Redis allows out of memory (once a script has written, the rest of it may write too). True
+-- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
+        redis.call('DEL', key)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
@@ -1068,28 +1212,43 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
--- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
--- its lease) until its next attempt claims it, so that a head that does not come holds no one
--- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
--- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
--- mark may stay until the key goes or the owner's entry is taken over). True when someone was
--- told.
+-- Frees the reentrant lock `key` (the caller's to give away; a queue being there): it goes to
+-- the head of the queue, which is told it may go. An 'h' head gets an entry of its owner under
+-- its own acquisition id, the hash rewritten in place (its other fields go once the entry is
+-- in) and kept for `grace` ms (no longer than its lease) until its next attempt claims it, so
+-- that a head that does not come holds no one up for its lease; else the key is deleted.
+-- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
+-- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
+-- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
+-- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local run = queue_runners(q)
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local run = queue_prune(q, w, now) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if acquisition then
-        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-                   'handed:' .. owner, acquisition)
-        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
+    if not acquisition then
+        redis.call('DEL', key)
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
     end
+    local entry = {[owner] = true, ['id:' .. owner] = true, ['handed:' .. owner] = true}
+    local stale = {}
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+        if not entry[field] then
+            stale[#stale + 1] = field
+        end
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
+    if #stale > 0 then
+        redis.call('HDEL', key, unpack(stale))
+    end
+    redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     queue_notify(q, w, channel, run, now, grace)
-    return #run > 0
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -1154,7 +1313,9 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'none' then
-    queue_prune(queue, lapses, now)
+    if not queue_prune(queue, lapses, now) then
+        return fresh(false)  -- no one waits any more, and the queue is gone
+    end
     if queue_allows(queue, ARGV[7]) then
         return enter(false)
     end
@@ -1163,7 +1324,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "968da8628fefc184cd6e74c40869f4549e01303b"};
+    "af297e184c99f369015e351d1b01dc81d8494784"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1185,11 +1346,11 @@ return 0
 
 inline constexpr script recursive_release{
     "recursive_release",
-    R"lua(-- Leaves a reentrant lock ARGV[2] times; when the count reaches 0, deletes it and, if someone
+    R"lua(-- Leaves a reentrant lock ARGV[2] times; when the count reaches 0, deletes it or, if someone
 -- waits, hands it to the head of the queue or tells the head (see queue_hand_on_entry).
--- Works when the server is out of memory: PEXPIRE and DEL are not refused there, and once a
--- script has written, Redis lets the rest of it write too. Every check comes before that first
--- write.
+-- Works when the server is out of memory: its first write, PEXPIRE or DEL, is not refused
+-- there, and once a script has written, Redis lets the rest of it write too. Every check comes
+-- before that first write.
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  the owner id
@@ -1231,6 +1392,11 @@ end
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+-- A script never calls Redis on a key after it removed it (DEL, or the last entry of a sorted
+-- set): on a slot being migrated, Redis checks each call against the keys the node has at that
+-- moment and refuses one on a key it no longer has ("non local key"), after the writes before
+-- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
+--
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1240,8 +1406,11 @@ end
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
 -- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
 -- within which a waiter that is alive comes back.
+-- True when the queue still holds someone; false when it is empty (its keys are gone then, not
+-- to be touched again).
 local function queue_prune(q, w, now)
-    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+    local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
+    if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
@@ -1254,7 +1423,7 @@ local function queue_prune(q, w, now)
                 end
             end
             if #lapse_times > 0 then
-                redis.call('ZADD', w, unpack(lapse_times))
+                times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
@@ -1262,12 +1431,18 @@ local function queue_prune(q, w, now)
             redis.call('PEXPIRE', w, keep)
         end
     end
+    if times == 0 then
+        return false
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
-        redis.call('ZREM', q, unpack(lapsed, first, last))
-        redis.call('ZREM', w, unpack(lapsed, first, last))
+        if size > 0 then
+            size = size - redis.call('ZREM', q, unpack(lapsed, first, last))
+        end
+        times = times - redis.call('ZREM', w, unpack(lapsed, first, last))
     end
+    return size > 0 and times > 0
 end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
@@ -1283,9 +1458,13 @@ local function queue_join(q, w, id, now, ticket, keep)
     end
 end
 
+-- Takes `id` out of the queue. False when that emptied it, or its lapse times (see
+-- queue_prune); true when those were missing already (queue_prune gives the ids left some).
 local function queue_leave(q, w, id)
-    redis.call('ZREM', q, id)
-    redis.call('ZREM', w, id)
+    local size = redis.call('ZCARD', q) - redis.call('ZREM', q, id)
+    local times = redis.call('ZCARD', w)
+    local emptied = times > 0 and redis.call('ZREM', w, id) == times
+    return size > 0 and not emptied
 end
 
 -- The waiters that may go once the lock is free: the first writer alone, or every reader before
@@ -1347,15 +1526,19 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
--- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
--- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
--- A head that does not come within the grace lapses, and the lock is free again: it holds no
--- one up for its lease. True when someone was told.
+-- Frees the simple lock `key` (the caller's to give away; a queue being there): it goes to the
+-- head of the queue, which is told, the key rewritten in place and kept for it for `grace` ms
+-- (no longer than its lease), so that a plain SET NX cannot barge in: under its own token for a
+-- 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'. A head that
+-- does not come within the grace lapses, and the lock is free again: it holds no one up for its
+-- lease. With no one left in the queue the key is deleted. The first write is PEXPIRE, which
+-- Redis allows out of memory (once a script has written, the rest of it may write too). True
+-- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
+        redis.call('DEL', key)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
@@ -1365,28 +1548,43 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
--- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
--- its lease) until its next attempt claims it, so that a head that does not come holds no one
--- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
--- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
--- mark may stay until the key goes or the owner's entry is taken over). True when someone was
--- told.
+-- Frees the reentrant lock `key` (the caller's to give away; a queue being there): it goes to
+-- the head of the queue, which is told it may go. An 'h' head gets an entry of its owner under
+-- its own acquisition id, the hash rewritten in place (its other fields go once the entry is
+-- in) and kept for `grace` ms (no longer than its lease) until its next attempt claims it, so
+-- that a head that does not come holds no one up for its lease; else the key is deleted.
+-- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
+-- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
+-- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
+-- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local run = queue_runners(q)
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local run = queue_prune(q, w, now) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if acquisition then
-        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-                   'handed:' .. owner, acquisition)
-        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
+    if not acquisition then
+        redis.call('DEL', key)
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
     end
+    local entry = {[owner] = true, ['id:' .. owner] = true, ['handed:' .. owner] = true}
+    local stale = {}
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+        if not entry[field] then
+            stale[#stale + 1] = field
+        end
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
+    if #stale > 0 then
+        redis.call('HDEL', key, unpack(stale))
+    end
+    redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     queue_notify(q, w, channel, run, now, grace)
-    return #run > 0
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -1425,12 +1623,11 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
-redis.call('DEL', KEYS[1])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "e5dda34d13009a23e5641e3e098a04c5dbea2ba8"};
+    "e944f009713965c8a02eb650e17bb8919c133495"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1502,6 +1699,11 @@ end
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+-- A script never calls Redis on a key after it removed it (DEL, or the last entry of a sorted
+-- set): on a slot being migrated, Redis checks each call against the keys the node has at that
+-- moment and refuses one on a key it no longer has ("non local key"), after the writes before
+-- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
+--
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1511,8 +1713,11 @@ end
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
 -- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
 -- within which a waiter that is alive comes back.
+-- True when the queue still holds someone; false when it is empty (its keys are gone then, not
+-- to be touched again).
 local function queue_prune(q, w, now)
-    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+    local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
+    if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
@@ -1525,7 +1730,7 @@ local function queue_prune(q, w, now)
                 end
             end
             if #lapse_times > 0 then
-                redis.call('ZADD', w, unpack(lapse_times))
+                times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
@@ -1533,12 +1738,18 @@ local function queue_prune(q, w, now)
             redis.call('PEXPIRE', w, keep)
         end
     end
+    if times == 0 then
+        return false
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
-        redis.call('ZREM', q, unpack(lapsed, first, last))
-        redis.call('ZREM', w, unpack(lapsed, first, last))
+        if size > 0 then
+            size = size - redis.call('ZREM', q, unpack(lapsed, first, last))
+        end
+        times = times - redis.call('ZREM', w, unpack(lapsed, first, last))
     end
+    return size > 0 and times > 0
 end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
@@ -1554,9 +1765,13 @@ local function queue_join(q, w, id, now, ticket, keep)
     end
 end
 
+-- Takes `id` out of the queue. False when that emptied it, or its lapse times (see
+-- queue_prune); true when those were missing already (queue_prune gives the ids left some).
 local function queue_leave(q, w, id)
-    redis.call('ZREM', q, id)
-    redis.call('ZREM', w, id)
+    local size = redis.call('ZCARD', q) - redis.call('ZREM', q, id)
+    local times = redis.call('ZCARD', w)
+    local emptied = times > 0 and redis.call('ZREM', w, id) == times
+    return size > 0 and not emptied
 end
 
 -- The waiters that may go once the lock is free: the first writer alone, or every reader before
@@ -1618,15 +1833,19 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
--- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
--- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
--- A head that does not come within the grace lapses, and the lock is free again: it holds no
--- one up for its lease. True when someone was told.
+-- Frees the simple lock `key` (the caller's to give away; a queue being there): it goes to the
+-- head of the queue, which is told, the key rewritten in place and kept for it for `grace` ms
+-- (no longer than its lease), so that a plain SET NX cannot barge in: under its own token for a
+-- 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'. A head that
+-- does not come within the grace lapses, and the lock is free again: it holds no one up for its
+-- lease. With no one left in the queue the key is deleted. The first write is PEXPIRE, which
+-- Redis allows out of memory (once a script has written, the rest of it may write too). True
+-- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
+        redis.call('DEL', key)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
@@ -1636,28 +1855,43 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
--- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
--- its lease) until its next attempt claims it, so that a head that does not come holds no one
--- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
--- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
--- mark may stay until the key goes or the owner's entry is taken over). True when someone was
--- told.
+-- Frees the reentrant lock `key` (the caller's to give away; a queue being there): it goes to
+-- the head of the queue, which is told it may go. An 'h' head gets an entry of its owner under
+-- its own acquisition id, the hash rewritten in place (its other fields go once the entry is
+-- in) and kept for `grace` ms (no longer than its lease) until its next attempt claims it, so
+-- that a head that does not come holds no one up for its lease; else the key is deleted.
+-- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
+-- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
+-- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
+-- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local run = queue_runners(q)
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local run = queue_prune(q, w, now) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if acquisition then
-        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-                   'handed:' .. owner, acquisition)
-        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
+    if not acquisition then
+        redis.call('DEL', key)
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
     end
+    local entry = {[owner] = true, ['id:' .. owner] = true, ['handed:' .. owner] = true}
+    local stale = {}
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+        if not entry[field] then
+            stale[#stale + 1] = field
+        end
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
+    if #stale > 0 then
+        redis.call('HDEL', key, unpack(stale))
+    end
+    redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     queue_notify(q, w, channel, run, now, grace)
-    return #run > 0
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -1742,13 +1976,21 @@ if want == 'w' and mine.r and not mine.w then
 elseif mine[want] then
     result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
+-- Kept out by the holders, whatever the queue says: a waiter then joins before the queue is
+-- pruned, so that a prune that empties it never leaves the join writing keys it removed (see
+-- _queue.lua).
+local ticket, join = tonumber(time[1]) * 1000000 + tonumber(time[2]), ARGV[9] ~= '0'
+local blocked = not result and not retried and (others.w or (want == 'w' and others.r))
 local queued = redis.call('EXISTS', queue) == 1
-if queued then
-    queue_prune(queue, lapses, now)
+if blocked and join then
+    queue_join(queue, lapses, ARGV[5], now, ticket, longest + tonumber(ARGV[9]))
+    queued = true
 end
-if not result and not retried and
-    (others.w or (want == 'w' and others.r) or
-     not (want == 'r' and mine.w or not queued or queue_allows(queue, ARGV[5]))) then
+if queued then
+    queued = queue_prune(queue, lapses, now)
+end
+if blocked or (not result and not retried and
+               not (want == 'r' and mine.w or not queued or queue_allows(queue, ARGV[5]))) then
     if latest > now then
         redis.call('PEXPIRE', KEYS[1], latest - now)
     elseif kind ~= 'none' then
@@ -1758,9 +2000,8 @@ if not result and not retried and
         local head = redis.call('ZRANGE', queue, 0, 0)[1]
         longest = (tonumber(redis.call('ZSCORE', lapses, head)) or now) - now
     end
-    if ARGV[9] ~= '0' then
-        queue_join(queue, lapses, ARGV[5], now,
-                   tonumber(time[1]) * 1000000 + tonumber(time[2]), longest + tonumber(ARGV[9]))
+    if join and not blocked then
+        queue_join(queue, lapses, ARGV[5], now, ticket, longest + tonumber(ARGV[9]))
     end
     return {0, longest, ''}
 elseif not result then
@@ -1781,7 +2022,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "7cc6ac85f9711824bfd63ddf5e4320d1d65e4907"};
+    "15930a309b8ddfeca4c6fb8490a8bdab48c580e3"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1893,6 +2134,11 @@ end
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+-- A script never calls Redis on a key after it removed it (DEL, or the last entry of a sorted
+-- set): on a slot being migrated, Redis checks each call against the keys the node has at that
+-- moment and refuses one on a key it no longer has ("non local key"), after the writes before
+-- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
+--
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1902,8 +2148,11 @@ end
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
 -- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
 -- within which a waiter that is alive comes back.
+-- True when the queue still holds someone; false when it is empty (its keys are gone then, not
+-- to be touched again).
 local function queue_prune(q, w, now)
-    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+    local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
+    if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
@@ -1916,7 +2165,7 @@ local function queue_prune(q, w, now)
                 end
             end
             if #lapse_times > 0 then
-                redis.call('ZADD', w, unpack(lapse_times))
+                times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
@@ -1924,12 +2173,18 @@ local function queue_prune(q, w, now)
             redis.call('PEXPIRE', w, keep)
         end
     end
+    if times == 0 then
+        return false
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
-        redis.call('ZREM', q, unpack(lapsed, first, last))
-        redis.call('ZREM', w, unpack(lapsed, first, last))
+        if size > 0 then
+            size = size - redis.call('ZREM', q, unpack(lapsed, first, last))
+        end
+        times = times - redis.call('ZREM', w, unpack(lapsed, first, last))
     end
+    return size > 0 and times > 0
 end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
@@ -1945,9 +2200,13 @@ local function queue_join(q, w, id, now, ticket, keep)
     end
 end
 
+-- Takes `id` out of the queue. False when that emptied it, or its lapse times (see
+-- queue_prune); true when those were missing already (queue_prune gives the ids left some).
 local function queue_leave(q, w, id)
-    redis.call('ZREM', q, id)
-    redis.call('ZREM', w, id)
+    local size = redis.call('ZCARD', q) - redis.call('ZREM', q, id)
+    local times = redis.call('ZCARD', w)
+    local emptied = times > 0 and redis.call('ZREM', w, id) == times
+    return size > 0 and not emptied
 end
 
 -- The waiters that may go once the lock is free: the first writer alone, or every reader before
@@ -2009,15 +2268,19 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
--- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
--- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
--- A head that does not come within the grace lapses, and the lock is free again: it holds no
--- one up for its lease. True when someone was told.
+-- Frees the simple lock `key` (the caller's to give away; a queue being there): it goes to the
+-- head of the queue, which is told, the key rewritten in place and kept for it for `grace` ms
+-- (no longer than its lease), so that a plain SET NX cannot barge in: under its own token for a
+-- 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'. A head that
+-- does not come within the grace lapses, and the lock is free again: it holds no one up for its
+-- lease. With no one left in the queue the key is deleted. The first write is PEXPIRE, which
+-- Redis allows out of memory (once a script has written, the rest of it may write too). True
+-- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
+        redis.call('DEL', key)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
@@ -2027,28 +2290,43 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
--- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
--- its lease) until its next attempt claims it, so that a head that does not come holds no one
--- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
--- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
--- mark may stay until the key goes or the owner's entry is taken over). True when someone was
--- told.
+-- Frees the reentrant lock `key` (the caller's to give away; a queue being there): it goes to
+-- the head of the queue, which is told it may go. An 'h' head gets an entry of its owner under
+-- its own acquisition id, the hash rewritten in place (its other fields go once the entry is
+-- in) and kept for `grace` ms (no longer than its lease) until its next attempt claims it, so
+-- that a head that does not come holds no one up for its lease; else the key is deleted.
+-- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
+-- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
+-- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
+-- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local run = queue_runners(q)
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local run = queue_prune(q, w, now) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if acquisition then
-        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-                   'handed:' .. owner, acquisition)
-        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
+    if not acquisition then
+        redis.call('DEL', key)
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
     end
+    local entry = {[owner] = true, ['id:' .. owner] = true, ['handed:' .. owner] = true}
+    local stale = {}
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+        if not entry[field] then
+            stale[#stale + 1] = field
+        end
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
+    if #stale > 0 then
+        redis.call('HDEL', key, unpack(stale))
+    end
+    redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     queue_notify(q, w, channel, run, now, grace)
-    return #run > 0
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is
@@ -2088,7 +2366,9 @@ if refused then
     return refused
 end
 leave()
-queue_prune(queue, lapses, now)
+if not queue_prune(queue, lapses, now) then
+    return 1
+end
 local run = queue_runners(queue)
 if #run == 0 or (holders and string.sub(run[1], 1, 1) ~= 'r') then
     return 1
@@ -2096,7 +2376,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "63067b0e2d3b83f5826df8b614940f8de5ea87ec"};
+    "1144e741318f61142c28888b63322b6197e7a376"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -2106,6 +2386,11 @@ inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue 
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+-- A script never calls Redis on a key after it removed it (DEL, or the last entry of a sorted
+-- set): on a slot being migrated, Redis checks each call against the keys the node has at that
+-- moment and refuses one on a key it no longer has ("non local key"), after the writes before
+-- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
+--
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -2115,8 +2400,11 @@ inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue 
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
 -- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
 -- within which a waiter that is alive comes back.
+-- True when the queue still holds someone; false when it is empty (its keys are gone then, not
+-- to be touched again).
 local function queue_prune(q, w, now)
-    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+    local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
+    if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
@@ -2129,7 +2417,7 @@ local function queue_prune(q, w, now)
                 end
             end
             if #lapse_times > 0 then
-                redis.call('ZADD', w, unpack(lapse_times))
+                times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
@@ -2137,12 +2425,18 @@ local function queue_prune(q, w, now)
             redis.call('PEXPIRE', w, keep)
         end
     end
+    if times == 0 then
+        return false
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
-        redis.call('ZREM', q, unpack(lapsed, first, last))
-        redis.call('ZREM', w, unpack(lapsed, first, last))
+        if size > 0 then
+            size = size - redis.call('ZREM', q, unpack(lapsed, first, last))
+        end
+        times = times - redis.call('ZREM', w, unpack(lapsed, first, last))
     end
+    return size > 0 and times > 0
 end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
@@ -2158,9 +2452,13 @@ local function queue_join(q, w, id, now, ticket, keep)
     end
 end
 
+-- Takes `id` out of the queue. False when that emptied it, or its lapse times (see
+-- queue_prune); true when those were missing already (queue_prune gives the ids left some).
 local function queue_leave(q, w, id)
-    redis.call('ZREM', q, id)
-    redis.call('ZREM', w, id)
+    local size = redis.call('ZCARD', q) - redis.call('ZREM', q, id)
+    local times = redis.call('ZCARD', w)
+    local emptied = times > 0 and redis.call('ZREM', w, id) == times
+    return size > 0 and not emptied
 end
 
 -- The waiters that may go once the lock is free: the first writer alone, or every reader before
@@ -2222,15 +2520,19 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
--- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
--- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
--- A head that does not come within the grace lapses, and the lock is free again: it holds no
--- one up for its lease. True when someone was told.
+-- Frees the simple lock `key` (the caller's to give away; a queue being there): it goes to the
+-- head of the queue, which is told, the key rewritten in place and kept for it for `grace` ms
+-- (no longer than its lease), so that a plain SET NX cannot barge in: under its own token for a
+-- 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'. A head that
+-- does not come within the grace lapses, and the lock is free again: it holds no one up for its
+-- lease. With no one left in the queue the key is deleted. The first write is PEXPIRE, which
+-- Redis allows out of memory (once a script has written, the rest of it may write too). True
+-- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
+        redis.call('DEL', key)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
@@ -2240,28 +2542,43 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
--- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
--- its lease) until its next attempt claims it, so that a head that does not come holds no one
--- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
--- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
--- mark may stay until the key goes or the owner's entry is taken over). True when someone was
--- told.
+-- Frees the reentrant lock `key` (the caller's to give away; a queue being there): it goes to
+-- the head of the queue, which is told it may go. An 'h' head gets an entry of its owner under
+-- its own acquisition id, the hash rewritten in place (its other fields go once the entry is
+-- in) and kept for `grace` ms (no longer than its lease) until its next attempt claims it, so
+-- that a head that does not come holds no one up for its lease; else the key is deleted.
+-- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
+-- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
+-- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
+-- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local run = queue_runners(q)
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local run = queue_prune(q, w, now) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if acquisition then
-        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-                   'handed:' .. owner, acquisition)
-        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
+    if not acquisition then
+        redis.call('DEL', key)
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
     end
+    local entry = {[owner] = true, ['id:' .. owner] = true, ['handed:' .. owner] = true}
+    local stale = {}
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+        if not entry[field] then
+            stale[#stale + 1] = field
+        end
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
+    if #stale > 0 then
+        redis.call('HDEL', key, unpack(stale))
+    end
+    redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     queue_notify(q, w, channel, run, now, grace)
-    return #run > 0
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is

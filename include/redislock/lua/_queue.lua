@@ -5,6 +5,11 @@
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+-- A script never calls Redis on a key after it removed it (DEL, or the last entry of a sorted
+-- set): on a slot being migrated, Redis checks each call against the keys the node has at that
+-- moment and refuses one on a key it no longer has ("non local key"), after the writes before
+-- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
+--
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -14,8 +19,11 @@
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
 -- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
 -- within which a waiter that is alive comes back.
+-- True when the queue still holds someone; false when it is empty (its keys are gone then, not
+-- to be touched again).
 local function queue_prune(q, w, now)
-    if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
+    local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
+    if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
@@ -28,7 +36,7 @@ local function queue_prune(q, w, now)
                 end
             end
             if #lapse_times > 0 then
-                redis.call('ZADD', w, unpack(lapse_times))
+                times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
@@ -36,12 +44,18 @@ local function queue_prune(q, w, now)
             redis.call('PEXPIRE', w, keep)
         end
     end
+    if times == 0 then
+        return false
+    end
     local lapsed = redis.call('ZRANGEBYSCORE', w, '-inf', now)
     for first = 1, #lapsed, 1000 do
         local last = math.min(first + 999, #lapsed)
-        redis.call('ZREM', q, unpack(lapsed, first, last))
-        redis.call('ZREM', w, unpack(lapsed, first, last))
+        if size > 0 then
+            size = size - redis.call('ZREM', q, unpack(lapsed, first, last))
+        end
+        times = times - redis.call('ZREM', w, unpack(lapsed, first, last))
     end
+    return size > 0 and times > 0
 end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
@@ -57,9 +71,13 @@ local function queue_join(q, w, id, now, ticket, keep)
     end
 end
 
+-- Takes `id` out of the queue. False when that emptied it, or its lapse times (see
+-- queue_prune); true when those were missing already (queue_prune gives the ids left some).
 local function queue_leave(q, w, id)
-    redis.call('ZREM', q, id)
-    redis.call('ZREM', w, id)
+    local size = redis.call('ZCARD', q) - redis.call('ZREM', q, id)
+    local times = redis.call('ZCARD', w)
+    local emptied = times > 0 and redis.call('ZREM', w, id) == times
+    return size > 0 and not emptied
 end
 
 -- The waiters that may go once the lock is free: the first writer alone, or every reader before
@@ -121,15 +139,19 @@ local function queue_notify(q, w, channel, run, now, grace)
     queue_tell(channel, words)
 end
 
--- A free simple lock goes to the head of the queue, which is told: the key is kept for it for
--- `grace` ms (no longer than its lease), so that a plain SET NX cannot barge in: under its own
--- token for a 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'.
--- A head that does not come within the grace lapses, and the lock is free again: it holds no
--- one up for its lease. True when someone was told.
+-- Frees the simple lock `key` (the caller's to give away; a queue being there): it goes to the
+-- head of the queue, which is told, the key rewritten in place and kept for it for `grace` ms
+-- (no longer than its lease), so that a plain SET NX cannot barge in: under its own token for a
+-- 'g' waiter, which its next attempt takes as handed to it, else as 'queued:<id>'. A head that
+-- does not come within the grace lapses, and the lock is free again: it holds no one up for its
+-- lease. With no one left in the queue the key is deleted. The first write is PEXPIRE, which
+-- Redis allows out of memory (once a script has written, the rest of it may write too). True
+-- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local head = redis.call('ZRANGE', q, 0, 0)[1]
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
+        redis.call('DEL', key)
         return false
     end
     local token, lease = string.match(string.match(head, '^[^@]*'), '^g(%x+)%.(%d+)$')
@@ -139,28 +161,43 @@ local function queue_hand_on(key, q, w, channel, now, grace)
     return true
 end
 
--- A free reentrant lock goes to the head of the queue, which is told it may go. An 'h' head
--- gets an entry of its owner under its own acquisition id, kept for `grace` ms (no longer than
--- its lease) until its next attempt claims it, so that a head that does not come holds no one
--- up for its lease. handed:<owner> marks the entry as the one made for that waiter: if it gives
--- up instead, its leave takes back this one entry (a waiter that acquires never leaves, so the
--- mark may stay until the key goes or the owner's entry is taken over). True when someone was
--- told.
+-- Frees the reentrant lock `key` (the caller's to give away; a queue being there): it goes to
+-- the head of the queue, which is told it may go. An 'h' head gets an entry of its owner under
+-- its own acquisition id, the hash rewritten in place (its other fields go once the entry is
+-- in) and kept for `grace` ms (no longer than its lease) until its next attempt claims it, so
+-- that a head that does not come holds no one up for its lease; else the key is deleted.
+-- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
+-- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
+-- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
+-- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
-    local run = queue_runners(q)
+    redis.call('PEXPIRE', key, math.max(grace, 1))
+    local run = queue_prune(q, w, now) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
             string.match(string.match(run[1], '^[^@]*'), '^h(%x+)%.(%d+)%.(.+)$')
     end
-    if acquisition then
-        redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
-                   'handed:' .. owner, acquisition)
-        redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
+    if not acquisition then
+        redis.call('DEL', key)
+        queue_notify(q, w, channel, run, now, grace)
+        return #run > 0
     end
+    local entry = {[owner] = true, ['id:' .. owner] = true, ['handed:' .. owner] = true}
+    local stale = {}
+    for _, field in ipairs(redis.call('HKEYS', key)) do
+        if not entry[field] then
+            stale[#stale + 1] = field
+        end
+    end
+    redis.call('HSET', key, owner, 1, 'id:' .. owner, acquisition,
+               'handed:' .. owner, acquisition)
+    if #stale > 0 then
+        redis.call('HDEL', key, unpack(stale))
+    end
+    redis.call('PEXPIRE', key, math.min(tonumber(lease), grace))
     queue_notify(q, w, channel, run, now, grace)
-    return #run > 0
+    return true
 end
 
 -- True when `id` may take the lock now as far as the queue is concerned: no one waits, or it is

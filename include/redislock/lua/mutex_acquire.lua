@@ -56,7 +56,7 @@ local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
 -- Lapsed waiters matter only when the lock may be free for this one (see queue_prune).
 if queued and (not holder or holder == 'queued:' .. id) then
-    queue_prune(queue, lapses, now)
+    queued = queue_prune(queue, lapses, now)
 end
 if holder == ARGV[1] then
     -- This very attempt, sent again after its reply was lost: it acquired.

@@ -1,7 +1,7 @@
 -- Releases a simple lock if it still holds our token. When someone waits, the lock goes to the
 -- head of the queue (see queue_hand_on in _queue.lua) and the head is told. Every check comes
--- before DEL, the first write: Redis allows DEL when out of memory, and once a script has
--- written, the rest of it may write too.
+-- before the first write, DEL or PEXPIRE: Redis allows both when out of memory, and once a
+-- script has written, the rest of it may write too.
 -- KEYS[1]  the lock's key
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  our token
@@ -25,7 +25,6 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
-redis.call('DEL', KEYS[1])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1

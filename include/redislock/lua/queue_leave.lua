@@ -17,14 +17,19 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
-queue_leave(queue, lapses, ARGV[1])
+-- Whether anyone is left: once the queue is gone its keys are not touched again (see _queue.lua),
+-- and a lock kept for this waiter is simply freed.
+local waiting = queue_leave(queue, lapses, ARGV[1])
 local kind = redis.call('TYPE', KEYS[1]).ok
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'string' then
     local holder = redis.call('GET', KEYS[1])
     if holder == 'queued:' .. ARGV[1] or holder == string.match(ARGV[1], '^g(%x+)%.') then
-        redis.call('DEL', KEYS[1])
+        if not waiting then
+            redis.call('DEL', KEYS[1])
+            return 0
+        end
         return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
     end
 end
@@ -38,11 +43,16 @@ if kind == 'hash' and acquisition and ARGV[4] ~= 'k' and
     if redis.call('HINCRBY', KEYS[1], owner, -1) > 0 then
         return 0
     end
-    redis.call('DEL', KEYS[1])
+    if not waiting then
+        redis.call('DEL', KEYS[1])
+        return 0
+    end
     return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
--- Held by a writer (or a simple or reentrant holder): its release tells the queue.
-if kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read') then
+-- Held by a writer (or a simple or reentrant holder): its release tells the queue. No one left
+-- to tell: done.
+if not waiting or
+    (kind ~= 'none' and (kind ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read')) then
     return 0
 end
 -- A free lock goes to the head, as a release would hand it on: a simple lock is kept for it;
@@ -54,7 +64,9 @@ elseif kind == 'none' then
     return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 -- Read-held: only readers may join now.
-queue_prune(queue, lapses, now)
+if not queue_prune(queue, lapses, now) then
+    return 0
+end
 local run = queue_runners(queue)
 if string.sub(run[1] or 'w', 1, 1) ~= 'r' then
     return 0

@@ -125,7 +125,9 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if kind == 'none' then
-    queue_prune(queue, lapses, now)
+    if not queue_prune(queue, lapses, now) then
+        return fresh(false)  -- no one waits any more, and the queue is gone
+    end
     if queue_allows(queue, ARGV[7]) then
         return enter(false)
     end

@@ -1,8 +1,8 @@
--- Leaves a reentrant lock ARGV[2] times; when the count reaches 0, deletes it and, if someone
+-- Leaves a reentrant lock ARGV[2] times; when the count reaches 0, deletes it or, if someone
 -- waits, hands it to the head of the queue or tells the head (see queue_hand_on_entry).
--- Works when the server is out of memory: PEXPIRE and DEL are not refused there, and once a
--- script has written, Redis lets the rest of it write too. Every check comes before that first
--- write.
+-- Works when the server is out of memory: its first write, PEXPIRE or DEL, is not refused
+-- there, and once a script has written, Redis lets the rest of it write too. Every check comes
+-- before that first write.
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  the owner id
@@ -42,7 +42,6 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
-redis.call('DEL', KEYS[1])
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1

@@ -110,13 +110,21 @@ if want == 'w' and mine.r and not mine.w then
 elseif mine[want] then
     result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
+-- Kept out by the holders, whatever the queue says: a waiter then joins before the queue is
+-- pruned, so that a prune that empties it never leaves the join writing keys it removed (see
+-- _queue.lua).
+local ticket, join = tonumber(time[1]) * 1000000 + tonumber(time[2]), ARGV[9] ~= '0'
+local blocked = not result and not retried and (others.w or (want == 'w' and others.r))
 local queued = redis.call('EXISTS', queue) == 1
-if queued then
-    queue_prune(queue, lapses, now)
+if blocked and join then
+    queue_join(queue, lapses, ARGV[5], now, ticket, longest + tonumber(ARGV[9]))
+    queued = true
 end
-if not result and not retried and
-    (others.w or (want == 'w' and others.r) or
-     not (want == 'r' and mine.w or not queued or queue_allows(queue, ARGV[5]))) then
+if queued then
+    queued = queue_prune(queue, lapses, now)
+end
+if blocked or (not result and not retried and
+               not (want == 'r' and mine.w or not queued or queue_allows(queue, ARGV[5]))) then
     if latest > now then
         redis.call('PEXPIRE', KEYS[1], latest - now)
     elseif kind ~= 'none' then
@@ -126,9 +134,8 @@ if not result and not retried and
         local head = redis.call('ZRANGE', queue, 0, 0)[1]
         longest = (tonumber(redis.call('ZSCORE', lapses, head)) or now) - now
     end
-    if ARGV[9] ~= '0' then
-        queue_join(queue, lapses, ARGV[5], now,
-                   tonumber(time[1]) * 1000000 + tonumber(time[2]), longest + tonumber(ARGV[9]))
+    if join and not blocked then
+        queue_join(queue, lapses, ARGV[5], now, ticket, longest + tonumber(ARGV[9]))
     end
     return {0, longest, ''}
 elseif not result then

@@ -74,7 +74,9 @@ if refused then
     return refused
 end
 leave()
-queue_prune(queue, lapses, now)
+if not queue_prune(queue, lapses, now) then
+    return 1
+end
 local run = queue_runners(queue)
 if #run == 0 or (holders and string.sub(run[1], 1, 1) ~= 'r') then
     return 1
