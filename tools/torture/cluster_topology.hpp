@@ -97,7 +97,16 @@ public:
         rec.start = monotonic_ns();
         rec.block_slack_ns =
             ghost_slack_ns(spec.kind, spec.duration_ms, ctx.the_plan.max_lease_ms());
-        const int name = spec.target % static_cast<int>(ctx.names.size());
+        int name = spec.target % static_cast<int>(ctx.names.size());
+        if (spec.kind == fault_kind::migrate) {
+            // The slot of a contended name, when anyone waits: the keys a migration splits
+            // then include a queue that waiters keep writing.
+            const auto& shape = ctx.the_plan.shape;
+            const auto waiting = waiting_workers(ctx.log, shape.processes, shape.threads, 0);
+            if (!waiting.empty()) {
+                name = waiting[static_cast<std::size_t>(spec.target) % waiting.size()].name;
+            }
+        }
         const std::string& n = ctx.names[static_cast<std::size_t>(name)];
         try {
             const int master = fixture_.master_for_key(n);

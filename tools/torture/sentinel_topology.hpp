@@ -194,7 +194,19 @@ private:
                 auto& node = fixture_.node(replica);
                 rec.replicas_only = true;
                 rec.blocks = false;
-                if (spec.kind == fault_kind::replica_stop) {
+                if (spec.kind == fault_kind::replica_stop && spec.variant == 2) {
+                    // Every replica at once: no WAIT can be satisfied, so each renewal and
+                    // acquisition with min_replicas is refused while the master works on.
+                    const auto all = replicas();
+                    for (const int r : all) {
+                        fixture_.node(r).pause();
+                    }
+                    pause_for(std::chrono::milliseconds{spec.duration_ms}, ctx.stop);
+                    for (const int r : all) {
+                        fixture_.node(r).resume();
+                    }
+                    rec.what = "SIGSTOP of both replicas for " + ms + " ms";
+                } else if (spec.kind == fault_kind::replica_stop) {
                     node.pause();
                     pause_for(std::chrono::milliseconds{spec.duration_ms}, ctx.stop);
                     node.resume();
