@@ -23,7 +23,9 @@
 // replies) throws redislock::quorum_error naming each master and its answer, within the
 // per-master timeout (the masters are asked in parallel, never one after another). lock() and
 // try_lock_for() throw it too instead of waiting for masters to come back: an outage is not
-// contention, and a caller that wants to ride one out catches it and retries.
+// contention, and a caller that wants to ride one out catches it and retries. Masters whose
+// first connection is still being opened (a client just made, or a forked child) are not an
+// outage: such an attempt counts as contention.
 //
 // Loss: the lock is known lost when a quorum round finds the key gone or taken on more than
 // N - quorum masters, or locally when its validity runs out without a renewal confirmed by a
@@ -288,7 +290,10 @@ private:
             return std::nullopt;
         }
         masters.release_in_background(acq);
-        if (!stop.stop_requested() && !cut_short && t.failed > masters.size() - masters.quorum()) {
+        // Masters still opening their first connection say nothing of an outage (a client just
+        // made, or a forked child, on a busy machine): a call with time left tries again.
+        if (!stop.stop_requested() && !cut_short &&
+            t.failed - t.first_connects > masters.size() - masters.quorum()) {
             throw masters.no_quorum("lock", state_->name, outcomes);
         }
         return detail::holder_ttl{-1};

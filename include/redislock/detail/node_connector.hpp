@@ -153,6 +153,13 @@ public:
         return o;
     }
 
+    /// True until a first warm-up has ended: nothing is known yet of the node (a client just
+    /// made, or a forked child, on a machine too busy to connect within a round).
+    bool never_warmed_up() {
+        std::lock_guard lock{mutex_};
+        return finished_ == 0;
+    }
+
     /// Stops notifying `signal`: its round is over.
     void forget(const round_signal* signal) noexcept {
         std::lock_guard lock{mutex_};

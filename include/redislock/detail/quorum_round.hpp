@@ -45,14 +45,16 @@ enum class node_answer : unsigned char { pending, yes, no, failed };
 
 struct node_outcome {
     node_answer answer = node_answer::pending;
-    std::string error;          ///< for `failed`
-    bool server_error = false;  ///< `failed` by an error reply, not by the network
+    std::string error;           ///< for `failed`
+    bool server_error = false;   ///< `failed` by an error reply, not by the network
+    bool first_connect = false;  ///< `failed` only because its first connection was not open yet
 };
 
 struct quorum_tally {
     std::size_t yes = 0;
     std::size_t no = 0;
-    std::size_t failed = 0;  ///< pending answers count as failed
+    std::size_t failed = 0;          ///< pending answers count as failed
+    std::size_t first_connects = 0;  ///< of `failed`: nodes whose first connection was not open
 };
 
 inline quorum_tally tally(const std::vector<node_outcome>& outcomes) {
@@ -68,6 +70,7 @@ inline quorum_tally tally(const std::vector<node_outcome>& outcomes) {
             case node_answer::pending:
             case node_answer::failed:
                 ++t.failed;
+                t.first_connects += o.first_connect ? 1 : 0;
                 break;
         }
     }
@@ -295,6 +298,7 @@ std::vector<node_replies> fan_out(std::size_t count, Nodes&& nodes,
             if (state[i].connecting != 0) {
                 nodes.connector(i).forget(signal.get());
                 out[i].error = "not sent: still connecting when the round ended";
+                out[i].first_connect = nodes.connector(i).never_warmed_up();
             }
         }
     } else {
