@@ -24,6 +24,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <string_view>
@@ -1649,6 +1650,240 @@ TEST(Sentinel, TimedCallsEndInTimeWhileTheMasterHangsAndIsReplaced) {
         report += "\n  " + l;
     }
     EXPECT_TRUE(late.empty()) << late.size() << " of " << calls << " calls late:" << report;
+}
+
+// The reply's kind and value, or the error a call threw, for messages.
+template <class Call>
+std::string outcome_of(Call&& call) {
+    try {
+        const redislock::reply r = call();
+        if (r.is_integer()) {
+            return "returned " + std::to_string(r.as_integer());
+        }
+        return r.is_error() ? "returned the error " + r.text() : "returned '" + r.text() + "'";
+    } catch (const redislock::cancelled_error& e) {
+        return std::string{"cancelled_error: "} + e.what();
+    } catch (const redislock::timeout_error& e) {
+        return std::string{"timeout_error: "} + e.what();
+    } catch (const redislock::connection_error& e) {
+        return std::string{"connection_error: "} + e.what();
+    } catch (const redislock::error& e) {
+        return std::string{"error: "} + e.what();
+    }
+}
+
+// A failover announced right after a call found none under way, before its command goes out:
+// the master that answers is the one being replaced, and what it confirms may be lost, so its
+// reply is not returned (the call fails, its outcome unknown; or sends again once that is safe).
+// The announcement is made at that very moment through detail::sentinel_call_admitted, on behalf
+// of the first sentinel, which ends it once its thread asks it (no failover is in progress).
+TEST(Sentinel, AFailoverAnnouncedRightAfterACallFoundNoneUnderWayHoldsItsReplyBack) {
+    redis_sentinel topo;
+    redislock::sentinel_connection conn{topo.uri()};
+    static std::atomic<int> admitted{0};
+    static std::string failing;
+    admitted = 0;
+    failing = "127.0.0.1:" + std::to_string(topo.master_port());
+    struct announce_when_admitted {
+        announce_when_admitted() {
+            redislock::detail::sentinel_call_admitted = +[](redislock::detail::failover_fence& f) {
+                if (admitted.fetch_add(1) == 0) {
+                    (void)f.raise(failing, 0, 10s);
+                }
+            };
+        }
+        ~announce_when_admitted() { redislock::detail::sentinel_call_admitted = nullptr; }
+        announce_when_admitted(const announce_when_admitted&) = delete;
+        announce_when_admitted& operator=(const announce_when_admitted&) = delete;
+    };
+    std::string outcome;
+    {
+        const announce_when_admitted hook;
+        const std::array<std::string_view, 2> incr{"INCR", "s:admitted"};
+        outcome = outcome_of(
+            [&] { return conn.execute(incr, {.deadline = std::chrono::steady_clock::now() + 2s}); });
+    }
+    std::cout << "[ measured ] INCR with a failover announced right after the call's check: "
+              << outcome << "\n";
+    EXPECT_GE(admitted.load(), 1);
+    EXPECT_EQ(outcome.find("returned"), std::string::npos)
+        << "the old master's reply to a command sent after its failover was announced: "
+        << outcome;
+}
+
+// A WAIT vouches only for the writes sent before it on its own connection. An acquisition with
+// min_replicas whose reply is lost (every replica hangs, so its WAIT outlives the command
+// timeout) is sent again with its WAIT, on another connection: the script finds the caller's
+// token and writes nothing, and the WAIT, with nothing to wait for, counts every replica at once.
+// No replica has the lock: it is not granted as acknowledged, and nothing is left of it.
+TEST(Sentinel, AnAcquisitionSentAgainIsNotAcknowledgedByAWaitWithNothingToWaitFor) {
+    using redislock::test::eventually;
+    redis_sentinel topo;
+    redislock::sentinel_client client{topo.uri("command_timeout=300")};
+    const int master = topo.master_port();
+    const std::vector<int> replicas = replica_ports(topo, master);
+    ASSERT_EQ(replicas.size(), 2U);
+    auto m = client.mutex("s:resent", {.lease = 10s, .min_replicas = 1, .replica_timeout = 2s});
+    ASSERT_TRUE(m.try_lock());  // the script is loaded, the master's connections are open
+    m.unlock();
+    for (int port : replicas) {
+        topo.node(port).pause();
+    }
+    bool got = false;
+    std::string outcome;
+    try {
+        got = m.try_lock();
+        outcome = got ? "granted" : "refused";
+    } catch (const redislock::error& e) {
+        outcome = e.what();
+    }
+    for (int port : replicas) {
+        topo.node(port).resume();
+    }
+    std::cout << "[ measured ] try_lock with min_replicas 1, every replica stopped, its first "
+                 "reply lost: "
+              << outcome << "\n";
+    EXPECT_FALSE(got) << "granted as acknowledged by a replica while every replica was stopped";
+    if (got) {
+        m.unlock();
+    }
+    EXPECT_TRUE(eventually([&] { return topo.node(master).cli({"EXISTS", "s:resent"}) == "0"; },
+                           3s))
+        << "the unacknowledged acquisition was left on the master";
+}
+
+// fork() while a thread of the parent finds the master again (the first sentinel it asks
+// hangs): that search goes on in the parent only, and the child never waits for it. The child's
+// calls that must find the master themselves (a command that outlived the command timeout) do,
+// untimed or timed, and the child ends cleanly: its connection destroyed, its own subscription
+// threads joined.
+TEST(Sentinel, ChildForkedWhileItsParentFindsTheMasterFindsItItself) {
+#if defined(__SANITIZE_THREAD__)
+    GTEST_SKIP() << "ThreadSanitizer cannot run a thread started in a child forked from a "
+                    "multi-threaded process, which is what this test checks";
+#endif
+    using redislock::test::eventually;
+    redis_sentinel topo;
+    std::optional<redislock::sentinel_connection> conn{std::in_place,
+                                                       topo.uri("command_timeout=1000")};
+    auto& node = topo.node(topo.master_port());
+    const std::array<std::string_view, 3> block{"BLPOP", "s:fork-search", "0"};
+    const std::array<std::string_view, 1> ping{"PING"};
+    const auto blocked = [&node] {
+        return node.cli({"INFO", "clients"}).find("blocked_clients:0") == std::string::npos;
+    };
+
+    // The BLPOP outlives the command timeout; the thread then asks the sentinels, the hung one
+    // first, for up to a second.
+    topo.pause_sentinel(0);
+    std::jthread searching{[&] {
+        try {
+            (void)conn->execute(block);
+        } catch (const redislock::error&) {
+        }
+    }};
+    ASSERT_TRUE(eventually(blocked, 5s));
+    ASSERT_TRUE(eventually([&] { return !blocked(); }, 5s));
+    redislock::test::child_process child{[&](redislock::test::line_channel& channel) {
+        if (channel.receive(20s) != std::optional<std::string>{"go"}) {
+            return 2;
+        }
+        const auto timed = [](auto&& call) {
+            redislock::test::stopwatch took;
+            const std::string outcome = outcome_of(call);
+            return std::to_string(took.elapsed().count()) + " ms: " + outcome;
+        };
+        channel.send("untimed BLPOP " + timed([&] { return conn->execute(block); }));
+        channel.send("PING " + timed([&] {
+                         return conn->execute(
+                             ping, {.deadline = std::chrono::steady_clock::now() + 2s});
+                     }));
+        channel.send("BLPOP within 1500 ms " + timed([&] {
+                         return conn->execute(
+                             block, {.deadline = std::chrono::steady_clock::now() + 1500ms});
+                     }));
+        redislock::test::stopwatch took;
+        conn.reset();
+        channel.send("destroyed in " + std::to_string(took.elapsed().count()) + " ms");
+        return 0;
+    }};
+    topo.resume_sentinel(0);
+    ASSERT_TRUE(child.channel().send("go"));
+    std::vector<std::string> lines;
+    for (int i = 0; i < 4; ++i) {
+        const auto line = child.channel().receive(20s);
+        if (!line) {
+            break;
+        }
+        std::cout << "[ measured ] child forked during its parent's search: " << *line << "\n";
+        lines.push_back(*line);
+    }
+    ASSERT_EQ(lines.size(), 4U) << "the child hangs after " << lines.size() << " answers";
+    EXPECT_NE(lines[0].find("timeout_error"), std::string::npos) << lines[0];
+    EXPECT_NE(lines[1].find("returned 'PONG'"), std::string::npos) << lines[1];
+    EXPECT_NE(lines[2].find("timeout_error"), std::string::npos) << lines[2];
+    EXPECT_EQ(child.wait(20s), std::optional<int>{0});
+}
+
+// With no master known (no sentinel answered), while another thread asks the sentinels again, a
+// call that cannot wait for that search to end says why it ended: a deadline with timeout_error,
+// a stop request with cancelled_error (lock(stop) returns false), never connection_error "no
+// master", which the search under way has not concluded.
+TEST(Sentinel, ACallWaitingForAnotherThreadsSearchForTheMasterEndsAsTimedOutOrStopped) {
+    redis_sentinel topo;
+    redislock::sentinel_client client{topo.uri("command_timeout=500")};
+    auto& conn = client.connection();
+    auto m = client.mutex("s:searching", {.lease = 10s});
+    ASSERT_TRUE(m.try_lock());
+    m.unlock();
+    for (std::size_t i = 0; i < 3; ++i) {
+        topo.pause_sentinel(i);
+    }
+    // A BLPOP outlives the command timeout; no sentinel answers the search that follows, and the
+    // master's pool is dropped.
+    const std::array<std::string_view, 3> block{"BLPOP", "s:searching-none", "0"};
+    EXPECT_THROW((void)conn.execute(block), redislock::timeout_error);
+    std::atomic<bool> search{true};
+    std::jthread searcher{[&] {
+        while (search) {
+            try {
+                (void)conn.master();  // asks three hung sentinels: 1.5 s
+            } catch (const redislock::error&) {
+            }
+        }
+    }};
+    std::this_thread::sleep_for(100ms);  // the searcher's search is under way
+
+    const std::array<std::string_view, 1> ping{"PING"};
+    const std::string timed = outcome_of(
+        [&] { return conn.execute(ping, {.deadline = std::chrono::steady_clock::now() + 200ms}); });
+    std::string stopped;
+    {
+        redislock::test::stop_after stop{100ms};
+        stopped = outcome_of([&] { return conn.execute(ping, {.stop = &stop.token()}); });
+    }
+    bool got = true;
+    std::string lock_outcome = "returned";
+    {
+        redislock::test::stop_after stop{100ms};
+        try {
+            got = m.lock(stop.token());
+        } catch (const redislock::error& e) {
+            lock_outcome = e.what();
+        }
+    }
+    search = false;
+    searcher.join();
+    for (std::size_t i = 0; i < 3; ++i) {
+        topo.resume_sentinel(i);
+    }
+    std::cout << "[ measured ] while another thread searches for the master: PING within 200 ms "
+              << timed << "; PING stopped after 100 ms " << stopped
+              << "; lock(stop) stopped after 100 ms " << lock_outcome << "\n";
+    EXPECT_EQ(timed.rfind("timeout_error", 0), 0U) << timed;
+    EXPECT_EQ(stopped.rfind("cancelled_error", 0), 0U) << stopped;
+    EXPECT_EQ(lock_outcome, "returned");
+    EXPECT_FALSE(got);
 }
 
 }  // namespace

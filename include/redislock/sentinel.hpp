@@ -148,6 +148,11 @@ inline bool safe_to_repeat(command argv) noexcept {
                        [&](std::string_view name) { return equals_ignoring_case(argv[0], name); });
 }
 
+/// Called by every sentinel_connection call once it found no failover of the master under way,
+/// right before it sends, with the connection's failover_fence: null (nothing is called) unless
+/// a test sets it, to announce a failover at that very moment.
+inline std::atomic<void (*)(failover_fence&)> sentinel_call_admitted{nullptr};
+
 inline bool is_readonly(const reply& r) {
     return r.is_error() && r.text().starts_with("READONLY");
 }
@@ -430,6 +435,9 @@ private:
                                                        const std::stop_token* stop, F&& f) {
         for (bool last = false;; last = true) {
             state_->await_settled(deadline, stop, last);
+            if (auto* admitted = detail::sentinel_call_admitted.load(std::memory_order_acquire)) {
+                admitted(state_->fence);
+            }
             const std::uint64_t disturbances = state_->fence.disturbances();
             auto [pool, generation] = state_->current(deadline, stop);
             std::optional<std::invoke_result_t<F&, hiredis_connection&>> result;
