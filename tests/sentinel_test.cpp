@@ -35,6 +35,7 @@
 
 #include "support/deadline.hpp"
 #include "support/exclusion.hpp"
+#include "support/fake_redis_node.hpp"
 #include "support/reconnect_log.hpp"
 #include "support/redis_sentinel.hpp"
 #include "support/redis_server.hpp"
@@ -1700,22 +1701,23 @@ TEST(Sentinel, AFailoverAnnouncedRightAfterACallFoundNoneUnderWayHoldsItsReplyBa
     {
         const announce_when_admitted hook;
         const std::array<std::string_view, 2> incr{"INCR", "s:admitted"};
-        outcome = outcome_of(
-            [&] { return conn.execute(incr, {.deadline = std::chrono::steady_clock::now() + 2s}); });
+        outcome = outcome_of([&] {
+            return conn.execute(incr, {.deadline = std::chrono::steady_clock::now() + 2s});
+        });
     }
     std::cout << "[ measured ] INCR with a failover announced right after the call's check: "
               << outcome << "\n";
     EXPECT_GE(admitted.load(), 1);
     EXPECT_EQ(outcome.find("returned"), std::string::npos)
-        << "the old master's reply to a command sent after its failover was announced: "
-        << outcome;
+        << "the old master's reply to a command sent after its failover was announced: " << outcome;
 }
 
-// A WAIT vouches only for the writes sent before it on its own connection. An acquisition with
-// min_replicas whose reply is lost (every replica hangs, so its WAIT outlives the command
-// timeout) is sent again with its WAIT, on another connection: the script finds the caller's
-// token and writes nothing, and the WAIT, with nothing to wait for, counts every replica at once.
-// No replica has the lock: it is not granted as acknowledged, and nothing is left of it.
+// A fenced acquisition (a script; a plain SET NX is never sent twice) with min_replicas whose
+// reply is lost: every replica hangs, so its WAIT outlives the command timeout. Sent again with
+// its WAIT on another connection, the script finds the caller's token and writes nothing. No
+// replica has the lock: it is not granted as acknowledged, and nothing is left of it. (Redis 7.0
+// counts in a connection's WAIT every write made before that connection's last command, so the
+// repeat's WAIT covers the first write there; see the next test for a WAIT that does not.)
 TEST(Sentinel, AnAcquisitionSentAgainIsNotAcknowledgedByAWaitWithNothingToWaitFor) {
     using redislock::test::eventually;
     redis_sentinel topo;
@@ -1723,7 +1725,8 @@ TEST(Sentinel, AnAcquisitionSentAgainIsNotAcknowledgedByAWaitWithNothingToWaitFo
     const int master = topo.master_port();
     const std::vector<int> replicas = replica_ports(topo, master);
     ASSERT_EQ(replicas.size(), 2U);
-    auto m = client.mutex("s:resent", {.lease = 10s, .min_replicas = 1, .replica_timeout = 2s});
+    auto m = client.mutex(
+        "s:resent", {.lease = 10s, .fencing = true, .min_replicas = 1, .replica_timeout = 2s});
     ASSERT_TRUE(m.try_lock());  // the script is loaded, the master's connections are open
     m.unlock();
     for (int port : replicas) {
@@ -1747,9 +1750,81 @@ TEST(Sentinel, AnAcquisitionSentAgainIsNotAcknowledgedByAWaitWithNothingToWaitFo
     if (got) {
         m.unlock();
     }
-    EXPECT_TRUE(eventually([&] { return topo.node(master).cli({"EXISTS", "s:resent"}) == "0"; },
-                           3s))
+    EXPECT_TRUE(eventually(
+        [&] {
+            return topo.node(master).cli({"EXISTS", "s:resent"}) == "0";
+        },
+        3s))
         << "the unacknowledged acquisition was left on the master";
+}
+
+// The same against a server whose WAIT counts only the writes of its own connection, as WAIT is
+// documented (Redis 7.0 happens to count every write made before the connection's last command,
+// so there the WAIT covers the first attempt's write). Scripted sentinel and master: the first
+// acquisition's reply comes after the command timeout; sent again on another connection it finds
+// the caller's token, and the WAIT there answers at once with both replicas.
+TEST(Sentinel, AWaitOnAnotherConnectionThanTheResentAcquisitionDoesNotCount) {
+    using redislock::test::fake_command;
+    using redislock::test::fake_redis_node;
+    namespace resp = redislock::test::resp;
+    fake_redis_node master;
+    fake_redis_node sentinel;
+    sentinel.on_command([&master](const fake_command& c) {
+        if (c.argv.size() >= 2 && c.argv[0] == "SENTINEL" && c.argv[1] == "MASTER") {
+            std::vector<std::string> fields;
+            for (const std::string& word :
+                 {std::string{"name"}, std::string{"mymaster"}, std::string{"ip"},
+                  std::string{"127.0.0.1"}, std::string{"port"}, std::to_string(master.port()),
+                  std::string{"flags"}, std::string{"master"}, std::string{"config-epoch"},
+                  std::string{"0"}}) {
+                fields.push_back(resp::bulk(word));
+            }
+            return resp::array(fields);
+        }
+        if (!c.argv.empty() && c.argv[0] == "SUBSCRIBE") {
+            return resp::array({resp::bulk("subscribe"), resp::bulk(c.argv[1]), resp::integer(1)});
+        }
+        return resp::status("PONG");
+    });
+    std::atomic<int> first_acquisition_on{0};  // its connection
+    master.on_command([&first_acquisition_on](const fake_command& c) {
+        const std::string name = c.argv.empty() ? std::string{} : c.argv[0];
+        if (name == "ROLE") {
+            return resp::array({resp::bulk("master"), resp::integer(0), resp::array({})});
+        }
+        if (name == "EVALSHA") {
+            int none = 0;
+            if (first_acquisition_on.compare_exchange_strong(none, c.connection)) {
+                std::this_thread::sleep_for(600ms);  // lands, its reply lost
+            }
+            return resp::array({resp::integer(1), resp::integer(7)});  // acquired, token 7
+        }
+        if (name == "WAIT") {
+            // Only the first connection wrote anything, and no replica acknowledged it.
+            return resp::integer(c.connection == first_acquisition_on ? 0 : 2);
+        }
+        return resp::error("ERR not scripted");
+    });
+    redislock::sentinel_client client{"redis-sentinel://" + sentinel.address() +
+                                      "?command_timeout=300#mymaster"};
+    auto m = client.mutex(
+        "s:own-writes", {.lease = 10s, .fencing = true, .min_replicas = 1, .replica_timeout = 2s});
+    bool got = false;
+    std::string outcome;
+    try {
+        got = m.try_lock();
+        outcome = got ? "granted" : "refused";
+    } catch (const redislock::error& e) {
+        outcome = e.what();
+    }
+    std::string sent;
+    for (const fake_command& c : master.received()) {
+        sent += " " + c.argv[0] + "@" + std::to_string(c.connection);
+    }
+    std::cout << "[ measured ] try_lock with min_replicas 1, its first reply lost, sent again: "
+              << outcome << "; the master received" << sent << "\n";
+    EXPECT_EQ(master.received("EVALSHA").size(), 2U) << "the acquisition was not sent again";
+    EXPECT_FALSE(got) << "granted on the word of a WAIT that covers none of its writes";
 }
 
 // fork() while a thread of the parent finds the master again (the first sentinel it asks
@@ -1795,8 +1870,8 @@ TEST(Sentinel, ChildForkedWhileItsParentFindsTheMasterFindsItItself) {
         };
         channel.send("untimed BLPOP " + timed([&] { return conn->execute(block); }));
         channel.send("PING " + timed([&] {
-                         return conn->execute(
-                             ping, {.deadline = std::chrono::steady_clock::now() + 2s});
+                         return conn->execute(ping,
+                                              {.deadline = std::chrono::steady_clock::now() + 2s});
                      }));
         channel.send("BLPOP within 1500 ms " + timed([&] {
                          return conn->execute(
