@@ -520,9 +520,11 @@ private:
         local(const local&) = delete;
         local& operator=(const local&) = delete;
 
-        // All asked to stop first, then joined (before the members they use go): each ends
-        // within the sentinels' connect and command timeouts.
-        ~local() {
+        ~local() { stop_watchers(); }
+
+        // All asked to stop first, then joined, without the mutex they take: each ends within
+        // the sentinels' connect and command timeouts. Only once no call can start them again.
+        void stop_watchers() {
             for (std::jthread& w : watchers) {
                 w.request_stop();
             }
@@ -560,6 +562,11 @@ private:
                           return std::make_unique<local>(sentinels, parent);
                       }})} {}
 
+        // The subscription threads are joined while everything they use is whole.
+        ~state() { here().stop_watchers(); }
+        state(const state&) = delete;
+        state& operator=(const state&) = delete;
+
         sentinel_endpoint config;
 
         // Before the master's pool, which reports to it until it closes.
@@ -576,8 +583,7 @@ private:
         // threads. Written before the connection is shared.
         bool watching = false;
 
-        // Last: destroyed first, joining this process's subscription threads, which use the
-        // members above.
+        // This process's master, subscription threads and sentinel links (see `local`).
         std::unique_ptr<detail::per_process<local>> locals;
 
         // This process's.
