@@ -376,7 +376,8 @@ public:
     std::unique_ptr<subscriber_link> open_subscriber(std::string_view channel) {
         auto [pool, generation] = state_->current();
         return std::make_unique<detail::master_subscriber_link>(
-            pool->open_subscriber(channel), pool, state_->here().published_generation, generation);
+            pool->open_subscriber(channel), pool, state_->this_process().published_generation,
+            generation);
     }
 
     /// The master in use now, resolving it first if there is none.
@@ -507,8 +508,8 @@ private:
     // subscription threads do not exist in the child. The child takes the parent's master if the
     // parent's mutex was free at the fork (the pool opens its own connections in the child), and
     // starts its own subscription threads at its first call.
-    struct local {
-        local(std::size_t sentinels, local* parent) : sentinel_links(sentinels) {
+    struct process_state {
+        process_state(std::size_t sentinels, process_state* parent) : sentinel_links(sentinels) {
             if (parent != nullptr && parent->mutex.try_lock()) {
                 master = parent->master;
                 generation = parent->generation;
@@ -517,10 +518,10 @@ private:
                 published_generation.store(generation, std::memory_order_release);
             }
         }
-        local(const local&) = delete;
-        local& operator=(const local&) = delete;
+        process_state(const process_state&) = delete;
+        process_state& operator=(const process_state&) = delete;
 
-        ~local() { stop_watchers(); }
+        ~process_state() { stop_watchers(); }
 
         // All asked to stop first, then joined, without the mutex they take: each ends within
         // the sentinels' connect and command timeouts. Only once no call can start them again.
@@ -556,14 +557,14 @@ private:
     struct state {
         explicit state(sentinel_endpoint c)
             : config{std::move(c)},
-              locals{std::make_unique<detail::per_process<local>>(
-                  std::function<std::unique_ptr<local>(local*)>{
-                      [sentinels = config.sentinels.size()](local* parent) {
-                          return std::make_unique<local>(sentinels, parent);
+              processes{std::make_unique<detail::per_process<process_state>>(
+                  std::function<std::unique_ptr<process_state>(process_state*)>{
+                      [sentinels = config.sentinels.size()](process_state* parent) {
+                          return std::make_unique<process_state>(sentinels, parent);
                       }})} {}
 
         // The subscription threads are joined while everything they use is whole.
-        ~state() { here().stop_watchers(); }
+        ~state() { this_process().stop_watchers(); }
         state(const state&) = delete;
         state& operator=(const state&) = delete;
 
@@ -575,7 +576,7 @@ private:
         std::atomic<std::uint64_t> switches{0};
 
         // A failover of the master announced and not yet followed (see "Failovers under way").
-        // It keeps what a forked child inherits of it itself.
+        // Fork-safe by itself: a child forked during a failover still holds its calls back.
         detail::failover_fence fence;
         // The sentinels' failover-timeout, as SENTINEL MASTER last said (ms).
         std::atomic<long long> failover_timeout_ms{180'000};
@@ -583,11 +584,11 @@ private:
         // threads. Written before the connection is shared.
         bool watching = false;
 
-        // This process's master, subscription threads and sentinel links (see `local`).
-        std::unique_ptr<detail::per_process<local>> locals;
+        // This process's master, subscription threads and sentinel links (see process_state).
+        std::unique_ptr<detail::per_process<process_state>> processes;
 
         // This process's.
-        local& here() { return locals->get(); }
+        process_state& this_process() { return processes->get(); }
 
         // Returns once no failover of the master is under way, with the count of disturbances
         // read before that was checked: raise() marks a failover up before it counts it, so one
@@ -610,7 +611,7 @@ private:
             {
                 // A child forked during a failover inherits it raised: its own subscription
                 // threads, started here rather than on its first use of the master, lift it.
-                local& l = here();
+                process_state& l = this_process();
                 std::lock_guard lock{l.mutex};
                 start_watchers_locked(l);
             }
@@ -638,7 +639,7 @@ private:
         std::pair<pool_ptr, std::uint64_t> current(
             clock::time_point deadline = clock::time_point::max(),
             const std::stop_token* stop = nullptr) {
-            local& l = here();
+            process_state& l = this_process();
             std::uint64_t seen = 0;
             {
                 std::lock_guard lock{l.mutex};
@@ -685,7 +686,7 @@ private:
             const hiredis_connection* pool) {
             return [this, pool](std::string_view server) {
                 {
-                    local& l = here();
+                    process_state& l = this_process();
                     std::lock_guard lock{l.mutex};
                     if (l.master.get() != pool) {
                         return;
@@ -702,7 +703,7 @@ private:
         // first master found), else "".
         std::string resolve_serially(std::uint64_t seen, clock::time_point deadline,
                                      const std::stop_token* stop) {
-            local& l = here();
+            process_state& l = this_process();
             std::unique_lock serial{l.resolve_mutex, std::defer_lock};
             if (deadline == clock::time_point::max() &&
                 (stop == nullptr || !stop->stop_possible())) {
@@ -800,7 +801,7 @@ private:
         // Needs `l.mutex`. Makes `pool`, confirmed a master at `address`, the master in use;
         // returns its address when it replaced an earlier master's pool (a reconnection to
         // report), else "".
-        std::string publish_locked(local& l, const std::string& address, pool_ptr pool) {
+        std::string publish_locked(process_state& l, const std::string& address, pool_ptr pool) {
             const bool first = l.last_master.empty();
             if (!first && l.last_master != address) {
                 switches.fetch_add(1, std::memory_order_relaxed);
@@ -825,7 +826,7 @@ private:
         // sentinel that hangs would hold the switch back for its command timeout. When it does
         // not answer as a master, the sentinels are asked as after any failure.
         void follow_switch(const std::string& from, const std::string& to) {
-            local& l = here();
+            process_state& l = this_process();
             std::uint64_t seen = 0;
             bool ours = false;  // the switch replaces the master in use
             {
@@ -869,7 +870,7 @@ private:
         // the old address until its failover ends, while the others already name the new master
         // it announced, and a forced failover's old master still answers ROLE as a master).
         // Needs `l.resolve_mutex`.
-        std::vector<detail::master_view> ask_sentinels(local& l, std::string& why,
+        std::vector<detail::master_view> ask_sentinels(process_state& l, std::string& why,
                                                        const call_context& bound) {
             std::vector<detail::master_view> views;
             for (std::size_t i = 0; i < config.sentinels.size(); ++i) {
@@ -955,14 +956,14 @@ private:
         // master; a forked child at its first call).
         void start_watcher() {
             watching = true;
-            local& l = here();
+            process_state& l = this_process();
             std::lock_guard lock{l.mutex};
             start_watchers_locked(l);
         }
 
         // Needs `l.mutex`. One subscription thread per sentinel: only the sentinel that leads a
         // failover announces its steps, and a hung sentinel must not hold up the others.
-        void start_watchers_locked(local& l) {
+        void start_watchers_locked(process_state& l) {
             if (!watching || !l.watchers.empty()) {
                 return;
             }
@@ -1124,7 +1125,7 @@ private:
         // more is sent to it until the connection follows the next master or the failover ends.
         void raise_fence(const std::string& failing, watcher_state& w) {
             {
-                local& l = here();
+                process_state& l = this_process();
                 std::lock_guard lock{l.mutex};
                 if (!l.last_master.empty() && l.last_master != failing) {
                     return;  // not the master in use (a late announcement of a past failover)
@@ -1184,7 +1185,7 @@ private:
         }
 
         void check_now() {
-            local& l = here();
+            process_state& l = this_process();
             std::uint64_t seen = 0;
             {
                 std::lock_guard lock{l.mutex};
