@@ -37,11 +37,10 @@
 // reply that comes after a step was announced, or after the connection moved to another master, is
 // not returned: the command is sent again on the next master when that is safe (see "Retries"),
 // else the call fails with connection_error, its outcome unknown. So a lock is never granted, and a
-// renewal never confirmed, by a master after its failover was announced; settled_since() tells
-// whether anything disturbed the master since a moment. Should every sentinel fall silent, a
-// failover stops holding calls back after twice the sentinels' failover-timeout; so does an
-// aborted one whose abort was not heard where an ACL refuses SENTINEL MASTER (its flags cannot be
-// read then).
+// renewal never confirmed, by a master after its failover was announced. Should every sentinel
+// fall silent, a failover stops holding calls back after twice the sentinels' failover-timeout;
+// so does an aborted one whose abort was not heard where an ACL refuses SENTINEL MASTER (its flags
+// cannot be read then).
 //
 // Retries: a call that fails that way re-resolves and is retried once, within its deadline,
 // when that is safe: after READONLY always (the node did not run the command); after a
@@ -49,12 +48,14 @@
 // cannot do harm: reads (GET, PTTL, EXISTS, PING, TIME, ROLE), SCRIPT, PUBLISH, WAIT, and scripts
 // (EVAL/EVALSHA). The library's lock scripts are all compare-and-act on the caller's token, and
 // an acquisition script sent again finds its own token and answers "acquired": running one twice
-// acts at most once, so retrying them is safe. A SET, even with NX, is not sent again: when the
-// first one landed late, the repeat finds its key and answers nil, which would say "taken by
-// someone else" of a lock that is the caller's own; the caller gets the error instead, as from
-// hiredis_connection, and a lock abandons the attempt (its reaper deletes the key if it landed).
-// A pipeline is retried only when each of its commands is. Scripts of your own sent through
-// this connection are retried too: they must be safe to run twice.
+// acts at most once, so retrying them is safe. But then it writes nothing, and a WAIT sent behind
+// it, on another connection, vouches for nothing: in a call sent again every WAIT is answered
+// NOREPLICAS, as if no replica acknowledged (a lock with min_replicas undoes the acquisition). A
+// SET, even with NX, is not sent again: when the first one landed late, the repeat finds its key
+// and answers nil, which would say "taken by someone else" of a lock that is the caller's own; the
+// caller gets the error instead, as from hiredis_connection, and a lock abandons the attempt (its
+// reaper deletes the key if it landed). A pipeline is retried only when each of its commands is.
+// Scripts of your own sent through this connection are retried too: they must be safe to run twice.
 //
 // Reconnections: the reconnect handler (set_reconnect_handler), which a sentinel_client turns
 // into a reconnected event, is told the master's address ("host:port") when
@@ -83,10 +84,11 @@
 // Thread safety: every member may be called from any number of threads.
 // Lifetime: movable, not copyable. The destructor stops and joins the subscription threads
 // (within the sentinels' connect and command timeouts).
-// fork(): a child never uses its parent's sockets or threads: the pools drop inherited contexts,
-// and the child starts its own subscription threads on its first call, before it waits for a
-// failover it inherited, so a child forked during a failover follows it to the new master. As
-// with any library that uses threads, fork from a quiet moment otherwise (client.hpp).
+// fork(): a child never uses its parent's sockets, threads or mutexes (a parent's thread may have
+// held one at the fork, in the middle of a search for the master): its first call makes its own
+// state, with the parent's master when the parent's mutex was free (else it asks the sentinels),
+// its own connections and its own subscription threads. A failover under way at the fork is
+// still held back in the child, until its own threads hear it end.
 #pragma once
 
 #include <poll.h>
@@ -114,6 +116,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/failover_fence.hpp>
+#include <redislock/detail/per_process.hpp>
 #include <redislock/detail/reconnect_relay.hpp>
 #include <redislock/detail/token.hpp>
 #include <redislock/endpoint.hpp>
@@ -148,6 +151,11 @@ inline bool safe_to_repeat(command argv) noexcept {
     return std::any_of(repeatable.begin(), repeatable.end(),
                        [&](std::string_view name) { return equals_ignoring_case(argv[0], name); });
 }
+
+/// Called by every sentinel_connection call once it found no failover of the master under way,
+/// right before it sends, with the connection's failover_fence: null (nothing is called) unless
+/// a test sets it, to announce a failover at that very moment.
+inline std::atomic<void (*)(failover_fence&)> sentinel_call_admitted{nullptr};
 
 inline bool is_readonly(const reply& r) {
     return r.is_error() && r.text().starts_with("READONLY");
@@ -325,7 +333,7 @@ public:
     /// Sends one command to the current master (see "Retries" above).
     /// @throws redislock::connection_error, redislock::timeout_error
     reply execute(command argv) {
-        return call(detail::safe_to_repeat(argv), no_deadline(), nullptr,
+        return call(detail::safe_to_repeat(argv), no_deadline(), nullptr, {&argv, 1},
                     [&](hiredis_connection& c) { return c.execute(argv); });
     }
 
@@ -334,12 +342,12 @@ public:
     /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
     reply execute(command argv, const call_context& how) {
         return call(how.repeatable && detail::safe_to_repeat(argv), how.deadline, how.stop,
-                    [&](hiredis_connection& c) { return c.execute(argv, how); });
+                    {&argv, 1}, [&](hiredis_connection& c) { return c.execute(argv, how); });
     }
 
     /// Sends every command to the current master in one round trip.
     std::vector<reply> execute_pipeline(std::span<const command> commands) {
-        return call(all_safe(commands), no_deadline(), nullptr,
+        return call(all_safe(commands), no_deadline(), nullptr, commands,
                     [&](hiredis_connection& c) { return c.execute_pipeline(commands); });
     }
 
@@ -356,7 +364,7 @@ public:
         }
         const bool repeatable = std::all_of(hows.begin(), hows.end(),
                                             [](const call_context& how) { return how.repeatable; });
-        return call(repeatable && all_safe(commands), deadline, stop,
+        return call(repeatable && all_safe(commands), deadline, stop, commands,
                     [&](hiredis_connection& c) { return c.execute_pipeline(commands, hows); });
     }
 
@@ -368,7 +376,8 @@ public:
     std::unique_ptr<subscriber_link> open_subscriber(std::string_view channel) {
         auto [pool, generation] = state_->current();
         return std::make_unique<detail::master_subscriber_link>(
-            pool->open_subscriber(channel), pool, state_->published_generation, generation);
+            pool->open_subscriber(channel), pool, state_->this_process().published_generation,
+            generation);
     }
 
     /// The master in use now, resolving it first if there is none.
@@ -379,13 +388,6 @@ public:
     /// address than the one before it).
     std::uint64_t switches() const noexcept {
         return state_->switches.load(std::memory_order_relaxed);
-    }
-
-    /// False while a failover of the master is under way, and when one was announced or the
-    /// connection moved to another master at or after `since`: what the master confirmed since
-    /// then may be lost (see "Failovers under way" at the top of this header).
-    bool settled_since(std::chrono::steady_clock::time_point since) const {
-        return state_->fence.settled_since(since);
     }
 
     /// The settings the connection was made with.
@@ -419,19 +421,47 @@ private:
         return std::any_of(rs.begin(), rs.end(), detail::is_readonly);
     }
 
+    // A WAIT counts the replicas of the writes sent before it on its own connection. In a call
+    // sent again, the write before it may have landed the first time: found again, it writes
+    // nothing, and the WAIT behind it, on another connection, vouches for nothing (it may count
+    // every replica at once). It is answered as if no replica acknowledged, so
+    // lock_options::min_replicas never accepts a write no replica acknowledged.
+    static reply distrusted_wait() {
+        return reply::error(
+            "NOREPLICAS the command was sent again: this WAIT may not cover the write before it");
+    }
+    static void distrust_waits(std::span<const command> commands, reply& r) {
+        if (!commands.empty() && is_wait(commands[0])) {
+            r = distrusted_wait();
+        }
+    }
+    static void distrust_waits(std::span<const command> commands, std::vector<reply>& rs) {
+        for (std::size_t i = 0; i < commands.size() && i < rs.size(); ++i) {
+            if (is_wait(commands[i])) {
+                rs[i] = distrusted_wait();
+            }
+        }
+    }
+    static bool is_wait(command argv) {
+        return !argv.empty() && detail::equals_ignoring_case(argv[0], "WAIT");
+    }
+
     // Runs `f` on the current master's pool once no failover of it is under way; on READONLY or
     // a connection error re-resolves, and retries once if that is safe and the deadline allows.
     // A reply that comes after a failover was announced, or after the master changed, may come
     // from a master whose writes the failover loses: it is not returned. The command is sent
     // again on the next master when that is safe, else the call fails as after a broken
     // connection (its outcome is unknown). Finding the master ends by `deadline` too, and at
-    // once when *stop is requested.
+    // once when *stop is requested. `commands` are what `f` sends (for the WAITs of a repeat).
     template <class F>
     std::invoke_result_t<F&, hiredis_connection&> call(bool repeatable, clock::time_point deadline,
-                                                       const std::stop_token* stop, F&& f) {
+                                                       const std::stop_token* stop,
+                                                       std::span<const command> commands, F&& f) {
         for (bool last = false;; last = true) {
-            state_->await_settled(deadline, stop, last);
-            const std::uint64_t disturbances = state_->fence.disturbances();
+            const std::uint64_t disturbances = state_->await_settled(deadline, stop, last);
+            if (auto* admitted = detail::sentinel_call_admitted.load(std::memory_order_acquire)) {
+                admitted(state_->fence);
+            }
             auto [pool, generation] = state_->current(deadline, stop);
             std::optional<std::invoke_result_t<F&, hiredis_connection&>> result;
             try {
@@ -454,6 +484,9 @@ private:
                 }
                 continue;
             }
+            if (last) {
+                distrust_waits(commands, *result);
+            }
             if (!readonly_reply(*result)) {
                 return std::move(*result);
             }
@@ -469,32 +502,47 @@ private:
     static bool single(const reply&) noexcept { return true; }
     static bool single(const std::vector<reply>& rs) noexcept { return rs.size() == 1; }
 
-    struct state {
-        explicit state(sentinel_endpoint c) : config{std::move(c)} {
-            sentinel_links.resize(config.sentinels.size());
+    // What one process knows of the master, and the threads and connections it keeps to follow
+    // it. A forked child makes its own (detail/per_process.hpp): a thread of the parent may have
+    // held its mutexes at the fork, in the middle of a search for the master, and the parent's
+    // subscription threads do not exist in the child. The child takes the parent's master if the
+    // parent's mutex was free at the fork (the pool opens its own connections in the child), and
+    // starts its own subscription threads at its first call.
+    struct process_state {
+        process_state(std::size_t sentinels, process_state* parent) : sentinel_links(sentinels) {
+            if (parent != nullptr && parent->mutex.try_lock()) {
+                master = parent->master;
+                generation = parent->generation;
+                last_master = parent->last_master;
+                parent->mutex.unlock();
+                published_generation.store(generation, std::memory_order_release);
+            }
+        }
+        process_state(const process_state&) = delete;
+        process_state& operator=(const process_state&) = delete;
+
+        ~process_state() { stop_watchers(); }
+
+        // All asked to stop first, then joined, without the mutex they take: each ends within
+        // the sentinels' connect and command timeouts. Only once no call can start them again.
+        void stop_watchers() {
+            for (std::jthread& w : watchers) {
+                w.request_stop();
+            }
+            for (std::jthread& w : watchers) {
+                if (w.joinable()) {
+                    w.join();
+                }
+            }
         }
 
-        ~state() { stop_watcher(); }
-
-        sentinel_endpoint config;
-
-        // Before the master's pool, which reports to it until it closes.
-        detail::reconnect_relay reconnect;
-
-        std::mutex mutex;  // guards master, generation, watchers, fork_seen
+        std::mutex mutex;  // guards master, generation, last_master, watchers
         pool_ptr master;
         std::uint64_t generation = 0;  // bumped whenever `master` is replaced or dropped
         // `generation` as subscriber links read it, without the mutex.
         std::atomic<std::uint64_t> published_generation{0};
-        std::atomic<std::uint64_t> switches{0};
         std::string last_master;             // "host:port" of the last confirmed master
-        std::vector<std::jthread> watchers;  // one per sentinel
-        std::uint64_t fork_seen = detail::current_fork_generation();
-
-        // A failover of the master announced and not yet followed (see "Failovers under way").
-        detail::failover_fence fence;
-        // The sentinels' failover-timeout, as SENTINEL MASTER last said (ms).
-        std::atomic<long long> failover_timeout_ms{180'000};
+        std::vector<std::jthread> watchers;  // one per sentinel, once started
 
         std::timed_mutex resolve_mutex;  // one resolution at a time; guards what follows
         std::vector<std::unique_ptr<hiredis_connection>> sentinel_links;
@@ -504,19 +552,68 @@ private:
             ++generation;
             published_generation.store(generation, std::memory_order_release);
         }
+    };
 
-        // Returns once no failover of the master is under way; a call that cannot wait that
-        // long (its deadline, or for an untimed one the command timeout) throws timeout_error,
-        // and one stopped meanwhile cancelled_error. `again`: the command was sent once before.
-        void await_settled(clock::time_point deadline, const std::stop_token* stop, bool again) {
-            if (!fence.up()) {
-                return;
+    struct state {
+        explicit state(sentinel_endpoint c)
+            : config{std::move(c)},
+              processes{std::make_unique<detail::per_process<process_state>>(
+                  std::function<std::unique_ptr<process_state>(process_state*)>{
+                      [sentinels = config.sentinels.size()](process_state* parent) {
+                          return std::make_unique<process_state>(sentinels, parent);
+                      }})} {}
+
+        // The subscription threads are joined while everything they use is whole.
+        ~state() { this_process().stop_watchers(); }
+        state(const state&) = delete;
+        state& operator=(const state&) = delete;
+
+        sentinel_endpoint config;
+
+        // Before the master's pool, which reports to it until it closes.
+        detail::reconnect_relay reconnect;
+
+        std::atomic<std::uint64_t> switches{0};
+
+        // A failover of the master announced and not yet followed (see "Failovers under way").
+        // Fork-safe by itself: a child forked during a failover still holds its calls back.
+        detail::failover_fence fence;
+        // The sentinels' failover-timeout, as SENTINEL MASTER last said (ms).
+        std::atomic<long long> failover_timeout_ms{180'000};
+        // Set once the constructor found the master: every process then runs subscription
+        // threads. Written before the connection is shared.
+        bool watching = false;
+
+        // This process's master, subscription threads and sentinel links (see process_state).
+        std::unique_ptr<detail::per_process<process_state>> processes;
+
+        // This process's.
+        process_state& this_process() { return processes->get(); }
+
+        // Returns once no failover of the master is under way, with the count of disturbances
+        // read before that was checked: raise() marks a failover up before it counts it, so one
+        // raised after the check is counted after this value, and the reply it disturbs is not
+        // returned. A call that cannot wait that long (its deadline, or for an untimed one the
+        // command timeout) throws timeout_error, and one stopped meanwhile cancelled_error.
+        // `again`: the command was sent once before.
+        std::uint64_t await_settled(clock::time_point deadline, const std::stop_token* stop,
+                                    bool again) {
+            for (;;) {
+                const std::uint64_t disturbances = fence.disturbances();
+                if (!fence.up() || !fence.raised()) {
+                    return disturbances;  // (up, but past its bound: not raised)
+                }
+                wait_lifted(deadline, stop, again);
             }
+        }
+
+        void wait_lifted(clock::time_point deadline, const std::stop_token* stop, bool again) {
             {
                 // A child forked during a failover inherits it raised: its own subscription
                 // threads, started here rather than on its first use of the master, lift it.
-                std::lock_guard lock{mutex};
-                restart_watcher_after_fork();
+                process_state& l = this_process();
+                std::lock_guard lock{l.mutex};
+                start_watchers_locked(l);
             }
             const auto until = deadline != clock::time_point::max()
                                    ? deadline
@@ -542,22 +639,23 @@ private:
         std::pair<pool_ptr, std::uint64_t> current(
             clock::time_point deadline = clock::time_point::max(),
             const std::stop_token* stop = nullptr) {
+            process_state& l = this_process();
             std::uint64_t seen = 0;
             {
-                std::lock_guard lock{mutex};
-                restart_watcher_after_fork();
-                if (master) {
-                    return {master, generation};
+                std::lock_guard lock{l.mutex};
+                start_watchers_locked(l);
+                if (l.master) {
+                    return {l.master, l.generation};
                 }
-                seen = generation;
+                seen = l.generation;
             }
             resolve(seen, deadline, stop);
-            std::lock_guard lock{mutex};
-            if (!master) {
+            std::lock_guard lock{l.mutex};
+            if (!l.master) {
                 throw connection_error{"redislock: no master for '" + config.master_name +
                                        "' through the sentinels " + config.describe()};
             }
-            return {master, generation};
+            return {l.master, l.generation};
         }
 
         // The pool of generation `seen` failed: find the master again, unless another thread did
@@ -588,8 +686,9 @@ private:
             const hiredis_connection* pool) {
             return [this, pool](std::string_view server) {
                 {
-                    std::lock_guard lock{mutex};
-                    if (master.get() != pool) {
+                    process_state& l = this_process();
+                    std::lock_guard lock{l.mutex};
+                    if (l.master.get() != pool) {
                         return;
                     }
                 }
@@ -604,30 +703,40 @@ private:
         // first master found), else "".
         std::string resolve_serially(std::uint64_t seen, clock::time_point deadline,
                                      const std::stop_token* stop) {
-            std::unique_lock serial{resolve_mutex, std::defer_lock};
+            process_state& l = this_process();
+            std::unique_lock serial{l.resolve_mutex, std::defer_lock};
             if (deadline == clock::time_point::max() &&
                 (stop == nullptr || !stop->stop_possible())) {
                 serial.lock();
             } else {
                 constexpr std::chrono::milliseconds stop_check{5};
                 while (!serial.try_lock_until(std::min(deadline, clock::now() + stop_check))) {
-                    if (clock::now() >= deadline || (stop != nullptr && stop->stop_requested())) {
-                        return {};
+                    // The search under way has not concluded: say why this call did not wait
+                    // for it (with no master, "no master" would be a guess).
+                    if (stop != nullptr && stop->stop_requested()) {
+                        throw cancelled_error{
+                            "redislock: stopped while waiting for a search for "
+                            "the master '" +
+                            config.master_name + "' under way"};
+                    }
+                    if (clock::now() >= deadline) {
+                        throw timeout_error{"redislock: a search for the master '" +
+                                            config.master_name + "' under way did not end in time"};
                     }
                 }
             }
             const call_context bound{.deadline = deadline, .stop = stop};
             pool_ptr kept;
             {
-                std::lock_guard lock{mutex};
-                if (generation != seen) {
+                std::lock_guard lock{l.mutex};
+                if (l.generation != seen) {
                     return {};
                 }
-                kept = master;
+                kept = l.master;
             }
             std::string why;
             std::vector<std::string> tried;
-            for (const detail::master_view& view : ask_sentinels(why, bound)) {
+            for (const detail::master_view& view : ask_sentinels(l, why, bound)) {
                 const std::string address = view.host + ":" + std::to_string(view.port);
                 if (std::find(tried.begin(), tried.end(), address) != tried.end()) {
                     continue;  // several sentinels name the same node: one check is enough
@@ -641,11 +750,11 @@ private:
                         why += " " + address + " is not a master;";
                         continue;
                     }
-                    std::lock_guard lock{mutex};
-                    if (generation != seen) {
+                    std::lock_guard lock{l.mutex};
+                    if (l.generation != seen) {
                         return {};  // a switch announced meanwhile was followed: it is newer
                     }
-                    return publish_locked(address, std::move(pool));
+                    return publish_locked(l, address, std::move(pool));
                 } catch (const cancelled_error&) {
                     throw;  // says nothing about the master: keep it
                 } catch (const error& e) {
@@ -658,10 +767,10 @@ private:
                                     "' through the sentinels did not finish in time:" + why};
             }
             {
-                std::lock_guard lock{mutex};
-                if (master && generation == seen) {
-                    master.reset();
-                    bump_generation_locked();
+                std::lock_guard lock{l.mutex};
+                if (l.master && l.generation == seen) {
+                    l.master.reset();
+                    l.bump_generation_locked();
                 }
             }
             throw connection_error{"redislock: no sentinel of " + config.describe() +
@@ -689,21 +798,21 @@ private:
             return pool;
         }
 
-        // Needs `mutex`. Makes `pool`, confirmed a master at `address`, the master in use;
+        // Needs `l.mutex`. Makes `pool`, confirmed a master at `address`, the master in use;
         // returns its address when it replaced an earlier master's pool (a reconnection to
         // report), else "".
-        std::string publish_locked(const std::string& address, pool_ptr pool) {
-            const bool first = last_master.empty();
-            if (!first && last_master != address) {
+        std::string publish_locked(process_state& l, const std::string& address, pool_ptr pool) {
+            const bool first = l.last_master.empty();
+            if (!first && l.last_master != address) {
                 switches.fetch_add(1, std::memory_order_relaxed);
                 fence.note_switch();  // what is under way on the old master is disturbed
             }
-            last_master = address;
+            l.last_master = address;
             std::string reopened;
-            if (master != pool) {
-                master = std::move(pool);
-                bump_generation_locked();
-                reopened = first ? std::string{} : master->config().describe();
+            if (l.master != pool) {
+                l.master = std::move(pool);
+                l.bump_generation_locked();
+                reopened = first ? std::string{} : l.master->config().describe();
             }
             // The failover raised for another master is followed: calls go on here.
             if (const auto raised = fence.raised(); raised && raised->master != address) {
@@ -717,15 +826,16 @@ private:
         // sentinel that hangs would hold the switch back for its command timeout. When it does
         // not answer as a master, the sentinels are asked as after any failure.
         void follow_switch(const std::string& from, const std::string& to) {
+            process_state& l = this_process();
             std::uint64_t seen = 0;
             bool ours = false;  // the switch replaces the master in use
             {
-                std::lock_guard lock{mutex};
-                if (last_master == to) {
+                std::lock_guard lock{l.mutex};
+                if (l.last_master == to) {
                     return;  // followed already
                 }
-                seen = generation;
-                ours = last_master == from;
+                seen = l.generation;
+                ours = l.last_master == from;
             }
             if (const auto colon = to.rfind(':'); ours && colon != std::string::npos) {
                 try {
@@ -737,11 +847,11 @@ private:
                         const auto deferred = reconnect.defer();
                         std::string reopened;
                         {
-                            std::lock_guard lock{mutex};
-                            if (generation != seen) {
+                            std::lock_guard lock{l.mutex};
+                            if (l.generation != seen) {
                                 return;  // another check published a master meanwhile
                             }
-                            reopened = publish_locked(to, std::move(pool));
+                            reopened = publish_locked(l, to, std::move(pool));
                         }
                         if (!reopened.empty()) {
                             reconnect.report(reopened);
@@ -759,24 +869,25 @@ private:
         // sentinel that is not leading a failover come first (a leader shows the new epoch with
         // the old address until its failover ends, while the others already name the new master
         // it announced, and a forced failover's old master still answers ROLE as a master).
-        std::vector<detail::master_view> ask_sentinels(std::string& why,
+        // Needs `l.resolve_mutex`.
+        std::vector<detail::master_view> ask_sentinels(process_state& l, std::string& why,
                                                        const call_context& bound) {
             std::vector<detail::master_view> views;
             for (std::size_t i = 0; i < config.sentinels.size(); ++i) {
                 const auto& where = config.sentinels[i];
                 const std::string name = where.host + ":" + std::to_string(where.port);
                 try {
-                    if (!sentinel_links[i]) {
-                        sentinel_links[i] = std::make_unique<hiredis_connection>(
+                    if (!l.sentinel_links[i]) {
+                        l.sentinel_links[i] = std::make_unique<hiredis_connection>(
                             config.sentinel(where), defer_connect);
                     }
-                    if (auto view = ask(*sentinel_links[i], name, why, bound)) {
+                    if (auto view = ask(*l.sentinel_links[i], name, why, bound)) {
                         views.push_back(std::move(*view));
                     }
                 } catch (const cancelled_error&) {
                     throw;
                 } catch (const error& e) {
-                    sentinel_links[i].reset();
+                    l.sentinel_links[i].reset();
                     why += " sentinel " + name + ": " + e.what() + ";";
                 }
             }
@@ -841,57 +952,24 @@ private:
             return std::nullopt;
         }
 
+        // Starts this process's subscription threads (the constructor, once it found the
+        // master; a forked child at its first call).
         void start_watcher() {
-            std::lock_guard lock{mutex};
-            start_watchers_locked();
+            watching = true;
+            process_state& l = this_process();
+            std::lock_guard lock{l.mutex};
+            start_watchers_locked(l);
         }
 
-        // Needs `mutex`. One subscription thread per sentinel: only the sentinel that leads a
+        // Needs `l.mutex`. One subscription thread per sentinel: only the sentinel that leads a
         // failover announces its steps, and a hung sentinel must not hold up the others.
-        void start_watchers_locked() {
+        void start_watchers_locked(process_state& l) {
+            if (!watching || !l.watchers.empty()) {
+                return;
+            }
             for (std::size_t i = 0; i < config.sentinels.size(); ++i) {
-                watchers.emplace_back([this, i](std::stop_token stop) { watch(stop, i); });
+                l.watchers.emplace_back([this, i](std::stop_token stop) { watch(stop, i); });
             }
-        }
-
-        void stop_watcher() {
-            std::vector<std::jthread> finished;
-            {
-                std::lock_guard lock{mutex};
-                if (fork_seen != detail::current_fork_generation()) {
-                    for (std::jthread& w : watchers) {
-                        if (w.joinable()) {
-                            w.detach();  // the parent's threads, absent in this process
-                        }
-                    }
-                    return;
-                }
-                finished = std::move(watchers);
-            }
-            // All asked to stop first, then joined (outside the mutex the threads take while
-            // resolving): each ends within the sentinels' connect and command timeouts.
-            for (std::jthread& w : finished) {
-                w.request_stop();
-            }
-        }
-
-        // In a forked child the parent's threads do not exist: forget them, start our own.
-        void restart_watcher_after_fork() {
-            const auto now = detail::current_fork_generation();
-            if (now == fork_seen) {
-                return;
-            }
-            fork_seen = now;
-            if (watchers.empty()) {
-                return;
-            }
-            for (std::jthread& w : watchers) {
-                if (w.joinable()) {
-                    w.detach();
-                }
-            }
-            watchers.clear();
-            start_watchers_locked();
         }
 
         /// What one subscription thread keeps across its links.
@@ -1048,8 +1126,9 @@ private:
         // more is sent to it until the connection follows the next master or the failover ends.
         void raise_fence(const std::string& failing, watcher_state& w) {
             {
-                std::lock_guard lock{mutex};
-                if (!last_master.empty() && last_master != failing) {
+                process_state& l = this_process();
+                std::lock_guard lock{l.mutex};
+                if (!l.last_master.empty() && l.last_master != failing) {
                     return;  // not the master in use (a late announcement of a past failover)
                 }
             }
@@ -1107,10 +1186,11 @@ private:
         }
 
         void check_now() {
+            process_state& l = this_process();
             std::uint64_t seen = 0;
             {
-                std::lock_guard lock{mutex};
-                seen = generation;
+                std::lock_guard lock{l.mutex};
+                seen = l.generation;
             }
             re_resolve(seen);  // a failure shows in the callers' next call
         }

@@ -8,21 +8,17 @@
 // an announcement, is a disturbed one: its reply may come from a master whose writes the
 // failover loses (a replica that was not promoted may even have acknowledged them).
 //
-// settled_since(conn, since) asks any connection whether its master was disturbed since a
-// moment: a connection that knows nothing of failovers is always settled.
-//
 // Thread safety: every member may be called from any thread.
 // fork(): a child never touches its parent's mutex or condition variable (a parent's thread
 // waiting for a lift would be named there as a waiter, and a notify in the child could then block
 // forever): its first use takes its own, with a copy of what the parent knew of a failover when
 // the parent's mutex was free at the fork. Should a parent's thread have held it, the child
-// starts with no failover raised and counts its master as disturbed from then.
+// starts with no failover raised.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <concepts>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -155,17 +151,10 @@ public:
     }
 
     /// Bumped whenever a failover is raised or the master changes: a command that read one
-    /// value before it was sent and finds another once answered was disturbed.
+    /// value before it was sent and finds another once answered was disturbed. Read it before
+    /// up(): raise() marks a failover up before it counts it.
     std::uint64_t disturbances() const noexcept {
         return disturbances_.load(std::memory_order_acquire);
-    }
-
-    /// False when a failover is raised now, or one was raised or the master changed at or after
-    /// `since`.
-    bool settled_since(steady::time_point since) const {
-        slot& s = current();
-        std::lock_guard guard{s.mutex};
-        return !raised_locked(s) && s.known.last_disturbed < since;
     }
 
 private:
@@ -175,7 +164,6 @@ private:
         std::string master;
         std::size_t announcer = 0;
         steady::time_point expires{};
-        steady::time_point last_disturbed{};
     };
 
     // The mutex, the condition variable and what they guard, one set per process.
@@ -191,10 +179,7 @@ private:
         return s.known.raised && steady::now() < s.known.expires;
     }
 
-    void disturb_locked(slot& s) {
-        s.known.last_disturbed = steady::now();
-        disturbances_.fetch_add(1, std::memory_order_acq_rel);
-    }
+    void disturb_locked(slot&) { disturbances_.fetch_add(1, std::memory_order_acq_rel); }
 
     // This process's slot. A forked child copies its parent's record when the parent's mutex
     // was free at the fork; the parent's slot stays allocated in the child, never used again.
@@ -220,7 +205,6 @@ private:
                     s = slot_.load(std::memory_order_acquire);
                     continue;
                 }
-                fresh->known.last_disturbed = now;  // what the parent knew is lost
             }
             // Held while published, so that no raise() or lift() on it comes before up_ is set.
             std::lock_guard publishing{fresh->mutex};
@@ -236,19 +220,5 @@ private:
     std::atomic<std::uint64_t> disturbances_{0};
     mutable std::atomic<bool> up_{false};  // the record's `raised`, read without the mutex
 };
-
-/// False when `conn` says its master was disturbed (a failover announced, or the master
-/// changed) at or after `since`, or a failover is under way: what the master confirmed since
-/// may be lost. True for a connection that knows nothing of failovers.
-template <class C>
-bool settled_since(const C& conn, steady::time_point since) {
-    if constexpr (requires {
-                      { conn.settled_since(since) } -> std::convertible_to<bool>;
-                  }) {
-        return conn.settled_since(since);
-    } else {
-        return true;
-    }
-}
 
 }  // namespace redislock::detail
