@@ -86,10 +86,11 @@ struct fanout_command {
 
 /// What one node made of a batch.
 struct node_replies {
-    bool sent = false;      ///< the batch may have reached the node (or did)
-    bool answered = false;  ///< every reply is in `replies`
-    bool late = false;      ///< not answered: still outstanding when the round ended
-    std::string error;      ///< why not answered
+    bool sent = false;           ///< the batch may have reached the node (or did)
+    bool answered = false;       ///< every reply is in `replies`
+    bool late = false;           ///< not answered: still outstanding when the round ended
+    bool first_connect = false;  ///< not sent: its first connection was still being opened
+    std::string error;           ///< why not answered
     std::vector<reply> replies;
 };
 

@@ -217,7 +217,7 @@ public:
                 acq.set_hold(i, node_hold::unconfirmed);
             }
             if (!r.answered) {
-                outcomes[i] = {node_answer::failed, failure(r), false};
+                outcomes[i] = {node_answer::failed, failure(r), false, r.first_connect};
                 continue;
             }
             outcomes[i] = interpret(op, acq, r.replies.front());
@@ -509,10 +509,10 @@ private:
         switch (op) {
             case node_op::acquire:
                 if (r.is_status()) {
-                    return {node_answer::yes, {}, false};
+                    return {node_answer::yes, {}, false, false};
                 }
                 if (r.is_nil()) {
-                    return {node_answer::no, {}, false};
+                    return {node_answer::no, {}, false, false};
                 }
                 break;
             case node_op::release:
@@ -522,7 +522,8 @@ private:
                     return {r.as_integer() == 1 ? node_answer::yes : node_answer::no, {}, false};
                 }
                 if (r.is_error_code("WRONGTYPE")) {
-                    return {node_answer::no, {}, false};  // another type: surely not our lock
+                    return {
+                        node_answer::no, {}, false, false};  // another type: surely not our lock
                 }
                 break;
             case node_op::verify:
@@ -531,11 +532,11 @@ private:
                         r.text() == acq.tok.view() ? node_answer::yes : node_answer::no, {}, false};
                 }
                 if (r.is_nil() || r.is_error_code("WRONGTYPE")) {
-                    return {node_answer::no, {}, false};
+                    return {node_answer::no, {}, false, false};
                 }
                 break;
         }
-        return {node_answer::failed, r.is_error() ? r.text() : "unexpected reply", true};
+        return {node_answer::failed, r.is_error() ? r.text() : "unexpected reply", true, false};
     }
 
     // Hands the release of `acq` on `nodes` to the reaper, one cleanup per master in that
