@@ -334,7 +334,9 @@ public:
     /// @throws redislock::connection_error, redislock::timeout_error
     reply execute(command argv) {
         return call(detail::safe_to_repeat(argv), no_deadline(), nullptr, {&argv, 1},
-                    [&](hiredis_connection& c) { return c.execute(argv); });
+                    [&](hiredis_connection& c, clock::time_point by) {
+                        return c.execute(argv, call_context{.deadline = by});
+                    });
     }
 
     /// As execute(argv), ending by how.deadline or when *how.stop is requested; a retry happens
@@ -342,13 +344,20 @@ public:
     /// @throws redislock::connection_error, redislock::timeout_error, redislock::cancelled_error
     reply execute(command argv, const call_context& how) {
         return call(how.repeatable && detail::safe_to_repeat(argv), how.deadline, how.stop,
-                    {&argv, 1}, [&](hiredis_connection& c) { return c.execute(argv, how); });
+                    {&argv, 1}, [&](hiredis_connection& c, clock::time_point by) {
+                        call_context bounded = how;
+                        bounded.deadline = by;
+                        return c.execute(argv, bounded);
+                    });
     }
 
     /// Sends every command to the current master in one round trip.
     std::vector<reply> execute_pipeline(std::span<const command> commands) {
         return call(all_safe(commands), no_deadline(), nullptr, commands,
-                    [&](hiredis_connection& c) { return c.execute_pipeline(commands); });
+                    [&](hiredis_connection& c, clock::time_point by) {
+                        const call_context bounded{.deadline = by};
+                        return c.execute_pipeline(commands, {&bounded, 1});
+                    });
     }
 
     /// As execute_pipeline(commands), bounded by the earliest deadline of `hows`.
@@ -365,7 +374,11 @@ public:
         const bool repeatable = std::all_of(hows.begin(), hows.end(),
                                             [](const call_context& how) { return how.repeatable; });
         return call(repeatable && all_safe(commands), deadline, stop, commands,
-                    [&](hiredis_connection& c) { return c.execute_pipeline(commands, hows); });
+                    [&](hiredis_connection& c, clock::time_point by) {
+                        std::vector<call_context> bounded{hows.begin(), hows.end()};
+                        bounded.push_back(call_context{.deadline = by, .stop = stop});
+                        return c.execute_pipeline(commands, bounded);
+                    });
     }
 
     /// A subscriber link to the master in use now (see subscriber.hpp). Once the connection
@@ -452,20 +465,27 @@ private:
     // from a master whose writes the failover loses: it is not returned. The command is sent
     // again on the next master when that is safe, else the call fails as after a broken
     // connection (its outcome is unknown). Finding the master ends by `deadline` too, and at
-    // once when *stop is requested. `commands` are what `f` sends (for the WAITs of a repeat).
+    // once when *stop is requested. `commands` are what `f` sends (for the WAITs of a repeat);
+    // `f` is given the deadline its round trip must end by. An untimed call is given one connect
+    // and one command timeout in all.
     template <class F>
-    std::invoke_result_t<F&, hiredis_connection&> call(bool repeatable, clock::time_point deadline,
-                                                       const std::stop_token* stop,
-                                                       std::span<const command> commands, F&& f) {
+    std::invoke_result_t<F&, hiredis_connection&, clock::time_point> call(
+        bool repeatable, clock::time_point deadline, const std::stop_token* stop,
+        std::span<const command> commands, F&& f) {
+        if (deadline == no_deadline()) {
+            // An untimed call, retries and waits for a failover included, takes no longer than
+            // one connect and one command would.
+            deadline = clock::now() + config().node.connect_timeout + config().node.command_timeout;
+        }
         for (bool last = false;; last = true) {
             const std::uint64_t disturbances = state_->await_settled(deadline, stop, last);
             if (auto* admitted = detail::sentinel_call_admitted.load(std::memory_order_acquire)) {
                 admitted(state_->fence);
             }
             auto [pool, generation] = state_->current(deadline, stop);
-            std::optional<std::invoke_result_t<F&, hiredis_connection&>> result;
+            std::optional<std::invoke_result_t<F&, hiredis_connection&, clock::time_point>> result;
             try {
-                result.emplace(f(*pool));
+                result.emplace(f(*pool, deadline));
             } catch (const cancelled_error&) {
                 throw;
             } catch (const connection_error&) {
