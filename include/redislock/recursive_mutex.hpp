@@ -117,6 +117,10 @@ public:
         if (out.last) {
             tracker().end(out.ended);
         }
+        if (out.taken_back) {
+            ec = errc::lock_lost;  // told already; its entries were left after the loss
+            return;
+        }
         if (out.entries == 0) {
             return;  // an inner entry left locally only (out of memory): the last release drops it
         }
@@ -216,8 +220,8 @@ private:
     std::optional<held> held_entry() const {
         checked();
         std::lock_guard guard{state_->mutex};
-        if (state_->depth == 0) {
-            return std::nullopt;
+        if (state_->depth == 0 || state_->taken_back) {
+            return std::nullopt;  // not held, or lost and its entries left
         }
         return state_->current();
     }

@@ -317,6 +317,9 @@ private:
             return ec;
         }
         tracker().end(out.ended);
+        if (out.taken_back) {
+            return errc::lock_lost;  // told already; its entries were left after the loss
+        }
         if (out.entries == 0) {
             return {};  // an inner entry left locally only (out of memory): the last release drops
                         // it
