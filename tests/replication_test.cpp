@@ -401,6 +401,45 @@ TEST(Replication, ATakeBackNeverCutsWhatAnotherObjectOfTheOwnerHolds) {
         [](redislock::shared_mutex& m, std::error_code& ec) { m.unlock_shared(ec); });
 }
 
+// A re-entry whose WAIT saw too few replicas does not count, as an acquisition's would not: the
+// call throws replication_error, the entry it made is left again, and the object keeps the
+// deadline it had (the refresh was never acknowledged). The same for an object of the owner
+// that enters for the first time, and for both modes of the read-write lock.
+TEST(Replication, AReentryTooFewReplicasAcknowledgeIsRefusedAndLeftAgain) {
+    replicated_pair servers;
+    redislock::client client{servers.master.uri()};
+    const redislock::lock_options acked{.lease = 10s, .min_replicas = 1, .replica_timeout = 100ms};
+    auto rm = client.recursive_mutex("reentry:recursive", acked);
+    auto same_owner = client.recursive_mutex("reentry:recursive", acked);
+    auto writer = client.shared_mutex("reentry:write", acked);
+    auto reader = client.shared_mutex("reentry:read", acked);
+    ASSERT_TRUE(rm.try_lock_for(5s));
+    ASSERT_TRUE(writer.try_lock_for(5s));
+    ASSERT_TRUE(reader.try_lock_shared_for(5s));
+    servers.replica.pause();
+    std::this_thread::sleep_for(500ms);  // a refresh that counted would move the deadline later
+    const auto before = rm.remaining();
+    EXPECT_THROW((void)rm.try_lock(), redislock::replication_error);
+    EXPECT_EQ(rm.depth(), 1u);
+    EXPECT_LE(rm.remaining(), before);
+    EXPECT_THROW((void)same_owner.try_lock(), redislock::replication_error);
+    EXPECT_FALSE(same_owner.owned());
+    EXPECT_THROW((void)writer.try_lock(), redislock::replication_error);
+    EXPECT_THROW((void)reader.try_lock_shared(), redislock::replication_error);
+    servers.replica.resume();
+    // One entry each is left in Redis: one release frees each lock.
+    std::error_code ec;
+    rm.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    writer.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    reader.unlock_shared(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    for (const char* key : {"reentry:recursive", "reentry:write", "reentry:read"}) {
+        EXPECT_EQ(servers.master.cli({"EXISTS", key}), "0") << key << " is still held";
+    }
+}
+
 TEST(Replication, OptionsAreChecked) {
     redis_server srv;
     redislock::client client{srv.uri()};

@@ -37,6 +37,7 @@
 // unlock() never throws, not even out of memory.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -292,12 +293,38 @@ private:
                 })) {
                 return refused;
             }
+        } else if (detail::unacknowledged(grant.replicas, state_->options)) {
+            refuse_reentry(owner, got.acquisition, grant.replicas, how);
         }
         if (place.counted != nullptr) {
             *place.counted = true;
         }
         on_entered(owner, got, sent, place.tally);
         return std::nullopt;
+    }
+
+    // A re-entry too few replicas acknowledged does not count, as an acquisition would not: its
+    // entry is left again, with lease "0" (the expiry it pushed out on the master goes with the
+    // acquisition's other entries, at their release or at their loss by expiry), and the call
+    // is told why. Should that leave go unanswered, an entry this object holds is uncertain.
+    [[noreturn]] void refuse_reentry(const std::string& owner, const std::string& acquisition,
+                                     std::int64_t replicas, const call_context& how) {
+        bool left = false;
+        try {
+            left = release::leave_once(*state_, "0", held{owner, 0, acquisition}, 1,
+                                       std::min(how.deadline, state_->core->untimed_deadline()))
+                       .is_integer();
+        } catch (...) {
+            // Unknown: counted as uncertain below.
+        }
+        if (!left) {
+            std::lock_guard guard{state_->mutex};
+            if (state_->depth > 0 && state_->holder_owner == owner &&
+                state_->acquisition == acquisition) {
+                ++state_->uncertain;
+            }
+        }
+        detail::throw_unacknowledged(state_->name, replicas, state_->options);
     }
 
     // Counts an entry in; the first through this object reports the call's `wait` as acquired

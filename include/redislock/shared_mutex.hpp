@@ -50,6 +50,7 @@
 // unlock() and unlock_shared() never throw, not even out of memory.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -272,6 +273,8 @@ private:
                 })) {
                 return refused;
             }
+        } else if (detail::unacknowledged(grant.replicas, state_->options)) {
+            refuse_reentry(owner, kind, got.acquisition, grant.replicas, how);
         }
         typename state::entered e;
         {
@@ -295,6 +298,30 @@ private:
                 [&] { (void)leave_one(kind); });
         }
         return std::nullopt;
+    }
+
+    // A re-entry too few replicas acknowledged does not count, as an acquisition would not: its
+    // entry is left again (the expiry it pushed out on the master goes with the hold's other
+    // entries, at their release or at their loss by expiry), and the call is told why. Should
+    // that leave go unanswered, the hold's count is uncertain.
+    [[noreturn]] void refuse_reentry(const std::string& owner, mode kind,
+                                     const std::string& acquisition, std::int64_t replicas,
+                                     const call_context& how) {
+        bool left = false;
+        try {
+            left = release::leave_once(*state_, hold_ref{owner, kind, 0, acquisition, false}, 1,
+                                       std::min(how.deadline, state_->core->untimed_deadline()))
+                       .is_integer();
+        } catch (...) {
+            // Unknown: counted as uncertain below.
+        }
+        if (!left) {
+            std::lock_guard guard{state_->mutex};
+            if (hold* h = state_->find(owner, kind); h && h->acquisition == acquisition) {
+                ++h->uncertain;
+            }
+        }
+        detail::throw_unacknowledged(state_->name, replicas, state_->options);
     }
 
     // Leaves one entry of the caller in `kind`. Allocates nothing before the entry is counted
