@@ -263,9 +263,8 @@ void expect_nothing_left_past_the_loss(const char* name, Hold hold, LetGo let_go
     ASSERT_NE(rival_in, clock_type::time_point{}) << name << ": the rival never got in";
     ASSERT_TRUE(lost.told()) << name << ": the holder was never told";
     EXPECT_GE(rival_in, lost.when()) << name << ": a rival got in before the holder was told lost";
-    EXPECT_LT(rival_in - lost.when(), 1s)
-        << name << ": the key outlived the holder's loss by " << ms_between(lost.when(), rival_in)
-        << " ms";
+    EXPECT_LT(rival_in - lost.when(), 1s) << name << ": the key outlived the holder's loss by "
+                                          << ms_between(lost.when(), rival_in) << " ms";
     std::error_code ec;
     let_go(held, ec);
     EXPECT_EQ(ec, redislock::errc::lock_lost) << name << ": " << ec.message();
@@ -346,10 +345,10 @@ void expect_take_back_spares_the_owners_other_object(const char* name, Make make
     loss_clock a_lost;
     loss_clock b_lost;
     auto a = make(holder_client, refused_renewals(a_lost.handler()));
-    auto b = make(holder_client, redislock::lock_options{.lease = 4s,
-                                                         .on_lost = b_lost.handler(),
-                                                         .min_replicas = 1,
-                                                         .replica_timeout = 100ms});
+    auto b = make(
+        holder_client,
+        redislock::lock_options{
+            .lease = 4s, .on_lost = b_lost.handler(), .min_replicas = 1, .replica_timeout = 100ms});
     ASSERT_TRUE(take(a));
     ASSERT_TRUE(take(b));  // a re-entry of the same owner
     servers.replica.pause();

@@ -24,7 +24,13 @@
 // takes the entry over) and has the client's reaper drop it in the background; a re-entry whose
 // reply was lost makes the outermost unlock() drop the whole acquisition rather than trust the
 // count. Loss is told at the local conservative deadline (see basic_mutex), through owned(),
-// lost_token() and on_lost. A wait with time left rides out transient failures.
+// lost_token() and on_lost. Once a loss by expiry is told, the entries made through this object
+// are left in the background (renewals or a re-entry that too few replicas acknowledged still
+// extended the hash on the master, and must not keep rivals out past the loss); the entries of
+// another object of the same owner, and what it was told it has, stay. The next unlock() then
+// sends nothing and reports errc::lock_lost. A re-entry too few replicas acknowledged
+// (lock_options::min_replicas) is refused like an acquisition: its entry is left again and the
+// object keeps the deadline it had. A wait with time left rides out transient failures.
 // With lock_options::watchdog the lease is renewed from the first entry through this object
 // until the last one is left (see watchdog.hpp).
 // Events (client_options::on_event): acquired for a first entry through this object, released

@@ -35,7 +35,10 @@
 // finished, or an acquisition abandoned mid-flight, is remembered as given up (the owner's next
 // acquisition through this object drops its entry, so a lost release never makes lock() refuse as
 // an upgrade) and dropped in the background by the client's reaper. Loss is told at the local
-// conservative deadline through owned(), lost_token() and on_lost.
+// conservative deadline through owned(), lost_token() and on_lost; once a loss by expiry is told,
+// the hold's entries are left in the background, and its next release sends nothing and reports
+// errc::lock_lost (see basic_recursive_mutex, which also says how a re-entry too few replicas
+// acknowledged is refused).
 // With lock_options::watchdog each held mode of each owner is renewed from its first entry
 // through this object until its last one is left (see watchdog.hpp).
 // Events (client_options::on_event): acquired for each mode's first entry through this object
