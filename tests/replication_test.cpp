@@ -513,6 +513,38 @@ TEST(Replication, AReentryTooFewReplicasAcknowledgeIsRefusedAndLeftAgain) {
     }
 }
 
+// An acquisition refused for too few replicas, by a wait that tried again until its time was
+// up, leaves nothing behind: the caller was told it does not hold, and a rival gets in at once.
+TEST(Replication, RefusedAttemptsOfReentrantAndReadWriteLocksLeaveNothingBehind) {
+    replicated_pair servers;
+    redislock::client client{servers.master.uri()};
+    redislock::client rival_client{servers.master.uri()};
+    const redislock::lock_options acked{.lease = 10s, .min_replicas = 1, .replica_timeout = 100ms};
+    auto rm = client.recursive_mutex("attempt:recursive", acked);
+    auto rw = client.shared_mutex("attempt:shared", acked);
+    auto rm_rival = rival_client.recursive_mutex("attempt:recursive", {.lease = 10s});
+    auto rw_rival = rival_client.shared_mutex("attempt:shared", {.lease = 10s});
+    servers.replica.pause();
+    const auto rival_in_after_refusal = [](const auto& attempt, auto& rival) {
+        EXPECT_THROW((void)attempt(), redislock::replication_error);
+        const redislock::test::stopwatch since;
+        const bool in = eventually([&] { return rival.try_lock(); }, 5s);
+        std::cout << "[ measured ] rival in " << since.elapsed().count()
+                  << " ms after the refusal\n";
+        EXPECT_TRUE(in);
+        EXPECT_LT(since.elapsed(), 1s) << "a refused attempt kept the lock";
+        if (in) {
+            rival.unlock();
+        }
+    };
+    rival_in_after_refusal([&] { return rm.try_lock_for(600ms); }, rm_rival);
+    rival_in_after_refusal([&] { return rw.try_lock_for(600ms); }, rw_rival);
+    rival_in_after_refusal([&] { return rw.try_lock_shared_for(600ms); }, rw_rival);
+    servers.replica.resume();
+    EXPECT_FALSE(rm.owned());
+    EXPECT_FALSE(rw.owned());
+}
+
 TEST(Replication, OptionsAreChecked) {
     redis_server srv;
     redislock::client client{srv.uri()};
