@@ -112,7 +112,8 @@ public:
     /// Leaves one entry and says how it went: no error (released, or still held by outer
     /// entries); errc::not_held or errc::not_holder (misuse: nothing is sent); errc::lock_lost
     /// (the entry had expired or the lock was taken: every entry through this object is gone;
-    /// also for a last entry whose loss was already told, when the release still found it);
+    /// also once a loss by expiry was told: then nothing is sent, the entries having been left
+    /// in the background, or the release that still found them left them);
     /// errc::connection_failed or errc::server_failed (the object counts the entry out anyway;
     /// a last entry is then dropped in the background). Takes at most the command timeout.
     void unlock(std::error_code& ec) noexcept {
