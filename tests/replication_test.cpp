@@ -3,9 +3,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <iostream>
 #include <string>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 
 #include <redislock/redislock.hpp>
 
@@ -198,6 +201,348 @@ TEST(Replication, UnlockAfterALossByExpiryIsToldReportsLockLostBeforeTheTakeBack
     servers.replica.resume();
     EXPECT_TRUE(redislock::detail::background_reaper().wait_idle(10s));
     EXPECT_EQ(servers.master.cli({"EXISTS", "told-then-unlocked"}), "0");
+}
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+// When a rival polling with `try_rival()` got in, and when `told` (a time the holder's on_lost
+// stored) was set; the clock's epoch when it never happened within `limit`.
+template <class TryRival>
+clock_type::time_point rival_in_within(TryRival try_rival, std::chrono::milliseconds limit) {
+    redislock::test::stopwatch since;
+    while (since.elapsed() < limit) {
+        if (try_rival()) {
+            return clock_type::now();
+        }
+        std::this_thread::sleep_for(5ms);
+    }
+    return {};
+}
+
+long long ms_between(clock_type::time_point from, clock_type::time_point to) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count();
+}
+
+// Stores the time it is called at, once: an on_lost handler.
+struct loss_clock {
+    std::atomic<clock_type::rep> at{0};
+    std::function<void()> handler() {
+        return [this] { at = clock_type::now().time_since_epoch().count(); };
+    }
+    bool told() const { return at.load() != 0; }
+    clock_type::time_point when() const { return clock_type::time_point{clock_type::duration{at}}; }
+};
+
+// The rival of a holder of `name`: a lock of the same kind (a writer for the read-write lock)
+// of another client.
+template <class Lock>
+auto rival_of(redislock::client& c, const char* name) {
+    if constexpr (std::is_same_v<Lock, redislock::recursive_mutex>) {
+        return c.recursive_mutex(name, {.lease = 10s});
+    } else {
+        return c.shared_mutex(name, {.lease = 10s});
+    }
+}
+
+// What the renewals refused to a holder of `name` leave: `hold(client, on_lost)` takes the lock
+// with min_replicas 1 and the watchdog, and returns the object; a writer of another client then
+// polls it while every WAIT counts no replica, and must get in soon after the holder is told
+// lost, never before; the holder's late unlock (`let_go`) reports lock_lost and leaves the rival
+// alone.
+template <class Hold, class LetGo>
+void expect_nothing_left_past_the_loss(const char* name, Hold hold, LetGo let_go) {
+    replicated_pair servers;
+    redislock::client holder_client{servers.master.uri()};
+    redislock::client rival_client{servers.master.uri()};
+    loss_clock lost;
+    auto held = hold(holder_client, lost.handler());
+    servers.replica.pause();  // every WAIT from now on counts no replica
+    auto rival = rival_of<decltype(held)>(rival_client, name);
+    const auto rival_in = rival_in_within([&] { return rival.try_lock(); }, 15s);
+    ASSERT_NE(rival_in, clock_type::time_point{}) << name << ": the rival never got in";
+    ASSERT_TRUE(lost.told()) << name << ": the holder was never told";
+    std::cout << "[ measured ] " << name << ": rival in " << ms_between(lost.when(), rival_in)
+              << " ms after the holder was told lost\n";
+    EXPECT_GE(rival_in, lost.when()) << name << ": a rival got in before the holder was told lost";
+    EXPECT_LT(rival_in - lost.when(), 1s) << name << ": the key outlived the holder's loss by "
+                                          << ms_between(lost.when(), rival_in) << " ms";
+    std::error_code ec;
+    let_go(held, ec);
+    EXPECT_EQ(ec, redislock::errc::lock_lost) << name << ": " << ec.message();
+    EXPECT_TRUE(rival.owned()) << name;
+    servers.replica.resume();
+    rival.unlock();
+}
+
+redislock::lock_options refused_renewals(std::function<void()> on_lost) {
+    return {.lease = 3s,
+            .watchdog = true,
+            .on_lost = std::move(on_lost),
+            .min_replicas = 1,
+            .replica_timeout = 100ms};
+}
+
+}  // namespace
+
+// As RenewalsRefusedForTooFewReplicasLeaveNothingPastTheHoldersLoss, for the reentrant lock:
+// the refused renewals extended the hash on the master; once the holder is told lost, what they
+// left goes (its every entry: it had entered twice).
+TEST(Replication, RefusedRenewalsOfAReentrantLockLeaveNothingPastTheHoldersLoss) {
+    expect_nothing_left_past_the_loss(
+        "refused:recursive",
+        [](redislock::client& c, std::function<void()> on_lost) {
+            auto m = c.recursive_mutex("refused:recursive", refused_renewals(std::move(on_lost)));
+            EXPECT_TRUE(m.try_lock_for(5s));
+            EXPECT_TRUE(m.try_lock_for(5s));
+            return m;
+        },
+        [](redislock::recursive_mutex& m, std::error_code& ec) {
+            m.unlock(ec);
+            std::error_code again;
+            m.unlock(again);  // the outer entry: nothing is held any more
+            EXPECT_EQ(again, redislock::errc::not_held);
+        });
+}
+
+// The same for the read-write lock, held for writing and, on another name, for reading: the
+// refused renewals extended the entry and the key.
+TEST(Replication, RefusedRenewalsOfAReadWriteLockLeaveNothingPastTheHoldersLoss) {
+    expect_nothing_left_past_the_loss(
+        "refused:write",
+        [](redislock::client& c, std::function<void()> on_lost) {
+            auto m = c.shared_mutex("refused:write", refused_renewals(std::move(on_lost)));
+            EXPECT_TRUE(m.try_lock_for(5s));
+            return m;
+        },
+        [](redislock::shared_mutex& m, std::error_code& ec) { m.unlock(ec); });
+    expect_nothing_left_past_the_loss(
+        "refused:read",
+        [](redislock::client& c, std::function<void()> on_lost) {
+            auto m = c.shared_mutex("refused:read", refused_renewals(std::move(on_lost)));
+            EXPECT_TRUE(m.try_lock_shared_for(5s));
+            EXPECT_TRUE(m.try_lock_shared_for(5s));
+            return m;
+        },
+        [](redislock::shared_mutex& m, std::error_code& ec) {
+            m.unlock_shared(ec);
+            std::error_code again;
+            m.unlock_shared(again);
+            EXPECT_EQ(again, redislock::errc::not_held);
+        });
+}
+
+namespace {
+
+// Two objects of one owner share its entry: `a` (lease 3 s, renewed) and `b` (lease 4 s, not
+// renewed) hold it; every renewal of `a` is then refused. What a's take-back removes must not
+// cut what b was told it has (no rival before b is told lost), and once b is lost too nothing
+// stays (the refused renewals pushed the expiry to about 6 s).
+template <class Make, class Take, class Give>
+void expect_take_back_spares_the_owners_other_object(const char* name, Make make, Take take,
+                                                     Give give) {
+    replicated_pair servers;
+    redislock::client holder_client{servers.master.uri()};
+    redislock::client rival_client{servers.master.uri()};
+    loss_clock a_lost;
+    loss_clock b_lost;
+    auto a = make(holder_client, refused_renewals(a_lost.handler()));
+    auto b = make(
+        holder_client,
+        redislock::lock_options{
+            .lease = 4s, .on_lost = b_lost.handler(), .min_replicas = 1, .replica_timeout = 100ms});
+    ASSERT_TRUE(take(a));
+    ASSERT_TRUE(take(b));  // a re-entry of the same owner
+    servers.replica.pause();
+    auto rival = rival_of<decltype(a)>(rival_client, name);
+    const auto rival_in = rival_in_within([&] { return rival.try_lock(); }, 15s);
+    ASSERT_NE(rival_in, clock_type::time_point{}) << name << ": the rival never got in";
+    ASSERT_TRUE(a_lost.told()) << name;
+    ASSERT_TRUE(b_lost.told()) << name << ": b was never told, yet a rival got in";
+    EXPECT_LT(a_lost.when(), b_lost.when()) << name;
+    std::cout << "[ measured ] " << name << ": a told lost, b "
+              << ms_between(a_lost.when(), b_lost.when()) << " ms later, rival in "
+              << ms_between(b_lost.when(), rival_in) << " ms after b\n";
+    EXPECT_GE(rival_in, b_lost.when())
+        << name << ": a rival got in " << ms_between(rival_in, b_lost.when())
+        << " ms before b, an object of the same owner, was told lost";
+    EXPECT_LT(rival_in - b_lost.when(), 1s)
+        << name << ": the key outlived the last holder's loss by "
+        << ms_between(b_lost.when(), rival_in) << " ms";
+    std::error_code ec;
+    give(a, ec);
+    EXPECT_EQ(ec, redislock::errc::lock_lost) << name << ": a: " << ec.message();
+    give(b, ec);
+    EXPECT_EQ(ec, redislock::errc::lock_lost) << name << ": b: " << ec.message();
+    EXPECT_TRUE(rival.owned()) << name;
+    servers.replica.resume();
+    rival.unlock();
+}
+
+}  // namespace
+
+TEST(Replication, ATakeBackNeverCutsWhatAnotherObjectOfTheOwnerHolds) {
+    expect_take_back_spares_the_owners_other_object(
+        "spared:recursive",
+        [](redislock::client& c, redislock::lock_options o) {
+            return c.recursive_mutex("spared:recursive", std::move(o));
+        },
+        [](redislock::recursive_mutex& m) { return m.try_lock_for(5s); },
+        [](redislock::recursive_mutex& m, std::error_code& ec) { m.unlock(ec); });
+    expect_take_back_spares_the_owners_other_object(
+        "spared:write",
+        [](redislock::client& c, redislock::lock_options o) {
+            return c.shared_mutex("spared:write", std::move(o));
+        },
+        [](redislock::shared_mutex& m) { return m.try_lock_for(5s); },
+        [](redislock::shared_mutex& m, std::error_code& ec) { m.unlock(ec); });
+    expect_take_back_spares_the_owners_other_object(
+        "spared:read",
+        [](redislock::client& c, redislock::lock_options o) {
+            return c.shared_mutex("spared:read", std::move(o));
+        },
+        [](redislock::shared_mutex& m) { return m.try_lock_shared_for(5s); },
+        [](redislock::shared_mutex& m, std::error_code& ec) { m.unlock_shared(ec); });
+}
+
+namespace {
+
+// The take-back after a loss by expiry names the lost acquisition: it never touches a later one
+// of the same owner. Here the reaper's lane is held, so the take-back of `a` waits while the
+// hash goes (as if expired) and another object of the owner acquires anew; `a`'s unlock meanwhile
+// sends nothing and reports lock_lost; once the lane is free the later acquisition still holds.
+template <class Make, class Take, class Give>
+void expect_take_back_spares_a_later_acquisition(const char* name, Make make, Take take,
+                                                 Give give) {
+    replicated_pair servers;
+    redislock::client holder_client{servers.master.uri()};
+    lost_counter lost;
+    auto a = make(holder_client, refused_renewals(lost.handler()));
+    auto later =
+        make(holder_client,
+             redislock::lock_options{.lease = 10s, .min_replicas = 1, .replica_timeout = 100ms});
+    ASSERT_TRUE(take(a)) << name;
+    std::atomic<bool> lane_held{false};
+    std::atomic<bool> free_lane{false};
+    const auto hold_until = clock_type::now() + 30s;
+    redislock::detail::background_reaper().add(
+        holder_client.connection().config().describe(),
+        [&](clock_type::time_point) {
+            lane_held = true;
+            while (!free_lane && clock_type::now() < hold_until) {
+                std::this_thread::sleep_for(1ms);
+            }
+            return true;
+        },
+        hold_until);
+    ASSERT_TRUE(eventually([&] { return lane_held.load(); }, 5s)) << name;
+    servers.replica.pause();
+    ASSERT_TRUE(eventually([&] { return lost.calls.load() == 1; }, 10s)) << name;
+    std::error_code ec;
+    give(a, ec);
+    EXPECT_EQ(ec, redislock::errc::lock_lost) << name << ": " << ec.message();
+    servers.replica.resume();
+    servers.master.cli({"DEL", name});
+    ASSERT_TRUE(take(later)) << name;
+    free_lane = true;
+    EXPECT_TRUE(redislock::detail::background_reaper().wait_idle(10s)) << name;
+    EXPECT_TRUE(later.owned()) << name;
+    EXPECT_EQ(servers.master.cli({"EXISTS", name}), "1")
+        << name << ": the take-back of a lost acquisition removed a later one";
+    give(later, ec);
+    EXPECT_FALSE(ec) << name << ": " << ec.message();
+    EXPECT_EQ(servers.master.cli({"EXISTS", name}), "0") << name;
+}
+
+}  // namespace
+
+TEST(Replication, ATakeBackNeverTouchesALaterAcquisitionOfTheOwner) {
+    expect_take_back_spares_a_later_acquisition(
+        "later:recursive",
+        [](redislock::client& c, redislock::lock_options o) {
+            return c.recursive_mutex("later:recursive", std::move(o));
+        },
+        [](redislock::recursive_mutex& m) { return m.try_lock_for(5s); },
+        [](redislock::recursive_mutex& m, std::error_code& ec) { m.unlock(ec); });
+    expect_take_back_spares_a_later_acquisition(
+        "later:read",
+        [](redislock::client& c, redislock::lock_options o) {
+            return c.shared_mutex("later:read", std::move(o));
+        },
+        [](redislock::shared_mutex& m) { return m.try_lock_shared_for(5s); },
+        [](redislock::shared_mutex& m, std::error_code& ec) { m.unlock_shared(ec); });
+}
+
+// A re-entry whose WAIT saw too few replicas does not count, as an acquisition's would not: the
+// call throws replication_error, the entry it made is left again, and the object keeps the
+// deadline it had (the refresh was never acknowledged). The same for an object of the owner
+// that enters for the first time, and for both modes of the read-write lock.
+TEST(Replication, AReentryTooFewReplicasAcknowledgeIsRefusedAndLeftAgain) {
+    replicated_pair servers;
+    redislock::client client{servers.master.uri()};
+    const redislock::lock_options acked{.lease = 10s, .min_replicas = 1, .replica_timeout = 100ms};
+    auto rm = client.recursive_mutex("reentry:recursive", acked);
+    auto same_owner = client.recursive_mutex("reentry:recursive", acked);
+    auto writer = client.shared_mutex("reentry:write", acked);
+    auto reader = client.shared_mutex("reentry:read", acked);
+    ASSERT_TRUE(rm.try_lock_for(5s));
+    ASSERT_TRUE(writer.try_lock_for(5s));
+    ASSERT_TRUE(reader.try_lock_shared_for(5s));
+    servers.replica.pause();
+    std::this_thread::sleep_for(500ms);  // a refresh that counted would move the deadline later
+    const auto before = rm.remaining();
+    EXPECT_THROW((void)rm.try_lock(), redislock::replication_error);
+    EXPECT_EQ(rm.depth(), 1u);
+    EXPECT_LE(rm.remaining(), before);
+    EXPECT_THROW((void)same_owner.try_lock(), redislock::replication_error);
+    EXPECT_FALSE(same_owner.owned());
+    EXPECT_THROW((void)writer.try_lock(), redislock::replication_error);
+    EXPECT_THROW((void)reader.try_lock_shared(), redislock::replication_error);
+    servers.replica.resume();
+    // One entry each is left in Redis: one release frees each lock.
+    std::error_code ec;
+    rm.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    writer.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    reader.unlock_shared(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    for (const char* key : {"reentry:recursive", "reentry:write", "reentry:read"}) {
+        EXPECT_EQ(servers.master.cli({"EXISTS", key}), "0") << key << " is still held";
+    }
+}
+
+// An acquisition refused for too few replicas, by a wait that tried again until its time was
+// up, leaves nothing behind: the caller was told it does not hold, and a rival gets in at once.
+TEST(Replication, RefusedAttemptsOfReentrantAndReadWriteLocksLeaveNothingBehind) {
+    replicated_pair servers;
+    redislock::client client{servers.master.uri()};
+    redislock::client rival_client{servers.master.uri()};
+    const redislock::lock_options acked{.lease = 10s, .min_replicas = 1, .replica_timeout = 100ms};
+    auto rm = client.recursive_mutex("attempt:recursive", acked);
+    auto rw = client.shared_mutex("attempt:shared", acked);
+    auto rm_rival = rival_client.recursive_mutex("attempt:recursive", {.lease = 10s});
+    auto rw_rival = rival_client.shared_mutex("attempt:shared", {.lease = 10s});
+    servers.replica.pause();
+    const auto rival_in_after_refusal = [](const auto& attempt, auto& rival) {
+        EXPECT_THROW((void)attempt(), redislock::replication_error);
+        const redislock::test::stopwatch since;
+        const bool in = eventually([&] { return rival.try_lock(); }, 5s);
+        std::cout << "[ measured ] rival in " << since.elapsed().count()
+                  << " ms after the refusal\n";
+        EXPECT_TRUE(in);
+        EXPECT_LT(since.elapsed(), 1s) << "a refused attempt kept the lock";
+        if (in) {
+            rival.unlock();
+        }
+    };
+    rival_in_after_refusal([&] { return rm.try_lock_for(600ms); }, rm_rival);
+    rival_in_after_refusal([&] { return rw.try_lock_for(600ms); }, rw_rival);
+    rival_in_after_refusal([&] { return rw.try_lock_shared_for(600ms); }, rw_rival);
+    servers.replica.resume();
+    EXPECT_FALSE(rm.owned());
+    EXPECT_FALSE(rw.owned());
 }
 
 TEST(Replication, OptionsAreChecked) {

@@ -1030,6 +1030,79 @@ std::vector<int> replica_ports(redis_sentinel& topo, int master) {
     return ports;
 }
 
+// Through the sentinels, with min_replicas 1 and both replicas stopped: every renewal of a
+// reentrant or read-write hold runs on the master but is refused, and extends the hash there.
+// Once the holder is told lost, what they left goes: a rival of another client gets in soon
+// after the loss, never before.
+TEST(Sentinel, RenewalsRefusedForTooFewReplicasLeaveNoEntryPastTheHoldersLoss) {
+    using clock = std::chrono::steady_clock;
+    redis_sentinel topo;
+    const int master = topo.master_port();
+    const std::vector<int> replicas = replica_ports(topo, master);
+    ASSERT_EQ(replicas.size(), 2U);
+    redislock::sentinel_client holder_client{topo.uri()};
+    redislock::sentinel_client rival_client{topo.uri()};
+    std::atomic<clock::rep> lost_at{0};
+    const redislock::lock_options refused{
+        .lease = 3s,
+        .watchdog = true,
+        .on_lost = [&] { lost_at = clock::now().time_since_epoch().count(); },
+        .min_replicas = 1,
+        .replica_timeout = 100ms};
+    // Polls `try_rival` until it gets in; how long after the holder was told lost (negative:
+    // before), or nothing when it never did within 15 s.
+    const auto rival_after_loss =
+        [&](const auto& try_rival) -> std::optional<std::chrono::milliseconds> {
+        redislock::test::stopwatch since;
+        while (since.elapsed() < 15s) {
+            if (try_rival()) {
+                const auto in = clock::now();
+                if (lost_at.load() == 0) {
+                    return -since.elapsed();
+                }
+                return std::chrono::duration_cast<std::chrono::milliseconds>(
+                    in - clock::time_point{clock::duration{lost_at.load()}});
+            }
+            std::this_thread::sleep_for(5ms);
+        }
+        return std::nullopt;
+    };
+    const auto check = [&](const char* name, std::optional<std::chrono::milliseconds> after) {
+        ASSERT_TRUE(after.has_value()) << name << ": the rival never got in";
+        std::cout << "[ measured ] " << name << ": rival in " << after->count()
+                  << " ms after the holder was told lost\n";
+        EXPECT_GE(after->count(), 0) << name << ": a rival got in before the holder was told";
+        EXPECT_LT(*after, 1s) << name << ": the hold outlived the holder's loss by "
+                              << after->count() << " ms";
+    };
+
+    auto rm = holder_client.recursive_mutex("s:refused:recursive", refused);
+    ASSERT_TRUE(rm.try_lock_for(5s));
+    ASSERT_TRUE(rm.try_lock_for(5s));
+    for (int port : replicas) {
+        topo.node(port).pause();
+    }
+    auto rm_rival = rival_client.recursive_mutex("s:refused:recursive", {.lease = 10s});
+    check("reentrant", rival_after_loss([&] { return rm_rival.try_lock(); }));
+    for (int port : replicas) {
+        topo.node(port).resume();
+    }
+    rm_rival.unlock();
+
+    lost_at = 0;
+    auto rw = holder_client.shared_mutex("s:refused:shared", refused);
+    ASSERT_TRUE(rw.try_lock_for(5s));
+    for (int port : replicas) {
+        topo.node(port).pause();
+    }
+    auto rw_rival = rival_client.shared_mutex("s:refused:shared", {.lease = 10s});
+    check("read-write", rival_after_loss([&] { return rw_rival.try_lock_shared(); }));
+    for (int port : replicas) {
+        topo.node(port).resume();
+    }
+    rw_rival.unlock_shared();
+}
+
 // A holder whose watchdog renews its lease through a planned failover. Once the failover is
 // announced the old master's confirmations no longer count: the replica it promotes keeps the
 // key with the expiry of the last renewal it received before, and a rival may take the lock

@@ -48,12 +48,14 @@ struct lock_options {
 
     /// Replicas that must acknowledge an acquisition, and each watchdog renewal, before it
     /// counts: the library sends WAIT min_replicas replica_timeout on the same connection, in the
-    /// same round trip. An acquisition with fewer acknowledgements is undone; a wait with time
-    /// left tries again, and the call throws redislock::replication_error (not contention) when
-    /// none is left; a renewal with fewer is retried, and the
-    /// lock reported lost if none is acknowledged before its lease runs out (a simple lock is
-    /// then released in the background: the renewals that did not count still extended the key
-    /// on the master, and must not keep rivals out past the loss). WAIT is not
+    /// same round trip. An acquisition with fewer acknowledgements is undone (a re-entry of a
+    /// reentrant or read-write lock too: its entry is left again and the object keeps the
+    /// deadline it had); a wait with time left tries again, and the call throws
+    /// redislock::replication_error (not contention) when none is left; a renewal with fewer is
+    /// retried, and the lock reported lost if none is acknowledged before its lease runs out
+    /// (what the lost object holds is then released in the background: the renewals that did not
+    /// count still extended the key on the master, and must not keep rivals out past the loss;
+    /// another object of the same owner keeps its own entries). WAIT is not
     /// consensus: an acknowledged write can still be lost if the replicas that hold it all fail,
     /// and a failover may promote a replica that had not acknowledged it yet; it narrows the
     /// window in which a hard master failure loses a just-acquired lock, it does not close it.

@@ -28,7 +28,13 @@
 // takes the entry over) and has the client's reaper drop it in the background; a re-entry whose
 // reply was lost makes the outermost unlock() drop the whole acquisition rather than trust the
 // count. Loss is told at the local conservative deadline (see basic_mutex), through owned(),
-// lost_token() and on_lost. A wait with time left rides out transient failures.
+// lost_token() and on_lost. Once a loss by expiry is told, the entries made through this object
+// are left in the background (renewals or a re-entry that too few replicas acknowledged still
+// extended the hash on the master, and must not keep rivals out past the loss); the entries of
+// another object of the same owner, and what it was told it has, stay. The next unlock() then
+// sends nothing and reports errc::lock_lost. A re-entry too few replicas acknowledged
+// (lock_options::min_replicas) is refused like an acquisition: its entry is left again and the
+// object keeps the deadline it had. A wait with time left rides out transient failures.
 // With lock_options::watchdog the lease is renewed from the first entry through this object
 // until the last one is left (see watchdog.hpp).
 // Events (client_options::on_event): acquired for a first entry through this object, released
@@ -41,6 +47,7 @@
 // unlock() never throws, not even out of memory.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -109,7 +116,8 @@ public:
     /// Leaves one entry and says how it went: no error (released, or still held by outer
     /// entries); errc::not_held or errc::not_holder (misuse: nothing is sent); errc::lock_lost
     /// (the entry had expired or the lock was taken: every entry through this object is gone;
-    /// also for a last entry whose loss was already told, when the release still found it);
+    /// also once a loss by expiry was told: then nothing is sent, the entries having been left
+    /// in the background, or the release that still found them left them);
     /// errc::connection_failed or errc::server_failed (the object counts the entry out anyway;
     /// a last entry is then dropped in the background). Takes at most the command timeout.
     void unlock(std::error_code& ec) noexcept {
@@ -120,6 +128,10 @@ public:
         }
         if (out.last) {
             tracker().end(out.ended);
+        }
+        if (out.taken_back) {
+            ec = errc::lock_lost;  // told already; its entries were left after the loss
+            return;
         }
         if (out.entries == 0) {
             return;  // an inner entry left locally only (out of memory): the last release drops it
@@ -220,8 +232,8 @@ private:
     std::optional<held> held_entry() const {
         checked();
         std::lock_guard guard{state_->mutex};
-        if (state_->depth == 0) {
-            return std::nullopt;
+        if (state_->depth == 0 || state_->taken_back) {
+            return std::nullopt;  // not held, or lost and its entries left
         }
         return state_->current();
     }
@@ -292,12 +304,38 @@ private:
                 })) {
                 return refused;
             }
+        } else if (detail::unacknowledged(grant.replicas, state_->options)) {
+            refuse_reentry(owner, got.acquisition, grant.replicas, how);
         }
         if (place.counted != nullptr) {
             *place.counted = true;
         }
         on_entered(owner, got, sent, place.tally);
         return std::nullopt;
+    }
+
+    // A re-entry too few replicas acknowledged does not count, as an acquisition would not: its
+    // entry is left again, with lease "0" (the expiry it pushed out on the master goes with the
+    // acquisition's other entries, at their release or at their loss by expiry), and the call
+    // is told why. Should that leave go unanswered, an entry this object holds is uncertain.
+    [[noreturn]] void refuse_reentry(const std::string& owner, const std::string& acquisition,
+                                     std::int64_t replicas, const call_context& how) {
+        bool left = false;
+        try {
+            left = release::leave_once(*state_, "0", held{owner, 0, acquisition}, 1,
+                                       std::min(how.deadline, state_->core->untimed_deadline()))
+                       .is_integer();
+        } catch (...) {
+            // Unknown: counted as uncertain below.
+        }
+        if (!left) {
+            std::lock_guard guard{state_->mutex};
+            if (state_->depth > 0 && state_->holder_owner == owner &&
+                state_->acquisition == acquisition) {
+                ++state_->uncertain;
+            }
+        }
+        detail::throw_unacknowledged(state_->name, replicas, state_->options);
     }
 
     // Counts an entry in; the first through this object reports the call's `wait` as acquired

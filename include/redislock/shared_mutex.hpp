@@ -38,7 +38,10 @@
 // finished, or an acquisition abandoned mid-flight, is remembered as given up (the owner's next
 // acquisition through this object drops its entry, so a lost release never makes lock() refuse as
 // an upgrade) and dropped in the background by the client's reaper. Loss is told at the local
-// conservative deadline through owned(), lost_token() and on_lost.
+// conservative deadline through owned(), lost_token() and on_lost; once a loss by expiry is told,
+// the hold's entries are left in the background, and its next release sends nothing and reports
+// errc::lock_lost (see basic_recursive_mutex, which also says how a re-entry too few replicas
+// acknowledged is refused).
 // With lock_options::watchdog each held mode of each owner is renewed from its first entry
 // through this object until its last one is left (see watchdog.hpp).
 // Events (client_options::on_event): acquired for each mode's first entry through this object
@@ -53,6 +56,7 @@
 // unlock() and unlock_shared() never throw, not even out of memory.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -275,6 +279,8 @@ private:
                 })) {
                 return refused;
             }
+        } else if (detail::unacknowledged(grant.replicas, state_->options)) {
+            refuse_reentry(owner, kind, got.acquisition, grant.replicas, how);
         }
         typename state::entered e;
         {
@@ -300,6 +306,30 @@ private:
         return std::nullopt;
     }
 
+    // A re-entry too few replicas acknowledged does not count, as an acquisition would not: its
+    // entry is left again (the expiry it pushed out on the master goes with the hold's other
+    // entries, at their release or at their loss by expiry), and the call is told why. Should
+    // that leave go unanswered, the hold's count is uncertain.
+    [[noreturn]] void refuse_reentry(const std::string& owner, mode kind,
+                                     const std::string& acquisition, std::int64_t replicas,
+                                     const call_context& how) {
+        bool left = false;
+        try {
+            left = release::leave_once(*state_, hold_ref{owner, kind, 0, acquisition, false}, 1,
+                                       std::min(how.deadline, state_->core->untimed_deadline()))
+                       .is_integer();
+        } catch (...) {
+            // Unknown: counted as uncertain below.
+        }
+        if (!left) {
+            std::lock_guard guard{state_->mutex};
+            if (hold* h = state_->find(owner, kind); h && h->acquisition == acquisition) {
+                ++h->uncertain;
+            }
+        }
+        detail::throw_unacknowledged(state_->name, replicas, state_->options);
+    }
+
     // Leaves one entry of the caller in `kind`. Allocates nothing before the entry is counted
     // out, so that no failure can leave it held (see shared_state::count_out_caller).
     std::error_code leave_one(mode kind) noexcept {
@@ -320,6 +350,9 @@ private:
             return ec;
         }
         tracker().end(out.ended);
+        if (out.taken_back) {
+            return errc::lock_lost;  // told already; its entries were left after the loss
+        }
         if (out.entries == 0) {
             return {};  // an inner entry left locally only (out of memory): the last release drops
                         // it

@@ -8,11 +8,13 @@
 
 #include <array>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <utility>
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/entry_release.hpp>
@@ -64,6 +66,42 @@ struct recursive_release {
             [entries](const state& s, const held& e, steady::time_point deadline) {
                 // Lease "0": a background release never extends what remains.
                 return leave_once(s, "0", e, entries, deadline).is_integer();
+            });
+    }
+
+    // After the loss of acquisition `epoch` by expiry, once told: leaves, in the background, the
+    // entries this object counts (its depth, and the uncertain ones), with lease "0" so that
+    // what remains keeps its TTL. Renewals or a re-entry whose WAIT saw too few replicas still
+    // extended the hash on the master; with our entries gone it is deleted, unless another
+    // object of the owner still holds entries there: that one keeps what it was told it has, and
+    // its own loss or release ends it. Named by the acquisition id, it never touches a later
+    // acquisition. Sent once: a count left twice would take another object's entry, so a lost
+    // answer leaves the hash to expire with what the renewals gave it.
+    static void take_back(const std::shared_ptr<state>& st, std::uint64_t epoch) noexcept {
+        held entry;
+        std::size_t entries = 0;
+        {
+            std::lock_guard guard{st->mutex};
+            if (st->epoch != epoch || st->depth == 0 || !st->lease.lost || st->taken_back) {
+                return;  // left by unlock(), or a later acquisition
+            }
+            try {
+                entry = st->current();
+            } catch (...) {
+                return;  // Out of memory: the entries expire with what the renewals gave them.
+            }
+            entries = st->depth + std::exchange(st->uncertain, 0);
+            st->taken_back = true;
+        }
+        detail::leave_to_reaper(
+            st, entry, steady::now() + st->options.lease,
+            [entries](const state& s, const held& e, steady::time_point deadline) {
+                try {
+                    (void)leave_once(s, "0", e, entries, deadline);
+                } catch (...) {
+                    // Its outcome is unknown: not sent again (see above).
+                }
+                return true;
             });
     }
 

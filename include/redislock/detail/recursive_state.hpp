@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -21,6 +22,9 @@
 #include <redislock/events.hpp>
 
 namespace redislock::detail {
+
+template <connection C>
+struct recursive_release;
 
 // The entries of one outermost acquisition: who made them, and which acquisition it was (here,
 // and in Redis).
@@ -47,6 +51,14 @@ struct recursive_state : lock_identity<C> {
         return st.depth > 0 && st.epoch == epoch ? &st.lease : nullptr;
     }
 
+    // After the loss of acquisition `epoch` by expiry: leaves its entries in the background,
+    // should renewals or a re-entry that were never confirmed have kept them past the lease the
+    // holder was told of (see recursive_release::take_back).
+    static void clean_up_expired(const std::shared_ptr<recursive_state>& st,
+                                 const std::uint64_t& epoch) noexcept {
+        recursive_release<C>::take_back(st, epoch);
+    }
+
     // The books below need the mutex.
 
     // The holder's entries.
@@ -62,7 +74,7 @@ struct recursive_state : lock_identity<C> {
     // up in `given_up_id`.
     bool outermost(const std::string& owner, std::string& given_up_id) const {
         given_up_id = given_up;
-        if (depth > 0 && lease.lost && holder_owner == owner) {
+        if (depth > 0 && lease.lost && !taken_back && holder_owner == owner) {
             given_up_id = acquisition;  // lost here: its entries are taken over, not kept
         }
         return depth == 0 || holder_owner != owner || lease.lost;
@@ -90,6 +102,7 @@ struct recursive_state : lock_identity<C> {
         // own deadline and renewals (the lost one has neither).
         if (depth == 0 || lease.lost) {
             depth = 0;
+            taken_back = false;
             if (got.status == 1) {
                 given_up.clear();  // taken over or created anew: nothing left behind
             }
@@ -118,7 +131,8 @@ struct recursive_state : lock_identity<C> {
         recursive_entry entry;
         std::size_t entries = 0;
         bool last = false;
-        tracked_lease<C> ended;  // the acquisition's lease when these are its last entries
+        bool taken_back = false;  // the take-back after a loss by expiry had left every entry
+        tracked_lease<C> ended;   // the acquisition's lease when these are its last entries
     };
 
     // Counts one entry out (unlock). Never throws: an inner entry whose names cannot be copied
@@ -127,6 +141,17 @@ struct recursive_state : lock_identity<C> {
     // moved out, as nothing reads them once depth is zero.
     left count_out() noexcept {
         left out;
+        if (taken_back) {
+            // Every entry was left by the take-back: nothing to send, all of them are gone.
+            taken_back = false;
+            depth = 0;
+            uncertain = 0;
+            mark.uncount();
+            out.last = true;
+            out.taken_back = true;
+            out.ended = std::exchange(lease, {});
+            return out;
+        }
         out.entries = 1;
         // Counted out before the round trip, so an acquisition through this object that lands
         // right after the release never mistakes the entry for a live one.
@@ -158,6 +183,9 @@ struct recursive_state : lock_identity<C> {
         out.entries = std::exchange(depth, 0);
         out.last = true;
         mark.uncount();
+        if (std::exchange(taken_back, false)) {
+            out.entries = 0;  // left by the take-back already
+        }
         if (out.entries > 0) {
             out.entries += std::exchange(uncertain, 0);
             out.entry = taken_entry();
@@ -178,6 +206,9 @@ struct recursive_state : lock_identity<C> {
     // Re-entries and releases through this object whose outcome is unknown (a lost reply):
     // the server's count may hold this many entries more than depth says.
     std::size_t uncertain = 0;
+    // The acquisition was told lost by expiry and its entries (depth, uncertain) handed to the
+    // take-back: the next unlock() sends nothing and reports the loss.
+    bool taken_back = false;
     std::int64_t fence = 0;
     tracked_lease<C> lease;
     thread_hold_mark mark;  // the holder thread's count of its holds (thread_holds.hpp)

@@ -64,6 +64,37 @@ struct shared_release {
             entries, deadline);
     }
 
+    // After the loss of the hold `ref` names by expiry, once told: leaves, in the background, the
+    // entries this object counts in it (its depth, and the uncertain ones). Renewals or a
+    // re-entry whose WAIT saw too few replicas still extended the entry and the key on the
+    // master; with our entries gone the entry goes, and the key keeps only the other holders'
+    // leases, another object of the owner's included: that one keeps what it was told it has, and
+    // its own loss or release ends it. Named by the acquisition id, it never touches a later
+    // acquisition. Sent once: a count left twice would take another object's entry, so a lost
+    // answer leaves the entry to expire with what the renewals gave it.
+    static void take_back(const std::shared_ptr<state>& st, const hold_ref& ref) noexcept {
+        std::size_t entries = 0;
+        {
+            std::lock_guard guard{st->mutex};
+            hold* h = st->find(ref);
+            if (h == nullptr || !h->lease.lost || h->taken_back) {
+                return;  // left by its release, or a later acquisition
+            }
+            entries = h->depth + std::exchange(h->uncertain, 0);
+            h->taken_back = true;
+        }
+        detail::leave_to_reaper(
+            st, ref, steady::now() + st->options.lease,
+            [entries](const state& s, const hold_ref& r, steady::time_point deadline) {
+                try {
+                    (void)leave_once(s, r, entries, deadline);
+                } catch (...) {
+                    // Its outcome is unknown: not sent again (see above).
+                }
+                return true;
+            });
+    }
+
     // Leaves `entries` entries, already counted out locally, of the hold `ref` in Redis. A
     // hold's last release drops every entry of its acquisition, so a re-entry whose reply was
     // lost cannot keep it alive. A release whose outcome is unknown is given up: the reaper
@@ -140,7 +171,9 @@ struct shared_release {
             }
             typename state::left given = state::give_up(h);
             lease_tracker<state>{st}.end(given.ended);
-            (void)leave(st, given.ref, given.entries, true, given.ended);
+            if (given.entries > 0) {  // none when the take-back left them
+                (void)leave(st, given.ref, given.entries, true, given.ended);
+            }
         }
     }
 };

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -52,6 +53,9 @@ struct shared_hold {
     std::size_t uncertain = 0;
     std::int64_t fence = 0;
     tracked_lease<C> lease;
+    // Told lost by expiry, its entries (depth, uncertain) handed to the take-back: its next
+    // release sends nothing and reports the loss.
+    bool taken_back = false;
     std::uint64_t generation = 0;  // fork generation of the first entry
     std::uint64_t epoch = 0;       // which acquisition: renewals and releases name it
     std::string acquisition{};     // the acquisition's id in Redis
@@ -70,6 +74,9 @@ struct shared_hold_ref {
     std::string acquisition;
     bool reported = false;  // its loss was already reported through on_lost
 };
+
+template <connection C>
+struct shared_release;
 
 // What a read-write lock object shares with its timer and watchdog callbacks.
 template <connection C>
@@ -96,6 +103,14 @@ struct shared_state : lock_identity<C> {
     static tracked_lease<C>* find_lease(shared_state& st, const shared_hold_ref& ref) {
         shared_hold<C>* h = st.find(ref);
         return h ? &h->lease : nullptr;
+    }
+
+    // After the loss of the hold `ref` names by expiry: leaves its entries in the background,
+    // should renewals or a re-entry that were never confirmed have kept them past the lease the
+    // holder was told of (see shared_release::take_back).
+    static void clean_up_expired(const std::shared_ptr<shared_state>& st,
+                                 const shared_hold_ref& ref) noexcept {
+        shared_release<C>::take_back(st, ref);
     }
 
     // The books below need the mutex.
@@ -128,7 +143,7 @@ struct shared_state : lock_identity<C> {
         for (const std::string& id : given_up) {
             given_up_ids.append(given_up_ids.empty() ? "" : " ").append(id);
         }
-        if (h != nullptr && h->depth > 0 && h->lease.lost) {
+        if (h != nullptr && h->depth > 0 && h->lease.lost && !h->taken_back) {
             // Lost here: its entries are dropped and the acquisition made anew.
             given_up_ids.append(given_up_ids.empty() ? "" : " ").append(h->acquisition);
         }
@@ -167,6 +182,7 @@ struct shared_state : lock_identity<C> {
             h->lease.kind = shared_lock_kind(kind);
             h->depth = 0;
             h->uncertain = 0;
+            h->taken_back = false;
             h->fence = got.value;
             h->generation = current_fork_generation();
             h->epoch = ++last_epoch;
@@ -189,7 +205,8 @@ struct shared_state : lock_identity<C> {
         shared_hold_ref ref;
         std::size_t entries = 1;
         bool last = false;
-        tracked_lease<C> ended;  // the hold's lease when these are its last entries
+        bool taken_back = false;  // the take-back after a loss by expiry had left every entry
+        tracked_lease<C> ended;   // the hold's lease when these are its last entries
     };
 
     // Counts out one entry of the calling owner (lock_identity::caller_owner(), matched without
@@ -218,6 +235,17 @@ struct shared_state : lock_identity<C> {
         }
         if (h->inherited_by_fork()) {
             return errc::not_holder;
+        }
+        if (h->taken_back) {
+            // Every entry was left by the take-back: nothing to send, all of them are gone.
+            h->depth = 0;
+            h->uncertain = 0;
+            out.entries = 0;
+            out.last = true;
+            out.taken_back = true;
+            out.ended = std::exchange(h->lease, {});
+            erase_released();
+            return {};
         }
         // Counted out before the round trip, so an acquisition that lands right after the
         // release never mistakes the entry for a live one.
@@ -279,7 +307,7 @@ struct shared_state : lock_identity<C> {
     std::vector<shared_hold_ref> refs_of(const std::string& owner) const {
         std::vector<shared_hold_ref> refs;
         for (const shared_hold<C>& h : holds) {
-            if (h.owner == owner && h.depth > 0) {
+            if (h.owner == owner && h.depth > 0 && !h.taken_back) {
                 refs.push_back({h.owner, h.kind, h.epoch, h.acquisition, h.lease.lost});
             }
         }
@@ -294,7 +322,7 @@ struct shared_state : lock_identity<C> {
     static left give_up(shared_hold<C>& h) noexcept {
         left out;
         out.ref = {std::move(h.owner), h.kind, h.epoch, std::move(h.acquisition), h.lease.lost};
-        out.entries = h.depth + std::exchange(h.uncertain, 0);
+        out.entries = h.taken_back ? 0 : h.depth + std::exchange(h.uncertain, 0);
         out.last = true;
         out.ended = std::exchange(h.lease, {});
         h.depth = 0;
