@@ -33,6 +33,10 @@ template <class C>
 std::chrono::milliseconds command_budget(const C& conn) {
     if constexpr (requires { conn.config().command_timeout; }) {
         return std::chrono::duration_cast<std::chrono::milliseconds>(conn.config().command_timeout);
+    } else if constexpr (requires { conn.config().node.command_timeout; }) {
+        // Sentinel: the masters' command timeout.
+        return std::chrono::duration_cast<std::chrono::milliseconds>(
+            conn.config().node.command_timeout);
     } else {
         return std::chrono::milliseconds{2000};
     }

@@ -299,7 +299,11 @@ std::vector<node_replies> fan_out(std::size_t count, Nodes&& nodes,
             if (state[i].connecting != 0) {
                 nodes.connector(i).forget(signal.get());
                 out[i].error = "not sent: still connecting when the round ended";
-                out[i].first_connect = nodes.connector(i).never_warmed_up();
+                // Unknown rather than failed: its first warm-up has not ended, or has just
+                // ended well (after the round's last look).
+                const auto done = nodes.connector(i).result(state[i].connecting);
+                out[i].first_connect =
+                    (done && done->ready) || nodes.connector(i).never_warmed_up();
             }
         }
     } else {

@@ -70,7 +70,8 @@ struct recursive_release {
     }
 
     // After the loss of acquisition `epoch` by expiry, once told: leaves, in the background, the
-    // entries this object counts (its depth, and the uncertain ones), with lease "0" so that
+    // entries this object surely holds (its depth; an uncertain one, whose reply was lost, may
+    // not be there, and leaving it could take another object's entry), with lease "0" so that
     // what remains keeps its TTL. Renewals or a re-entry whose WAIT saw too few replicas still
     // extended the hash on the master; with our entries gone it is deleted, unless another
     // object of the owner still holds entries there: that one keeps what it was told it has, and
@@ -90,7 +91,8 @@ struct recursive_release {
             } catch (...) {
                 return;  // Out of memory: the entries expire with what the renewals gave them.
             }
-            entries = st->depth + std::exchange(st->uncertain, 0);
+            entries = st->depth;  // the uncertain ones may not be there: they expire with the key
+            st->uncertain = 0;
             st->taken_back = true;
         }
         detail::leave_to_reaper(

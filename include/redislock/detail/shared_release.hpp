@@ -65,7 +65,8 @@ struct shared_release {
     }
 
     // After the loss of the hold `ref` names by expiry, once told: leaves, in the background, the
-    // entries this object counts in it (its depth, and the uncertain ones). Renewals or a
+    // entries this object surely holds in it (its depth; an uncertain one, whose reply was lost,
+    // may not be there, and leaving it could take another object's entry). Renewals or a
     // re-entry whose WAIT saw too few replicas still extended the entry and the key on the
     // master; with our entries gone the entry goes, and the key keeps only the other holders'
     // leases, another object of the owner's included: that one keeps what it was told it has, and
@@ -80,7 +81,8 @@ struct shared_release {
             if (h == nullptr || !h->lease.lost || h->taken_back) {
                 return;  // left by its release, or a later acquisition
             }
-            entries = h->depth + std::exchange(h->uncertain, 0);
+            entries = h->depth;  // the uncertain ones may not be there: they expire with the key
+            h->uncertain = 0;
             h->taken_back = true;
         }
         detail::leave_to_reaper(
