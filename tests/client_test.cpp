@@ -67,7 +67,10 @@ void expect_timed_calls_end_in_time(redislock::client& client, const std::functi
         {"shared_mutex", [&](auto deadline) { (void)rw.try_lock_until(deadline); }},
         {"shared_mutex shared", [&](auto deadline) { (void)rw.try_lock_shared_until(deadline); }},
     };
-    for (const auto& [kind, call] : timed_calls) {
+    for (const auto& entry : timed_calls) {
+        const std::string& kind = entry.first;
+        const auto& call =
+            entry.second;  // a lambda may not capture a structured binding (clang 14)
         SCOPED_TRACE(kind + ": try_lock_until(now + 50 ms)");
         fault();
         const auto deadline = std::chrono::steady_clock::now() + 50ms;
@@ -82,7 +85,10 @@ void expect_timed_calls_end_in_time(redislock::client& client, const std::functi
         {"shared_mutex", [&](std::stop_token stop) { (void)rw.lock(stop); }},
         {"shared_mutex shared", [&](std::stop_token stop) { (void)rw.lock_shared(stop); }},
     };
-    for (const auto& [kind, call] : stoppable_calls) {
+    for (const auto& entry : stoppable_calls) {
+        const std::string& kind = entry.first;
+        const auto& call =
+            entry.second;  // a lambda may not capture a structured binding (clang 14)
         SCOPED_TRACE(kind + ": lock(stop), stopped after 100 ms");
         fault();
         stop_after stop{100ms};
@@ -149,7 +155,10 @@ TEST(Client, WaitsEndByTheirDeadlineWhenTheServerHangsMeanwhile) {
         {"shared_mutex", [&](auto deadline) { return rw.try_lock_until(deadline); }},
         {"shared_mutex shared", [&](auto deadline) { return rw.try_lock_shared_until(deadline); }},
     };
-    for (const auto& [kind, call] : calls) {
+    for (const auto& entry : calls) {
+        const std::string& kind = entry.first;
+        const auto& call =
+            entry.second;  // a lambda may not capture a structured binding (clang 14)
         SCOPED_TRACE(kind);
         const auto deadline = std::chrono::steady_clock::now() + 300ms;
         std::thread hang_soon{[&] {
