@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -55,24 +56,25 @@ struct seen {
     std::chrono::microseconds round_trip{};
 };
 
-// Records every event of a client: client{uri, {.on_event = events.hook()}}. Declared before
-// the client, so it outlives the threads that call it.
+// Records every event of a client: client{uri, {.on_event = events.hook()}}. The hook shares
+// what it records: the process's reaper may still call it after the test (a take-back or a
+// release finished in the background), as events.hpp allows.
 class recorder {
 public:
     redislock::event_hook hook() {
-        return [this](const lock_event& e) {
-            std::lock_guard guard{mutex_};
-            seen_.push_back(seen{e.type, e.kind, std::string{e.name}, e.wait, e.attempts, e.held,
-                                 e.holder_ttl, e.reason, std::string{e.detail},
-                                 std::this_thread::get_id(), e.holder_thread, e.caller_thread,
-                                 e.round_trip});
+        return [log = log_](const lock_event& e) {
+            std::lock_guard guard{log->mutex};
+            log->events.push_back(seen{e.type, e.kind, std::string{e.name}, e.wait, e.attempts,
+                                       e.held, e.holder_ttl, e.reason, std::string{e.detail},
+                                       std::this_thread::get_id(), e.holder_thread, e.caller_thread,
+                                       e.round_trip});
         };
     }
 
     std::vector<seen> of(event_type type) const {
-        std::lock_guard guard{mutex_};
+        std::lock_guard guard{log_->mutex};
         std::vector<seen> out;
-        for (const seen& s : seen_) {
+        for (const seen& s : log_->events) {
             if (s.type == type) {
                 out.push_back(s);
             }
@@ -83,8 +85,8 @@ public:
     std::size_t count(event_type type) const { return of(type).size(); }
 
     std::vector<seen> all() const {
-        std::lock_guard guard{mutex_};
-        return seen_;
+        std::lock_guard guard{log_->mutex};
+        return log_->events;
     }
 
     // The first event of `type`, waiting up to `timeout` for it.
@@ -96,13 +98,16 @@ public:
     }
 
     std::size_t total() const {
-        std::lock_guard guard{mutex_};
-        return seen_.size();
+        std::lock_guard guard{log_->mutex};
+        return log_->events.size();
     }
 
 private:
-    mutable std::mutex mutex_;
-    std::vector<seen> seen_;
+    struct event_log {
+        std::mutex mutex;
+        std::vector<seen> events;
+    };
+    std::shared_ptr<event_log> log_ = std::make_shared<event_log>();
 };
 
 // ---------------------------------------------------------------------------------------------
