@@ -143,8 +143,10 @@ struct shared_state : lock_identity<C> {
         for (const std::string& id : given_up) {
             given_up_ids.append(given_up_ids.empty() ? "" : " ").append(id);
         }
-        if (h != nullptr && h->depth > 0 && h->lease.lost && !h->taken_back) {
-            // Lost here: its entries are dropped and the acquisition made anew.
+        if (h != nullptr && h->depth > 0 && h->lease.lost) {
+            // Lost here: its entries are dropped and the acquisition made anew, taken back or
+            // not (a take-back leaves only the entries it is sure of, and its answer may be lost:
+            // an entry of ours left in the other mode would refuse this one as an upgrade).
             given_up_ids.append(given_up_ids.empty() ? "" : " ").append(h->acquisition);
         }
         return h == nullptr || h->depth == 0 || h->lease.lost;
