@@ -40,17 +40,27 @@ inline constexpr script mutex_acquire{
 -- ARGV[4]  the waiter id of this lock() call
 -- ARGV[5]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for (the waiter comes back by then)
+-- ARGV[6]  the release channel; ARGV[7] the grace, ms, a told waiter has to come: a free lock
+--          the queue keeps from this attempt, because another waiter heads it, is handed to that
+--          head as a release would hand it on (see queue_hand_on in _queue.lua), so a head that
+--          does not come (one that moved up when the entry before it lapsed may have died long
+--          ago) holds it for the grace only
 -- Every key touched is declared, though the queue's often do not exist: while their slot
 -- migrates, Redis Cluster answers TRYAGAIN to a call whose keys are partly there (the call did
 -- not run), and the caller tries again within its deadline.
 -- Returns  {1, fencing token or 0} acquired; {0, ms} not acquired: wait at most ms for a
 --          message before trying again (-1: the holder set no lease)
 -- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[4] is not a
---          counter; ERR when a queue key is not a sorted set; nothing is written then. Any other
---          refusal to read KEYS[1] (an ACL) as the server gave it.
+--          counter; ERR when a queue key is not a sorted set, or ARGV[6] or ARGV[7] is missing;
+--          nothing is written then. Any other refusal to read KEYS[1] (an ACL) as the server gave
+--          it.
 local queue, lapses = KEYS[2], KEYS[3]
+local channel, grace = ARGV[6], tonumber(ARGV[7])
 if ARGV[3] == '1' and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
+if not channel or not grace or grace < 1 then
+    return redis.error_reply('ERR an acquisition names the release channel and the grace (ARGV[6], ARGV[7])')
 end
 -- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
 -- writes nothing when the key exists, whatever its type; a refused write (out of memory, a
@@ -70,6 +80,31 @@ end
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -77,11 +112,14 @@ end
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
-local function queue_prune(q, w, now)
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
+local function queue_prune(q, w, now, channel)
     if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -90,11 +128,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -111,13 +153,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -144,32 +189,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -181,6 +204,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -192,7 +216,7 @@ end
 -- A head that does not come within the grace lapses, and the lock is free again: it holds no
 -- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         return false
@@ -212,7 +236,7 @@ end
 -- mark may stay until the key goes or the owner's entry is taken over). True when someone was
 -- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local run = queue_runners(q)
     local acquisition, lease, owner
     if #run == 1 then
@@ -279,8 +303,9 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
 -- Lapsed waiters matter only when the lock may be free for this one (see queue_prune).
-if queued and (not holder or holder == 'queued:' .. id) then
-    queue_prune(queue, lapses, now)
+local free = queued and (not holder or holder == 'queued:' .. id)
+if free then
+    queue_prune(queue, lapses, now, channel)
 end
 if holder == ARGV[1] then
     -- This very attempt, sent again after its reply was lost: it acquired.
@@ -305,19 +330,24 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
     end
     return {1, fence}
 end
+-- Free, but another waiter heads the queue: it is handed the lock, for no longer than its entry
+-- lives.
+if free then
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    local left = tonumber(redis.call('ZSCORE', lapses, head)) - now
+    queue_hand_on(KEYS[1], queue, lapses, channel, now, math.max(math.min(grace, left), 1))
+end
 -- At most 2^40 ms, the longest lease: a longer TTL is no lock's (it may be centuries), and the
 -- cap keeps every number an exact integer here, in the queue's commands and in the waiter's
 -- clock arithmetic. A waiter told that much asks again then.
-local wait = math.min(holder and redis.call('PTTL', KEYS[1]) or
-    (tonumber(redis.call('ZSCORE', lapses, redis.call('ZRANGE', queue, 0, 0)[1])) or now) - now,
-    1099511627776)
+local wait = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
 if ARGV[5] ~= '0' then
     queue_join(queue, lapses, id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                math.max(wait, 0) + tonumber(ARGV[5]))
 end
 return {0, wait}
 )lua",
-    "1ffdf79a55156e504f20514928512655aa235682"};
+    "caed436bbf5b8002b3e25648b3075aac59643309"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -364,6 +394,31 @@ end
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -371,11 +426,14 @@ end
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
-local function queue_prune(q, w, now)
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
+local function queue_prune(q, w, now, channel)
     if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -384,11 +442,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -405,13 +467,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -438,32 +503,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -475,6 +518,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -486,7 +530,7 @@ end
 -- A head that does not come within the grace lapses, and the lock is free again: it holds no
 -- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         return false
@@ -506,7 +550,7 @@ end
 -- mark may stay until the key goes or the owner's entry is taken over). True when someone was
 -- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local run = queue_runners(q)
     local acquisition, lease, owner
     if #run == 1 then
@@ -563,7 +607,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "76380100e3ea91d7d794effe72a9cbee53604a7b"};
+    "75e8e9cce37eff74600617ec4bac99958796cc2f"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -587,6 +631,31 @@ inline constexpr script queue_leave{
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -594,11 +663,14 @@ inline constexpr script queue_leave{
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
-local function queue_prune(q, w, now)
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
+local function queue_prune(q, w, now, channel)
     if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -607,11 +679,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -628,13 +704,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -661,32 +740,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -698,6 +755,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -709,7 +767,7 @@ end
 -- A head that does not come within the grace lapses, and the lock is free again: it holds no
 -- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         return false
@@ -729,7 +787,7 @@ end
 -- mark may stay until the key goes or the owner's entry is taken over). True when someone was
 -- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local run = queue_runners(q)
     local acquisition, lease, owner
     if #run == 1 then
@@ -819,7 +877,7 @@ elseif kind == 'none' then
     return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 -- Read-held: only readers may join now.
-queue_prune(queue, lapses, now)
+queue_prune(queue, lapses, now, ARGV[2])
 local run = queue_runners(queue)
 if string.sub(run[1] or 'w', 1, 1) ~= 'r' then
     return 0
@@ -827,7 +885,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "5f4bd29e1c39ed25bc03ee4603884a685954c052"};
+    "27ab4103b3f2c4eda8edbaff86ff86442118fcc7"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -850,18 +908,28 @@ inline constexpr script recursive_acquire{
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
 --          is claimed as it is, with any re-entries other calls of the owner made since,
 --          whatever ARGV[5] says, unless the object gave it up (ARGV[6]); the call then leaves
---          the queue
+--          the queue. Until that claim the entry is the waiter's reservation, kept for the grace
+--          only: other calls of the owner wait for the claim rather than enter it (their entry
+--          would make it a lease, held for a waiter that may never come).
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
+-- ARGV[9]  the release channel; ARGV[10] the grace, ms, a told waiter has to come: a free lock
+--          the queue keeps from this attempt, because another waiter heads it, is handed to that
+--          head as a release would hand it on (see queue_hand_on_entry in _queue.lua)
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, ms, ''} not acquired: wait at most ms for a message before trying again
 --          (the holder's PTTL, or how long the waiter told to go has to come). fence is 0 when
 --          none was drawn.
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[4] not a fencing counter; ERR
---          when a queue key is not a sorted set; nothing is written then.
+--          when a queue key is not a sorted set, or ARGV[9] or ARGV[10] is missing; nothing is
+--          written then.
 local queue, lapses = KEYS[2], KEYS[3]
+local channel, grace = ARGV[9], tonumber(ARGV[10])
 if ARGV[3] == '1' and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
+if not channel or not grace or grace < 1 then
+    return redis.error_reply('ERR an acquisition names the release channel and the grace (ARGV[9], ARGV[10])')
 end
 -- Gives the key our lease, or keeps what it has left if that is longer: every object of the
 -- owner that entered counts on its own lease, and none may lose it to a shorter one. A TTL over
@@ -910,23 +978,26 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-if id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.') then
-    -- Claimed: the call leaves the queue, where its place was kept until it came. The mark
-    -- stays: a call that acquires never leaves the queue itself, and one whose reply is lost and
-    -- that gives up then still takes back its one entry.
-    lease_key()
-    redis.call('ZREM', queue, ARGV[7])
-    redis.call('ZREM', lapses, ARGV[7])
-    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+-- The owner's entry was handed to this call's waiter (and not given up since): claimed.
+local claim = id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.')
+local taken_over = id and not claim and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
+-- An entry handed to a waiter of the owner is a reservation until that waiter claims it, and
+-- leaves the queue: while it still heads it, the entry is not claimed. (A queue key of another
+-- type is refused below, unless this is a re-entry that need not touch it.)
+local reserved = false
+if id and not claim and not taken_over and
+    redis.call('HGET', KEYS[1], 'handed:' .. ARGV[1]) == id then
+    local head = redis.pcall('ZRANGE', queue, 0, 0)
+    reserved = not head.err and head[1] ~= nil and string.sub(head[1], 1, #id + 2) == 'h' .. id .. '.'
 end
-local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
-if id and not taken_over then
+if id and not claim and not taken_over and not reserved and ARGV[8] == '0' then
+    -- A re-entry with no place in the queue to leave: the common case, before the queue's
+    -- helpers are defined.
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
     lease_key()
     return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
--- Taken over, free with waiters, or held by another owner: only now are the queue's helpers
--- defined (see mutex_release.lua).
+-- Only now are the queue's helpers defined (see mutex_release.lua).
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
@@ -934,6 +1005,31 @@ end
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -941,11 +1037,14 @@ end
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
-local function queue_prune(q, w, now)
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
+local function queue_prune(q, w, now, channel)
     if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -954,11 +1053,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -975,13 +1078,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -1008,32 +1114,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -1045,6 +1129,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -1056,7 +1141,7 @@ end
 -- A head that does not come within the grace lapses, and the lock is free again: it holds no
 -- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         return false
@@ -1076,7 +1161,7 @@ end
 -- mark may stay until the key goes or the owner's entry is taken over). True when someone was
 -- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local run = queue_runners(q)
     local acquisition, lease, owner
     if #run == 1 then
@@ -1148,22 +1233,45 @@ local function wait(ms, now, time)
     end
     return {0, ms, ''}
 end
+if claim then
+    -- The call leaves the queue, where its place was kept until it came. The mark stays: a call
+    -- that acquires never leaves the queue itself, and one whose reply is lost and that gives up
+    -- then still takes back its one entry.
+    lease_key()
+    queue_leave(queue, lapses, ARGV[7])
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+end
 if taken_over then
     return enter(true)
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if reserved then
+    return wait(redis.call('PTTL', KEYS[1]), now, time)
+elseif id then
+    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    lease_key()
+    if ARGV[8] ~= '0' then
+        queue_leave(queue, lapses, ARGV[7])
+    end
+    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+end
 if kind == 'none' then
-    queue_prune(queue, lapses, now)
+    queue_prune(queue, lapses, now, channel)
     if queue_allows(queue, ARGV[7]) then
         return enter(false)
     end
+    -- Another waiter heads the queue: it is handed the lock, for no longer than its entry lives.
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    return wait((tonumber(redis.call('ZSCORE', lapses, head)) or now) - now, now, time)
+    local left = tonumber(redis.call('ZSCORE', lapses, head)) - now
+    grace = math.max(math.min(grace, left), 1)
+    queue_hand_on_entry(KEYS[1], queue, lapses, channel, now, grace)
+    local kept = redis.call('PTTL', KEYS[1])
+    return wait(kept > 0 and kept or grace, now, time)
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "968da8628fefc184cd6e74c40869f4549e01303b"};
+    "e23dcc2d6a61b2fcf1ae22cc2850e71f9819086e"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1231,6 +1339,31 @@ end
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1238,11 +1371,14 @@ end
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
-local function queue_prune(q, w, now)
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
+local function queue_prune(q, w, now, channel)
     if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -1251,11 +1387,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -1272,13 +1412,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -1305,32 +1448,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -1342,6 +1463,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -1353,7 +1475,7 @@ end
 -- A head that does not come within the grace lapses, and the lock is free again: it holds no
 -- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         return false
@@ -1373,7 +1495,7 @@ end
 -- mark may stay until the key goes or the owner's entry is taken over). True when someone was
 -- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local run = queue_runners(q)
     local acquisition, lease, owner
     if #run == 1 then
@@ -1430,7 +1552,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "e5dda34d13009a23e5641e3e098a04c5dbea2ba8"};
+    "a9d30c4aa9743ada9840f3fa327da8046b2f129e"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1458,16 +1580,24 @@ inline constexpr script shared_acquire{
 --          separated by spaces, or '': entries of this owner with these ids are dropped
 -- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
+-- ARGV[10] the release channel; ARGV[11] the grace, ms, a told waiter has to come: when no one
+--          holds but the queue keeps the lock from this attempt, the waiters it lets go are told,
+--          as a release would tell them, each with the grace to come
 -- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
 --          {0, ms, ''} must wait: at most ms for a message before trying again;
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock or KEYS[4] not a fencing counter; ERR
---          when a queue key is not a sorted set; nothing is written then.
+--          when a queue key is not a sorted set, or ARGV[10] or ARGV[11] is missing; nothing is
+--          written then.
 local queue, lapses = KEYS[2], KEYS[3]
 local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local channel, grace = ARGV[10], tonumber(ARGV[11])
 local fenced = want == 'w' and ARGV[4] == '1'
 if fenced and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
+if not channel or not grace or grace < 1 then
+    return redis.error_reply('ERR an acquisition names the release channel and the grace (ARGV[10], ARGV[11])')
 end
 local last_fence = fenced and redis.call('GET', KEYS[4])
 if last_fence and (#last_fence > 16 or not string.match(last_fence, '^%d+$')) then
@@ -1502,6 +1632,31 @@ end
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1509,11 +1664,14 @@ end
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
-local function queue_prune(q, w, now)
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
+local function queue_prune(q, w, now, channel)
     if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -1522,11 +1680,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -1543,13 +1705,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -1576,32 +1741,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -1613,6 +1756,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -1624,7 +1768,7 @@ end
 -- A head that does not come within the grace lapses, and the lock is free again: it holds no
 -- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         return false
@@ -1644,7 +1788,7 @@ end
 -- mark may stay until the key goes or the owner's entry is taken over). True when someone was
 -- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local run = queue_runners(q)
     local acquisition, lease, owner
     if #run == 1 then
@@ -1744,7 +1888,7 @@ elseif mine[want] then
 end
 local queued = redis.call('EXISTS', queue) == 1
 if queued then
-    queue_prune(queue, lapses, now)
+    queue_prune(queue, lapses, now, channel)
 end
 if not result and not retried and
     (others.w or (want == 'w' and others.r) or
@@ -1755,8 +1899,15 @@ if not result and not retried and
         redis.call('DEL', KEYS[1])
     end
     if not (others.w or others.r) then
-        local head = redis.call('ZRANGE', queue, 0, 0)[1]
-        longest = (tonumber(redis.call('ZSCORE', lapses, head)) or now) - now
+        -- No one holds, but others wait before us: they are told they may go, as a release
+        -- would tell them, with no longer than their entries live. A head that does not come (one
+        -- that moved up when the entry before it lapsed may have died long ago) then holds the
+        -- lock up for the grace only.
+        local run = queue_runners(queue)
+        local head = run[1]
+        local left = tonumber(redis.call('ZSCORE', lapses, head)) - now
+        queue_notify(queue, lapses, channel, run, now, math.max(math.min(grace, left), 1))
+        longest = tonumber(redis.call('ZSCORE', lapses, head)) - now
     end
     if ARGV[9] ~= '0' then
         queue_join(queue, lapses, ARGV[5], now,
@@ -1781,7 +1932,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "7cc6ac85f9711824bfd63ddf5e4320d1d65e4907"};
+    "7ce596076b470cce8b35e2eef6e0ddb16c4af292"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -1893,6 +2044,31 @@ end
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1900,11 +2076,14 @@ end
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
-local function queue_prune(q, w, now)
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
+local function queue_prune(q, w, now, channel)
     if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -1913,11 +2092,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -1934,13 +2117,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -1967,32 +2153,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -2004,6 +2168,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -2015,7 +2180,7 @@ end
 -- A head that does not come within the grace lapses, and the lock is free again: it holds no
 -- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         return false
@@ -2035,7 +2200,7 @@ end
 -- mark may stay until the key goes or the owner's entry is taken over). True when someone was
 -- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local run = queue_runners(q)
     local acquisition, lease, owner
     if #run == 1 then
@@ -2088,7 +2253,7 @@ if refused then
     return refused
 end
 leave()
-queue_prune(queue, lapses, now)
+queue_prune(queue, lapses, now, ARGV[4])
 local run = queue_runners(queue)
 if #run == 0 or (holders and string.sub(run[1], 1, 1) ~= 'r') then
     return 1
@@ -2096,7 +2261,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "63067b0e2d3b83f5826df8b614940f8de5ea87ec"};
+    "2f4af0b33dff645b868c9a383e3ffd970cce7756"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -2106,6 +2271,31 @@ inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue 
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -2113,11 +2303,14 @@ inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue 
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
-local function queue_prune(q, w, now)
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
+local function queue_prune(q, w, now, channel)
     if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -2126,11 +2319,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -2147,13 +2344,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -2180,32 +2380,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -2217,6 +2395,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -2228,7 +2407,7 @@ end
 -- A head that does not come within the grace lapses, and the lock is free again: it holds no
 -- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         return false
@@ -2248,7 +2427,7 @@ end
 -- mark may stay until the key goes or the owner's entry is taken over). True when someone was
 -- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local run = queue_runners(q)
     local acquisition, lease, owner
     if #run == 1 then

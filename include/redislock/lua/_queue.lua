@@ -5,6 +5,31 @@
 -- one for a reentrant lock, that the lock may be handed to: kept for it, under its own token or
 -- as an entry of its owner, until it comes to take it. An id ending in '@<tag>' is told on its
 -- client's channel, '<release channel>:<tag>'.
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -12,11 +37,14 @@
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
-local function queue_prune(q, w, now)
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
+local function queue_prune(q, w, now, channel)
     if redis.call('ZCARD', q) ~= redis.call('ZCARD', w) then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -25,11 +53,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -46,13 +78,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -79,32 +114,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -116,6 +129,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -127,7 +141,7 @@ end
 -- A head that does not come within the grace lapses, and the lock is free again: it holds no
 -- one up for its lease. True when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local head = redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         return false
@@ -147,7 +161,7 @@ end
 -- mark may stay until the key goes or the owner's entry is taken over). True when someone was
 -- told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
-    queue_prune(q, w, now)
+    queue_prune(q, w, now, channel)
     local run = queue_runners(q)
     local acquisition, lease, owner
     if #run == 1 then

@@ -54,7 +54,7 @@ elseif kind == 'none' then
     return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 -- Read-held: only readers may join now.
-queue_prune(queue, lapses, now)
+queue_prune(queue, lapses, now, ARGV[2])
 local run = queue_runners(queue)
 if string.sub(run[1] or 'w', 1, 1) ~= 'r' then
     return 0

@@ -74,7 +74,7 @@ if refused then
     return refused
 end
 leave()
-queue_prune(queue, lapses, now)
+queue_prune(queue, lapses, now, ARGV[4])
 local run = queue_runners(queue)
 if #run == 0 or (holders and string.sub(run[1], 1, 1) ~= 'r') then
     return 1
