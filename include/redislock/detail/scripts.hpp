@@ -334,7 +334,7 @@ end
 -- lives.
 if free then
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    local left = tonumber(redis.call('ZSCORE', lapses, head)) - now
+    local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
     queue_hand_on(KEYS[1], queue, lapses, channel, now, math.max(math.min(grace, left), 1))
 end
 -- At most 2^40 ms, the longest lease: a longer TTL is no lock's (it may be centuries), and the
@@ -347,7 +347,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "caed436bbf5b8002b3e25648b3075aac59643309"};
+    "b2358775a4cb9102d29cdeef58ea1f0a452bd83c"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -1263,7 +1263,7 @@ if kind == 'none' then
     end
     -- Another waiter heads the queue: it is handed the lock, for no longer than its entry lives.
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    local left = tonumber(redis.call('ZSCORE', lapses, head)) - now
+    local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
     grace = math.max(math.min(grace, left), 1)
     queue_hand_on_entry(KEYS[1], queue, lapses, channel, now, grace)
     local kept = redis.call('PTTL', KEYS[1])
@@ -1271,7 +1271,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "e23dcc2d6a61b2fcf1ae22cc2850e71f9819086e"};
+    "287916167747f1c84302a815386aeb9ed361caac"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1905,9 +1905,9 @@ if not result and not retried and
         -- lock up for the grace only.
         local run = queue_runners(queue)
         local head = run[1]
-        local left = tonumber(redis.call('ZSCORE', lapses, head)) - now
+        local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
         queue_notify(queue, lapses, channel, run, now, math.max(math.min(grace, left), 1))
-        longest = tonumber(redis.call('ZSCORE', lapses, head)) - now
+        longest = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
     end
     if ARGV[9] ~= '0' then
         queue_join(queue, lapses, ARGV[5], now,
@@ -1932,7 +1932,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "7ce596076b470cce8b35e2eef6e0ddb16c4af292"};
+    "56e1200a898f01a7c742765b0f252575a430f7d3"};
 
 inline constexpr script shared_extend{
     "shared_extend",

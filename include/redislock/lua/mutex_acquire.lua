@@ -96,7 +96,7 @@ end
 -- lives.
 if free then
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    local left = tonumber(redis.call('ZSCORE', lapses, head)) - now
+    local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
     queue_hand_on(KEYS[1], queue, lapses, channel, now, math.max(math.min(grace, left), 1))
 end
 -- At most 2^40 ms, the longest lease: a longer TTL is no lock's (it may be centuries), and the

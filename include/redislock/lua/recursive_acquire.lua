@@ -162,7 +162,7 @@ if kind == 'none' then
     end
     -- Another waiter heads the queue: it is handed the lock, for no longer than its entry lives.
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    local left = tonumber(redis.call('ZSCORE', lapses, head)) - now
+    local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
     grace = math.max(math.min(grace, left), 1)
     queue_hand_on_entry(KEYS[1], queue, lapses, channel, now, grace)
     local kept = redis.call('PTTL', KEYS[1])

@@ -137,9 +137,9 @@ if not result and not retried and
         -- lock up for the grace only.
         local run = queue_runners(queue)
         local head = run[1]
-        local left = tonumber(redis.call('ZSCORE', lapses, head)) - now
+        local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
         queue_notify(queue, lapses, channel, run, now, math.max(math.min(grace, left), 1))
-        longest = tonumber(redis.call('ZSCORE', lapses, head)) - now
+        longest = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
     end
     if ARGV[9] ~= '0' then
         queue_join(queue, lapses, ARGV[5], now,
