@@ -60,7 +60,8 @@ if ARGV[3] == '1' and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
 end
 if not channel or not grace or grace < 1 then
-    return redis.error_reply('ERR an acquisition names the release channel and the grace (ARGV[6], ARGV[7])')
+    return redis.error_reply('ERR an acquisition names the release channel and the grace ' ..
+                             '(ARGV[6], ARGV[7])')
 end
 -- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
 -- writes nothing when the key exists, whatever its type; a refused write (out of memory, a
@@ -330,24 +331,31 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
     end
     return {1, fence}
 end
--- Free, but another waiter heads the queue: it is handed the lock, for no longer than its entry
--- lives.
+-- Free, but another waiter heads the queue. One whose entry lapses within the grace was told
+-- its turn already, or soon lapses: this one waits for that. Any other is handed the lock as a
+-- release would hand it on (told, its entry lapsing with the grace).
+local wait
 if free then
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
-    queue_hand_on(KEYS[1], queue, lapses, channel, now, math.max(math.min(grace, left), 1))
+    wait = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
+    if wait > grace then
+        queue_hand_on(KEYS[1], queue, lapses, channel, now, grace)
+        wait = redis.call('PTTL', KEYS[1])
+    end
+else
+    wait = redis.call('PTTL', KEYS[1])
 end
 -- At most 2^40 ms, the longest lease: a longer TTL is no lock's (it may be centuries), and the
 -- cap keeps every number an exact integer here, in the queue's commands and in the waiter's
 -- clock arithmetic. A waiter told that much asks again then.
-local wait = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+wait = math.min(wait, 1099511627776)
 if ARGV[5] ~= '0' then
     queue_join(queue, lapses, id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                math.max(wait, 0) + tonumber(ARGV[5]))
 end
 return {0, wait}
 )lua",
-    "b2358775a4cb9102d29cdeef58ea1f0a452bd83c"};
+    "67929f00c0889d2ffc4c7f101b98eadb7356f65f"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -929,7 +937,8 @@ if ARGV[3] == '1' and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
 end
 if not channel or not grace or grace < 1 then
-    return redis.error_reply('ERR an acquisition names the release channel and the grace (ARGV[9], ARGV[10])')
+    return redis.error_reply('ERR an acquisition names the release channel and the grace ' ..
+                             '(ARGV[9], ARGV[10])')
 end
 -- Gives the key our lease, or keeps what it has left if that is longer: every object of the
 -- owner that entered counts on its own lease, and none may lose it to a shorter one. A TTL over
@@ -988,7 +997,8 @@ local reserved = false
 if id and not claim and not taken_over and
     redis.call('HGET', KEYS[1], 'handed:' .. ARGV[1]) == id then
     local head = redis.pcall('ZRANGE', queue, 0, 0)
-    reserved = not head.err and head[1] ~= nil and string.sub(head[1], 1, #id + 2) == 'h' .. id .. '.'
+    reserved = not head.err and head[1] ~= nil and
+        string.sub(head[1], 1, #id + 2) == 'h' .. id .. '.'
 end
 if id and not claim and not taken_over and not reserved and ARGV[8] == '0' then
     -- A re-entry with no place in the queue to leave: the common case, before the queue's
@@ -1261,17 +1271,21 @@ if kind == 'none' then
     if queue_allows(queue, ARGV[7]) then
         return enter(false)
     end
-    -- Another waiter heads the queue: it is handed the lock, for no longer than its entry lives.
+    -- Another waiter heads the queue. One whose entry lapses within the grace was told its turn
+    -- already, or soon lapses: wait for that. Any other is handed the lock as a release would
+    -- hand it on (told, its entry lapsing with the grace).
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
     local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
-    grace = math.max(math.min(grace, left), 1)
+    if left <= grace then
+        return wait(left, now, time)
+    end
     queue_hand_on_entry(KEYS[1], queue, lapses, channel, now, grace)
     local kept = redis.call('PTTL', KEYS[1])
     return wait(kept > 0 and kept or grace, now, time)
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "287916167747f1c84302a815386aeb9ed361caac"};
+    "e417f89e14ba9e1d57a2e86aa4f8c3ea89575c88"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1597,7 +1611,8 @@ if fenced and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
 end
 if not channel or not grace or grace < 1 then
-    return redis.error_reply('ERR an acquisition names the release channel and the grace (ARGV[10], ARGV[11])')
+    return redis.error_reply('ERR an acquisition names the release channel and the grace ' ..
+                             '(ARGV[10], ARGV[11])')
 end
 local last_fence = fenced and redis.call('GET', KEYS[4])
 if last_fence and (#last_fence > 16 or not string.match(last_fence, '^%d+$')) then
@@ -1899,15 +1914,17 @@ if not result and not retried and
         redis.call('DEL', KEYS[1])
     end
     if not (others.w or others.r) then
-        -- No one holds, but others wait before us: they are told they may go, as a release
-        -- would tell them, with no longer than their entries live. A head that does not come (one
-        -- that moved up when the entry before it lapsed may have died long ago) then holds the
-        -- lock up for the grace only.
+        -- No one holds, but others wait before us. A head whose entry lapses within the grace
+        -- was told its turn already, or soon lapses: wait for that. Else the ones the queue lets
+        -- go are told, as a release would tell them, their entries lapsing with the grace: a
+        -- head that does not come (one that moved up when the entry before it lapsed may have
+        -- died long ago) then holds the lock up for the grace only.
         local run = queue_runners(queue)
-        local head = run[1]
-        local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
-        queue_notify(queue, lapses, channel, run, now, math.max(math.min(grace, left), 1))
-        longest = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
+        longest = (tonumber(redis.call('ZSCORE', lapses, run[1])) or now + grace) - now
+        if longest > grace then
+            queue_notify(queue, lapses, channel, run, now, grace)
+            longest = grace
+        end
     end
     if ARGV[9] ~= '0' then
         queue_join(queue, lapses, ARGV[5], now,
@@ -1932,7 +1949,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "56e1200a898f01a7c742765b0f252575a430f7d3"};
+    "d3bf57ef289a4b83c160296f90cd900bbee8d4e8"};
 
 inline constexpr script shared_extend{
     "shared_extend",

@@ -32,7 +32,8 @@ if ARGV[3] == '1' and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
 end
 if not channel or not grace or grace < 1 then
-    return redis.error_reply('ERR an acquisition names the release channel and the grace (ARGV[6], ARGV[7])')
+    return redis.error_reply('ERR an acquisition names the release channel and the grace ' ..
+                             '(ARGV[6], ARGV[7])')
 end
 -- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
 -- writes nothing when the key exists, whatever its type; a refused write (out of memory, a
@@ -92,17 +93,24 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
     end
     return {1, fence}
 end
--- Free, but another waiter heads the queue: it is handed the lock, for no longer than its entry
--- lives.
+-- Free, but another waiter heads the queue. One whose entry lapses within the grace was told
+-- its turn already, or soon lapses: this one waits for that. Any other is handed the lock as a
+-- release would hand it on (told, its entry lapsing with the grace).
+local wait
 if free then
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
-    queue_hand_on(KEYS[1], queue, lapses, channel, now, math.max(math.min(grace, left), 1))
+    wait = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
+    if wait > grace then
+        queue_hand_on(KEYS[1], queue, lapses, channel, now, grace)
+        wait = redis.call('PTTL', KEYS[1])
+    end
+else
+    wait = redis.call('PTTL', KEYS[1])
 end
 -- At most 2^40 ms, the longest lease: a longer TTL is no lock's (it may be centuries), and the
 -- cap keeps every number an exact integer here, in the queue's commands and in the waiter's
 -- clock arithmetic. A waiter told that much asks again then.
-local wait = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
+wait = math.min(wait, 1099511627776)
 if ARGV[5] ~= '0' then
     queue_join(queue, lapses, id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                math.max(wait, 0) + tonumber(ARGV[5]))

@@ -38,7 +38,8 @@ if ARGV[3] == '1' and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
 end
 if not channel or not grace or grace < 1 then
-    return redis.error_reply('ERR an acquisition names the release channel and the grace (ARGV[9], ARGV[10])')
+    return redis.error_reply('ERR an acquisition names the release channel and the grace ' ..
+                             '(ARGV[9], ARGV[10])')
 end
 -- Gives the key our lease, or keeps what it has left if that is longer: every object of the
 -- owner that entered counts on its own lease, and none may lose it to a shorter one. A TTL over
@@ -97,7 +98,8 @@ local reserved = false
 if id and not claim and not taken_over and
     redis.call('HGET', KEYS[1], 'handed:' .. ARGV[1]) == id then
     local head = redis.pcall('ZRANGE', queue, 0, 0)
-    reserved = not head.err and head[1] ~= nil and string.sub(head[1], 1, #id + 2) == 'h' .. id .. '.'
+    reserved = not head.err and head[1] ~= nil and
+        string.sub(head[1], 1, #id + 2) == 'h' .. id .. '.'
 end
 if id and not claim and not taken_over and not reserved and ARGV[8] == '0' then
     -- A re-entry with no place in the queue to leave: the common case, before the queue's
@@ -160,10 +162,14 @@ if kind == 'none' then
     if queue_allows(queue, ARGV[7]) then
         return enter(false)
     end
-    -- Another waiter heads the queue: it is handed the lock, for no longer than its entry lives.
+    -- Another waiter heads the queue. One whose entry lapses within the grace was told its turn
+    -- already, or soon lapses: wait for that. Any other is handed the lock as a release would
+    -- hand it on (told, its entry lapsing with the grace).
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
     local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
-    grace = math.max(math.min(grace, left), 1)
+    if left <= grace then
+        return wait(left, now, time)
+    end
     queue_hand_on_entry(KEYS[1], queue, lapses, channel, now, grace)
     local kept = redis.call('PTTL', KEYS[1])
     return wait(kept > 0 and kept or grace, now, time)

@@ -39,7 +39,8 @@ if fenced and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
 end
 if not channel or not grace or grace < 1 then
-    return redis.error_reply('ERR an acquisition names the release channel and the grace (ARGV[10], ARGV[11])')
+    return redis.error_reply('ERR an acquisition names the release channel and the grace ' ..
+                             '(ARGV[10], ARGV[11])')
 end
 local last_fence = fenced and redis.call('GET', KEYS[4])
 if last_fence and (#last_fence > 16 or not string.match(last_fence, '^%d+$')) then
@@ -131,15 +132,17 @@ if not result and not retried and
         redis.call('DEL', KEYS[1])
     end
     if not (others.w or others.r) then
-        -- No one holds, but others wait before us: they are told they may go, as a release
-        -- would tell them, with no longer than their entries live. A head that does not come (one
-        -- that moved up when the entry before it lapsed may have died long ago) then holds the
-        -- lock up for the grace only.
+        -- No one holds, but others wait before us. A head whose entry lapses within the grace
+        -- was told its turn already, or soon lapses: wait for that. Else the ones the queue lets
+        -- go are told, as a release would tell them, their entries lapsing with the grace: a
+        -- head that does not come (one that moved up when the entry before it lapsed may have
+        -- died long ago) then holds the lock up for the grace only.
         local run = queue_runners(queue)
-        local head = run[1]
-        local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
-        queue_notify(queue, lapses, channel, run, now, math.max(math.min(grace, left), 1))
-        longest = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
+        longest = (tonumber(redis.call('ZSCORE', lapses, run[1])) or now + grace) - now
+        if longest > grace then
+            queue_notify(queue, lapses, channel, run, now, grace)
+            longest = grace
+        end
     end
     if ARGV[9] ~= '0' then
         queue_join(queue, lapses, ARGV[5], now,
