@@ -65,14 +65,14 @@ auto own_scripts(redislock::bench::raw_baseline& raw) {
         scripts::recursive_release,
         "bench:recursive_raw_scripts",
         [](std::string_view sha, const lock& a, std::string_view id) {
-            return std::array<std::string_view, 15>{"EVALSHA", sha,     "2", a.name,  a.fence,
-                                                    a.owner,   a.lease, "0", id,      "1",
-                                                    "",        "w",     "0", a.queue, a.lapses};
+            return std::array<std::string_view, 16>{
+                "EVALSHA", sha, "3", a.name, a.queue, a.lapses, a.owner,   a.lease,
+                "0",       id,  "1", "",     "w",     "0",      a.channel, a.grace};
         },
         [](std::string_view sha, const lock& a, std::string_view id) {
-            return std::array<std::string_view, 12>{"EVALSHA", sha,     "1",     a.name,
-                                                    a.owner,   "1",     a.lease, a.channel,
-                                                    id,        a.grace, a.queue, a.lapses};
+            return std::array<std::string_view, 12>{"EVALSHA", sha,       "3",     a.name,
+                                                    a.queue,   a.lapses,  a.owner, "1",
+                                                    a.lease,   a.channel, id,      a.grace};
         }};
 }
 

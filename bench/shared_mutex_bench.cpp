@@ -79,14 +79,14 @@ auto own_scripts(redislock::bench::raw_baseline& raw, std::string_view mode) {
         scripts::shared_release,
         "bench:shared_raw_scripts_" + std::string{mode},
         [mode](std::string_view sha, const lock& a, std::string_view id) {
-            return std::array<std::string_view, 16>{
-                "EVALSHA", sha,  "2", a.name, a.fence, a.owner, mode,    a.lease,
-                "0",       mode, id,  "1",    "",      "0",     a.queue, a.lapses};
+            return std::array<std::string_view, 17>{
+                "EVALSHA", sha,  "3", a.name, a.queue, a.lapses, a.owner,   mode,   a.lease,
+                "0",       mode, id,  "1",    "",      "0",      a.channel, a.grace};
         },
         [mode](std::string_view sha, const lock& a, std::string_view id) {
-            return std::array<std::string_view, 12>{"EVALSHA", sha,     "1",     a.name,
-                                                    a.owner,   mode,    "1",     a.channel,
-                                                    id,        a.grace, a.queue, a.lapses};
+            return std::array<std::string_view, 12>{"EVALSHA", sha,       "3",     a.name,
+                                                    a.queue,   a.lapses,  a.owner, mode,
+                                                    "1",       a.channel, id,      a.grace};
         }};
 }
 

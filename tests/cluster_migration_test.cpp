@@ -549,9 +549,9 @@ TEST_F(ClusterMigration, ScriptsOnAMigratingSourceNeverTouchAKeyTheyRemoved) {
     };
     using args3 = std::array<std::string_view, 3>;
     using args4 = std::array<std::string_view, 4>;
-    using args5 = std::array<std::string_view, 5>;
     using args6 = std::array<std::string_view, 6>;
-    using args9 = std::array<std::string_view, 9>;
+    using args7 = std::array<std::string_view, 7>;
+    using args11 = std::array<std::string_view, 11>;
 
     reply r = run(scripts::mutex_release, release, args3{"tok", release.channel, grace});
     EXPECT_EQ(r, reply::integer(2)) << "simple release: " << r.text();
@@ -573,7 +573,8 @@ TEST_F(ClusterMigration, ScriptsOnAMigratingSourceNeverTouchAKeyTheyRemoved) {
     EXPECT_EQ(r, reply::integer(0)) << "simple leave, alone: " << r.text();
     EXPECT_TRUE(gone({alone.lock, alone.queue, alone.waiting}));
 
-    r = run(scripts::mutex_acquire, late, args5{"mine", "600000", "0", "wA", "5000"});
+    r = run(scripts::mutex_acquire, late,
+            args7{"mine", "600000", "0", "wA", "5000", late.channel, grace});
     EXPECT_TRUE(r.is_array()) << "simple acquisition, late: " << r.text();
     EXPECT_EQ(peek({"GET", late.lock}), "mine");
     EXPECT_TRUE(gone({late.queue, late.waiting}));
@@ -595,7 +596,7 @@ TEST_F(ClusterMigration, ScriptsOnAMigratingSourceNeverTouchAKeyTheyRemoved) {
     EXPECT_EQ(peek({"HEXISTS", back.lock, "own"}), "0");
 
     r = run(scripts::shared_acquire, writer,
-            args9{"wr", "w", "600000", "0", "wNew", "a2", "1", "", "5000"});
+            args11{"wr", "w", "600000", "0", "wNew", "a2", "1", "", "5000", writer.channel, grace});
     EXPECT_TRUE(r.is_array()) << "writer behind a reader: " << r.text();
     EXPECT_EQ(peek({"ZRANGE", writer.queue, "0", "-1"}), "wNew");
 
@@ -657,8 +658,13 @@ TEST_F(ClusterMigration, ScriptsInRandomStatesAnswerOnAMigratingSourceAsOnAStabl
             pool = {"wA", "wB", "g0d.600000", "wDead"};
             if (script == 0) {
                 d.s = &scripts::mutex_acquire;
-                d.args = {pick({"tok", "mine", "0d"}), "600000", "0",
-                          pick({"wA", "wB", "g0d.600000", "wNew"}), pick({"0", "5000"})};
+                d.args = {pick({"tok", "mine", "0d"}),
+                          "600000",
+                          "0",
+                          pick({"wA", "wB", "g0d.600000", "wNew"}),
+                          pick({"0", "5000"}),
+                          "$C",
+                          grace};
             } else if (script == 1) {
                 d.s = &scripts::mutex_release;
                 d.args = {pick({"tok", "0d", "x"}), "$C", grace};
@@ -687,7 +693,9 @@ TEST_F(ClusterMigration, ScriptsInRandomStatesAnswerOnAMigratingSourceAsOnAStabl
                           pick({"0", "1"}),
                           pick({"", "a1", "0a"}),
                           pick({"h0a.600000.own", "h0b.600000.other", "h0c.600000.other", "wA"}),
-                          pick({"0", "5000"})};
+                          pick({"0", "5000"}),
+                          "$C",
+                          grace};
             } else if (script == 1) {
                 d.s = &scripts::recursive_release;
                 d.args = {pick({"own", "other"}),   pick({"1", "1000000"}),
@@ -722,7 +730,9 @@ TEST_F(ClusterMigration, ScriptsInRandomStatesAnswerOnAMigratingSourceAsOnAStabl
                           pick({"a1", "a2", "a9"}),
                           pick({"0", "1"}),
                           pick({"", "a1"}),
-                          pick({"0", "5000"})};
+                          pick({"0", "5000"}),
+                          "$C",
+                          grace};
             } else if (script == 1) {
                 d.s = &scripts::shared_release;
                 d.args = {pick({"rdr", "wr"}),    pick({"r", "w"}),

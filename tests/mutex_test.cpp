@@ -862,10 +862,12 @@ std::int64_t queue_waiter(redislock::client& client, std::string_view name,
                           std::string_view waiter) {
     const std::string queue = redislock::detail::derived_key(name, "queue");
     const std::string lapses = redislock::detail::derived_key(name, "waiting");
+    const std::string channel = redislock::detail::derived_key(name, "released");
     const reply r = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::mutex_acquire,
         std::array<std::string_view, 3>{name, queue, lapses},
-        std::array<std::string_view, 5>{"script-token", "60000", "0", waiter, "5000"});
+        std::array<std::string_view, 7>{"script-token", "60000", "0", waiter, "5000", channel,
+                                        "2000"});
     if (!r.is_array() || r.elements().size() != 2) {
         ADD_FAILURE() << "unexpected reply: " << r.text();
         return -1;

@@ -116,19 +116,22 @@ std::string waiter_for(std::string_view owner) {
 // Without `id`, offers the owner's id_for(). `holds_none` ('1': the calling object holds no
 // entry) and `given_up` (the object's last given-up acquisition) default to an object that holds
 // an entry and gave up nothing, so an owner's entry is re-entered. `keep` '0' is a try that does
-// not join the waiting queue; otherwise a refused attempt queues waiter_for(owner).
+// not join the waiting queue; otherwise a refused attempt queues waiter_for(owner). A free lock
+// the queue keeps from the caller goes to the head for `grace` ms.
 redislock::reply run_acquire(redislock::client& client, std::string_view key,
                              std::string_view owner, std::string_view lease_ms,
                              std::string_view fencing, std::optional<std::string> id = std::nullopt,
                              std::string_view holds_none = "0", std::string_view given_up = "",
-                             std::string_view keep = "0", std::string_view waiter_id = "") {
+                             std::string_view keep = "0", std::string_view waiter_id = "",
+                             std::string_view grace = "2000") {
     const std::string fence_key = redislock::detail::derived_key(key, "fence");
     const std::string queue_key = redislock::detail::derived_key(key, "queue");
     const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
+    const std::string channel = redislock::detail::derived_key(key, "released");
     const std::string offered = id.value_or(id_for(owner));
     const std::string waiter = waiter_id.empty() ? waiter_for(owner) : std::string{waiter_id};
-    const std::array<std::string_view, 8> args{owner,      lease_ms, fencing, offered,
-                                               holds_none, given_up, waiter,  keep};
+    const std::array<std::string_view, 10> args{owner,    lease_ms, fencing, offered, holds_none,
+                                                given_up, waiter,   keep,    channel, grace};
     if (fencing == "1") {
         return redislock::detail::run_script(
             client.connection(), redislock::detail::scripts::recursive_acquire,
@@ -505,23 +508,30 @@ TEST(RecursiveAcquireScript, EntryHandedToTheCallIsClaimedAsItIsByItsNextAttempt
     ASSERT_EQ(srv.cli({"HGET", "s", "id:o2"}), "00bb");
     ASSERT_EQ(srv.cli({"HGET", "s", "handed:o2"}), "00bb");
 
-    // Another call of the same owner comes first: it re-enters, as any entry of the owner.
-    const auto other = run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-other"}, "1",
-                                   "", "5000", handed_waiter("00cc", "o2"));
-    EXPECT_EQ(integers(other), (std::vector<std::int64_t>{2, 0}));
-    EXPECT_EQ(sole_count(srv, "s"), "2");
+    // Another call of the same owner comes first: the entry is the handed waiter's reservation
+    // until it claims it, so that call waits.
+    const auto other = [&] {
+        return run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-other"}, "1", "",
+                           "5000", handed_waiter("00cc", "o2"));
+    };
+    EXPECT_EQ(integers(other()).at(0), 0);
+    EXPECT_EQ(sole_count(srv, "s"), "1");
 
     // Its message lost, the handed call tries again, even through an object that believes it
-    // holds (a lease it has not yet found lost): it claims the handed entry as it is, keeping the
-    // re-entry, under the handed acquisition id and a fresh lease; the mark stays.
+    // holds (a lease it has not yet found lost): it claims the handed entry as it is, under the
+    // handed acquisition id and a fresh lease; the mark stays.
     const auto again =
         run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "0", "", "5000", o2);
     EXPECT_EQ(integers(again), (std::vector<std::int64_t>{1, 0}));
     EXPECT_EQ(acquisition_id(again), "00bb");
-    EXPECT_EQ(sole_count(srv, "s"), "2");
+    EXPECT_EQ(sole_count(srv, "s"), "1");
     EXPECT_EQ(srv.cli({"HGET", "s", "id:o2"}), "00bb");
     EXPECT_EQ(srv.cli({"HGET", "s", "handed:o2"}), "00bb");
     EXPECT_GT(pttl(srv, "s"), 50'000);
+
+    // The other call comes back: it re-enters the claimed entry, as any entry of the owner.
+    EXPECT_EQ(integers(other()), (std::vector<std::int64_t>{2, 0}));
+    EXPECT_EQ(sole_count(srv, "s"), "2");
 
     // Sent again (its reply lost), the claim changes nothing; each call then leaves its entry.
     EXPECT_EQ(integers(run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "0", "",
@@ -535,6 +545,90 @@ TEST(RecursiveAcquireScript, EntryHandedToTheCallIsClaimedAsItIsByItsNextAttempt
         integers(run_release(client, "s", "o2", "1", "60000", "{s}:released", std::string{"00bb"})),
         std::vector<std::int64_t>{1});
     EXPECT_EQ(exists(srv, "s"), "0");
+}
+
+// The claim of a handed entry checks the queue keys before its first write: with the lapse
+// times turned into a string by another program, it fails having written nothing, and the entry
+// is still kept for the grace only, not for the claimer's lease.
+TEST(RecursiveAcquireScript, ClaimRefusesAQueueKeyOfAnotherTypeBeforeAnyWrite) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::string o2 = handed_waiter("00f2", "o2");
+    ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
+    ASSERT_LE(pttl(srv, "s"), 2000);
+    ASSERT_EQ(srv.cli({"SET", "{s}:waiting", "not a queue"}), "OK");
+
+    const auto claimed =
+        run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "1", "", "5000", o2);
+    EXPECT_TRUE(claimed.is_error()) << claimed.text();
+    EXPECT_LE(pttl(srv, "s"), 2000) << "the claim extended the entry, then failed";
+    EXPECT_EQ(queue_of(srv, "s"), std::vector<std::string>{o2});
+}
+
+// An entry handed to a waiter is a reservation until that waiter's own attempt claims it:
+// another call of the same owner does not enter it (it would turn the reservation into a lease
+// that outlives that call, for a waiter that may never come), but waits, told to come back when
+// the grace is over; once the waiter claimed it, the other call re-enters it and leaves the
+// queue it joined.
+TEST(RecursiveAcquireScript, HandedEntryIsNotEnteredByAnotherCallOfItsOwnerBeforeItsClaim) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::string o2 = handed_waiter("00e2", "o2");
+    const std::string other = handed_waiter("00e9", "o2");
+    ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
+    ASSERT_LE(pttl(srv, "s"), 2000);
+
+    const auto refused = run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-other"}, "1",
+                                     "", "5000", other);
+    EXPECT_EQ(integers(refused).at(0), 0);
+    EXPECT_LE(integers(refused).at(1), 2000);
+    EXPECT_EQ(sole_count(srv, "s"), "1");
+    EXPECT_LE(pttl(srv, "s"), 2000) << "the reservation became a lease";
+    EXPECT_EQ(queue_of(srv, "s"), (std::vector<std::string>{o2, other}));
+
+    // The handed waiter claims it; the other call then re-enters, and is out of the queue.
+    const auto claimed =
+        run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-new"}, "1", "", "5000", o2);
+    EXPECT_EQ(integers(claimed), (std::vector<std::int64_t>{1, 0}));
+    const auto entered = run_acquire(client, "s", "o2", "60000", "0", std::string{"acq-other"}, "1",
+                                     "", "5000", other);
+    EXPECT_EQ(integers(entered), (std::vector<std::int64_t>{2, 0}));
+    EXPECT_EQ(acquisition_id(entered), "00e2");
+    EXPECT_EQ(sole_count(srv, "s"), "2");
+    EXPECT_TRUE(queue_of(srv, "s").empty());
+    EXPECT_EQ(exists(srv, "{s}:waiting"), "0");
+}
+
+// A free lock that the queue keeps from the caller, because an 'h' waiter heads it, is handed to
+// that head as a release would: an entry of its owner kept for the caller's grace, the head told.
+// A head that never comes then holds the lock for the grace only, not until the lapse time it
+// joined with.
+TEST(RecursiveAcquireScript, FreeLockFoundByAWaiterBehindTheHeadIsHandedToTheHeadForTheGrace) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    subscriber released{srv, "{s}:released"};
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0")).at(0), 1);
+    const std::string o2 = handed_waiter("00d2", "o2");
+    ASSERT_EQ(integers(queue_as(client, "s", "o2", o2)).at(0), 0);
+    ASSERT_EQ(integers(queue_owner(client, "s", "o3")).at(0), 0);
+    ASSERT_EQ(srv.cli({"DEL", "s"}), "1");  // gone without a release (expired, say)
+
+    const auto refused =
+        run_acquire(client, "s", "o3", "60000", "0", std::nullopt, "1", "", "5000", "", "3000");
+    EXPECT_EQ(integers(refused).at(0), 0);
+    EXPECT_LE(integers(refused).at(1), 3000) << "asked to wait for the head's old lapse time";
+    EXPECT_EQ(sole_owner(srv, "s"), "o2");
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o2"}), "00d2");
+    EXPECT_LE(pttl(srv, "s"), 3000);
+    EXPECT_EQ(released.next(), o2 + " ?wo3");
+
+    // o2 never comes: once the grace is over, o3 takes the lock.
+    std::this_thread::sleep_for(3100ms);
+    const auto taken =
+        run_acquire(client, "s", "o3", "60000", "0", std::nullopt, "1", "", "5000", "", "3000");
+    EXPECT_EQ(integers(taken).at(0), 1);
+    EXPECT_EQ(sole_owner(srv, "s"), "o3");
+    EXPECT_TRUE(queue_of(srv, "s").empty());
 }
 
 TEST(RecursiveQueueLeaveScript, WaiterHandedTheLockThatGivesUpHandsItOn) {
@@ -557,12 +651,20 @@ TEST(RecursiveQueueLeaveScript, WaiterHandedTheLockThatGivesUpHandsItOn) {
     EXPECT_EQ(integers(run_leave(client, "s", o2)), std::vector<std::int64_t>{0});
     EXPECT_EQ(sole_owner(srv, "s"), "o3");
 
-    // Re-entered since by another call of its owner, the handed entry goes and the re-entry
-    // stays: that call counts on it, and its release frees the lock.
-    ASSERT_EQ(integers(run_acquire(client, "s", "o3", "60000", "0", std::string{"x"}, "1", "",
-                                   "5000", handed_waiter("00d3", "o3")))
+    // Claimed (its reply lost) and re-entered since by another call of its owner, which could
+    // not enter it before the claim, the handed entry goes and the re-entry stays: that call
+    // counts on it, and its release frees the lock.
+    const auto other = [&] {
+        return integers(run_acquire(client, "s", "o3", "60000", "0", std::string{"x"}, "1", "",
+                                    "5000", handed_waiter("00d3", "o3")))
+            .at(0);
+    };
+    ASSERT_EQ(other(), 0);
+    ASSERT_EQ(integers(run_acquire(client, "s", "o3", "60000", "0", std::string{"c3"}, "1", "",
+                                   "5000", o3))
                   .at(0),
-              2);
+              1);
+    ASSERT_EQ(other(), 2);
     EXPECT_EQ(integers(run_leave(client, "s", o3)), std::vector<std::int64_t>{0});
     EXPECT_EQ(sole_count(srv, "s"), "1");
     EXPECT_EQ(srv.cli({"HEXISTS", "s", "handed:o3"}), "0");
@@ -756,7 +858,8 @@ TEST(RecursiveAcquireScript, ReentryReturnsTheFirstEntrysAcquisitionId) {
     const auto reentry = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_acquire,
         std::array<std::string_view, 3>{"s", "{s}:queue", "{s}:waiting"},
-        std::array<std::string_view, 8>{"o1", "60000", "0", "other-id", "0", "", "wo1", "0"});
+        std::array<std::string_view, 10>{"o1", "60000", "0", "other-id", "0", "", "wo1", "0",
+                                         "{s}:released", "2000"});
     EXPECT_EQ(integers(reentry), (std::vector<std::int64_t>{2, 0}));
     EXPECT_EQ(acquisition_id(reentry), id_for("o1"));
     EXPECT_EQ(acquisition_id(run_acquire(client, "s", "o2", "60000", "0")), "");

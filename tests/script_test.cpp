@@ -42,7 +42,7 @@ using keys4 = std::array<std::string_view, 4>;
 using args2 = std::array<std::string_view, 2>;
 using args3 = std::array<std::string_view, 3>;
 using args4 = std::array<std::string_view, 4>;
-using args5 = std::array<std::string_view, 5>;
+using args7 = std::array<std::string_view, 7>;
 
 constexpr std::array all_scripts{scripts::mutex_acquire, scripts::mutex_extend,
                                  scripts::mutex_release, scripts::queue_leave};
@@ -59,12 +59,13 @@ reply run(hiredis_connection& conn, std::initializer_list<std::string_view> word
 }
 
 // mutex_acquire.lua on "lock" with `token` and `lease`; `waiter` defaults to "w" + token, and
-// `keep` '0' is a try that does not join the queue.
+// `keep` '0' is a try that does not join the queue. A free lock the queue keeps from it goes to
+// the head for `grace` ms.
 reply acquire(hiredis_connection& conn, std::string_view token, std::string_view lease,
               std::string_view fencing = "0", std::optional<std::string> waiter = std::nullopt,
-              std::string_view keep = "0") {
+              std::string_view keep = "0", std::string_view grace = "2000") {
     const std::string id = waiter.value_or("w" + std::string{token});
-    const args5 args{token, lease, fencing, id, keep};
+    const args7 args{token, lease, fencing, id, keep, channel, grace};
     if (fencing == "1") {
         return run_script(conn, scripts::mutex_acquire,
                           keys4{"lock", queue_key, lapse_key, fence_key}, args);
@@ -451,7 +452,7 @@ TEST(MutexAcquireScript, ResentAttemptIsAcquiredAndOtherTypesAreWrongtypeAtOutOf
               (std::pair<std::int64_t, std::int64_t>{1, 0}));
     const reply other =
         run_script(conn, scripts::mutex_acquire, keys3{"{lock}:hash", queue_key, lapse_key},
-                   args5{"t", "60000", "0", "wt", "5000"});
+                   args7{"t", "60000", "0", "wt", "5000", channel, "2000"});
     EXPECT_TRUE(other.is_error_code("WRONGTYPE")) << other.text();
 }
 
@@ -489,7 +490,7 @@ TEST(MutexAcquireScript, KeysOfOtherTypesAreWrongtypeAndNothingIsWritten) {
         const std::string fence = "{" + key_text + "}:fence";
         // Even an attempt that would wait in line joins no queue.
         const reply r = run_script(conn, scripts::mutex_acquire, keys4{key, queue, lapses, fence},
-                                   args5{"mine", "5000", "1", "wmine", "5000"});
+                                   args7{"mine", "5000", "1", "wmine", "5000", channel, "2000"});
         EXPECT_TRUE(r.is_error_code("WRONGTYPE")) << key << ": " << r.text();
         EXPECT_EQ(srv.cli({"EXISTS", fence, queue, lapses}), "0") << key;
     }
@@ -552,11 +553,15 @@ TEST(MutexReleaseScript, ReleaseWithAWaiterKeepsTheLockForItAndPublishesItsId) {
     EXPECT_GT(pttl, 0);
     EXPECT_LE(pttl, 2000);
     // The head is told it may go, and the next one to check after the grace; the head's entry
-    // now lapses with the grace, the next one's is as it was.
+    // now lapses with the grace, the next one's 2 s after it unless it checks (it lapsed with the
+    // holder's lease before: a standby that died would hold up the queue that long once first).
     EXPECT_EQ(released.next(), "wA ?wB");
     EXPECT_GE(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wA"})), before + 2000 - 1);
     EXPECT_LE(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wA"})), server_ms(srv) + 2000);
-    EXPECT_GT(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wB"})), before + 50'000);
+    EXPECT_GE(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wB"})),
+              before + 2000 + 2000 - 1);
+    EXPECT_LE(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wB"})),
+              server_ms(srv) + 2000 + 2000);
     EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wA", "wB"}));
 }
 
@@ -683,17 +688,19 @@ TEST(MutexQueueScript, SecondWaiterCannotTakeAFreeLockWhileTheFirstIsQueued) {
     ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA")).first, 0);
     ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB")).first, 0);
 
-    // The holder's key goes without a release (expired, say): the lock is free, but wA is first.
+    // The holder's key goes without a release (expired, say): the lock is free, but wA is first:
+    // it is handed to wA as a release would, kept for it for the grace (10 s here).
     ASSERT_EQ(srv.cli({"DEL", "lock"}), "1");
-    const auto [status, wait] = verdict_of(wait_in_line(conn, "b", "wB"));
+    const auto [status, wait] =
+        verdict_of(acquire(conn, "b", "60000", "0", std::string{"wB"}, "5000", "10000"));
     EXPECT_EQ(status, 0);
-    EXPECT_GT(wait, 0);  // at most until the head's entry lapses
-    EXPECT_LE(wait, 65'000);
-    EXPECT_EQ(srv.cli({"EXISTS", "lock"}), "0");
+    EXPECT_GT(wait, 0);  // at most for the grace
+    EXPECT_LE(wait, 10'000);
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "queued:wA");
     // Nor can a newcomer, trying or waiting.
     EXPECT_EQ(verdict_of(acquire(conn, "c", "60000")).first, 0);
     EXPECT_EQ(verdict_of(wait_in_line(conn, "c", "wC")).first, 0);
-    EXPECT_EQ(srv.cli({"EXISTS", "lock"}), "0");
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "queued:wA");
     EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wA", "wB", "wC"}));
 
     // The head takes it, and leaves the queue; then the next in line is first.
@@ -719,11 +726,12 @@ TEST(MutexQueueScript, LapsedEntryIsPrunedAndNoLongerBlocks) {
     ASSERT_EQ(queue_of(srv), (std::vector<std::string>{"wA", "wC"}));
     ASSERT_EQ(srv.cli({"DEL", "lock"}), "1");
 
-    // While wA's entry lives, wC waits for it: at most until it lapses.
+    // While wA's entry lives, the lock is handed to it for what is left of its entry, and wC
+    // waits for it: at most until it lapses (the key may be gone by the time redis-cli reads it).
     const auto [status, wait] = verdict_of(acquire(conn, "c", "60000", "0", std::string{"wC"}));
     ASSERT_EQ(status, 0) << "wA's entry lapsed before the check; the test needs it alive";
     EXPECT_LE(wait, 500);
-    EXPECT_EQ(srv.cli({"EXISTS", "lock"}), "0");
+    EXPECT_LE(std::stoll(srv.cli({"PTTL", "lock"})), 500);
 
     // wA never comes back: its entry lapses, is pruned, and wC goes.
     std::this_thread::sleep_for(std::chrono::milliseconds{wait + 100});
@@ -960,6 +968,123 @@ TEST(MutexQueueScript, QueueKeyOfAnotherTypeIsRefusedBeforeAnyWrite) {
     EXPECT_TRUE(left.is_error()) << left.text();
     EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wA"}));
     EXPECT_EQ(srv.cli({"GET", std::string{lapse_key}}), "not a queue");
+}
+
+// A free lock that the queue keeps from the caller, because another waiter heads it, is handed
+// to that head as a release would hand it on: kept for it for the caller's grace, the head told,
+// and its entry lapsing with that grace. A head that never comes (it died, or moved up while its
+// lapse time was the previous holder's lease) then holds the lock for the grace only, not until
+// the lapse time it joined with.
+TEST(MutexQueueScript, FreeLockFoundByAWaiterBehindTheHeadIsHandedToTheHeadForTheGrace) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    subscriber released{srv, std::string{channel}};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "60000"}), "OK");
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA")).first, 0);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB")).first, 0);
+    ASSERT_EQ(srv.cli({"DEL", "lock"}), "1");  // gone without a release (expired, say)
+
+    const std::int64_t before = server_ms(srv);
+    const auto [status, wait] =
+        verdict_of(acquire(conn, "b", "60000", "0", std::string{"wB"}, "5000", "3000"));
+    EXPECT_EQ(status, 0);
+    EXPECT_LE(wait, 3000) << "asked to wait for the head's old lapse time";
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "queued:wA");
+    EXPECT_LE(std::stoll(srv.cli({"PTTL", "lock"})), 3000);
+    EXPECT_LE(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wA"})), server_ms(srv) + 3000);
+    EXPECT_GE(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wB"})), before + 5000);
+    EXPECT_EQ(released.next(), "wA ?wB");
+
+    // wA never comes: once the grace is over, wB takes the lock.
+    std::this_thread::sleep_for(3100ms);
+    EXPECT_EQ(verdict_of(acquire(conn, "b", "60000", "0", std::string{"wB"}, "5000", "3000")),
+              (std::pair<std::int64_t, std::int64_t>{1, 0}));
+    EXPECT_EQ(srv.cli({"GET", "lock"}), "b");
+    EXPECT_EQ(srv.cli({"EXISTS", std::string{queue_key}, std::string{lapse_key}}), "0");
+}
+
+// The waiter after the ones a release lets go is told to check once their grace is over, and its
+// entry lapses soon after unless it does: a standby that died no longer holds the queue up for
+// the lapse time it joined with (the previous holder's lease and more) once it heads it.
+TEST(MutexQueueScript, ReleaseBringsTheStandbysLapseTimeCloseAndItsCheckKeepsItsPlace) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "60000"}), "OK");
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA")).first, 0);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB")).first, 0);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "c", "wC")).first, 0);
+    ASSERT_EQ(release(conn, "holder", "5000"), reply::integer(2));
+
+    const std::int64_t lapse = std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wB"}));
+    EXPECT_LE(lapse, server_ms(srv) + 5000 + 2000) << "the standby keeps its old lapse time";
+    // wC, not told, keeps its lapse time.
+    EXPECT_GT(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wC"})),
+              server_ms(srv) + 60'000);
+    // The standby checks: wA holds the lock now, and wB's entry lives that long again.
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA")).first, 1);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB")).first, 0);
+    EXPECT_GT(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wB"})),
+              server_ms(srv) + 60'000);
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wB", "wC"}));
+}
+
+// Each queue key gets the time to live its entries need, whichever of the two was lost: a queue
+// key lost while the lapse times live is made again with a TTL, so a waiter that then dies leaves
+// nothing behind for ever.
+TEST(MutexQueueScript, QueueKeyMadeAgainWhileItsLapseTimesLiveGetsATtl) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "10000"}), "OK");
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA", "3000")).first, 0);
+    for (const auto lost : {queue_key, lapse_key}) {
+        SCOPED_TRACE(lost);
+        ASSERT_EQ(srv.cli({"DEL", std::string{lost}}), "1");
+        // wB's entry lapses before wA's: the key that was not lost needs no longer TTL.
+        ASSERT_EQ(verdict_of(wait_in_line(conn, "b", "wB", "1000")).first, 0);
+        for (const auto key : {queue_key, lapse_key}) {
+            const std::int64_t ttl = std::stoll(srv.cli({"PTTL", std::string{key}}));
+            EXPECT_GT(ttl, 0) << key;
+            EXPECT_LE(ttl, 13'000) << key;
+        }
+    }
+}
+
+// Waiters whose lapse times were lost (evicted, deleted) are given a lapse time 2 s from now and
+// told to check: each comes back within that time if it is alive and keeps its place with the
+// lapse time its wait needs, instead of lapsing unheard while it sleeps through a long wait.
+TEST(MutexQueueScript, WaitersWhoseLapseTimesWereLostAreToldToCheck) {
+    redis_server srv;
+    hiredis_connection conn{srv.uri()};
+    subscriber released{srv, std::string{channel}};
+    ASSERT_EQ(srv.cli({"SET", "lock", "holder", "PX", "60000"}), "OK");
+    for (const auto& [token, waiter] :
+         {std::pair<std::string, std::string>{"a", "wA"}, {"b", "wB"}, {"c", "wC"}}) {
+        ASSERT_EQ(verdict_of(wait_in_line(conn, token, waiter)).first, 0);
+    }
+    ASSERT_EQ(srv.cli({"DEL", std::string{lapse_key}}), "1");
+    ASSERT_EQ(release(conn, "holder", "5000"), reply::integer(2));
+
+    std::vector<std::string> words;
+    for (int i = 0; i < 2; ++i) {
+        const std::optional<std::string> message = released.next(1s);
+        if (!message) {
+            break;
+        }
+        std::istringstream in{*message};
+        for (std::string word; in >> word;) {
+            words.push_back(word);
+        }
+    }
+    EXPECT_NE(std::find(words.begin(), words.end(), "?wC"), words.end())
+        << "wC is not told; heard: " << testing::PrintToString(words);
+    const std::int64_t lapse = std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wC"}));
+    EXPECT_LE(lapse, server_ms(srv) + 2000);
+    // wC checks: it keeps its place for as long as its wait now needs.
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "a", "wA")).first, 1);
+    ASSERT_EQ(verdict_of(wait_in_line(conn, "c", "wC")).first, 0);
+    EXPECT_GT(std::stoll(srv.cli({"ZSCORE", std::string{lapse_key}, "wC"})),
+              server_ms(srv) + 60'000);
+    EXPECT_EQ(queue_of(srv), (std::vector<std::string>{"wB", "wC"}));
 }
 
 }  // namespace

@@ -177,10 +177,12 @@ reply run_acquire(redislock::client& client, std::string_view name, std::string_
     const std::string fence_key = redislock::detail::derived_key(name, "fence");
     const std::string queue_key = redislock::detail::derived_key(name, "queue");
     const std::string lapse_key = redislock::detail::derived_key(name, "waiting");
+    const std::string channel = redislock::detail::derived_key(name, "released");
     const std::string offered = id.value_or(id_for(owner));
     const std::string waiter = waiter_for(owner, kind);
-    const std::array<std::string_view, 9> args{owner,   kind,       lease,    fencing, waiter,
-                                               offered, holds_none, given_up, queue_ms};
+    const std::array<std::string_view, 11> args{owner,    kind,    lease,      fencing,
+                                                waiter,   offered, holds_none, given_up,
+                                                queue_ms, channel, "2000"};
     if (kind == "w" && fencing == "1") {
         return redislock::detail::run_script(
             client.connection(), redislock::detail::scripts::shared_acquire,
@@ -2064,11 +2066,12 @@ std::int64_t queue_waiter(redislock::client& client, const std::string& name, st
                           std::string_view waiter) {
     const std::string queue_key = redislock::detail::derived_key(name, "queue");
     const std::string lapse_key = redislock::detail::derived_key(name, "waiting");
+    const std::string channel = redislock::detail::derived_key(name, "released");
     const reply r = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::shared_acquire,
         std::array<std::string_view, 3>{name, queue_key, lapse_key},
-        std::array<std::string_view, 9>{"script-owner", kind, "60000", "0", waiter, "script-id",
-                                        "1", "", "5000"});
+        std::array<std::string_view, 11>{"script-owner", kind, "60000", "0", waiter, "script-id",
+                                         "1", "", "5000", channel, "2000"});
     return verdict_of(r).first;
 }
 

@@ -531,6 +531,137 @@ TEST(Waiting, LockHandedToAWaiterThatNeverComesIsFreeAgainWithinASecond) {
     }
 }
 
+// Forks a child that, once `go` is written to, waits in line for `name` as a lock of kind `k`
+// (lease `lease`) for at most `wait`; when it gets the lock it writes the monotonic time then to
+// `got` (when given), unlocks and exits 0. Nothing it throws reaches the test runner's copy.
+child_process fork_waiter(redis_server& srv, kind k, const std::string& name,
+                          std::chrono::milliseconds lease, std::chrono::milliseconds wait,
+                          const int (&go)[2], const int* got) {
+    child_process child{::fork()};
+    if (child.pid != 0) {
+        return child;
+    }
+    ::close(go[1]);
+    try {
+        char c = 0;
+        if (::read(go[0], &c, 1) != 1) {
+            std::_Exit(1);
+        }
+        redislock::client client{srv.uri()};
+        any_lock waiter = make_lock(client, k, name, {.lease = lease});
+        if (!waiter.try_lock_for(wait)) {
+            std::_Exit(2);
+        }
+        const std::int64_t at = redislock::test::monotonic_ns();
+        if (got != nullptr && ::write(got[1], &at, sizeof at) != static_cast<ssize_t>(sizeof at)) {
+            std::_Exit(4);
+        }
+        waiter.unlock();
+        std::_Exit(0);
+    } catch (...) {
+        std::_Exit(3);
+    }
+}
+
+// A waiter told it may go that comes after its grace (its machine busy; stopped here) has lapsed
+// from the queue, and the waiter behind it, which died meanwhile, heads the queue with the lapse
+// time it joined with: the previous holder's lease and more. The free lock is handed on to that
+// dead head as a release would, for a grace only, and the late waiter gets it within a second of
+// coming back, whatever the lease, not at the dead waiter's lapse time.
+TEST(Waiting, LateWaiterGetsTheFreeLockSoonWhenADeadWaiterMovedUpBeforeIt) {
+    using redislock::test::monotonic_ns;
+    redis_server srv;
+    constexpr auto lease = 30s;
+    for (kind k : {kind::simple, kind::reentrant, kind::writer}) {
+        SCOPED_TRACE(kind_name(k));
+        srv.flushall();
+        int go_late[2];
+        int go_dead[2];
+        int got[2];
+        ASSERT_EQ(::pipe(go_late), 0);
+        ASSERT_EQ(::pipe(go_dead), 0);
+        ASSERT_EQ(::pipe(got), 0);
+        // Both forked before this process opens a client.
+        child_process late = fork_waiter(srv, k, "late", lease, 10s, go_late, got);
+        child_process dead = fork_waiter(srv, k, "late", lease, 60s, go_dead, nullptr);
+        for (int fd : {go_late[0], go_dead[0], got[1]}) {
+            ::close(fd);
+        }
+        redislock::client client{srv.uri()};
+        any_lock holder = make_lock(client, k, "late", {.lease = lease});
+        ASSERT_TRUE(holder.try_lock_for(0ms));
+        ASSERT_EQ(::write(go_late[1], "g", 1), 1);
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{late}:queue") == 1; }));
+        ASSERT_EQ(::write(go_dead[1], "g", 1), 1);
+        ASSERT_TRUE(eventually([&] { return zcard(srv, "{late}:queue") == 2; }));
+        ASSERT_TRUE(dead.crash().has_value());
+        ASSERT_EQ(::kill(late.pid, SIGSTOP), 0);
+
+        holder.unlock();  // tells the stopped waiter it may go, for a grace of 100 ms
+        std::this_thread::sleep_for(500ms);
+        const std::int64_t resumed = monotonic_ns();
+        ASSERT_EQ(::kill(late.pid, SIGCONT), 0);
+        pollfd ready{got[0], POLLIN, 0};
+        std::int64_t acquired = 0;
+        if (::poll(&ready, 1, 20'000) != 1 ||
+            ::read(got[0], &acquired, sizeof acquired) != static_cast<ssize_t>(sizeof acquired)) {
+            ADD_FAILURE() << "the late waiter did not get the lock within its 10 s";
+        } else {
+            const std::chrono::nanoseconds took{acquired - resumed};
+            RecordProperty(
+                std::string{kind_name(k)} + "_ms",
+                std::to_string(
+                    std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+            EXPECT_LT(took, 1s);
+        }
+        const std::optional<int> status = redislock::test::wait_child(late.pid, 20s);
+        late.pid = -1;
+        ASSERT_TRUE(status.has_value());
+        EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << *status;
+        for (int fd : {go_late[1], go_dead[1], got[0]}) {
+            ::close(fd);
+        }
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    }
+}
+
+// Waiters whose lapse times were lost (the :waiting key evicted, or deleted here) keep their
+// places while they are alive: told to check, each comes back and keeps its place for the wait
+// it now needs, and is told at its turn, rather than lapsing unheard and waking at the end of
+// the wait it was told (the first holder's lease, longer than their deadline here).
+TEST(Waiting, WaitersWhoseLapseTimesWereLostKeepTheirPlaces) {
+    redis_server srv;
+    const lock_options slow{.lease = 30s, .backoff_min = 5s, .backoff_max = 20s};
+    for (kind k : {kind::simple, kind::reentrant, kind::writer}) {
+        SCOPED_TRACE(kind_name(k));
+        srv.flushall();
+        redislock::client client{srv.uri()};
+        any_lock holder = make_lock(client, k, "lost", slow);
+        ASSERT_TRUE(holder.try_lock_for(0ms));
+        std::vector<std::unique_ptr<redislock::client>> clients;
+        std::vector<std::jthread> waiters;
+        std::atomic<int> got{0};
+        for (int i = 0; i < 3; ++i) {
+            clients.push_back(std::make_unique<redislock::client>(srv.uri()));
+            waiters.emplace_back([&, waiter = make_lock(*clients.back(), k, "lost", slow)] {
+                if (waiter.try_lock_for(20s)) {
+                    ++got;
+                    // Held past the 2 s the lost lapse times are given, so the next release
+                    // prunes whoever did not come back.
+                    std::this_thread::sleep_for(2500ms);
+                    waiter.unlock();
+                }
+            });
+            ASSERT_TRUE(eventually([&] { return zcard(srv, "{lost}:queue") == i + 1; }));
+        }
+        ASSERT_EQ(srv.cli({"DEL", "{lost}:waiting"}), "1");
+        holder.unlock();
+        waiters.clear();  // joins them
+        EXPECT_EQ(got.load(), 3);
+        EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
+    }
+}
+
 // Each client hears a lock's releases on a channel of its own beside the lock's: a release tells
 // every waiter it lets go (here two readers of two clients), each on its client's channel, and
 // publishes nothing on a channel the other clients hear too.
@@ -1012,11 +1143,11 @@ TEST(Waiting, ReentryAfterATransientErrorStillPassesTheLocalGate) {
     EXPECT_TRUE(eventually([&] { return nothing_left(srv); }));
 }
 
-// A release nobody waits for publishes nothing and leaves no queue keys.
 // The queue's lapse times (`{name}:waiting`) lost (evicted under an allkeys-* policy; DEL here)
 // while a waiter that never comes heads the queue, before or after the release that told it to
 // go: that head is pruned within a bounded time (2 s), the lock goes to the waiter behind it,
-// which sleeps meanwhile rather than poll.
+// which sleeps meanwhile rather than poll. The holder is released at script level with a grace
+// of 3 s, so the lapse times are surely lost while the lock is kept for the dead head.
 TEST(Waiting, LostLapseTimesNeverJamTheQueueBehindAHeadThatDoesNotCome) {
     redis_server srv;
     for (const bool lost_before_release : {true, false}) {
@@ -1028,7 +1159,8 @@ TEST(Waiting, LostLapseTimesNeverJamTheQueueBehindAHeadThatDoesNotCome) {
         const redislock::reply queued = redislock::detail::run_script(
             holder_client.connection(), redislock::detail::scripts::mutex_acquire,
             std::array<std::string_view, 3>{"jam", "{jam}:queue", "{jam}:waiting"},
-            std::array<std::string_view, 5>{"dead-token", "30000", "0", "wdead", "2000"});
+            std::array<std::string_view, 7>{"dead-token", "30000", "0", "wdead", "2000",
+                                            "{jam}:released", "100"});
         ASSERT_TRUE(queued.is_array()) << queued.text();
         ASSERT_EQ(queued.elements().at(0).as_integer(), 0);
 
@@ -1058,12 +1190,12 @@ TEST(Waiting, LostLapseTimesNeverJamTheQueueBehindAHeadThatDoesNotCome) {
         if (lost_before_release) {
             ASSERT_EQ(srv.cli({"DEL", "{jam}:waiting"}), "1");
         }
-        // Released at script level with a grace of 1 s, so that the lapse times are surely lost
+        // Released at script level with a grace of 3 s, so that the lapse times are surely lost
         // while the lock is kept for the dead head, however slow the machine.
         const redislock::reply released = redislock::detail::run_script(
             holder_client.connection(), redislock::detail::scripts::mutex_release,
             std::array<std::string_view, 3>{"jam", "{jam}:queue", "{jam}:waiting"},
-            std::array<std::string_view, 3>{"holder", "{jam}:released", "1000"});
+            std::array<std::string_view, 3>{"holder", "{jam}:released", "3000"});
         ASSERT_EQ(released, redislock::reply::integer(2));  // tells the dead head
         if (!lost_before_release) {
             ASSERT_EQ(srv.cli({"DEL", "{jam}:waiting"}), "1");

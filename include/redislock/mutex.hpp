@@ -251,7 +251,8 @@ private:
                         *state_->conn, detail::scripts::mutex_acquire, keys,
                         std::array{token.view(), state_->lease_text.view(),
                                    std::string_view{opts.fencing ? "1" : "0"}, place.waiter,
-                                   place.keep()},
+                                   place.keep(), std::string_view{state_->channel},
+                                   state_->grace_text.view()},
                         how, opts.min_replicas, opts.replica_timeout, &state_->core->events);
                 });
                 replicas = acks;

@@ -275,9 +275,10 @@ private:
         const auto sent = detail::steady::now();
         const detail::entry_grant grant = detail::send_entry(
             *state_, detail::scripts::recursive_acquire,
-            std::array<std::string_view, 8>{
+            std::array<std::string_view, 10>{
                 owner, state_->lease_text.view(), state_->options.fencing ? "1" : "0",
-                candidate.view(), outermost ? "1" : "0", given_up, place.waiter, place.keep()},
+                candidate.view(), outermost ? "1" : "0", given_up, place.waiter, place.keep(),
+                state_->channel, state_->grace_text.view()},
             how, outermost, state_->options.fencing,
             "redislock: unexpected reply to a reentrant acquisition", [&] {
                 // The entry may have landed: a new acquisition is given up (the next attempt of

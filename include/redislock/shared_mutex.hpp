@@ -249,10 +249,10 @@ private:
         const bool fenced = kind == mode::write && state_->options.fencing;
         const detail::entry_grant grant = detail::send_entry(
             *state_, detail::scripts::shared_acquire,
-            std::array<std::string_view, 9>{owner, detail::shared_mode_text(kind),
-                                            state_->lease_text.view(), fenced ? "1" : "0",
-                                            place.waiter, candidate.view(), outermost ? "1" : "0",
-                                            given_up, place.keep()},
+            std::array<std::string_view, 11>{
+                owner, detail::shared_mode_text(kind), state_->lease_text.view(),
+                fenced ? "1" : "0", place.waiter, candidate.view(), outermost ? "1" : "0", given_up,
+                place.keep(), state_->channel, state_->grace_text.view()},
             how, outermost, fenced, "redislock: unexpected reply to a read-write acquisition", [&] {
                 // The entry may have landed. A new acquisition is given up (the next attempt of
                 // this call takes it over by its id; the reaper drops it otherwise); a re-entry

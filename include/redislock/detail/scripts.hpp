@@ -40,17 +40,28 @@ inline constexpr script mutex_acquire{
 -- ARGV[4]  the waiter id of this lock() call
 -- ARGV[5]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for (the waiter comes back by then)
+-- ARGV[6]  the release channel; ARGV[7] the grace, ms, a told waiter has to come: a free lock
+--          the queue keeps from this attempt, because another waiter heads it, is handed to that
+--          head as a release would hand it on (see queue_hand_on in _queue.lua), so a head that
+--          does not come (one that moved up when the entry before it lapsed may have died long
+--          ago) holds it for the grace only
 -- Every key touched is declared, though the queue's often do not exist: while their slot
 -- migrates, Redis Cluster answers TRYAGAIN to a call whose keys are partly there (the call did
 -- not run), and the caller tries again within its deadline.
 -- Returns  {1, fencing token or 0} acquired; {0, ms} not acquired: wait at most ms for a
 --          message before trying again (-1: the holder set no lease)
 -- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock, or KEYS[4] is not a
---          counter; ERR when a queue key is not a sorted set; nothing is written then. Any other
---          refusal to read KEYS[1] (an ACL) as the server gave it.
+--          counter; ERR when a queue key is not a sorted set, or ARGV[6] or ARGV[7] is missing;
+--          nothing is written then. Any other refusal to read KEYS[1] (an ACL) as the server gave
+--          it.
 local queue, lapses = KEYS[2], KEYS[3]
+local channel, grace = ARGV[6], tonumber(ARGV[7])
 if ARGV[3] == '1' and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
+if not channel or not grace or grace < 1 then
+    return redis.error_reply('ERR an acquisition names the release channel and the grace ' ..
+                             '(ARGV[6], ARGV[7])')
 end
 -- The common case first: no fencing token asked for, nobody waits, the key is free. SET NX
 -- writes nothing when the key exists, whatever its type; a refused write (out of memory, a
@@ -74,7 +85,31 @@ end
 -- set): on a slot being migrated, Redis checks each call against the keys the node has at that
 -- moment and refuses one on a key it no longer has ("non local key"), after the writes before
 -- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
---
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -82,14 +117,17 @@ end
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
 -- True when the queue still holds someone; false when it is empty (its keys are gone then, not
 -- to be touched again).
-local function queue_prune(q, w, now)
+local function queue_prune(q, w, now, channel)
     local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
     if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -98,11 +136,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -125,13 +167,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -162,32 +207,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -199,6 +222,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -214,7 +238,7 @@ end
 -- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
+    local head = queue_prune(q, w, now, channel) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         redis.call('DEL', key)
         return false
@@ -237,7 +261,7 @@ end
 -- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local run = queue_prune(q, w, now) and queue_runners(q) or {}
+    local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
@@ -315,9 +339,12 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local id = ARGV[4]
--- Lapsed waiters matter only when the lock may be free for this one (see queue_prune).
-if queued and (not holder or holder == 'queued:' .. id) then
-    queued = queue_prune(queue, lapses, now)
+-- Lapsed waiters matter only when the lock may be free for this one (see queue_prune). A prune
+-- that empties the queue leaves no queue to respect (its keys are gone, not to be touched again).
+local free = queued and (not holder or holder == 'queued:' .. id)
+if free then
+    queued = queue_prune(queue, lapses, now, channel)
+    free = queued
 end
 if holder == ARGV[1] then
     -- This very attempt, sent again after its reply was lost: it acquired.
@@ -342,19 +369,33 @@ if (holder and holder == string.match(id, '^g(%x+)%.')) or
     end
     return {1, fence}
 end
+-- Free, but another waiter heads the queue. One whose entry lapses within the grace was told
+-- its turn already, or soon lapses: this one waits for that. Any other is handed the lock as a
+-- release would hand it on (told, its entry lapsing with the grace).
+local wait
+if free then
+    local head = redis.call('ZRANGE', queue, 0, 0)[1]
+    wait = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
+    if wait > grace then
+        -- Its own prune finds nothing more to remove (this one just ran, at the same time): the
+        -- queue is kept, and the key set for the head.
+        queue_hand_on(KEYS[1], queue, lapses, channel, now, grace)
+        wait = redis.call('PTTL', KEYS[1])
+    end
+else
+    wait = redis.call('PTTL', KEYS[1])
+end
 -- At most 2^40 ms, the longest lease: a longer TTL is no lock's (it may be centuries), and the
 -- cap keeps every number an exact integer here, in the queue's commands and in the waiter's
 -- clock arithmetic. A waiter told that much asks again then.
-local wait = math.min(holder and redis.call('PTTL', KEYS[1]) or
-    (tonumber(redis.call('ZSCORE', lapses, redis.call('ZRANGE', queue, 0, 0)[1])) or now) - now,
-    1099511627776)
+wait = math.min(wait, 1099511627776)
 if ARGV[5] ~= '0' then
     queue_join(queue, lapses, id, now, tonumber(time[1]) * 1000000 + tonumber(time[2]),
                math.max(wait, 0) + tonumber(ARGV[5]))
 end
 return {0, wait}
 )lua",
-    "3e6c6025602cb1899aefa739905f62822da7e409"};
+    "b95702728456767d306284e6d6a6cd3267ba98e1"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -405,7 +446,31 @@ end
 -- set): on a slot being migrated, Redis checks each call against the keys the node has at that
 -- moment and refuses one on a key it no longer has ("non local key"), after the writes before
 -- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
---
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -413,14 +478,17 @@ end
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
 -- True when the queue still holds someone; false when it is empty (its keys are gone then, not
 -- to be touched again).
-local function queue_prune(q, w, now)
+local function queue_prune(q, w, now, channel)
     local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
     if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -429,11 +497,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -456,13 +528,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -493,32 +568,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -530,6 +583,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -545,7 +599,7 @@ end
 -- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
+    local head = queue_prune(q, w, now, channel) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         redis.call('DEL', key)
         return false
@@ -568,7 +622,7 @@ end
 -- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local run = queue_prune(q, w, now) and queue_runners(q) or {}
+    local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
@@ -636,7 +690,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "c979a2f7cdf2a6089f4963abb13a7f46be123de9"};
+    "53e0ec4650133f3634dd9b3db182936e5e14f9f8"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -664,7 +718,31 @@ inline constexpr script queue_leave{
 -- set): on a slot being migrated, Redis checks each call against the keys the node has at that
 -- moment and refuses one on a key it no longer has ("non local key"), after the writes before
 -- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
---
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -672,14 +750,17 @@ inline constexpr script queue_leave{
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
 -- True when the queue still holds someone; false when it is empty (its keys are gone then, not
 -- to be touched again).
-local function queue_prune(q, w, now)
+local function queue_prune(q, w, now, channel)
     local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
     if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -688,11 +769,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -715,13 +800,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -752,32 +840,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -789,6 +855,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -804,7 +871,7 @@ end
 -- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
+    local head = queue_prune(q, w, now, channel) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         redis.call('DEL', key)
         return false
@@ -827,7 +894,7 @@ end
 -- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local run = queue_prune(q, w, now) and queue_runners(q) or {}
+    local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
@@ -939,7 +1006,7 @@ elseif kind == 'none' then
     return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 -- Read-held: only readers may join now.
-if not queue_prune(queue, lapses, now) then
+if not queue_prune(queue, lapses, now, ARGV[2]) then
     return 0
 end
 local run = queue_runners(queue)
@@ -949,7 +1016,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "dbf6ef2e3e7672cdd93e4b05c3d6764810b39d0f"};
+    "2a0917c785e457bb45ac94f8b76f1f553ad6fbbd"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -972,18 +1039,29 @@ inline constexpr script recursive_acquire{
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
 --          is claimed as it is, with any re-entries other calls of the owner made since,
 --          whatever ARGV[5] says, unless the object gave it up (ARGV[6]); the call then leaves
---          the queue
+--          the queue. Until that claim the entry is the waiter's reservation, kept for the grace
+--          only: other calls of the owner wait for the claim rather than enter it (their entry
+--          would make it a lease, held for a waiter that may never come).
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
+-- ARGV[9]  the release channel; ARGV[10] the grace, ms, a told waiter has to come: a free lock
+--          the queue keeps from this attempt, because another waiter heads it, is handed to that
+--          head as a release would hand it on (see queue_hand_on_entry in _queue.lua)
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, ms, ''} not acquired: wait at most ms for a message before trying again
 --          (the holder's PTTL, or how long the waiter told to go has to come). fence is 0 when
 --          none was drawn.
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[4] not a fencing counter; ERR
---          when a queue key is not a sorted set; nothing is written then.
+--          when a queue key is not a sorted set, or ARGV[9] or ARGV[10] is missing; nothing is
+--          written then.
 local queue, lapses = KEYS[2], KEYS[3]
+local channel, grace = ARGV[9], tonumber(ARGV[10])
 if ARGV[3] == '1' and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
+if not channel or not grace or grace < 1 then
+    return redis.error_reply('ERR an acquisition names the release channel and the grace ' ..
+                             '(ARGV[9], ARGV[10])')
 end
 -- Gives the key our lease, or keeps what it has left if that is longer: every object of the
 -- owner that entered counts on its own lease, and none may lose it to a shorter one. A TTL over
@@ -1032,23 +1110,27 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-if id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.') then
-    -- Claimed: the call leaves the queue, where its place was kept until it came. The mark
-    -- stays: a call that acquires never leaves the queue itself, and one whose reply is lost and
-    -- that gives up then still takes back its one entry.
-    lease_key()
-    redis.call('ZREM', queue, ARGV[7])
-    redis.call('ZREM', lapses, ARGV[7])
-    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+-- The owner's entry was handed to this call's waiter (and not given up since): claimed.
+local claim = id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.')
+local taken_over = id and not claim and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
+-- An entry handed to a waiter of the owner is a reservation until that waiter claims it, and
+-- leaves the queue: while it still heads it, the entry is not claimed. (A queue key of another
+-- type is refused below, unless this is a re-entry that need not touch it.)
+local reserved = false
+if id and not claim and not taken_over and
+    redis.call('HGET', KEYS[1], 'handed:' .. ARGV[1]) == id then
+    local head = redis.pcall('ZRANGE', queue, 0, 0)
+    reserved = not head.err and head[1] ~= nil and
+        string.sub(head[1], 1, #id + 2) == 'h' .. id .. '.'
 end
-local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
-if id and not taken_over then
+if id and not claim and not taken_over and not reserved and ARGV[8] == '0' then
+    -- A re-entry with no place in the queue to leave: the common case, before the queue's
+    -- helpers are defined.
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
     lease_key()
     return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
--- Taken over, free with waiters, or held by another owner: only now are the queue's helpers
--- defined (see mutex_release.lua).
+-- Only now are the queue's helpers defined (see mutex_release.lua).
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
 -- A waiter id starts with 'r' when it waits to read, any other letter when it waits to write;
@@ -1060,7 +1142,31 @@ end
 -- set): on a slot being migrated, Redis checks each call against the keys the node has at that
 -- moment and refuses one on a key it no longer has ("non local key"), after the writes before
 -- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
---
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1068,14 +1174,17 @@ end
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
 -- True when the queue still holds someone; false when it is empty (its keys are gone then, not
 -- to be touched again).
-local function queue_prune(q, w, now)
+local function queue_prune(q, w, now, channel)
     local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
     if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -1084,11 +1193,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -1111,13 +1224,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -1148,32 +1264,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -1185,6 +1279,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -1200,7 +1295,7 @@ end
 -- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
+    local head = queue_prune(q, w, now, channel) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         redis.call('DEL', key)
         return false
@@ -1223,7 +1318,7 @@ end
 -- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local run = queue_prune(q, w, now) and queue_runners(q) or {}
+    local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
@@ -1307,24 +1402,53 @@ local function wait(ms, now, time)
     end
     return {0, ms, ''}
 end
+if claim then
+    -- The call leaves the queue, where its place was kept until it came. The mark stays: a call
+    -- that acquires never leaves the queue itself, and one whose reply is lost and that gives up
+    -- then still takes back its one entry.
+    lease_key()
+    queue_leave(queue, lapses, ARGV[7])
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+end
 if taken_over then
     return enter(true)
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if reserved then
+    return wait(redis.call('PTTL', KEYS[1]), now, time)
+elseif id then
+    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    lease_key()
+    if ARGV[8] ~= '0' then
+        queue_leave(queue, lapses, ARGV[7])
+    end
+    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+end
 if kind == 'none' then
-    if not queue_prune(queue, lapses, now) then
+    if not queue_prune(queue, lapses, now, channel) then
         return fresh(false)  -- no one waits any more, and the queue is gone
     end
     if queue_allows(queue, ARGV[7]) then
         return enter(false)
     end
+    -- Another waiter heads the queue. One whose entry lapses within the grace was told its turn
+    -- already, or soon lapses: wait for that. Any other is handed the lock as a release would
+    -- hand it on (told, its entry lapsing with the grace).
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    return wait((tonumber(redis.call('ZSCORE', lapses, head)) or now) - now, now, time)
+    local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
+    if left <= grace then
+        return wait(left, now, time)
+    end
+    -- Its own prune finds nothing more to remove (this one just ran, at the same time): the queue
+    -- is kept.
+    queue_hand_on_entry(KEYS[1], queue, lapses, channel, now, grace)
+    local kept = redis.call('PTTL', KEYS[1])
+    return wait(kept > 0 and kept or grace, now, time)
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "af297e184c99f369015e351d1b01dc81d8494784"};
+    "88a0d2507ddc7b5d938eecfead328b82cfdb390f"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1396,7 +1520,31 @@ end
 -- set): on a slot being migrated, Redis checks each call against the keys the node has at that
 -- moment and refuses one on a key it no longer has ("non local key"), after the writes before
 -- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
---
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1404,14 +1552,17 @@ end
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
 -- True when the queue still holds someone; false when it is empty (its keys are gone then, not
 -- to be touched again).
-local function queue_prune(q, w, now)
+local function queue_prune(q, w, now, channel)
     local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
     if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -1420,11 +1571,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -1447,13 +1602,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -1484,32 +1642,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -1521,6 +1657,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -1536,7 +1673,7 @@ end
 -- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
+    local head = queue_prune(q, w, now, channel) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         redis.call('DEL', key)
         return false
@@ -1559,7 +1696,7 @@ end
 -- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local run = queue_prune(q, w, now) and queue_runners(q) or {}
+    local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
@@ -1627,7 +1764,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "e944f009713965c8a02eb650e17bb8919c133495"};
+    "2422eaea939b1ba8da022eef905f89b209c5265e"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1655,16 +1792,25 @@ inline constexpr script shared_acquire{
 --          separated by spaces, or '': entries of this owner with these ids are dropped
 -- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
+-- ARGV[10] the release channel; ARGV[11] the grace, ms, a told waiter has to come: when no one
+--          holds but the queue keeps the lock from this attempt, the waiters it lets go are told,
+--          as a release would tell them, each with the grace to come
 -- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
 --          {0, ms, ''} must wait: at most ms for a message before trying again;
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock or KEYS[4] not a fencing counter; ERR
---          when a queue key is not a sorted set; nothing is written then.
+--          when a queue key is not a sorted set, or ARGV[10] or ARGV[11] is missing; nothing is
+--          written then.
 local queue, lapses = KEYS[2], KEYS[3]
 local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local channel, grace = ARGV[10], tonumber(ARGV[11])
 local fenced = want == 'w' and ARGV[4] == '1'
 if fenced and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
+if not channel or not grace or grace < 1 then
+    return redis.error_reply('ERR an acquisition names the release channel and the grace ' ..
+                             '(ARGV[10], ARGV[11])')
 end
 local last_fence = fenced and redis.call('GET', KEYS[4])
 if last_fence and (#last_fence > 16 or not string.match(last_fence, '^%d+$')) then
@@ -1703,7 +1849,31 @@ end
 -- set): on a slot being migrated, Redis checks each call against the keys the node has at that
 -- moment and refuses one on a key it no longer has ("non local key"), after the writes before
 -- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
---
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -1711,14 +1881,17 @@ end
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
 -- True when the queue still holds someone; false when it is empty (its keys are gone then, not
 -- to be touched again).
-local function queue_prune(q, w, now)
+local function queue_prune(q, w, now, channel)
     local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
     if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -1727,11 +1900,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -1754,13 +1931,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -1791,32 +1971,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -1828,6 +1986,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -1843,7 +2002,7 @@ end
 -- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
+    local head = queue_prune(q, w, now, channel) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         redis.call('DEL', key)
         return false
@@ -1866,7 +2025,7 @@ end
 -- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local run = queue_prune(q, w, now) and queue_runners(q) or {}
+    local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
@@ -1987,7 +2146,7 @@ if blocked and join then
     queued = true
 end
 if queued then
-    queued = queue_prune(queue, lapses, now)
+    queued = queue_prune(queue, lapses, now, channel)
 end
 if blocked or (not result and not retried and
                not (want == 'r' and mine.w or not queued or queue_allows(queue, ARGV[5]))) then
@@ -1997,8 +2156,17 @@ if blocked or (not result and not retried and
         redis.call('DEL', KEYS[1])
     end
     if not (others.w or others.r) then
-        local head = redis.call('ZRANGE', queue, 0, 0)[1]
-        longest = (tonumber(redis.call('ZSCORE', lapses, head)) or now) - now
+        -- No one holds, but others wait before us. A head whose entry lapses within the grace
+        -- was told its turn already, or soon lapses: wait for that. Else the ones the queue lets
+        -- go are told, as a release would tell them, their entries lapsing with the grace: a
+        -- head that does not come (one that moved up when the entry before it lapsed may have
+        -- died long ago) then holds the lock up for the grace only.
+        local run = queue_runners(queue)
+        longest = (tonumber(redis.call('ZSCORE', lapses, run[1])) or now + grace) - now
+        if longest > grace then
+            queue_notify(queue, lapses, channel, run, now, grace)
+            longest = grace
+        end
     end
     if join and not blocked then
         queue_join(queue, lapses, ARGV[5], now, ticket, longest + tonumber(ARGV[9]))
@@ -2022,7 +2190,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "15930a309b8ddfeca4c6fb8490a8bdab48c580e3"};
+    "f1d885b47a9f1aaa0b95f8158004a51cbf8d4c4f"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -2138,7 +2306,31 @@ end
 -- set): on a slot being migrated, Redis checks each call against the keys the node has at that
 -- moment and refuses one on a key it no longer has ("non local key"), after the writes before
 -- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
---
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -2146,14 +2338,17 @@ end
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
 -- True when the queue still holds someone; false when it is empty (its keys are gone then, not
 -- to be touched again).
-local function queue_prune(q, w, now)
+local function queue_prune(q, w, now, channel)
     local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
     if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -2162,11 +2357,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -2189,13 +2388,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -2226,32 +2428,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -2263,6 +2443,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -2278,7 +2459,7 @@ end
 -- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
+    local head = queue_prune(q, w, now, channel) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         redis.call('DEL', key)
         return false
@@ -2301,7 +2482,7 @@ end
 -- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local run = queue_prune(q, w, now) and queue_runners(q) or {}
+    local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =
@@ -2366,7 +2547,7 @@ if refused then
     return refused
 end
 leave()
-if not queue_prune(queue, lapses, now) then
+if not queue_prune(queue, lapses, now, ARGV[4]) then
     return 1
 end
 local run = queue_runners(queue)
@@ -2376,7 +2557,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "1144e741318f61142c28888b63322b6197e7a376"};
+    "77df32773e6b8a3e1190f5d77066c37928f185da"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -2390,7 +2571,31 @@ inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue 
 -- set): on a slot being migrated, Redis checks each call against the keys the node has at that
 -- moment and refuses one on a key it no longer has ("non local key"), after the writes before
 -- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
---
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -2398,14 +2603,17 @@ inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue 
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
 -- True when the queue still holds someone; false when it is empty (its keys are gone then, not
 -- to be touched again).
-local function queue_prune(q, w, now)
+local function queue_prune(q, w, now, channel)
     local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
     if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -2414,11 +2622,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -2441,13 +2653,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -2478,32 +2693,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -2515,6 +2708,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -2530,7 +2724,7 @@ end
 -- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
+    local head = queue_prune(q, w, now, channel) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         redis.call('DEL', key)
         return false
@@ -2553,7 +2747,7 @@ end
 -- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local run = queue_prune(q, w, now) and queue_runners(q) or {}
+    local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =

@@ -9,7 +9,31 @@
 -- set): on a slot being migrated, Redis checks each call against the keys the node has at that
 -- moment and refuses one on a key it no longer has ("non local key"), after the writes before
 -- it. So a lock handed on is rewritten in place, and the helpers that may empty the queue say so.
---
+
+-- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
+-- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
+-- without it leaves waiters to their fallback timers.
+local function queue_tell(channel, words)
+    if #words == 1 then
+        local tag = string.match(words[1], '@(%x+)$')
+        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
+        return
+    end
+    local messages, order = {}, {}
+    for _, word in ipairs(words) do
+        local tag = string.match(word, '@(%x+)$')
+        local to = tag and channel .. ':' .. tag or channel
+        if not messages[to] then
+            messages[to] = {}
+            order[#order + 1] = to
+        end
+        table.insert(messages[to], word)
+    end
+    for _, to in ipairs(order) do
+        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
+    end
+end
+
 -- A lapsed entry stays until something prunes: releases, leaving waiters, any attempt on a
 -- read-write lock, and attempts on a simple or reentrant lock that may be free for them. A waiter
 -- that comes back before then keeps its place. Removes in slices, as unpack() takes about 8,000
@@ -17,14 +41,17 @@
 -- Both keys hold the same ids. Should w be lost (evicted: Redis must run with noeviction; or
 -- deleted), an id of q without a lapse time would never lapse, and one heading q would hold
 -- everyone up as long as anyone waits: each such id is given a lapse time 2 s from now (the
--- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp),
--- within which a waiter that is alive comes back.
+-- margin a waiter's entry outlives the wait it was told, queue_place::kept in fair_wait.hpp)
+-- and told on `channel` to check once its grace is over, as a standby is: a waiter that is
+-- alive then comes back and keeps its place for the wait it needs, one asleep on a long wait
+-- included.
 -- True when the queue still holds someone; false when it is empty (its keys are gone then, not
 -- to be touched again).
-local function queue_prune(q, w, now)
+local function queue_prune(q, w, now, channel)
     local size, times = redis.call('ZCARD', q), redis.call('ZCARD', w)
     if size ~= times then
         local ids = redis.call('ZRANGE', q, 0, -1)
+        local repaired = {}
         for first = 1, #ids, 1000 do
             local last = math.min(first + 999, #ids)
             local known = redis.call('ZMSCORE', w, unpack(ids, first, last))
@@ -33,11 +60,15 @@ local function queue_prune(q, w, now)
                 if not known[i - first + 1] then
                     lapse_times[#lapse_times + 1] = now + 2000
                     lapse_times[#lapse_times + 1] = ids[i]
+                    repaired[#repaired + 1] = '?' .. ids[i]
                 end
             end
             if #lapse_times > 0 then
                 times = times + redis.call('ZADD', w, unpack(lapse_times))
             end
+        end
+        if #repaired > 0 then
+            queue_tell(channel, repaired)
         end
         local keep = math.max(redis.call('PTTL', q), 2000)
         if #ids > 0 and redis.call('PTTL', w) < keep then
@@ -60,13 +91,16 @@ end
 
 -- Adds `id` (keeping its place if already in) to lapse `keep` ms from now. Both keys hold the
 -- same ids and live at least as long as their latest entry: a lapse is never moved later but
--- here, and here their time to live grows to cover it when it would not.
+-- here, and here each key's time to live grows to cover it when it would not (each checked on
+-- its own: one of them may have been lost and made again, without a TTL).
 local function queue_join(q, w, id, now, ticket, keep)
     keep = math.max(keep, 1)
     redis.call('ZADD', q, 'NX', ticket, id)
     redis.call('ZADD', w, now + keep, id)
-    if redis.call('PTTL', w) < keep then
+    if redis.call('PTTL', q) < keep then
         redis.call('PEXPIRE', q, keep)
+    end
+    if redis.call('PTTL', w) < keep then
         redis.call('PEXPIRE', w, keep)
     end
 end
@@ -97,32 +131,10 @@ local function queue_runners(q)
     return run
 end
 
--- Publishes `words` (waiter ids, some prefixed '?') each on the channel its waiter listens on,
--- one message per channel. Sharded pub/sub keeps the messages on the lock's shard; a server
--- without it leaves waiters to their fallback timers.
-local function queue_tell(channel, words)
-    if #words == 1 then
-        local tag = string.match(words[1], '@(%x+)$')
-        redis.pcall('SPUBLISH', tag and channel .. ':' .. tag or channel, words[1])
-        return
-    end
-    local messages, order = {}, {}
-    for _, word in ipairs(words) do
-        local tag = string.match(word, '@(%x+)$')
-        local to = tag and channel .. ':' .. tag or channel
-        if not messages[to] then
-            messages[to] = {}
-            order[#order + 1] = to
-        end
-        table.insert(messages[to], word)
-    end
-    for _, to in ipairs(order) do
-        redis.pcall('SPUBLISH', to, table.concat(messages[to], ' '))
-    end
-end
-
 -- Tells `run` they may go, each with `grace` ms to come before its entry lapses; the waiter
--- after them (prefixed '?') is told to check once that grace is over.
+-- after them (prefixed '?') is told to check once that grace is over, and its entry lapses 2 s
+-- (queue_place::kept) after that unless it does: a standby that died would otherwise head the
+-- queue, once `run` is gone, until the lapse time it joined with (a holder's lease and more).
 local function queue_notify(q, w, channel, run, now, grace)
     if #run == 0 then
         return
@@ -134,6 +146,7 @@ local function queue_notify(q, w, channel, run, now, grace)
     end
     local standby = redis.call('ZRANGE', q, #run, #run)[1]
     if standby then
+        redis.call('ZADD', w, 'XX', 'LT', now + grace + 2000, standby)
         words[#words + 1] = '?' .. standby
     end
     queue_tell(channel, words)
@@ -149,7 +162,7 @@ end
 -- when someone was told.
 local function queue_hand_on(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local head = queue_prune(q, w, now) and redis.call('ZRANGE', q, 0, 0)[1]
+    local head = queue_prune(q, w, now, channel) and redis.call('ZRANGE', q, 0, 0)[1]
     if not head then
         redis.call('DEL', key)
         return false
@@ -172,7 +185,7 @@ end
 -- queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
-    local run = queue_prune(q, w, now) and queue_runners(q) or {}
+    local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
     local acquisition, lease, owner
     if #run == 1 then
         acquisition, lease, owner =

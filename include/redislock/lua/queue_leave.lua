@@ -64,7 +64,7 @@ elseif kind == 'none' then
     return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
 end
 -- Read-held: only readers may join now.
-if not queue_prune(queue, lapses, now) then
+if not queue_prune(queue, lapses, now, ARGV[2]) then
     return 0
 end
 local run = queue_runners(queue)

@@ -17,18 +17,29 @@
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
 --          is claimed as it is, with any re-entries other calls of the owner made since,
 --          whatever ARGV[5] says, unless the object gave it up (ARGV[6]); the call then leaves
---          the queue
+--          the queue. Until that claim the entry is the waiter's reservation, kept for the grace
+--          only: other calls of the owner wait for the claim rather than enter it (their entry
+--          would make it a lease, held for a waiter that may never come).
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
+-- ARGV[9]  the release channel; ARGV[10] the grace, ms, a told waiter has to come: a free lock
+--          the queue keeps from this attempt, because another waiter heads it, is handed to that
+--          head as a release would hand it on (see queue_hand_on_entry in _queue.lua)
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, ms, ''} not acquired: wait at most ms for a message before trying again
 --          (the holder's PTTL, or how long the waiter told to go has to come). fence is 0 when
 --          none was drawn.
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[4] not a fencing counter; ERR
---          when a queue key is not a sorted set; nothing is written then.
+--          when a queue key is not a sorted set, or ARGV[9] or ARGV[10] is missing; nothing is
+--          written then.
 local queue, lapses = KEYS[2], KEYS[3]
+local channel, grace = ARGV[9], tonumber(ARGV[10])
 if ARGV[3] == '1' and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
+if not channel or not grace or grace < 1 then
+    return redis.error_reply('ERR an acquisition names the release channel and the grace ' ..
+                             '(ARGV[9], ARGV[10])')
 end
 -- Gives the key our lease, or keeps what it has left if that is longer: every object of the
 -- owner that entered counts on its own lease, and none may lose it to a shorter one. A TTL over
@@ -77,23 +88,27 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-if id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.') then
-    -- Claimed: the call leaves the queue, where its place was kept until it came. The mark
-    -- stays: a call that acquires never leaves the queue itself, and one whose reply is lost and
-    -- that gives up then still takes back its one entry.
-    lease_key()
-    redis.call('ZREM', queue, ARGV[7])
-    redis.call('ZREM', lapses, ARGV[7])
-    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+-- The owner's entry was handed to this call's waiter (and not given up since): claimed.
+local claim = id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.')
+local taken_over = id and not claim and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
+-- An entry handed to a waiter of the owner is a reservation until that waiter claims it, and
+-- leaves the queue: while it still heads it, the entry is not claimed. (A queue key of another
+-- type is refused below, unless this is a re-entry that need not touch it.)
+local reserved = false
+if id and not claim and not taken_over and
+    redis.call('HGET', KEYS[1], 'handed:' .. ARGV[1]) == id then
+    local head = redis.pcall('ZRANGE', queue, 0, 0)
+    reserved = not head.err and head[1] ~= nil and
+        string.sub(head[1], 1, #id + 2) == 'h' .. id .. '.'
 end
-local taken_over = id and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
-if id and not taken_over then
+if id and not claim and not taken_over and not reserved and ARGV[8] == '0' then
+    -- A re-entry with no place in the queue to leave: the common case, before the queue's
+    -- helpers are defined.
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
     lease_key()
     return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
--- Taken over, free with waiters, or held by another owner: only now are the queue's helpers
--- defined (see mutex_release.lua).
+-- Only now are the queue's helpers defined (see mutex_release.lua).
 --#include _queue.lua
 local refused = queue_check(queue, lapses)
 if refused then
@@ -119,19 +134,48 @@ local function wait(ms, now, time)
     end
     return {0, ms, ''}
 end
+if claim then
+    -- The call leaves the queue, where its place was kept until it came. The mark stays: a call
+    -- that acquires never leaves the queue itself, and one whose reply is lost and that gives up
+    -- then still takes back its one entry.
+    lease_key()
+    queue_leave(queue, lapses, ARGV[7])
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+end
 if taken_over then
     return enter(true)
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if reserved then
+    return wait(redis.call('PTTL', KEYS[1]), now, time)
+elseif id then
+    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    lease_key()
+    if ARGV[8] ~= '0' then
+        queue_leave(queue, lapses, ARGV[7])
+    end
+    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+end
 if kind == 'none' then
-    if not queue_prune(queue, lapses, now) then
+    if not queue_prune(queue, lapses, now, channel) then
         return fresh(false)  -- no one waits any more, and the queue is gone
     end
     if queue_allows(queue, ARGV[7]) then
         return enter(false)
     end
+    -- Another waiter heads the queue. One whose entry lapses within the grace was told its turn
+    -- already, or soon lapses: wait for that. Any other is handed the lock as a release would
+    -- hand it on (told, its entry lapsing with the grace).
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
-    return wait((tonumber(redis.call('ZSCORE', lapses, head)) or now) - now, now, time)
+    local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
+    if left <= grace then
+        return wait(left, now, time)
+    end
+    -- Its own prune finds nothing more to remove (this one just ran, at the same time): the queue
+    -- is kept.
+    queue_hand_on_entry(KEYS[1], queue, lapses, channel, now, grace)
+    local kept = redis.call('PTTL', KEYS[1])
+    return wait(kept > 0 and kept or grace, now, time)
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)

@@ -22,16 +22,25 @@
 --          separated by spaces, or '': entries of this owner with these ids are dropped
 -- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
+-- ARGV[10] the release channel; ARGV[11] the grace, ms, a told waiter has to come: when no one
+--          holds but the queue keeps the lock from this attempt, the waiters it lets go are told,
+--          as a release would tell them, each with the grace to come
 -- Returns  {1, fence, id} entered; {2, fence, id} re-entered (the first entry's id);
 --          {0, ms, ''} must wait: at most ms for a message before trying again;
 --          {-1, 0, ''} refused: a reader asking for the write lock would deadlock
 -- Errors   WRONGTYPE when KEYS[1] is not a read-write lock or KEYS[4] not a fencing counter; ERR
---          when a queue key is not a sorted set; nothing is written then.
+--          when a queue key is not a sorted set, or ARGV[10] or ARGV[11] is missing; nothing is
+--          written then.
 local queue, lapses = KEYS[2], KEYS[3]
 local me, want, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local channel, grace = ARGV[10], tonumber(ARGV[11])
 local fenced = want == 'w' and ARGV[4] == '1'
 if fenced and not KEYS[4] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[4]')
+end
+if not channel or not grace or grace < 1 then
+    return redis.error_reply('ERR an acquisition names the release channel and the grace ' ..
+                             '(ARGV[10], ARGV[11])')
 end
 local last_fence = fenced and redis.call('GET', KEYS[4])
 if last_fence and (#last_fence > 16 or not string.match(last_fence, '^%d+$')) then
@@ -121,7 +130,7 @@ if blocked and join then
     queued = true
 end
 if queued then
-    queued = queue_prune(queue, lapses, now)
+    queued = queue_prune(queue, lapses, now, channel)
 end
 if blocked or (not result and not retried and
                not (want == 'r' and mine.w or not queued or queue_allows(queue, ARGV[5]))) then
@@ -131,8 +140,17 @@ if blocked or (not result and not retried and
         redis.call('DEL', KEYS[1])
     end
     if not (others.w or others.r) then
-        local head = redis.call('ZRANGE', queue, 0, 0)[1]
-        longest = (tonumber(redis.call('ZSCORE', lapses, head)) or now) - now
+        -- No one holds, but others wait before us. A head whose entry lapses within the grace
+        -- was told its turn already, or soon lapses: wait for that. Else the ones the queue lets
+        -- go are told, as a release would tell them, their entries lapsing with the grace: a
+        -- head that does not come (one that moved up when the entry before it lapsed may have
+        -- died long ago) then holds the lock up for the grace only.
+        local run = queue_runners(queue)
+        longest = (tonumber(redis.call('ZSCORE', lapses, run[1])) or now + grace) - now
+        if longest > grace then
+            queue_notify(queue, lapses, channel, run, now, grace)
+            longest = grace
+        end
     end
     if join and not blocked then
         queue_join(queue, lapses, ARGV[5], now, ticket, longest + tonumber(ARGV[9]))

@@ -74,7 +74,7 @@ if refused then
     return refused
 end
 leave()
-if not queue_prune(queue, lapses, now) then
+if not queue_prune(queue, lapses, now, ARGV[4]) then
     return 1
 end
 local run = queue_runners(queue)
