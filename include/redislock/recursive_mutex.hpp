@@ -297,11 +297,11 @@ private:
         }
         // Status 1 is a new acquisition for this object. One handed to this call and claimed by
         // this attempt may already hold re-entries of other threads sharing an explicit owner:
-        // giving it up (below, or after a lost release) drops those too, as for any acquisition
-        // such threads share.
+        // giving it back below leaves only this call's entry, but giving it up after a lost
+        // answer drops those too, as for any acquisition such threads share.
         if (got.status == 1) {  // a new acquisition (a re-entry's entry is not given up)
             if (auto refused = detail::refuse_grant(*state_, sent, grant.replicas, [&] {
-                    release::abandon(state_, owner, got.acquisition, sent + state_->options.lease);
+                    give_back(owner, got.acquisition, sent, how);
                 })) {
                 return refused;
             }
@@ -313,6 +313,26 @@ private:
         }
         on_entered(owner, got, sent, place.tally);
         return std::nullopt;
+    }
+
+    // A new acquisition that cannot stand (too few replicas acknowledged it, or its reply came
+    // after its lease) is left before the call returns, and only its one entry, with lease "0":
+    // the owner's next acquisition, through another object, may join what is still there and
+    // must keep it. Should that leave go unanswered, the acquisition is given up whole, as after
+    // a lost reply.
+    void give_back(const std::string& owner, const std::string& acquisition,
+                   detail::steady::time_point sent, const call_context& how) {
+        bool left = false;
+        try {
+            left = release::leave_once(*state_, "0", held{owner, 0, acquisition}, 1,
+                                       std::min(how.deadline, state_->core->untimed_deadline()))
+                       .is_integer();
+        } catch (...) {
+            // Unknown: given up below.
+        }
+        if (!left) {
+            release::abandon(state_, owner, acquisition, sent + state_->options.lease);
+        }
     }
 
     // A re-entry too few replicas acknowledged does not count, as an acquisition would not: its

@@ -274,8 +274,7 @@ private:
         }
         if (got.status == 1) {  // a new acquisition (a re-entry's entry is not given up)
             if (auto refused = detail::refuse_grant(*state_, sent, grant.replicas, [&] {
-                    release::abandon(state_, hold_ref{owner, kind, 0, got.acquisition, false},
-                                     detail::drop_all, sent + state_->options.lease);
+                    give_back(hold_ref{owner, kind, 0, got.acquisition, false}, sent, how);
                 })) {
                 return refused;
             }
@@ -304,6 +303,24 @@ private:
                 [&] { (void)leave_one(kind); });
         }
         return std::nullopt;
+    }
+
+    // A new acquisition that cannot stand (too few replicas acknowledged it, or its reply came
+    // after its lease) is left before the call returns, and only its one entry: the owner's next
+    // acquisition, through another object, may join what is still there and must keep it. Should
+    // that leave go unanswered, the acquisition is given up whole, as after a lost reply.
+    void give_back(const hold_ref& ref, detail::steady::time_point sent, const call_context& how) {
+        bool left = false;
+        try {
+            left = release::leave_once(*state_, ref, 1,
+                                       std::min(how.deadline, state_->core->untimed_deadline()))
+                       .is_integer();
+        } catch (...) {
+            // Unknown: given up below.
+        }
+        if (!left) {
+            release::abandon(state_, ref, detail::drop_all, sent + state_->options.lease);
+        }
     }
 
     // A re-entry too few replicas acknowledged does not count, as an acquisition would not: its
