@@ -1,9 +1,9 @@
 #pragma once
 
 // A Sentinel topology for one test: 1 master + 2 replicas + 3 sentinels (quorum 2,
-// down-after-milliseconds 1000, failover-timeout 3000), all on loopback. The sentinels start
-// only once both replicas are linked (otherwise discovery may wait for the sentinels' 10 s INFO
-// period), each with its own writable configuration file, as `redis-server FILE --sentinel`.
+// down-after-milliseconds 1000 unless given, failover-timeout 3000), all on loopback. The sentinels
+// start only once both replicas are linked (otherwise discovery may wait for the sentinels' 10 s
+// INFO period), each with its own writable configuration file, as `redis-server FILE --sentinel`.
 //
 // Helpers drive failovers (SENTINEL FAILOVER, kill -9 of the master), re-point a demoted node
 // with REPLICAOF as the sentinels would after their 10 s INFO period, and wait until every
@@ -46,8 +46,13 @@ public:
         std::string ca;
     };
 
-    explicit redis_sentinel(std::optional<tls_files> tls = std::nullopt)
-        : owner_pid_{::getpid()}, dir_{detail::make_temp_dir()}, tls_{std::move(tls)} {
+    /// `down_after_ms`: how long the sentinels wait for a master's PING reply before they take
+    /// it for down (a loaded machine can keep a sentinel from hearing a healthy one for 1 s).
+    explicit redis_sentinel(std::optional<tls_files> tls = std::nullopt, int down_after_ms = 1000)
+        : owner_pid_{::getpid()},
+          dir_{detail::make_temp_dir()},
+          tls_{std::move(tls)},
+          down_after_ms_{down_after_ms} {
         try {
             add_node({});
             const std::string master_port = std::to_string(public_port(0));
@@ -251,7 +256,8 @@ private:
                             << "dir " << dir_ << "\nlogfile " << dir_ << "/" << name << ".log\n"
                             << "sentinel monitor " << master_name << " 127.0.0.1 " << public_port(0)
                             << " 2\n"
-                            << "sentinel down-after-milliseconds " << master_name << " 1000\n"
+                            << "sentinel down-after-milliseconds " << master_name << " "
+                            << down_after_ms_ << "\n"
                             << "sentinel failover-timeout " << master_name << " 3000\n"
                             << "sentinel parallel-syncs " << master_name << " 1\n";
         if (tls_) {
@@ -323,6 +329,7 @@ private:
     pid_t owner_pid_;
     std::string dir_;
     std::optional<tls_files> tls_;
+    int down_after_ms_;
     std::vector<std::unique_ptr<redis_server>> nodes_;
     std::vector<int> tls_ports_;  // per node; 0 without TLS
     std::vector<sentinel_process> sentinels_;

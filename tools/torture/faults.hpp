@@ -56,6 +56,7 @@ struct fault_record {
     std::int64_t error_slack_ns = 1'000'000'000;  ///< after `end`, errors still excused
     std::int64_t block_slack_ns = 0;              ///< after `end`, liveness still excused
     bool applied = true;
+    bool unplanned = false;  ///< the topology did it on its own (see topology::unplanned)
     std::string problem;     ///< what the fault itself found wrong in the library (a violation)
     std::string tool_error;  ///< the fault could not be caused or healed (the run is suspect)
 

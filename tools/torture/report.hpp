@@ -192,6 +192,7 @@ struct summary {
     std::size_t acquisitions = 0;
     std::size_t faults_applied = 0;
     std::size_t faults_planned = 0;
+    std::size_t faults_unplanned = 0;  ///< changes the topology made on its own
     std::size_t violations = 0;
     std::size_t tool_errors = 0;
 };
@@ -215,8 +216,11 @@ inline void print_findings(std::ostream& out, const findings& f, std::size_t mos
 
 inline void print_summary(std::ostream& out, const plan& p, const summary& s, const findings& f) {
     out << "summary " << to_string(p.shape.topology) << ": acquisitions " << s.acquisitions
-        << ", faults " << s.faults_applied << " of " << s.faults_planned << " applied, violations "
-        << s.violations;
+        << ", faults " << s.faults_applied << " of " << s.faults_planned << " applied";
+    if (s.faults_unplanned > 0) {
+        out << " (and " << s.faults_unplanned << " unplanned)";
+    }
+    out << ", violations " << s.violations;
     if (!f.violations.empty()) {
         std::map<std::string, int> by_check;
         for (const auto& v : f.violations) {

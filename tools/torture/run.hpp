@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -116,9 +117,33 @@ private:
         std::vector<kill_event> kills;
         fault_context ctx{plan_, names_, log_, stop_, filter_, kills};
         bool broken = false;  // a fault did not complete: the topology may not be whole
+        // What the topology did on its own, looked for every 100 ms between faults.
+        std::int64_t next_look = 0;
+        const auto look_for_unplanned = [&] {
+            if (broken || !enabled_) {
+                return;
+            }
+            next_look = monotonic_ns() + 100'000'000;
+            std::optional<fault_record> rec;
+            try {
+                rec = topo_.unplanned(ctx);
+            } catch (const std::exception& e) {
+                rec.emplace();
+                rec->tool_error = e.what();
+                rec->what = "following a change the topology made on its own";
+                rec->start = rec->end = monotonic_ns();
+                broken = true;
+            }
+            if (rec) {
+                note(*rec, t0, kills);
+            }
+        };
         for (const fault_spec& spec : plan_.faults) {
             const std::int64_t due = t0 + std::int64_t{spec.at_ms} * 1'000'000;
             while (!stop_.load() && monotonic_ns() < due) {
+                if (monotonic_ns() >= next_look) {
+                    look_for_unplanned();
+                }
                 std::this_thread::sleep_for(std::chrono::milliseconds{5});
             }
             if (stop_.load()) {
@@ -150,15 +175,8 @@ private:
                 }
                 broken = broken || !rec.tool_error.empty();
             }
-            std::lock_guard guard{mutex_};
-            records_.push_back(rec);
-            kills_ = kills;
-            if (verbose_) {
-                out_ << "  fault " << (rec.start - t0) / 1'000'000 << " ms .. "
-                     << (rec.end - t0) / 1'000'000
-                     << " ms: " << (rec.applied ? "" : "(not applied) ") << rec.what << "\n"
-                     << std::flush;
-            }
+            note(rec, t0, kills);
+            look_for_unplanned();
         }
         try {
             topo_.heal_all();
@@ -169,6 +187,18 @@ private:
         healed_ = true;
         changed_.notify_all();
         changed_.wait(lock, [&] { return released_; });
+    }
+
+    void note(const fault_record& rec, std::int64_t t0, const std::vector<kill_event>& kills) {
+        std::lock_guard guard{mutex_};
+        records_.push_back(rec);
+        kills_ = kills;
+        if (verbose_) {
+            out_ << "  fault " << (rec.start - t0) / 1'000'000 << " ms .. "
+                 << (rec.end - t0) / 1'000'000 << " ms: " << (rec.applied ? "" : "(not applied) ")
+                 << rec.what << "\n"
+                 << std::flush;
+        }
     }
 
     const plan& plan_;
@@ -450,7 +480,8 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
     }
     s.faults_planned = p.faults.size();
     for (const auto& f : data.faults) {
-        s.faults_applied += f.applied ? 1 : 0;
+        s.faults_applied += f.applied && !f.unplanned ? 1 : 0;
+        s.faults_unplanned += f.unplanned ? 1 : 0;
     }
     s.violations = found.violations.size();
     s.tool_errors = found.tool_errors.size();

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,10 @@ public:
     virtual fault_record apply(const fault_spec& spec, fault_context& ctx) = 0;
     /// Makes sure everything is healthy again (the end of the run, or an interruption).
     virtual void heal_all() {}
+    /// A change the topology made on its own since the last call (a failover its sentinels
+    /// started), once it settled: recorded as a fault, for the checks to allow what it allows.
+    /// Called between faults, never while one is applied.
+    virtual std::optional<fault_record> unplanned(fault_context&) { return std::nullopt; }
     /// The port and password to send a command about `key` to.
     virtual int port_for_key(const std::string& key) = 0;
     virtual std::string password() const { return {}; }
