@@ -32,8 +32,13 @@
 // hence a subscription on every sentinel. From the first step announced for the master in use until
 // the connection follows the next master (or the failover ends without a switch, as that sentinel
 // announces, or its SENTINEL MASTER flags tell, asked every 250 ms meanwhile by the thread that
-// listens to it and by no other), nothing is sent to the master: a call waits, until its deadline
-// (an untimed one for the command timeout), then fails with timeout_error having sent nothing. A
+// listens to it and by no other), nothing is sent to the master. The same holds for a step about a
+// master the connection has not followed yet (on a loaded machine a sentinel may take a master just
+// promoted for down before another announced the switch to it): once followed, nothing is sent to
+// it until its own failover ends. Steps about a master the connection left are late news of a
+// failover it followed and hold nothing back. While calls are held back, a call waits until its
+// deadline (an untimed one for the command timeout), then fails with timeout_error having sent
+// nothing. A
 // reply that comes after a step was announced, or after the connection moved to another master, is
 // not returned: the command is sent again on the next master when that is safe (see "Retries"),
 // else the call fails with connection_error, its outcome unknown. So a lock is never granted, and a
@@ -534,6 +539,7 @@ private:
                 master = parent->master;
                 generation = parent->generation;
                 last_master = parent->last_master;
+                departed = parent->departed;
                 parent->mutex.unlock();
                 published_generation.store(generation, std::memory_order_release);
             }
@@ -556,12 +562,15 @@ private:
             }
         }
 
-        std::mutex mutex;  // guards master, generation, last_master, watchers
+        std::mutex mutex;  // guards master, generation, last_master, departed, watchers
         pool_ptr master;
         std::uint64_t generation = 0;  // bumped whenever `master` is replaced or dropped
         // `generation` as subscriber links read it, without the mutex.
         std::atomic<std::uint64_t> published_generation{0};
-        std::string last_master;             // "host:port" of the last confirmed master
+        std::string last_master;  // "host:port" of the last confirmed master
+        // The masters this process followed before the last one, most recent last (a few):
+        // announcements of their failovers come late, about a switch already followed.
+        std::vector<std::string> departed;
         std::vector<std::jthread> watchers;  // one per sentinel, once started
 
         std::timed_mutex resolve_mutex;  // one resolution at a time; guards what follows
@@ -826,7 +835,13 @@ private:
             if (!first && l.last_master != address) {
                 switches.fetch_add(1, std::memory_order_relaxed);
                 fence.note_switch();  // what is under way on the old master is disturbed
+                constexpr std::size_t remembered = 8;
+                if (l.departed.size() == remembered) {
+                    l.departed.erase(l.departed.begin());
+                }
+                l.departed.push_back(l.last_master);
             }
+            std::erase(l.departed, address);
             l.last_master = address;
             std::string reopened;
             if (l.master != pool) {
@@ -834,10 +849,9 @@ private:
                 l.bump_generation_locked();
                 reopened = first ? std::string{} : l.master->config().describe();
             }
-            // The failover raised for another master is followed: calls go on here.
-            if (const auto raised = fence.raised(); raised && raised->master != address) {
-                fence.lift();
-            }
+            // The failovers raised for other masters are followed: calls go on here, unless this
+            // master's own failover was announced already.
+            fence.lift_all_but(address);
             return reopened;
         }
 
@@ -1131,11 +1145,7 @@ private:
                     // The sentinel that leads a failover ended it without a switch: the master
                     // stays. (A sentinel that was not elected to lead one says so too: that
                     // says nothing of the failover its rival leads.)
-                    if (const auto raised = fence.raised(); raised &&
-                                                            raised->announcer == w.index &&
-                                                            raised->master == e.master_address) {
-                        fence.lift(*raised);
-                    }
+                    fence.lift(e.master_address, w.index);
                     break;
                 case detail::sentinel_event::kind::other:
                     break;
@@ -1143,13 +1153,16 @@ private:
         }
 
         // Sentinel `w.index` announced a step of a failover of the master at `failing`: nothing
-        // more is sent to it until the connection follows the next master or the failover ends.
+        // more is sent to the master until the connection follows the next one or the failover
+        // ends. That holds for a master not followed yet too: a sentinel may take one just
+        // promoted for down before another announced the switch to it, and a connection that
+        // then followed it would send to a master whose writes the second failover loses.
         void raise_fence(const std::string& failing, watcher_state& w) {
             {
                 process_state& l = this_process();
                 std::lock_guard lock{l.mutex};
-                if (!l.last_master.empty() && l.last_master != failing) {
-                    return;  // not the master in use (a late announcement of a past failover)
+                if (std::find(l.departed.begin(), l.departed.end(), failing) != l.departed.end()) {
+                    return;  // a master left already (a late announcement of a past failover)
                 }
             }
             // No failover lasts longer than the sentinels' failover-timeout for its promotion and
@@ -1174,8 +1187,8 @@ private:
             if (!fence.up() || clock::now() < w.next_check) {
                 return;
             }
-            const auto raised = fence.raised();
-            if (!raised || raised->announcer != w.index) {
+            const auto raised = fence.raised_by(w.index);
+            if (!raised) {
                 return;
             }
             w.next_check = clock::now() + fence_check_every;

@@ -1,7 +1,8 @@
 #pragma once
 
-// A scripted stand-in for one Redis Cluster node: a RESP server on 127.0.0.1 whose every answer
-// comes from a handler the test writes. It lets a test produce each redirection and error a
+// A scripted stand-in for one Redis Cluster node (or a sentinel): a RESP server on 127.0.0.1
+// whose every answer comes from a handler the test writes, and which pushes what the test gives
+// it on a chosen connection (pub/sub messages). It lets a test produce each redirection and error a
 // cluster can answer (MOVED, ASK, TRYAGAIN, CLUSTERDOWN, NOSCRIPT) at a chosen moment, and see
 // which commands arrived on which connection, without a cluster.
 
@@ -125,6 +126,13 @@ public:
         handler_ = std::move(h);
     }
 
+    /// Sends `raw` (RESP) on connection `connection` (numbered as fake_command::connection)
+    /// within about 20 ms, as a server pushes a pub/sub message; dropped if it closed.
+    void push(int connection, std::string raw) {
+        std::lock_guard lock{mutex_};
+        pushes_.emplace_back(connection, std::move(raw));
+    }
+
     /// Every command received so far, in order.
     std::vector<fake_command> received() const {
         std::lock_guard lock{mutex_};
@@ -217,18 +225,24 @@ private:
                 } else {
                     answer = resp::error("ERR no handler");
                 }
-                if (answer.empty()) {
-                    return;  // the handler asks to drop the connection
+                if (answer.empty() || !send_all(fd.get(), answer)) {
+                    return;  // the handler asks to drop the connection, or it closed
                 }
-                std::size_t sent = 0;
-                while (sent < answer.size()) {
-                    const ssize_t n =
-                        ::send(fd.get(), answer.data() + sent, answer.size() - sent, MSG_NOSIGNAL);
-                    if (n <= 0) {
-                        return;
+            }
+            std::string pushed;
+            {
+                std::lock_guard lock{mutex_};
+                for (auto it = pushes_.begin(); it != pushes_.end();) {
+                    if (it->first == id) {
+                        pushed += it->second;
+                        it = pushes_.erase(it);
+                    } else {
+                        ++it;
                     }
-                    sent += static_cast<std::size_t>(n);
                 }
+            }
+            if (!send_all(fd.get(), pushed)) {
+                return;
             }
             pollfd pfd{fd.get(), POLLIN, 0};
             if (::poll(&pfd, 1, 20) <= 0) {
@@ -243,6 +257,18 @@ private:
         }
     }
 
+    static bool send_all(int fd, const std::string& data) {
+        std::size_t sent = 0;
+        while (sent < data.size()) {
+            const ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+            if (n <= 0) {
+                return false;
+            }
+            sent += static_cast<std::size_t>(n);
+        }
+        return true;
+    }
+
     detail::unique_fd listen_fd_;
     int port_ = 0;
     std::atomic<bool> stopping_{false};
@@ -251,6 +277,7 @@ private:
     std::vector<std::thread> workers_;
     handler handler_;
     std::vector<fake_command> log_;
+    std::vector<std::pair<int, std::string>> pushes_;
 };
 
 }  // namespace redislock::test

@@ -3,9 +3,10 @@
 //
 // A failover is raised when a sentinel announces one of its steps (+elected-leader ... the
 // promotion of a replica) and lifted once the connection follows the new master, or the
-// failover ended without a switch (an abort). While it is raised no command is sent to the
-// master; a command that was under way when it was raised, or when the master changed without
-// an announcement, is a disturbed one: its reply may come from a master whose writes the
+// failover ended without a switch (an abort). Failovers of several masters may be raised at
+// once: following a master lifts those of the others, not its own. While it is raised no command is
+// sent to the master; a command that was under way when it was raised, or when the master changed
+// without an announcement, is a disturbed one: its reply may come from a master whose writes the
 // failover loses (a replica that was not promoted may even have acknowledged them).
 //
 // Thread safety: every member may be called from any thread.
@@ -27,6 +28,7 @@
 #include <stop_token>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <redislock/detail/token.hpp>
 #include <redislock/detail/wait.hpp>
@@ -54,20 +56,22 @@ public:
     }
 
     /// A failover of the master at `master` ("host:port") was announced by sentinel number
-    /// `announcer`. It stays raised until lift(), or `bound` from now, at the latest: a bound
-    /// the sentinels' own failover timeout sets, should every sentinel fall silent. Returns true
-    /// when it was not raised yet.
+    /// `announcer`. It stays raised until lifted, or `bound` from now, at the latest: a bound
+    /// the sentinels' own failover timeout sets, should every sentinel fall silent. Several
+    /// masters may be failing over at once (one just promoted may be taken for down by a
+    /// sentinel before the first failover ended): each is raised on its own. Returns true when
+    /// `master` was not raised yet.
     bool raise(const std::string& master, std::size_t announcer, steady::duration bound) {
         slot& s = current();
         {
             std::lock_guard guard{s.mutex};
-            if (raised_locked(s)) {
-                return false;
+            prune_locked(s);
+            for (const raised_failover& r : s.known) {
+                if (r.master == master) {
+                    return false;
+                }
             }
-            s.known.master = master;
-            s.known.announcer = announcer;
-            s.known.expires = steady::now() + bound;
-            s.known.raised = true;
+            s.known.push_back(raised_failover{master, announcer, steady::now() + bound});
             up_.store(true, std::memory_order_release);
             disturb_locked(s);
         }
@@ -75,35 +79,32 @@ public:
         return true;
     }
 
-    /// The failover is over (the connection follows the new master, or it was aborted):
-    /// commands may be sent again.
+    /// Every failover raised is over: commands may be sent again.
     void lift() {
-        slot& s = current();
-        {
-            std::lock_guard guard{s.mutex};
-            if (!s.known.raised) {
-                return;
-            }
-            s.known.raised = false;
-            up_.store(false, std::memory_order_release);
-        }
-        s.lifted.notify_all();
+        lift_where([](const raised_failover&) { return true; });
     }
 
-    /// As lift(), only when `which` (what raised() said) is still the failover raised: a check
-    /// of one that ended never lifts the next one, raised meanwhile.
+    /// As lift(), for `which` (what raised() said) only, if still raised: a check of one that
+    /// ended never lifts the next one, raised meanwhile.
     void lift(const raised_failover& which) {
-        slot& s = current();
-        {
-            std::lock_guard guard{s.mutex};
-            if (!s.known.raised || s.known.master != which.master ||
-                s.known.announcer != which.announcer || s.known.expires != which.expires) {
-                return;
-            }
-            s.known.raised = false;
-            up_.store(false, std::memory_order_release);
-        }
-        s.lifted.notify_all();
+        lift_where([&](const raised_failover& r) {
+            return r.master == which.master && r.announcer == which.announcer &&
+                   r.expires == which.expires;
+        });
+    }
+
+    /// As lift(), for the failover of `master` that sentinel number `announcer` raised, if any
+    /// (that sentinel says it ended without a switch).
+    void lift(const std::string& master, std::size_t announcer) {
+        lift_where([&](const raised_failover& r) {
+            return r.master == master && r.announcer == announcer;
+        });
+    }
+
+    /// The connection follows the master at `master`: the failovers raised for other masters
+    /// are over for it; one raised for that master stays.
+    void lift_all_but(const std::string& master) {
+        lift_where([&](const raised_failover& r) { return r.master != master; });
     }
 
     /// The connection moved to another master, announced or not: a command under way on the
@@ -118,15 +119,15 @@ public:
     /// with its expiry checked).
     bool up() const noexcept { return up_.load(std::memory_order_acquire); }
 
-    /// The master whose failover is raised, and the sentinel that announced it; nothing when
-    /// none is.
+    /// A failover raised (the first announced of those still raised), with the master it
+    /// replaces and the sentinel that announced it; nothing when none is.
     std::optional<raised_failover> raised() const {
-        slot& s = current();
-        std::lock_guard guard{s.mutex};
-        if (!raised_locked(s)) {
-            return std::nullopt;
-        }
-        return raised_failover{s.known.master, s.known.announcer, s.known.expires};
+        return first_where([](const raised_failover&) { return true; });
+    }
+
+    /// The first failover still raised that sentinel number `announcer` announced.
+    std::optional<raised_failover> raised_by(std::size_t announcer) const {
+        return first_where([&](const raised_failover& r) { return r.announcer == announcer; });
     }
 
     /// Waits until no failover is raised, `until`, or a stop request. True when none is.
@@ -134,18 +135,26 @@ public:
         slot& s = current();
         std::unique_lock lock{s.mutex};
         for (;;) {
-            if (!raised_locked(s)) {
+            const auto now = steady::now();
+            std::optional<steady::time_point> next_expiry;
+            for (const raised_failover& r : s.known) {
+                if (now < r.expires && (!next_expiry || r.expires < *next_expiry)) {
+                    next_expiry = r.expires;
+                }
+            }
+            if (!next_expiry) {
                 return true;
             }
-            const auto now = steady::now();
             if (now >= until || (stop != nullptr && stop->stop_requested())) {
                 return false;
             }
-            const auto limit = std::min(until, s.known.expires);
+            const auto limit = std::min(until, *next_expiry);
+            const std::size_t count = s.known.size();
+            const auto changed = [&s, count] { return s.known.size() < count; };
             if (stop != nullptr && stop->stop_possible()) {
-                (void)s.lifted.wait_until(lock, *stop, limit, [&s] { return !s.known.raised; });
+                (void)s.lifted.wait_until(lock, *stop, limit, changed);
             } else {
-                (void)s.lifted.wait_until(lock, limit, [&s] { return !s.known.raised; });
+                (void)s.lifted.wait_until(lock, limit, changed);
             }
         }
     }
@@ -158,25 +167,48 @@ public:
     }
 
 private:
-    // What is known of a failover.
-    struct record {
-        bool raised = false;
-        std::string master;
-        std::size_t announcer = 0;
-        steady::time_point expires{};
-    };
-
     // The mutex, the condition variable and what they guard, one set per process.
     struct slot {
         explicit slot(std::uint64_t g) : generation{g} {}
         std::mutex mutex;
         std::condition_variable_any lifted;
-        record known;
+        std::vector<raised_failover> known;  // in the order announced; some may have expired
         std::uint64_t generation;
     };
 
-    static bool raised_locked(const slot& s) {
-        return s.known.raised && steady::now() < s.known.expires;
+    // Drops the failovers past their bound.
+    void prune_locked(slot& s) {
+        const auto now = steady::now();
+        std::erase_if(s.known, [now](const raised_failover& r) { return now >= r.expires; });
+        up_.store(!s.known.empty(), std::memory_order_release);
+    }
+
+    template <class Which>
+    void lift_where(Which which) {
+        slot& s = current();
+        {
+            std::lock_guard guard{s.mutex};
+            const std::size_t before = s.known.size();
+            std::erase_if(s.known, which);
+            prune_locked(s);
+            if (s.known.size() == before) {
+                return;
+            }
+        }
+        s.lifted.notify_all();
+    }
+
+    template <class Which>
+    std::optional<raised_failover> first_where(Which which) const {
+        slot& s = current();
+        std::lock_guard guard{s.mutex};
+        const auto now = steady::now();
+        for (const raised_failover& r : s.known) {
+            if (now < r.expires && which(r)) {
+                return r;
+            }
+        }
+        return std::nullopt;
     }
 
     void disturb_locked(slot&) { disturbances_.fetch_add(1, std::memory_order_acq_rel); }
@@ -209,7 +241,7 @@ private:
             // Held while published, so that no raise() or lift() on it comes before up_ is set.
             std::lock_guard publishing{fresh->mutex};
             if (slot_.compare_exchange_strong(s, fresh.get(), std::memory_order_acq_rel)) {
-                up_.store(fresh->known.raised, std::memory_order_release);
+                up_.store(!fresh->known.empty(), std::memory_order_release);
                 return *fresh.release();
             }
         }
@@ -218,7 +250,7 @@ private:
 
     mutable std::atomic<slot*> slot_;
     std::atomic<std::uint64_t> disturbances_{0};
-    mutable std::atomic<bool> up_{false};  // the record's `raised`, read without the mutex
+    mutable std::atomic<bool> up_{false};  // whether `known` is not empty, read without the mutex
 };
 
 }  // namespace redislock::detail
