@@ -32,20 +32,20 @@
 // hence a subscription on every sentinel. From the first step announced for the master in use until
 // the connection follows the next master (or the failover ends without a switch, as that sentinel
 // announces, or its SENTINEL MASTER flags tell, asked every 250 ms meanwhile by the thread that
-// listens to it and by no other), nothing is sent to the master. The same holds for a step about a
-// master the connection has not followed yet (on a loaded machine a sentinel may take a master just
-// promoted for down before another announced the switch to it): once followed, nothing is sent to
-// it until its own failover ends. Steps about a master the connection left are late news of a
-// failover it followed and hold nothing back. While calls are held back, a call waits until its
-// deadline (an untimed one for the command timeout), then fails with timeout_error having sent
-// nothing. A
-// reply that comes after a step was announced, or after the connection moved to another master, is
-// not returned: the command is sent again on the next master when that is safe (see "Retries"),
-// else the call fails with connection_error, its outcome unknown. So a lock is never granted, and a
-// renewal never confirmed, by a master after its failover was announced. Should every sentinel
-// fall silent, a failover stops holding calls back after twice the sentinels' failover-timeout;
-// so does an aborted one whose abort was not heard where an ACL refuses SENTINEL MASTER (its flags
-// cannot be read then).
+// listens to it and by no other), nothing is sent to the master. A step about a master the
+// connection has not followed yet holds calls back too (on a loaded machine a sentinel may take a
+// master just promoted for down before another announced the switch to it), until that failover
+// ends or a switch from that master is announced; should the connection follow that master
+// meanwhile, nothing is sent to it before. Steps about a master the connection left are late news
+// of a failover it followed and hold nothing back. While calls are held back, a call waits until
+// its deadline (an untimed one for the command timeout), then fails with timeout_error having sent
+// nothing. A reply that comes after a step was announced, or after the connection moved to another
+// master, is not returned: the command is sent again on the next master when that is safe (see
+// "Retries"), else the call fails with connection_error, its outcome unknown. So a lock is never
+// granted, and a renewal never confirmed, by a master after its failover was announced. Should
+// every sentinel fall silent, a failover stops holding calls back after twice the sentinels'
+// failover-timeout; so does an aborted one whose abort was not heard where an ACL refuses SENTINEL
+// MASTER (its flags cannot be read then).
 //
 // Retries: a call that fails that way re-resolves and is retried once, within its deadline,
 // when that is safe: after READONLY always (the node did not run the command); after a
@@ -840,6 +840,9 @@ private:
                     l.departed.erase(l.departed.begin());
                 }
                 l.departed.push_back(l.last_master);
+                // The failover of the master left is followed: calls go on here, unless this
+                // master's own failover was announced already (lifted when it is over).
+                fence.lift_master(l.last_master);
             }
             std::erase(l.departed, address);
             l.last_master = address;
@@ -849,9 +852,6 @@ private:
                 l.bump_generation_locked();
                 reopened = first ? std::string{} : l.master->config().describe();
             }
-            // The failovers raised for other masters are followed: calls go on here, unless this
-            // master's own failover was announced already.
-            fence.lift_all_but(address);
             return reopened;
         }
 
@@ -863,13 +863,18 @@ private:
             process_state& l = this_process();
             std::uint64_t seen = 0;
             bool ours = false;  // the switch replaces the master in use
+            bool followed = false;
             {
                 std::lock_guard lock{l.mutex};
-                if (l.last_master == to) {
-                    return;  // followed already
-                }
+                followed = l.last_master == to;
                 seen = l.generation;
                 ours = l.last_master == from;
+            }
+            if (!ours) {
+                fence.lift_master(from);  // its failover is over, and nothing goes there
+            }
+            if (followed) {
+                return;
             }
             if (const auto colon = to.rfind(':'); ours && colon != std::string::npos) {
                 try {
@@ -1158,12 +1163,12 @@ private:
         // promoted for down before another announced the switch to it, and a connection that
         // then followed it would send to a master whose writes the second failover loses.
         void raise_fence(const std::string& failing, watcher_state& w) {
-            {
-                process_state& l = this_process();
-                std::lock_guard lock{l.mutex};
-                if (std::find(l.departed.begin(), l.departed.end(), failing) != l.departed.end()) {
-                    return;  // a master left already (a late announcement of a past failover)
-                }
+            // Under the mutex, so that no switch away from `failing` comes between the check
+            // and the raise (it would leave the raise behind).
+            process_state& l = this_process();
+            std::lock_guard lock{l.mutex};
+            if (std::find(l.departed.begin(), l.departed.end(), failing) != l.departed.end()) {
+                return;  // a master left already (a late announcement of a past failover)
             }
             // No failover lasts longer than the sentinels' failover-timeout for its promotion and
             // again for the replicas' reconfiguration: should every sentinel fall silent, calls
@@ -1188,7 +1193,7 @@ private:
                 return;
             }
             const auto raised = fence.raised_by(w.index);
-            if (!raised) {
+            if (raised.empty()) {
                 return;
             }
             w.next_check = clock::now() + fence_check_every;
@@ -1209,12 +1214,16 @@ private:
                 return;
             }
             const std::string named = view->host + ":" + std::to_string(view->port);
-            if (named != raised->master) {
-                follow_switch(raised->master, named);
-            } else if (view->epoch >= 0 && !view->failover_in_progress) {
-                // Aborted: the master stays. (Only SENTINEL MASTER tells the flags: a view from
-                // GET-MASTER-ADDR-BY-NAME, where ACLs allow only that, says nothing of them.)
-                fence.lift(*raised);
+            for (const auto& one : raised) {
+                if (named != one.master) {
+                    // Switched: followed if it is the master in use, else simply over.
+                    follow_switch(one.master, named);
+                } else if (view->epoch >= 0 && !view->failover_in_progress) {
+                    // Aborted: the master stays. (Only SENTINEL MASTER tells the flags: a view
+                    // from GET-MASTER-ADDR-BY-NAME, where ACLs allow only that, says nothing of
+                    // them.)
+                    fence.lift(one);
+                }
             }
         }
 

@@ -4,7 +4,7 @@
 // A failover is raised when a sentinel announces one of its steps (+elected-leader ... the
 // promotion of a replica) and lifted once the connection follows the new master, or the
 // failover ended without a switch (an abort). Failovers of several masters may be raised at
-// once: following a master lifts those of the others, not its own. While it is raised no command is
+// once; leaving a master lifts its own. While it is raised no command is
 // sent to the master; a command that was under way when it was raised, or when the master changed
 // without an announcement, is a disturbed one: its reply may come from a master whose writes the
 // failover loses (a replica that was not promoted may even have acknowledged them).
@@ -59,15 +59,16 @@ public:
     /// `announcer`. It stays raised until lifted, or `bound` from now, at the latest: a bound
     /// the sentinels' own failover timeout sets, should every sentinel fall silent. Several
     /// masters may be failing over at once (one just promoted may be taken for down by a
-    /// sentinel before the first failover ended): each is raised on its own. Returns true when
-    /// `master` was not raised yet.
+    /// sentinel before the first failover ended), and two sentinels may each lead one of the
+    /// same master: each is raised on its own. Returns true when `announcer` had not raised a
+    /// failover of `master` yet.
     bool raise(const std::string& master, std::size_t announcer, steady::duration bound) {
         slot& s = current();
         {
             std::lock_guard guard{s.mutex};
             prune_locked(s);
             for (const raised_failover& r : s.known) {
-                if (r.master == master) {
+                if (r.master == master && r.announcer == announcer) {
                     return false;
                 }
             }
@@ -101,10 +102,10 @@ public:
         });
     }
 
-    /// The connection follows the master at `master`: the failovers raised for other masters
-    /// are over for it; one raised for that master stays.
-    void lift_all_but(const std::string& master) {
-        lift_where([&](const raised_failover& r) { return r.master != master; });
+    /// Every failover raised of the master at `master` is over: the connection left it, or a
+    /// switch from it was announced while the connection was elsewhere.
+    void lift_master(const std::string& master) {
+        lift_where([&](const raised_failover& r) { return r.master == master; });
     }
 
     /// The connection moved to another master, announced or not: a command under way on the
@@ -125,9 +126,18 @@ public:
         return first_where([](const raised_failover&) { return true; });
     }
 
-    /// The first failover still raised that sentinel number `announcer` announced.
-    std::optional<raised_failover> raised_by(std::size_t announcer) const {
-        return first_where([&](const raised_failover& r) { return r.announcer == announcer; });
+    /// The failovers still raised that sentinel number `announcer` announced.
+    std::vector<raised_failover> raised_by(std::size_t announcer) const {
+        slot& s = current();
+        std::lock_guard guard{s.mutex};
+        const auto now = steady::now();
+        std::vector<raised_failover> out;
+        for (const raised_failover& r : s.known) {
+            if (now < r.expires && r.announcer == announcer) {
+                out.push_back(r);
+            }
+        }
+        return out;
     }
 
     /// Waits until no failover is raised, `until`, or a stop request. True when none is.
