@@ -61,7 +61,7 @@ public:
     virtual void heal_all() {}
     /// A change the topology made on its own since the last call (a failover its sentinels
     /// started), once it settled: recorded as a fault, for the checks to allow what it allows.
-    /// Called between faults, never while one is applied.
+    /// Called between faults and after the last one, never while one is applied.
     virtual std::optional<fault_record> unplanned(fault_context&) { return std::nullopt; }
     /// The port and password to send a command about `key` to.
     virtual int port_for_key(const std::string& key) = 0;
