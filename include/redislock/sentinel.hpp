@@ -831,28 +831,43 @@ private:
         // returns its address when it replaced an earlier master's pool (a reconnection to
         // report), else "".
         std::string publish_locked(process_state& l, const std::string& address, pool_ptr pool) {
+            // Everything that may throw comes before the first change.
+            constexpr std::size_t remembered = 8;
             const bool first = l.last_master.empty();
-            if (!first && l.last_master != address) {
+            const bool moved = !first && l.last_master != address;
+            std::string next = address;
+            std::string reopened =
+                !first && l.master != pool ? pool->config().describe() : std::string{};
+            l.departed.reserve(remembered + 1);
+            if (moved) {
                 switches.fetch_add(1, std::memory_order_relaxed);
                 fence.note_switch();  // what is under way on the old master is disturbed
-                constexpr std::size_t remembered = 8;
-                if (l.departed.size() == remembered) {
+                if (l.departed.size() >= remembered) {
                     l.departed.erase(l.departed.begin());
                 }
-                l.departed.push_back(l.last_master);
-                // The failover of the master left is followed: calls go on here, unless this
-                // master's own failover was announced already (lifted when it is over).
-                fence.lift_master(l.last_master);
+                l.departed.push_back(std::move(l.last_master));
             }
             std::erase(l.departed, address);
-            l.last_master = address;
-            std::string reopened;
+            l.last_master = std::move(next);
             if (l.master != pool) {
                 l.master = std::move(pool);
                 l.bump_generation_locked();
-                reopened = first ? std::string{} : l.master->config().describe();
+            }
+            if (moved) {
+                // The failover of the master left is followed: calls go on here, unless this
+                // master's own failover was announced already (lifted when it is over). Should
+                // this throw (out of memory in a forked child), the record stays to its bound.
+                fence.lift_master(l.departed.back());
             }
             return reopened;
+        }
+
+        // A sentinel names `address` as the master (a switch to it, or its view): steps about it
+        // from now on are news, even if this process followed it once before.
+        void forget_departed(const std::string& address) {
+            process_state& l = this_process();
+            std::lock_guard lock{l.mutex};
+            std::erase(l.departed, address);
         }
 
         // A sentinel announced that the master in use was replaced by the one at `to`: check
@@ -1140,7 +1155,9 @@ private:
             }
             switch (e.what) {
                 case detail::sentinel_event::kind::switched:
-                    // The new master lifts the failover raised for the old one.
+                    // The new master lifts the failover raised for the old one. (A sentinel
+                    // announces the switch to a master before any step about that master.)
+                    forget_departed(e.new_address);
                     follow_switch(e.master_address, e.new_address);
                     break;
                 case detail::sentinel_event::kind::step:
@@ -1214,6 +1231,7 @@ private:
                 return;
             }
             const std::string named = view->host + ":" + std::to_string(view->port);
+            forget_departed(named);
             for (const auto& one : raised) {
                 if (named != one.master) {
                     // Switched: followed if it is the master in use, else simply over.
