@@ -315,22 +315,26 @@ private:
         return std::nullopt;
     }
 
+    // Leaves one entry of `acquisition` now, with lease "0" (a leave never extends what
+    // remains), within the call's time; false when that went unanswered.
+    bool leave_one_entry(const std::string& owner, const std::string& acquisition,
+                         const call_context& how) noexcept {
+        try {
+            return release::leave_once(*state_, "0", held{owner, 0, acquisition}, 1,
+                                       std::min(how.deadline, state_->core->untimed_deadline()))
+                .is_integer();
+        } catch (...) {
+            return false;
+        }
+    }
+
     // A new acquisition that cannot stand (too few replicas acknowledged it, or its reply came
-    // after its lease) is left before the call returns, and only its one entry, with lease "0":
-    // the owner's next acquisition, through another object, may join what is still there and
-    // must keep it. Should that leave go unanswered, the acquisition is given up whole, as after
-    // a lost reply.
+    // after its lease) is left before the call returns, and only its one entry: the owner's next
+    // acquisition, through another object, may join what is still there and must keep it.
+    // Should that leave go unanswered, the acquisition is given up whole, as after a lost reply.
     void give_back(const std::string& owner, const std::string& acquisition,
                    detail::steady::time_point sent, const call_context& how) {
-        bool left = false;
-        try {
-            left = release::leave_once(*state_, "0", held{owner, 0, acquisition}, 1,
-                                       std::min(how.deadline, state_->core->untimed_deadline()))
-                       .is_integer();
-        } catch (...) {
-            // Unknown: given up below.
-        }
-        if (!left) {
+        if (!leave_one_entry(owner, acquisition, how)) {
             release::abandon(state_, owner, acquisition, sent + state_->options.lease);
         }
     }
@@ -341,15 +345,7 @@ private:
     // is told why. Should that leave go unanswered, an entry this object holds is uncertain.
     [[noreturn]] void refuse_reentry(const std::string& owner, const std::string& acquisition,
                                      std::int64_t replicas, const call_context& how) {
-        bool left = false;
-        try {
-            left = release::leave_once(*state_, "0", held{owner, 0, acquisition}, 1,
-                                       std::min(how.deadline, state_->core->untimed_deadline()))
-                       .is_integer();
-        } catch (...) {
-            // Unknown: counted as uncertain below.
-        }
-        if (!left) {
+        if (!leave_one_entry(owner, acquisition, how)) {
             std::lock_guard guard{state_->mutex};
             if (state_->depth > 0 && state_->holder_owner == owner &&
                 state_->acquisition == acquisition) {
