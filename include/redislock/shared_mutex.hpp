@@ -305,20 +305,23 @@ private:
         return std::nullopt;
     }
 
+    // Leaves one entry of `ref` now, within the call's time; false when that went unanswered.
+    bool leave_one_entry(const hold_ref& ref, const call_context& how) noexcept {
+        try {
+            return release::leave_once(*state_, ref, 1,
+                                       std::min(how.deadline, state_->core->untimed_deadline()))
+                .is_integer();
+        } catch (...) {
+            return false;
+        }
+    }
+
     // A new acquisition that cannot stand (too few replicas acknowledged it, or its reply came
     // after its lease) is left before the call returns, and only its one entry: the owner's next
     // acquisition, through another object, may join what is still there and must keep it. Should
     // that leave go unanswered, the acquisition is given up whole, as after a lost reply.
     void give_back(const hold_ref& ref, detail::steady::time_point sent, const call_context& how) {
-        bool left = false;
-        try {
-            left = release::leave_once(*state_, ref, 1,
-                                       std::min(how.deadline, state_->core->untimed_deadline()))
-                       .is_integer();
-        } catch (...) {
-            // Unknown: given up below.
-        }
-        if (!left) {
+        if (!leave_one_entry(ref, how)) {
             release::abandon(state_, ref, detail::drop_all, sent + state_->options.lease);
         }
     }
@@ -330,15 +333,7 @@ private:
     [[noreturn]] void refuse_reentry(const std::string& owner, mode kind,
                                      const std::string& acquisition, std::int64_t replicas,
                                      const call_context& how) {
-        bool left = false;
-        try {
-            left = release::leave_once(*state_, hold_ref{owner, kind, 0, acquisition, false}, 1,
-                                       std::min(how.deadline, state_->core->untimed_deadline()))
-                       .is_integer();
-        } catch (...) {
-            // Unknown: counted as uncertain below.
-        }
-        if (!left) {
+        if (!leave_one_entry(hold_ref{owner, kind, 0, acquisition, false}, how)) {
             std::lock_guard guard{state_->mutex};
             if (hold* h = state_->find(owner, kind); h && h->acquisition == acquisition) {
                 ++h->uncertain;
