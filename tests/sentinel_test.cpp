@@ -178,10 +178,10 @@ TEST(SentinelConnection, AnnouncementsAreReadForTheMasterTheyConcern) {
     EXPECT_EQ(e.master_name, "mymaster");
     EXPECT_EQ(e.master_address, "127.0.0.1:21201");
 
-    e = parse_sentinel_event("-failover-abort-no-good-slave", "master other 10.0.0.1 6379");
+    e = parse_sentinel_event("-failover-abort-no-good-slave", "master other 127.0.0.9 6379");
     EXPECT_EQ(e.what, kind::aborted);
     EXPECT_EQ(e.master_name, "other");
-    EXPECT_EQ(e.master_address, "10.0.0.1:6379");
+    EXPECT_EQ(e.master_address, "127.0.0.9:6379");
 
     e = parse_sentinel_event("+sdown", "master mymaster 127.0.0.1 21201");
     EXPECT_EQ(e.what, kind::other);
