@@ -153,10 +153,10 @@ private:
     std::string plan_of(int process, int thread, std::uint32_t episode) const {
         const auto& t = p_.processes[static_cast<std::size_t>(process)]
                             .threads[static_cast<std::size_t>(thread)];
-        if (episode >= t.episodes.size()) {
+        if (t.episodes.empty() || (episode >= t.episodes.size() && !p_.shape.brisk)) {
             return {};
         }
-        const auto& e = t.episodes[episode];
+        const auto& e = t.episodes[episode % t.episodes.size()];  // --brisk replays them
         const auto& o = t.objects[static_cast<std::size_t>(e.object)];
         std::string s =
             " [object #" + std::to_string(e.object) + ": lease " + std::to_string(o.lease_ms) +

@@ -18,8 +18,8 @@ namespace redislock::torture {
 inline constexpr const char* usage_text =
     R"(usage: redislock-torture [--topology single|sentinel|cluster|redlock|all[,...]] [--uri URI]
                          [--seed S] [--seconds N | --minutes M] [--processes P] [--threads T]
-                         [--names N]
-                         [--verbose] [--trace N] [--no-faults] [--no-netns] [--print-plan]
+                         [--names N] [--brisk]
+                         [--verbose] [--trace N|violations] [--no-faults] [--no-netns] [--print-plan]
                          [--help]
 
 A seeded schedule explorer for redislock: P worker processes x T threads run a plan of lock
@@ -48,8 +48,11 @@ nothing left in Redis but fencing counters, no leaked descriptor or thread.
   --threads T     threads per worker process (default 3, at most 16).
   --names N       lock names (default 5, Redlock 3, at most 64): more names, more acquisitions
                   per second (for a soak), less contention on each.
+  --brisk         a soak for volume: holds and pauses of a few milliseconds, no lock left to
+                  expire, and each thread replays its episodes until the time is up.
   --verbose       also print each fault as it happened.
-  --trace N       at the end, print everything logged about name N (0, 1, ...) in time order.
+  --trace N       at the end, print everything logged about name N (0, 1, ...) in time order;
+                  `--trace violations`: about each of the first three names a violation names.
   --no-faults     draw the plan as usual but cause none of its faults (a finding without faults
                   is not theirs).
   --print-plan    print every episode and fault of the plan, then exit (nothing runs).
@@ -62,6 +65,9 @@ per violation, and a summary line. Exit status: 0 when every check held, 1 when 
 2 for a bad command line, 3 when the tool itself could not run (a topology that did not start).
 )";
 
+/// --trace violations: trace the names the violations are about.
+inline constexpr int trace_violations = -2;
+
 struct options {
     std::vector<topology_kind> topologies{topology_kind::single};
     std::string uri;
@@ -70,11 +76,12 @@ struct options {
     int processes = 3;
     int threads = 3;
     int names = 0;
+    bool brisk = false;
     bool verbose = false;
     bool faults = true;
     bool netns = true;
     bool print_plan = false;
-    int trace = -1;
+    int trace = -1;  ///< a name's index, -1 for none, or trace_violations
     bool help = false;
 };
 
@@ -159,12 +166,16 @@ inline options parse_options(const std::vector<std::string_view>& args) {
             o.threads = parse_count("--threads", value(), 1, max_threads);
         } else if (a == "--names") {
             o.names = parse_count("--names", value(), 1, max_names);
+        } else if (a == "--brisk") {
+            o.brisk = true;
         } else if (a == "--verbose") {
             o.verbose = true;
         } else if (a == "--no-faults") {
             o.faults = false;
         } else if (a == "--trace") {
-            o.trace = parse_count("--trace", value(), 0, max_names - 1);
+            const std::string_view v = value();
+            o.trace =
+                v == "violations" ? trace_violations : parse_count("--trace", v, 0, max_names - 1);
         } else if (a == "--print-plan") {
             o.print_plan = true;
         } else if (a == "--no-netns") {

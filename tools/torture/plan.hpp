@@ -235,7 +235,8 @@ struct run_shape {
     int run_ms = 20'000;
     int processes = 3;
     int threads = 3;
-    int names = 0;  ///< 0: five (Redlock: three)
+    int names = 0;       ///< 0: five (Redlock: three)
+    bool brisk = false;  ///< short holds, replayed episodes: many acquisitions, for a soak
 };
 
 struct plan {
@@ -381,11 +382,11 @@ inline episode draw_episode(rng& r, const run_shape& shape, const std::vector<lo
     e.call = draw_call(r);
     e.timeout_ms = r.log_between(5, 3000);
     e.stop_ms = r.log_between(5, 2000);
-    e.hold_ms = draw_hold(r);
-    e.idle_ms = r.percent(30) ? 0 : r.log_between(1, 200);
+    e.hold_ms = shape.brisk ? r.between(0, 3) : draw_hold(r);
+    e.idle_ms = shape.brisk || r.percent(30) ? 0 : r.log_between(1, 200);
     static constexpr release_kind releases[] = {release_kind::unlock_ec, release_kind::unlock,
                                                 release_kind::destroy, release_kind::expire};
-    e.release = releases[r.weighted({68, 15, 12, 5})];
+    e.release = releases[r.weighted({68, 15, 12, shape.brisk ? 0 : 5})];
     if (may_fork && r.percent(3)) {
         e.what = episode::kind::fork;
         e.call = call_kind::try_lock_for;
@@ -409,7 +410,7 @@ inline episode draw_episode(rng& r, const run_shape& shape, const std::vector<lo
                     mine[static_cast<std::size_t>(r.between(0, static_cast<int>(mine.size()) - 1))];
                 // A reader cannot ask to write (it would throw for a deadlock).
                 s.shared = type == lock_type::shared && (e.shared || r.percent(50));
-                s.hold_ms = r.log_between(1, 300);
+                s.hold_ms = shape.brisk ? r.between(0, 2) : r.log_between(1, 300);
                 s.timeout_ms = r.log_between(5, 300);
                 break;
             }
@@ -425,7 +426,6 @@ inline episode draw_episode(rng& r, const run_shape& shape, const std::vector<lo
     }
     std::sort(e.steps.begin(), e.steps.end(),
               [](const inner_step& a, const inner_step& b) { return a.at_ms < b.at_ms; });
-    (void)shape;
     return e;
 }
 

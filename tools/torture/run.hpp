@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -266,6 +267,7 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
     shape.processes = o.processes;
     shape.threads = o.threads;
     shape.names = o.names;
+    shape.brisk = o.brisk;
     const plan p = draw_plan(shape);
     if (o.print_plan) {
         print_header(out, p, "(the plan only)", o.uri);
@@ -298,6 +300,11 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
             for (const auto& e : t.episodes) {
                 records += 6 + 3 * e.steps.size();
             }
+        }
+        if (shape.brisk) {
+            // Replayed episodes: room for a record per thread every 100 microseconds, more than
+            // any server here answers (the mapping takes memory only as records are written).
+            records += static_cast<std::uint64_t>(shape.run_ms) * 10 * proc.threads.size();
         }
         capacities.push_back(records * 2);
     }
@@ -486,11 +493,25 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
     print_findings(out, found, 200);
     if (o.trace >= 0 && o.trace < static_cast<int>(names.size())) {
         print_trace(out, check, data, o.trace);
+    } else if (o.trace == trace_violations) {
+        int traced = 0;
+        for (std::size_t n = 0; n < names.size() && traced < 3; ++n) {
+            const std::string quoted = "'" + names[n] + "'";
+            if (std::any_of(
+                    found.violations.begin(), found.violations.end(),
+                    [&](const violation& v) { return v.text.find(quoted) != v.text.npos; })) {
+                print_trace(out, check, data, static_cast<int>(n));
+                ++traced;
+            }
+        }
     }
     summary s;
     for (const auto& e : data.entries) {
         if (e.type == record_type::hold) {
             ++s.acquisitions;
+            if (static_cast<std::size_t>(e.name) < p.names.size()) {
+                ++s.acquisitions_of[static_cast<int>(p.names[e.name])];
+            }
         }
     }
     s.faults_planned = p.faults.size();

@@ -22,6 +22,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -380,13 +381,16 @@ private:
         const std::uint32_t actor = log_.new_actor();
         std::vector<std::unique_ptr<any_lock>> objects(tp.objects.size());
         const int first = now.episode.load() + 1;
-        for (int e = first; e < static_cast<int>(tp.episodes.size()); ++e) {
+        // --brisk replays the thread's episodes until the run's time is up (`stop`).
+        const int count = static_cast<int>(tp.episodes.size());
+        const int end = plan_.shape.brisk && count > 0 ? std::numeric_limits<int>::max() : count;
+        for (int e = first; e < end; ++e) {
             if (log_.header().stop.load() != 0) {
                 break;
             }
             gate_.pass();
             now.episode.store(e);
-            const episode& ep = tp.episodes[static_cast<std::size_t>(e)];
+            const episode& ep = tp.episodes[static_cast<std::size_t>(e % count)];
             try {
                 switch (ep.what) {
                     case episode::kind::hold:
