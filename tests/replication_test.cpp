@@ -597,8 +597,7 @@ TEST(Replication, ARefusedAcquisitionNeverTakesTheOwnersNextHoldWithIt) {
 TEST(Replication, AnAcquisitionGivenUpMidFlightIsNeverJoinedByTheOwnersNextOne) {
     redis_server srv;  // no replica: every WAIT waits its whole timeout
     redislock::client client{srv.uri()};
-    const redislock::lock_options acked{
-        .lease = 10s, .min_replicas = 1, .replica_timeout = 200ms};
+    const redislock::lock_options acked{.lease = 10s, .min_replicas = 1, .replica_timeout = 200ms};
     const redislock::lock_options plain{.lease = 10s};
     const auto check = [&](const char* what, auto give_up, auto next_lock, auto& next,
                            auto next_unlock) {
@@ -629,9 +628,8 @@ TEST(Replication, AnAcquisitionGivenUpMidFlightIsNeverJoinedByTheOwnersNextOne) 
     auto rw_given_up = client.shared_mutex("joined:shared", acked);
     auto rw_next = client.shared_mutex("joined:shared", plain);
     check(
-        "write", [&] { return rw_given_up.try_lock_for(20ms); },
-        [&] { return rw_next.try_lock(); }, rw_next,
-        [&](std::error_code& ec) { rw_next.unlock(ec); });
+        "write", [&] { return rw_given_up.try_lock_for(20ms); }, [&] { return rw_next.try_lock(); },
+        rw_next, [&](std::error_code& ec) { rw_next.unlock(ec); });
     check(
         "read", [&] { return rw_given_up.try_lock_shared_for(20ms); },
         [&] { return rw_next.try_lock_shared(); }, rw_next,
