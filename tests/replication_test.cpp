@@ -589,3 +589,49 @@ TEST(Replication, ARefusedAcquisitionNeverTakesTheOwnersNextHoldWithIt) {
         "write", [&] { return rw_refused.try_lock(); }, [&] { return rw_next.try_lock(); },
         rw_next);
 }
+
+// An acquisition given up with its outcome unknown (its WAIT outlived the call's deadline: the
+// entry is in Redis, the caller was told false) is the reaper's to leave. The same owner's next
+// acquisition, through another object, must not join that entry: the reaper's leave would take
+// the new hold with it, or the new hold's release would leave the given-up entry behind.
+TEST(Replication, AnAcquisitionGivenUpMidFlightIsNeverJoinedByTheOwnersNextOne) {
+    redis_server srv;  // no replica: every WAIT waits its whole timeout
+    redislock::client client{srv.uri()};
+    const redislock::lock_options acked{.lease = 10s, .min_replicas = 1, .replica_timeout = 200ms};
+    const redislock::lock_options plain{.lease = 10s};
+    const auto check = [&](const char* what, auto give_up, auto next_lock, auto& next,
+                           auto next_unlock) {
+        for (int round = 0; round < 10; ++round) {
+            bool acquired = true;
+            try {
+                acquired = give_up();
+            } catch (const redislock::error&) {
+                acquired = false;
+            }
+            EXPECT_FALSE(acquired) << what;
+            ASSERT_TRUE(next_lock()) << what;
+            std::this_thread::sleep_for(400ms);  // the reaper's leave of the given-up entry
+            EXPECT_TRUE(next.verify()) << what << ": the next hold was taken, round " << round;
+            std::error_code ec;
+            next_unlock(ec);
+            EXPECT_FALSE(ec) << what << ": " << ec.message() << ", round " << round;
+            EXPECT_TRUE(eventually([&] { return srv.cli({"DBSIZE"}) == "0"; }, 2s))
+                << what << ": left behind after the release, round " << round;
+        }
+    };
+    auto rm_given_up = client.recursive_mutex("joined:recursive", acked);
+    auto rm_next = client.recursive_mutex("joined:recursive", plain);
+    check(
+        "reentrant", [&] { return rm_given_up.try_lock_for(20ms); },
+        [&] { return rm_next.try_lock(); }, rm_next,
+        [&](std::error_code& ec) { rm_next.unlock(ec); });
+    auto rw_given_up = client.shared_mutex("joined:shared", acked);
+    auto rw_next = client.shared_mutex("joined:shared", plain);
+    check(
+        "write", [&] { return rw_given_up.try_lock_for(20ms); }, [&] { return rw_next.try_lock(); },
+        rw_next, [&](std::error_code& ec) { rw_next.unlock(ec); });
+    check(
+        "read", [&] { return rw_given_up.try_lock_shared_for(20ms); },
+        [&] { return rw_next.try_lock_shared(); }, rw_next,
+        [&](std::error_code& ec) { rw_next.unlock_shared(ec); });
+}

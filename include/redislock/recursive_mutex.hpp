@@ -25,7 +25,9 @@
 // names the earlier ones as given up, so a retry whose first reply was lost takes its own entry
 // over instead of re-entering it; a release that could not be finished, or an acquisition abandoned
 // mid-flight, makes the object remember that acquisition as given up (its next outermost lock()
-// takes the entry over) and has the client's reaper drop it in the background; a re-entry whose
+// takes the entry over; for one abandoned mid-flight, so does the owner's next outermost lock()
+// through any object of the client, which would otherwise join an entry the reaper is about to
+// drop) and has the client's reaper drop it in the background; a re-entry whose
 // reply was lost makes the outermost unlock() drop the whole acquisition rather than trust the
 // count. Loss is told at the local conservative deadline (see basic_mutex), through owned(),
 // lost_token() and on_lost. Once a loss by expiry is told, the entries made through this object

@@ -37,7 +37,8 @@
 // lock() call draws a fresh id and names the earlier ones as given up; a release that could not be
 // finished, or an acquisition abandoned mid-flight, is remembered as given up (the owner's next
 // acquisition through this object drops its entry, so a lost release never makes lock() refuse as
-// an upgrade) and dropped in the background by the client's reaper. Loss is told at the local
+// an upgrade; for one abandoned mid-flight, so does its next acquisition through any object of
+// the client) and dropped in the background by the client's reaper. Loss is told at the local
 // conservative deadline through owned(), lost_token() and on_lost; once a loss by expiry is told,
 // the hold's entries are left in the background, and its next release sends nothing and reports
 // errc::lock_lost (see basic_recursive_mutex, which also says how a re-entry too few replicas
@@ -258,8 +259,9 @@ private:
                 // this call takes it over by its id; the reaper drops it otherwise); a re-entry
                 // whose count is now unknown is dropped with the hold's last release.
                 if (outermost) {
-                    release::abandon(state_, hold_ref{owner, kind, 0, candidate.str(), false},
-                                     detail::drop_all, sent + state_->options.lease);
+                    release::abandon_attempt(state_,
+                                             hold_ref{owner, kind, 0, candidate.str(), false},
+                                             sent + state_->options.lease);
                 } else {
                     std::lock_guard guard{state_->mutex};
                     state_->count_uncertain(owner, kind);
@@ -322,7 +324,7 @@ private:
     // that leave go unanswered, the acquisition is given up whole, as after a lost reply.
     void give_back(const hold_ref& ref, detail::steady::time_point sent, const call_context& how) {
         if (!leave_one_entry(ref, how)) {
-            release::abandon(state_, ref, detail::drop_all, sent + state_->options.lease);
+            release::abandon_attempt(state_, ref, sent + state_->options.lease);
         }
     }
 

@@ -16,6 +16,7 @@
 #include <redislock/connection.hpp>
 #include <redislock/detail/event_sink.hpp>
 #include <redislock/detail/eviction_check.hpp>
+#include <redislock/detail/given_up_registry.hpp>
 #include <redislock/detail/local_gate.hpp>
 #include <redislock/detail/loss_timer.hpp>
 #include <redislock/detail/notifier.hpp>
@@ -150,6 +151,7 @@ struct client_core {
     C connection;
     std::string instance_id = token::random().str();
     per_process<loss_timer> timer{[] { return std::make_unique<loss_timer>(); }};
+    per_process<given_up_registry> given_up{[] { return std::make_unique<given_up_registry>(); }};
     per_process<waiting_room> waiting{
         [this] { return make_waiting_room(connection, wait_spin, events); }};
     basic_watchdog<C> watchdog{connection, &events};

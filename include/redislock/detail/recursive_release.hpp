@@ -34,15 +34,31 @@ struct recursive_release {
     using state = recursive_state<C>;
     using held = recursive_entry;
 
-    // Remembers an acquisition whose entry may be in Redis though this object does not hold it,
-    // and has the reaper drop it.
+    // Remembers a new acquisition, made by an attempt of this object whose outcome is unknown
+    // or that could not stand, whose entry may be in Redis though no object holds it (also for
+    // the client's other objects: see given_up_registry.hpp), and has the reaper drop it.
     static void abandon(const std::shared_ptr<state>& st, const std::string& owner,
                         const std::string& acquisition, steady::time_point lease_end) {
         {
             std::lock_guard guard{st->mutex};
             st->given_up = acquisition;
         }
+        remember_given_up(*st, owner, acquisition, lease_end);
         hand_to_reaper(st, held{owner, 0, acquisition}, drop_all, lease_end);
+    }
+
+    // Tells every object of the client that the owner gave `acquisition` up (see
+    // given_up_registry.hpp), until `lease_end`, when no entry of it can be left. Only for an
+    // acquisition no object holds: a release that could not be finished may leave entries
+    // another object of the owner joined, which must stay that object's.
+    static void remember_given_up(const state& st, std::string_view owner,
+                                  std::string_view acquisition,
+                                  steady::time_point lease_end) noexcept {
+        try {
+            st.core->given_up->remember(st.name, owner, acquisition, lease_end);
+        } catch (...) {
+            // This process's registry could not be built: the object still names it.
+        }
     }
 
     // Sends one release of `entries` entries of `entry`, ending by `deadline`; a release that

@@ -70,13 +70,15 @@ struct recursive_state : lock_identity<C> {
         return {std::move(holder_owner), epoch, std::move(acquisition)};
     }
 
-    // Whether `owner`'s next entry is an outermost one, with the acquisition it names as given
-    // up in `given_up_id`.
-    bool outermost(const std::string& owner, std::string& given_up_id) const {
-        given_up_id = given_up;
+    // Whether `owner`'s next entry is an outermost one, with the acquisitions it names as given
+    // up, space-separated, in `given_up_ids`: this object's, and those of the owner any object
+    // of the client gave up (see given_up_registry.hpp).
+    bool outermost(const std::string& owner, std::string& given_up_ids) const {
+        given_up_ids = given_up;
         if (depth > 0 && lease.lost && !taken_back && holder_owner == owner) {
-            given_up_id = acquisition;  // lost here: its entries are taken over, not kept
+            given_up_ids = acquisition;  // lost here: its entries are taken over, not kept
         }
+        this->core->given_up->append_to(this->name, owner, given_up_ids);
         return depth == 0 || holder_owner != owner || lease.lost;
     }
 

@@ -46,11 +46,27 @@ struct shared_release {
         } catch (...) {
             return;  // Out of memory: the entry expires with its lease.
         }
+
         detail::leave_to_reaper(
             st, ref, lease_end,
             [entries](const state& s, const hold_ref& r, steady::time_point deadline) {
                 return leave_once(s, r, entries, deadline).is_integer();
             });
+    }
+
+    // Gives up a new acquisition, made by an attempt of this object whose outcome is unknown or
+    // that could not stand: its entry may be in Redis though no object holds it. Every object of
+    // the client names it as given up (see given_up_registry.hpp; not for a release that could
+    // not be finished, whose entries another object of the owner may have joined), and the
+    // reaper drops it.
+    static void abandon_attempt(const std::shared_ptr<state>& st, const hold_ref& ref,
+                                steady::time_point lease_end) noexcept {
+        try {
+            st->core->given_up->remember(st->name, ref.owner, ref.acquisition, lease_end);
+        } catch (...) {
+            // This process's registry could not be built: the object still names it.
+        }
+        abandon(st, ref, drop_all, lease_end);
     }
 
     // Sends one release; one that lets waiters in tells them.

@@ -137,12 +137,14 @@ struct shared_state : lock_identity<C> {
     }
 
     // Whether `owner`'s next entry in `kind` is an outermost one, with the acquisitions it
-    // names as given up (space-separated) in `given_up_ids`.
+    // names as given up (space-separated) in `given_up_ids`: this object's, and those of the
+    // owner any object of the client gave up (see given_up_registry.hpp).
     bool outermost(const std::string& owner, shared_mode kind, std::string& given_up_ids) {
         const shared_hold<C>* h = find(owner, kind);
         for (const std::string& id : given_up) {
             given_up_ids.append(given_up_ids.empty() ? "" : " ").append(id);
         }
+        this->core->given_up->append_to(this->name, owner, given_up_ids);
         if (h != nullptr && h->depth > 0 && h->lease.lost) {
             // Lost here: its entries are dropped and the acquisition made anew, taken back or
             // not (a take-back leaves only the entries it is sure of, and its answer may be lost:

@@ -11,12 +11,12 @@
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
 -- ARGV[4]  the id for a new acquisition; the same on every retry of one lock() call
 -- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
---          (a retry whose first reply was lost) or ARGV[6] (an acquisition the object already
+--          (a retry whose first reply was lost) or in ARGV[6] (an acquisition the client already
 --          gave up, whose release may not have landed) is then taken over, not re-entered
--- ARGV[6]  the id of the object's last given-up acquisition, or ''
+-- ARGV[6]  the ids of the acquisitions of this owner the client gave up, space-separated, or ''
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
 --          is claimed as it is, with any re-entries other calls of the owner made since,
---          whatever ARGV[5] says, unless the object gave it up (ARGV[6]); the call then leaves
+--          whatever ARGV[5] says, unless the client gave it up (ARGV[6]); the call then leaves
 --          the queue. Until that claim the entry is the waiter's reservation, kept for the grace
 --          only: other calls of the owner wait for the claim rather than enter it (their entry
 --          would make it a lease, held for a waiter that may never come).
@@ -88,9 +88,13 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
+local given_up = false
+for gone in string.gmatch(ARGV[6], '%S+') do
+    given_up = given_up or gone == id
+end
 -- The owner's entry was handed to this call's waiter (and not given up since): claimed.
-local claim = id and id ~= ARGV[6] and id == string.match(ARGV[7], '^h(%x+)%.')
-local taken_over = id and not claim and ARGV[5] == '1' and (id == ARGV[4] or id == ARGV[6])
+local claim = id and not given_up and id == string.match(ARGV[7], '^h(%x+)%.')
+local taken_over = id and not claim and ARGV[5] == '1' and (id == ARGV[4] or given_up)
 -- An entry handed to a waiter of the owner is a reservation until that waiter claims it, and
 -- leaves the queue: while it still heads it, the entry is not claimed. (A queue key of another
 -- type is refused below, unless this is a re-entry that need not touch it.)
