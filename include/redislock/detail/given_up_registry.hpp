@@ -7,14 +7,16 @@
 // take the new hold with it, and the new hold's release would leave the given-up entries behind.
 //
 // Owner ids are the client's own (instance id and thread, or lock_options::owner), so only this
-// client's objects can meet these entries as their own. Each id is kept until the lease of its
-// acquisition ends, after which no entry of it can be in Redis; a few per name and owner at most
-// (the oldest go first: by then they are reaped or expired). Thread-safe; one per process (see
-// per_process.hpp), so a child after fork() starts with none, and its owners are its own.
+// client's objects can meet these entries as their own. An owner shared by several threads
+// (lock_options::owner) may have joined such an entry from another thread before it was given
+// up: that hold is lost to the take-over as it would be to the reaper's leave (see
+// recursive_mutex.hpp). Each id is kept until the lease of its acquisition ends, after which no
+// entry of it can be in Redis; none is dropped before, however many an outage gives up (a
+// dropped one could be joined again). Thread-safe; one per process (see per_process.hpp), so a
+// child after fork() starts with none, and its owners are its own.
 #pragma once
 
-#include <algorithm>
-#include <cstddef>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -33,26 +35,18 @@ public:
         try {
             std::lock_guard guard{mutex_};
             prune(steady::now());
-            std::string key = key_of(name, owner);
-            std::size_t same_key = 0;
-            for (const given_up& g : ids_) {
-                same_key += g.key == key ? 1 : 0;
-            }
-            if (same_key >= most_per_key) {
-                ids_.erase(std::find_if(ids_.begin(), ids_.end(),
-                                        [&](const given_up& g) { return g.key == key; }));
-            }
-            ids_.push_back({std::move(key), std::string{acquisition}, until});
+            ids_.push_back({key_of(name, owner), std::string{acquisition}, until});
+            empty_.store(false, std::memory_order_release);
         } catch (...) {
         }
     }
 
     /// Appends the ids remembered for `owner` on `name` to `out`, space-separated.
     void append_to(std::string_view name, std::string_view owner, std::string& out) {
-        std::lock_guard guard{mutex_};
-        if (ids_.empty()) {
-            return;
+        if (empty_.load(std::memory_order_acquire)) {
+            return;  // the common case: nothing given up, no lock taken
         }
+        std::lock_guard guard{mutex_};
         prune(steady::now());
         const std::string key = key_of(name, owner);
         for (const given_up& g : ids_) {
@@ -63,8 +57,6 @@ public:
     }
 
 private:
-    static constexpr std::size_t most_per_key = 8;
-
     struct given_up {
         std::string key;  // name and owner
         std::string acquisition;
@@ -80,10 +72,12 @@ private:
 
     void prune(steady::time_point now) noexcept {
         std::erase_if(ids_, [now](const given_up& g) { return g.until <= now; });
+        empty_.store(ids_.empty(), std::memory_order_release);
     }
 
     std::mutex mutex_;
     std::vector<given_up> ids_;
+    std::atomic<bool> empty_{true};
 };
 
 }  // namespace redislock::detail

@@ -48,9 +48,9 @@ struct recursive_release {
     }
 
     // Tells every object of the client that the owner gave `acquisition` up (see
-    // given_up_registry.hpp), until `lease_end`, when no entry of it can be left. Only for an
-    // acquisition no object holds: a release that could not be finished may leave entries
-    // another object of the owner joined, which must stay that object's.
+    // given_up_registry.hpp), until `lease_end`, when no entry of it can be left. Only for a
+    // new acquisition given up by the attempt that made it: a release that could not be finished
+    // may leave entries another object of the owner joined, which must stay that object's.
     static void remember_given_up(const state& st, std::string_view owner,
                                   std::string_view acquisition,
                                   steady::time_point lease_end) noexcept {

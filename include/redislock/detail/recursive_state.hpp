@@ -78,8 +78,11 @@ struct recursive_state : lock_identity<C> {
         if (depth > 0 && lease.lost && !taken_back && holder_owner == owner) {
             given_up_ids = acquisition;  // lost here: its entries are taken over, not kept
         }
-        this->core->given_up->append_to(this->name, owner, given_up_ids);
-        return depth == 0 || holder_owner != owner || lease.lost;
+        const bool first = depth == 0 || holder_owner != owner || lease.lost;
+        if (first) {
+            this->core->given_up->append_to(this->name, owner, given_up_ids);
+        }
+        return first;
     }
 
     // What counting an entry in found.

@@ -144,14 +144,19 @@ struct shared_state : lock_identity<C> {
         for (const std::string& id : given_up) {
             given_up_ids.append(given_up_ids.empty() ? "" : " ").append(id);
         }
-        this->core->given_up->append_to(this->name, owner, given_up_ids);
         if (h != nullptr && h->depth > 0 && h->lease.lost) {
             // Lost here: its entries are dropped and the acquisition made anew, taken back or
             // not (a take-back leaves only the entries it is sure of, and its answer may be lost:
             // an entry of ours left in the other mode would refuse this one as an upgrade).
             given_up_ids.append(given_up_ids.empty() ? "" : " ").append(h->acquisition);
         }
-        return h == nullptr || h->depth == 0 || h->lease.lost;
+        const bool first = h == nullptr || h->depth == 0 || h->lease.lost;
+        if (first) {
+            // Not for a re-entry: the script drops an entry of ours whatever the call is, and
+            // this object's hold may have joined a given-up one (an owner shared by threads).
+            this->core->given_up->append_to(this->name, owner, given_up_ids);
+        }
+        return first;
     }
 
     // What counting an entry in found.
