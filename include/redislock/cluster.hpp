@@ -112,12 +112,12 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/cluster_command.hpp>
-#include <redislock/detail/cluster_map.hpp>
-#include <redislock/detail/cluster_slot.hpp>
-#include <redislock/detail/per_process.hpp>
-#include <redislock/detail/reconnect_relay.hpp>
-#include <redislock/detail/wait.hpp>
+#include <redislock/detail/engine/per_process.hpp>
+#include <redislock/detail/engine/reconnect_relay.hpp>
+#include <redislock/detail/topology/cluster_command.hpp>
+#include <redislock/detail/topology/cluster_map.hpp>
+#include <redislock/detail/topology/cluster_slot.hpp>
+#include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
 #include <redislock/hiredis.hpp>

@@ -16,7 +16,7 @@
 // connect timeout, cut to the time left), the TLS handshake, AUTH and SELECT on a new context
 // (each the command timeout, cut likewise), sending (never blocked in send(2) by a peer that
 // stopped reading) and reading the replies. A call that ends that way closes the context it was
-// using. See detail/socket_io.hpp for the socket steps; host names are resolved with
+// using. See detail/wire/socket_io.hpp for the socket steps; host names are resolved with
 // getaddrinfo(3), which no deadline bounds.
 //
 // Every call, timed or not, reads its replies through one loop that ends by the call's deadline
@@ -37,7 +37,7 @@
 // built, and every context it opens runs the TLS handshake (bounded by the connect timeout) and
 // one PING before it is used. Built without TLS, a rediss:// endpoint is refused by the
 // constructor with redislock::invalid_argument saying what to install. A TLS context works
-// non-blocking (see detail/tls_context.hpp), so a record that arrives in parts waits for the
+// non-blocking (see detail/wire/tls_context.hpp), so a record that arrives in parts waits for the
 // rest with poll(2), by the call's deadline; a call checks OpenSSL's buffer before it polls.
 //
 // Thread safety: execute() and execute_pipeline() may be called from any number of threads.
@@ -79,12 +79,12 @@
 
 #include <redislock/connection.hpp>
 #if defined(REDISLOCK_HAVE_TLS) && REDISLOCK_HAVE_TLS
-#include <redislock/detail/tls_context.hpp>
+#include <redislock/detail/wire/tls_context.hpp>
 #endif
-#include <redislock/detail/per_process.hpp>
-#include <redislock/detail/resp_command.hpp>
-#include <redislock/detail/socket_io.hpp>
-#include <redislock/detail/token.hpp>
+#include <redislock/detail/engine/per_process.hpp>
+#include <redislock/detail/util/token.hpp>
+#include <redislock/detail/wire/resp_command.hpp>
+#include <redislock/detail/wire/socket_io.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
 #include <redislock/reply.hpp>

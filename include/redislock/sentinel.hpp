@@ -120,10 +120,10 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/failover_fence.hpp>
-#include <redislock/detail/per_process.hpp>
-#include <redislock/detail/reconnect_relay.hpp>
-#include <redislock/detail/token.hpp>
+#include <redislock/detail/engine/per_process.hpp>
+#include <redislock/detail/engine/reconnect_relay.hpp>
+#include <redislock/detail/topology/failover_fence.hpp>
+#include <redislock/detail/util/token.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
 #include <redislock/hiredis.hpp>
@@ -528,8 +528,8 @@ private:
     static bool single(const std::vector<reply>& rs) noexcept { return rs.size() == 1; }
 
     // What one process knows of the master, and the threads and connections it keeps to follow
-    // it. A forked child makes its own (detail/per_process.hpp): a thread of the parent may have
-    // held its mutexes at the fork, in the middle of a search for the master, and the parent's
+    // it. A forked child makes its own (detail/engine/per_process.hpp): a thread of the parent may
+    // have held its mutexes at the fork, in the middle of a search for the master, and the parent's
     // subscription threads do not exist in the child. The child takes the parent's master if the
     // parent's mutex was free at the fork (the pool opens its own connections in the child), and
     // starts its own subscription threads at its first call.

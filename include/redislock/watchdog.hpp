@@ -25,11 +25,10 @@
 // A handler that blocks delays every renewal of the client, and unlock() on another thread
 // waits for the batch in flight, handlers included: keep handlers short and non-blocking.
 // A renewal's round trip ends by the time its lease surely runs out; a lock is told of its loss
-// at that moment by the client's loss timer (detail/loss_timer.hpp) even if the round trip is
-// still blocked.
-// fork(): the thread does not exist in a child; a child never renews its parent's leases. The
-// child's first use builds a fresh watchdog (new thread, mutexes and condition variables) and
-// never touches the parent's copy.
+// at that moment by the client's loss timer (detail/engine/loss_timer.hpp) even if the round trip
+// is still blocked. fork(): the thread does not exist in a child; a child never renews its parent's
+// leases. The child's first use builds a fresh watchdog (new thread, mutexes and condition
+// variables) and never touches the parent's copy.
 #pragma once
 
 #include <algorithm>
@@ -51,11 +50,11 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/event_sink.hpp>
-#include <redislock/detail/owned_thread.hpp>
-#include <redislock/detail/per_process.hpp>
-#include <redislock/detail/token.hpp>
-#include <redislock/detail/wait.hpp>
+#include <redislock/detail/engine/event_sink.hpp>
+#include <redislock/detail/engine/owned_thread.hpp>
+#include <redislock/detail/engine/per_process.hpp>
+#include <redislock/detail/util/token.hpp>
+#include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/error.hpp>
 #include <redislock/events.hpp>
 #include <redislock/reply.hpp>
