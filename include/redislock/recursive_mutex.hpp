@@ -62,9 +62,9 @@
 #include <utility>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/blocking/acquisition_loop.hpp>
 #include <redislock/detail/blocking/end_release.hpp>
 #include <redislock/detail/blocking/entry_acquire.hpp>
-#include <redislock/detail/blocking/lock_core.hpp>
 #include <redislock/detail/blocking/lock_handle.hpp>
 #include <redislock/detail/blocking/recursive_release.hpp>
 #include <redislock/detail/blocking/timed_lockable.hpp>
@@ -72,6 +72,8 @@
 #include <redislock/detail/kinds/lock_identity.hpp>
 #include <redislock/detail/kinds/owner_id.hpp>
 #include <redislock/detail/kinds/recursive_state.hpp>
+#include <redislock/detail/kinds/reply_meaning.hpp>
+#include <redislock/detail/kinds/tracked_lease.hpp>
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/waiting/acquire_in_line.hpp>
 #include <redislock/detail/wire/lock_keys.hpp>

@@ -76,9 +76,10 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/blocking/lock_core.hpp>
+#include <redislock/detail/blocking/acquisition_loop.hpp>
 #include <redislock/detail/blocking/lock_handle.hpp>
 #include <redislock/detail/blocking/timed_lockable.hpp>
+#include <redislock/detail/kinds/tracked_lease.hpp>
 #include <redislock/detail/topology/quorum_round.hpp>
 #include <redislock/detail/topology/redlock_core.hpp>
 #include <redislock/detail/topology/redlock_release.hpp>

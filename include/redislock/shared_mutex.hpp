@@ -72,17 +72,19 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/blocking/acquisition_loop.hpp>
 #include <redislock/detail/blocking/end_release.hpp>
 #include <redislock/detail/blocking/entry_acquire.hpp>
 #include <redislock/detail/blocking/entry_release.hpp>
-#include <redislock/detail/blocking/lock_core.hpp>
 #include <redislock/detail/blocking/lock_handle.hpp>
 #include <redislock/detail/blocking/shared_release.hpp>
 #include <redislock/detail/blocking/timed_lockable.hpp>
 #include <redislock/detail/engine/client_core.hpp>
 #include <redislock/detail/kinds/lock_identity.hpp>
 #include <redislock/detail/kinds/owner_id.hpp>
+#include <redislock/detail/kinds/reply_meaning.hpp>
 #include <redislock/detail/kinds/shared_state.hpp>
+#include <redislock/detail/kinds/tracked_lease.hpp>
 #include <redislock/detail/waiting/acquire_in_line.hpp>
 #include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/detail/wire/lock_keys.hpp>

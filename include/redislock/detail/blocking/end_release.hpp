@@ -10,8 +10,9 @@
 #include <stop_token>
 #include <system_error>
 
-#include <redislock/detail/blocking/lock_core.hpp>
 #include <redislock/detail/engine/reaper.hpp>
+#include <redislock/detail/kinds/lease_tracker.hpp>
+#include <redislock/detail/kinds/tracked_lease.hpp>
 #include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/error.hpp>
 #include <redislock/events.hpp>

@@ -11,7 +11,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/blocking/end_release.hpp>
-#include <redislock/detail/blocking/lock_core.hpp>
+#include <redislock/detail/kinds/reply_meaning.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
 

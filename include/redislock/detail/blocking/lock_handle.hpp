@@ -25,7 +25,8 @@
 #include <thread>
 #include <utility>
 
-#include <redislock/detail/blocking/lock_core.hpp>
+#include <redislock/detail/kinds/lease_tracker.hpp>
+#include <redislock/detail/kinds/tracked_lease.hpp>
 #include <redislock/error.hpp>
 #include <redislock/events.hpp>
 

@@ -12,8 +12,9 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/blocking/end_release.hpp>
-#include <redislock/detail/blocking/lock_core.hpp>
+#include <redislock/detail/kinds/lease_tracker.hpp>
 #include <redislock/detail/kinds/mutex_state.hpp>
+#include <redislock/detail/kinds/reply_meaning.hpp>
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/wire/scripts.hpp>
 #include <redislock/error.hpp>

@@ -19,8 +19,9 @@
 #include <redislock/connection.hpp>
 #include <redislock/detail/blocking/end_release.hpp>
 #include <redislock/detail/blocking/entry_release.hpp>
-#include <redislock/detail/blocking/lock_core.hpp>
+#include <redislock/detail/kinds/lease_tracker.hpp>
 #include <redislock/detail/kinds/recursive_state.hpp>
+#include <redislock/detail/kinds/tracked_lease.hpp>
 #include <redislock/detail/wire/lock_keys.hpp>
 #include <redislock/detail/wire/scripts.hpp>
 #include <redislock/error.hpp>

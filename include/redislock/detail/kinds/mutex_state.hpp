@@ -11,8 +11,9 @@
 #include <utility>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/blocking/lock_core.hpp>
+#include <redislock/detail/kinds/lease_tracker.hpp>
 #include <redislock/detail/kinds/lock_identity.hpp>
+#include <redislock/detail/kinds/tracked_lease.hpp>
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/events.hpp>

@@ -20,9 +20,11 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/blocking/lock_core.hpp>
+#include <redislock/detail/kinds/lease_tracker.hpp>
 #include <redislock/detail/kinds/lock_identity.hpp>
 #include <redislock/detail/kinds/owner_id.hpp>
+#include <redislock/detail/kinds/reply_meaning.hpp>
+#include <redislock/detail/kinds/tracked_lease.hpp>
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/waiting/thread_holds.hpp>
 #include <redislock/error.hpp>

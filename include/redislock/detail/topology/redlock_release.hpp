@@ -9,7 +9,7 @@
 
 #include <redislock/connection.hpp>
 #include <redislock/detail/blocking/end_release.hpp>
-#include <redislock/detail/blocking/lock_core.hpp>
+#include <redislock/detail/kinds/lease_tracker.hpp>
 #include <redislock/detail/topology/quorum_round.hpp>
 #include <redislock/detail/topology/redlock_core.hpp>
 #include <redislock/detail/topology/redlock_state.hpp>

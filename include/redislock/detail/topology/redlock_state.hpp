@@ -16,9 +16,10 @@
 #include <utility>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/blocking/lock_core.hpp>
 #include <redislock/detail/blocking/timed_lockable.hpp>
+#include <redislock/detail/kinds/lease_tracker.hpp>
 #include <redislock/detail/kinds/owner_id.hpp>
+#include <redislock/detail/kinds/tracked_lease.hpp>
 #include <redislock/detail/topology/quorum_round.hpp>
 #include <redislock/detail/topology/redlock_core.hpp>
 #include <redislock/detail/util/token.hpp>

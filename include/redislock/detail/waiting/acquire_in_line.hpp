@@ -24,11 +24,12 @@
 #include <string_view>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/blocking/lock_core.hpp>
+#include <redislock/detail/blocking/acquisition_loop.hpp>
 #include <redislock/detail/engine/client_core.hpp>
 #include <redislock/detail/engine/event_sink.hpp>
 #include <redislock/detail/engine/reaper.hpp>
 #include <redislock/detail/kinds/lock_identity.hpp>
+#include <redislock/detail/kinds/reply_meaning.hpp>
 #include <redislock/detail/topology/failover_fence.hpp>
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/waiting/backoff.hpp>
