@@ -41,6 +41,8 @@
 #include <utility>
 #include <vector>
 
+#include <redislock/detail/engine/notifier_records.hpp>
+#include <redislock/detail/engine/wake_slot.hpp>
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/error.hpp>
@@ -48,87 +50,6 @@
 #include <redislock/subscriber.hpp>
 
 namespace redislock::detail {
-
-/// What one waiting lock() call sleeps on. Thread safety: all members may be called from any
-/// thread.
-class wake_slot {
-public:
-    explicit wake_slot(steady::duration grace) : grace_{grace} {}
-
-    /// Forgets past wake-ups: called before each attempt, so one that comes during the attempt
-    /// is not lost.
-    void reset() {
-        std::lock_guard guard{mutex_};
-        woken_ = false;
-        changed_ = false;
-        signalled_.store(false, std::memory_order_relaxed);
-        check_at_ = steady::time_point::max();
-    }
-
-    /// True when woken or named standby since the last reset(): sleep_until() would return at
-    /// once or compute a new limit. Read without the mutex, for a waiter that spins.
-    bool signalled() const noexcept { return signalled_.load(std::memory_order_acquire); }
-
-    /// Sleeps until woken, named standby and its grace is over, `until`, or a stop request.
-    /// True when woken or the standby time came.
-    bool sleep_until(steady::time_point until, const std::stop_token& stop) {
-        std::unique_lock lock{mutex_};
-        // The limit is computed again after every wake-up: standby() may bring it closer.
-        for (;;) {
-            if (woken_ || steady::now() >= check_at_) {
-                return true;
-            }
-            if (stop.stop_requested() || steady::now() >= until) {
-                return false;
-            }
-            const auto limit = std::min(until, check_at_);
-            const auto changed = [this] { return changed_; };
-            if (stop.stop_possible()) {
-                (void)wake_.wait_until(lock, stop, limit, changed);
-            } else {
-                (void)wake_.wait_until(lock, limit, changed);
-            }
-            changed_ = false;
-        }
-    }
-
-    /// True while the channel is subscribed on a live link: a release will reach this waiter.
-    bool subscribed() const noexcept { return subscribed_.load(std::memory_order_acquire); }
-
-    /// Wakes the waiter to try again: a release named it, or its link was lost (a message may
-    /// be missing).
-    void wake() noexcept {
-        {
-            std::lock_guard guard{mutex_};
-            woken_ = true;
-            changed_ = true;
-            signalled_.store(true, std::memory_order_release);
-        }
-        wake_.notify_all();
-    }
-
-    void standby() {
-        {
-            std::lock_guard guard{mutex_};
-            check_at_ = std::min(check_at_, steady::now() + grace_);
-            changed_ = true;
-            signalled_.store(true, std::memory_order_release);
-        }
-        wake_.notify_all();
-    }
-
-    void set_subscribed(bool on) noexcept { subscribed_.store(on, std::memory_order_release); }
-
-private:
-    std::mutex mutex_;
-    std::condition_variable_any wake_;
-    bool woken_ = false;
-    bool changed_ = false;  // woken or given a closer check since the sleeper last looked
-    steady::time_point check_at_ = steady::time_point::max();
-    steady::duration grace_;
-    std::atomic<bool> subscribed_{false};
-    std::atomic<bool> signalled_{false};  // changed_ since the last reset(), read without the mutex
-};
 
 class notifier {
 public:
@@ -272,31 +193,10 @@ public:
     static constexpr std::chrono::seconds linger{5};
 
 private:
-    enum class link_status { idle, wanted, sent, active, leaving };
-
-    struct channel_state {
-        std::string name;  // the lock's, for a refusal's report
-        std::map<std::string, std::shared_ptr<wake_slot>, std::less<>> waiters;
-        link_status status = link_status::idle;
-        std::string node;  // the link it was sent on
-        steady::time_point failed_at{};
-        steady::time_point retry_after{};  // not subscribed again before then
-        steady::time_point unused_since = steady::now();
-    };
-
-    struct link_state {
-        std::unique_ptr<subscriber_link> link;
-        std::vector<std::string> awaiting;  // channels sent, in order, not yet confirmed
-        bool answered = false;              // the server answered a subscription on it (yes or no)
-        std::string lost_why;               // why it was dropped, when it was
-    };
-
-    // A node whose link could not be opened, or failed before the server answered a
-    // subscription on it: no link to it is opened before `until`.
-    struct node_pause {
-        steady::time_point until;
-        std::string why;  // as its waiters are told
-    };
+    using link_status = notifier_link_status;
+    using channel_state = notifier_channel;
+    using link_state = notifier_link;
+    using node_pause = notifier_node_pause;
 
     // Needs mutex_. Starts the thread on first use.
     bool start_locked() {
@@ -499,16 +399,6 @@ private:
             refuse_locked(ch, retry_pause);
         }
         settled_.notify_all();
-    }
-
-    // Needs mutex_. Marks the channel's waiters unsubscribed and wakes them. Allocates nothing,
-    // so a link's loss is handled even out of memory. No thread takes mutex_ or links_mutex_
-    // while it holds a waiter's mutex, so waking under them cannot deadlock.
-    static void wake_all_locked(channel_state& ch) noexcept {
-        for (auto& [id, slot] : ch.waiters) {
-            slot->set_subscribed(false);
-            slot->wake();
-        }
     }
 
     // While waiters spin they read the links they can: this thread watches the pipe and the
@@ -931,22 +821,6 @@ private:
             refuse_locked(it->second, pause);
         }
         settled_.notify_all();
-    }
-
-    // Needs mutex_. Leaves `ch` unsubscribed until `pause` has passed; its waiters poll.
-    static void refuse_locked(channel_state& ch, steady::duration pause) noexcept {
-        const auto now = steady::now();
-        fail_locked(ch, now);
-        ch.retry_after = std::max(ch.retry_after, now + pause);
-    }
-
-    // Needs mutex_. `ch` is no longer subscribed (as of `now`): its waiters, who may have missed
-    // a message or still wait in enroll(), are woken to try again.
-    static void fail_locked(channel_state& ch, steady::time_point now) noexcept {
-        ch.status = link_status::idle;
-        ch.node.clear();
-        ch.failed_at = now;
-        wake_all_locked(ch);
     }
 
     // A link is gone: its channels are no longer subscribed and their waiters, who may have
