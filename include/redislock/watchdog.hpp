@@ -26,9 +26,10 @@
 // waits for the batch in flight, handlers included: keep handlers short and non-blocking.
 // A renewal's round trip ends by the time its lease surely runs out; a lock is told of its loss
 // at that moment by the client's loss timer (detail/engine/loss_timer.hpp) even if the round trip
-// is still blocked. fork(): the thread does not exist in a child; a child never renews its parent's
-// leases. The child's first use builds a fresh watchdog (new thread, mutexes and condition
-// variables) and never touches the parent's copy.
+// is still blocked.
+// fork(): the thread does not exist in a child; a child never renews its parent's leases. The
+// child's first use builds a fresh watchdog (new thread, mutexes and condition variables) and
+// never touches the parent's copy.
 #pragma once
 
 #include <algorithm>

@@ -1,7 +1,7 @@
 // detail::loss_timer: tells a held lock it is lost at its local conservative deadline.
 //
 // A lock's lease is surely valid until a deadline computed from when its last grant was sent
-// (valid_until in blocking/timed_lockable.hpp). If no renewal has moved that deadline by the time
+// (valid_until in kinds/lease_time.hpp). If no renewal has moved that deadline by the time
 // it comes, the lock must be reported lost then, before a rival can be inside, whatever a round
 // trip blocked on a stalled connection is doing. So this thread does no I/O: it sleeps until the
 // earliest deadline and runs that lock's callback in two steps: the callback itself only marks the

@@ -10,8 +10,8 @@
 #include <utility>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/blocking/timed_lockable.hpp>
 #include <redislock/detail/engine/client_core.hpp>
+#include <redislock/detail/kinds/loss_handlers.hpp>
 #include <redislock/detail/kinds/owner_id.hpp>
 #include <redislock/detail/wire/lock_keys.hpp>
 #include <redislock/lock_options.hpp>

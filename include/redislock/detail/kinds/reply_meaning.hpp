@@ -12,7 +12,7 @@
 #include <string_view>
 #include <system_error>
 
-#include <redislock/detail/blocking/timed_lockable.hpp>
+#include <redislock/detail/kinds/lease_time.hpp>
 #include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/error.hpp>
 #include <redislock/lock_options.hpp>

@@ -14,9 +14,10 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/blocking/timed_lockable.hpp>
 #include <redislock/detail/engine/event_sink.hpp>
 #include <redislock/detail/engine/loss_timer.hpp>
+#include <redislock/detail/kinds/lease_time.hpp>
+#include <redislock/detail/kinds/loss_handlers.hpp>
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/events.hpp>

@@ -16,8 +16,8 @@
 #include <utility>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/blocking/timed_lockable.hpp>
 #include <redislock/detail/kinds/lease_tracker.hpp>
+#include <redislock/detail/kinds/loss_handlers.hpp>
 #include <redislock/detail/kinds/owner_id.hpp>
 #include <redislock/detail/kinds/tracked_lease.hpp>
 #include <redislock/detail/topology/quorum_round.hpp>

@@ -1,8 +1,7 @@
 // The waiting every lock kind shares: notified, fair and cheap.
 //
 //   - Threads of one process that wait for one name line up in its local gate
-//   (waiting/local_gate.hpp);
-//     only the first waits in Redis.
+//     (waiting/local_gate.hpp); only the first waits in Redis.
 //   - In Redis, a waiter joins the lock's queue (lua/_queue.lua) with the attempt that fails, and
 //     sleeps until a release names it (engine/notifier.hpp), with the holder's PTTL as the bound
 //     should the message be lost; then it tries again. Releases only publish when someone waits.
