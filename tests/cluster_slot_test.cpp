@@ -1,5 +1,6 @@
-// Slot hashing (detail/cluster_slot.hpp) and key routing (detail/cluster_command.hpp) against
-// the cluster specification's vectors and a real cluster-enabled redis-server.
+// Slot hashing (detail/topology/cluster_slot.hpp) and key routing
+// (detail/topology/cluster_command.hpp) against the cluster specification's vectors and a real
+// cluster-enabled redis-server.
 
 #include <gtest/gtest.h>
 
@@ -9,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include <redislock/detail/cluster_command.hpp>
-#include <redislock/detail/cluster_slot.hpp>
+#include <redislock/detail/topology/cluster_command.hpp>
+#include <redislock/detail/topology/cluster_slot.hpp>
 #include <redislock/hiredis.hpp>
 
 #include "support/redis_server.hpp"

@@ -28,7 +28,7 @@
 #include <utility>
 #include <vector>
 
-#include <redislock/detail/wait.hpp>
+#include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/redislock.hpp>
 
 #include "support/faulty_connection.hpp"

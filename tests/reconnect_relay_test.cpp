@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include <redislock/detail/reconnect_relay.hpp>
+#include <redislock/detail/engine/reconnect_relay.hpp>
 
 #include "support/test_util.hpp"
 

@@ -2085,8 +2085,8 @@ TEST(LocalGate, ThreadsThatHoldNothingQueueWithoutTryingFirst) {
         other.recursive_mutex("r", {.lease = 10s}), true, 2);
 }
 
-// The count behind the local gate's choice (detail/thread_holds.hpp): a thread's holds of both
-// kinds under its own owner are counted while it has them; holds of an explicit owner are not
+// The count behind the local gate's choice (detail/waiting/thread_holds.hpp): a thread's holds of
+// both kinds under its own owner are counted while it has them; holds of an explicit owner are not
 // (its waits always try first); a hold ended from another thread stays counted on its own.
 TEST(LocalGate, ThreadCountsItsOwnHoldsOfBothKinds) {
     using redislock::detail::thread_may_hold_any;

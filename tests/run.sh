@@ -199,7 +199,7 @@ fi
 install_missing_packages
 
 # The C++ sources as .clang-format lays them out with clang-format 14 (Debian 12's; other versions
-# lay some lines out otherwise); the generated detail/scripts.hpp keeps its scripts as written.
+# lay some lines out otherwise); the generated detail/wire/scripts.hpp keeps its scripts as written.
 stage_begin format
 banner "format: $(clang-format-14 --version)"
 find include tests bench examples tools \( -name '*.hpp' -o -name '*.cpp' \) -print0 |

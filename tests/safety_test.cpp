@@ -22,7 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include <redislock/detail/names.hpp>
+#include <redislock/detail/wire/lock_keys.hpp>
 #include <redislock/redislock.hpp>
 
 #include "support/exclusion.hpp"

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include <redislock/detail/scripts.hpp>
+#include <redislock/detail/wire/scripts.hpp>
 #include <redislock/hiredis.hpp>
 
 #include "support/redis_server.hpp"
@@ -157,7 +157,7 @@ struct header_script {
 
 std::vector<header_script> scripts_in_header() {
     const auto path = std::filesystem::path{__FILE__}.parent_path().parent_path() / "include" /
-                      "redislock" / "detail" / "scripts.hpp";
+                      "redislock" / "detail" / "wire/scripts.hpp";
     std::ifstream in{path};
     const std::string text{std::istreambuf_iterator<char>{in}, std::istreambuf_iterator<char>{}};
     std::vector<header_script> found;

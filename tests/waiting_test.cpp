@@ -1,6 +1,6 @@
-// Notified, fair waiting (detail/fair_wait.hpp): a release wakes the waiter it names; waiters go
-// in arrival order, one per process in Redis; lost notifications, crashed holders and waiters
-// that give up delay no one beyond the holder's lease and leave nothing behind.
+// Notified, fair waiting (detail/waiting/acquire_in_line.hpp): a release wakes the waiter it names;
+// waiters go in arrival order, one per process in Redis; lost notifications, crashed holders and
+// waiters that give up delay no one beyond the holder's lease and leave nothing behind.
 
 #include <gtest/gtest.h>
 #include <poll.h>

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/names.hpp>
-#include <redislock/detail/scripts.hpp>
+#include <redislock/detail/wire/lock_keys.hpp>
+#include <redislock/detail/wire/scripts.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
 #include <redislock/hiredis.hpp>

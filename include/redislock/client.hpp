@@ -27,7 +27,7 @@
 
 #include <redislock/client_options.hpp>
 #include <redislock/connection.hpp>
-#include <redislock/detail/client_core.hpp>
+#include <redislock/detail/engine/client_core.hpp>
 #include <redislock/events.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/mutex.hpp>

@@ -112,104 +112,20 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/cluster_command.hpp>
-#include <redislock/detail/cluster_map.hpp>
-#include <redislock/detail/cluster_slot.hpp>
-#include <redislock/detail/per_process.hpp>
-#include <redislock/detail/reconnect_relay.hpp>
-#include <redislock/detail/wait.hpp>
+#include <redislock/detail/engine/per_process.hpp>
+#include <redislock/detail/engine/reconnect_relay.hpp>
+#include <redislock/detail/topology/cluster_command.hpp>
+#include <redislock/detail/topology/cluster_map.hpp>
+#include <redislock/detail/topology/cluster_node.hpp>
+#include <redislock/detail/topology/cluster_process_state.hpp>
+#include <redislock/detail/topology/cluster_slot.hpp>
+#include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
 #include <redislock/hiredis.hpp>
 #include <redislock/reply.hpp>
 
 namespace redislock {
-
-namespace detail {
-
-/// One node of the cluster: where it is, and its pool of connections once one was needed.
-class cluster_node {
-public:
-    /// `relay`, when given, hears of every connection the node's pool opens in place of one that
-    /// broke; it must outlive the node.
-    explicit cluster_node(endpoint config, const reconnect_relay* relay = nullptr)
-        : config_{std::move(config)}, address_{config_.describe()}, relay_{relay} {}
-    cluster_node(const cluster_node&) = delete;
-    cluster_node& operator=(const cluster_node&) = delete;
-    ~cluster_node() { delete pool_.load(std::memory_order_acquire); }
-
-    const std::string& address() const noexcept { return address_; }
-    const endpoint& config() const noexcept { return config_; }
-
-    /// The node's pool, made on first use without connecting (and without a lock: a fork can
-    /// never find one held): its first call opens a connection, bounded by that call's deadline.
-    /// @throws redislock::invalid_argument when the pool cannot be made (TLS files).
-    hiredis_connection& connection() {
-        if (hiredis_connection* ready = pool_.load(std::memory_order_acquire)) {
-            return *ready;
-        }
-        auto made = std::make_unique<hiredis_connection>(config_, defer_connect);
-        if (relay_ != nullptr) {
-            // Before the pool is published: no other thread can be using it yet.
-            made->set_reconnect_handler(relay_->forward());
-        }
-        hiredis_connection* first = nullptr;
-        if (pool_.compare_exchange_strong(first, made.get(), std::memory_order_acq_rel)) {
-            return *made.release();
-        }
-        return *first;  // another thread made one first; ours is dropped
-    }
-
-    std::atomic<std::uint64_t> round_trips{0};
-    /// The node's last slot-map read failed: the next refresh asks it last.
-    std::atomic<bool> map_read_failed{false};
-
-private:
-    endpoint config_;
-    std::string address_;
-    const reconnect_relay* relay_;
-    std::atomic<hiredis_connection*> pool_{nullptr};
-};
-
-/// Splits redis://[user:password@]host:port[,host:port...][?query] into one endpoint per seed.
-inline std::vector<endpoint> cluster_seeds_from_uri(std::string_view uri) {
-    constexpr std::string_view scheme = "redis://";
-    if (!uri.starts_with(scheme)) {
-        bad_uri(uri, "a cluster URI must start with redis://");
-    }
-    std::string_view rest = uri.substr(scheme.size());
-    std::string_view query;
-    if (const auto q = rest.find('?'); q != std::string_view::npos) {
-        query = rest.substr(q);
-        rest = rest.substr(0, q);
-    }
-    std::string_view userinfo;
-    if (const auto at = rest.rfind('@'); at != std::string_view::npos) {
-        userinfo = rest.substr(0, at + 1);
-        rest = rest.substr(at + 1);
-    }
-    std::vector<endpoint> seeds;
-    while (!rest.empty() || seeds.empty()) {
-        const auto comma = rest.find(',');
-        const std::string_view host = rest.substr(0, comma);
-        rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-        if (host.empty()) {
-            bad_uri(uri, "empty seed address");
-        }
-        endpoint ep = endpoint::from_uri(std::string{scheme} + std::string{userinfo} +
-                                         std::string{host} + std::string{query});
-        if (ep.db != 0) {
-            bad_uri(uri, "a Redis Cluster has only database 0");
-        }
-        seeds.push_back(std::move(ep));
-        if (comma == std::string_view::npos) {
-            break;
-        }
-    }
-    return seeds;
-}
-
-}  // namespace detail
 
 /// A connection to a Redis Cluster: one hiredis pool per node, each command sent to the master of
 /// its key's slot, MOVED and ASK followed. Thread-safe.
@@ -432,103 +348,8 @@ private:
     static constexpr std::chrono::milliseconds first_backoff{2};
     static constexpr std::chrono::milliseconds max_backoff{100};
 
-    // Everything a process knows of the cluster. Per process (see the constructor): a child never
-    // touches its parent's mutexes, which a parent's thread may have held at the fork.
-    // What every process's state shares, and what a moved connection keeps: the settings, the
-    // reconnect handler, the counters.
-    struct common {
-        endpoint options;
-        detail::reconnect_relay relay;
-        std::atomic<std::uint64_t> refreshes{0};
-        std::atomic<std::uint64_t> moved{0};
-        std::atomic<std::uint64_t> asked{0};
-    };
-
-    struct state {
-        state(const std::vector<endpoint>& seeds, const common& shared, state* parent)
-            : options{shared.options}, relay{&shared.relay} {
-            for (const endpoint& seed : seeds) {
-                (void)node_at(seed.host, seed.port);
-            }
-            if (parent != nullptr) {
-                inherit(*parent);
-            }
-        }
-
-        endpoint options;
-        const detail::reconnect_relay* relay;  // the connection's: outlives the nodes
-
-        mutable std::mutex nodes_mutex;
-        // Never erased while the connection lives: the slot table points into it.
-        std::map<std::string, std::unique_ptr<detail::cluster_node>> nodes;
-
-        mutable std::shared_mutex map_mutex;
-        std::array<detail::cluster_node*, detail::cluster_slot_count> slots{};
-        std::vector<detail::cluster_node*> masters;
-
-        // Guards what follows; never held across a round trip. One slot-map read at a time:
-        // `reading` is set while one is under way, and `read_done` announces its end.
-        std::mutex refresh_mutex;
-        std::condition_variable_any read_done;
-        bool reading = false;
-        steady::time_point last_refresh{};
-        std::string last_refresh_problem;
-        std::atomic<std::uint64_t> generation{0};
-
-        std::mutex scripts_mutex;
-        std::unordered_map<std::string, std::string> scripts;  // SHA1 -> source
-
-        detail::cluster_node& node_at(const std::string& host, int port) {
-            endpoint config = options;
-            config.host = host;
-            config.port = port;
-            const std::string address = config.describe();
-            std::lock_guard lock{nodes_mutex};
-            auto& slot = nodes[address];
-            if (!slot) {
-                slot = std::make_unique<detail::cluster_node>(std::move(config), relay);
-            }
-            return *slot;
-        }
-
-        // Takes the parent's nodes, map and scripts, each only if its mutex is free: one a
-        // parent's thread held at the fork may guard something half changed.
-        void inherit(state& parent) {
-            std::vector<std::pair<std::string, int>> known;
-            if (parent.nodes_mutex.try_lock()) {
-                for (const auto& [address, node] : parent.nodes) {
-                    known.emplace_back(node->config().host, node->config().port);
-                }
-                parent.nodes_mutex.unlock();
-            }
-            for (const auto& [host, port] : known) {
-                (void)node_at(host, port);
-            }
-            if (parent.map_mutex.try_lock_shared()) {
-                std::map<const detail::cluster_node*, detail::cluster_node*> mine;
-                const auto translate = [&](const detail::cluster_node* theirs) {
-                    auto& ours = mine[theirs];
-                    if (ours == nullptr) {
-                        ours = &node_at(theirs->config().host, theirs->config().port);
-                    }
-                    return ours;
-                };
-                for (std::size_t slot = 0; slot < slots.size(); ++slot) {
-                    if (parent.slots[slot] != nullptr) {
-                        slots[slot] = translate(parent.slots[slot]);
-                    }
-                }
-                for (const detail::cluster_node* master : parent.masters) {
-                    masters.push_back(translate(master));
-                }
-                parent.map_mutex.unlock_shared();
-            }
-            if (parent.scripts_mutex.try_lock()) {
-                scripts = parent.scripts;
-                parent.scripts_mutex.unlock();
-            }
-        }
-    };
+    using common = detail::cluster_shared;
+    using state = detail::cluster_process_state;
 
     // One command's progress through a call.
     struct item {

@@ -69,7 +69,7 @@
 // (the library then sends one command per call).
 #pragma once
 
-#include <redislock/detail/platform.hpp>
+#include <redislock/detail/util/platform.hpp>
 
 #include <chrono>
 #include <concepts>

@@ -64,20 +64,22 @@
 #include <utility>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/client_core.hpp>
-#include <redislock/detail/entry_acquire.hpp>
-#include <redislock/detail/fair_wait.hpp>
-#include <redislock/detail/lock_core.hpp>
-#include <redislock/detail/lock_handle.hpp>
-#include <redislock/detail/lock_identity.hpp>
-#include <redislock/detail/lock_release.hpp>
-#include <redislock/detail/lockable.hpp>
-#include <redislock/detail/names.hpp>
-#include <redislock/detail/owner.hpp>
-#include <redislock/detail/recursive_release.hpp>
-#include <redislock/detail/recursive_state.hpp>
-#include <redislock/detail/scripts.hpp>
-#include <redislock/detail/token.hpp>
+#include <redislock/detail/blocking/acquisition_loop.hpp>
+#include <redislock/detail/blocking/end_release.hpp>
+#include <redislock/detail/blocking/entry_acquire.hpp>
+#include <redislock/detail/blocking/lock_handle.hpp>
+#include <redislock/detail/blocking/recursive_release.hpp>
+#include <redislock/detail/blocking/timed_lockable.hpp>
+#include <redislock/detail/engine/client_core.hpp>
+#include <redislock/detail/kinds/lock_identity.hpp>
+#include <redislock/detail/kinds/owner_id.hpp>
+#include <redislock/detail/kinds/recursive_state.hpp>
+#include <redislock/detail/kinds/reply_meaning.hpp>
+#include <redislock/detail/kinds/tracked_lease.hpp>
+#include <redislock/detail/util/token.hpp>
+#include <redislock/detail/waiting/acquire_in_line.hpp>
+#include <redislock/detail/wire/lock_keys.hpp>
+#include <redislock/detail/wire/scripts.hpp>
 #include <redislock/error.hpp>
 #include <redislock/events.hpp>
 #include <redislock/lock_options.hpp>
@@ -245,7 +247,7 @@ private:
         const std::string owner = state_->caller_owner();
         const lock_options& opts = state_->options;
         // A possible re-entry whenever the owner may hold through another object (see
-        // thread_holds.hpp). A fenced acquisition draws its token, and one that waits for
+        // waiting/thread_holds.hpp). A fenced acquisition draws its token, and one that waits for
         // replicas checks WAIT, in its own round trip: neither can be handed over; nor can an
         // owner the waiter id cannot carry.
         const bool handed = !opts.fencing && opts.min_replicas == 0 &&

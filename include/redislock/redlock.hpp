@@ -61,7 +61,7 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/redlock_core.hpp>
+#include <redislock/detail/topology/redlock_core.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
 #include <redislock/lock_options.hpp>

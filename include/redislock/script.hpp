@@ -1,6 +1,6 @@
 // redislock::script and detail::run_script: Lua scripts run with EVALSHA.
 //
-// Every script is embedded in detail/scripts.hpp (generated from lua/*.lua) with the SHA1 that
+// Every script is embedded in detail/wire/scripts.hpp (generated from lua/*.lua) with the SHA1 that
 // Redis computes for it, so no digest is ever computed at run time. A call sends EVALSHA; when
 // the server answers NOSCRIPT (after a restart, SCRIPT FLUSH or failover) it sends SCRIPT LOAD
 // and retries once, and tells a client's event hook (script_reloaded) when given its sink.
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/event_sink.hpp>
+#include <redislock/detail/engine/event_sink.hpp>
 #include <redislock/error.hpp>
 #include <redislock/events.hpp>
 #include <redislock/reply.hpp>

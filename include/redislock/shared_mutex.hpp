@@ -73,21 +73,23 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/client_core.hpp>
-#include <redislock/detail/entry_acquire.hpp>
-#include <redislock/detail/entry_release.hpp>
-#include <redislock/detail/fair_wait.hpp>
-#include <redislock/detail/lock_core.hpp>
-#include <redislock/detail/lock_handle.hpp>
-#include <redislock/detail/lock_identity.hpp>
-#include <redislock/detail/lock_release.hpp>
-#include <redislock/detail/lockable.hpp>
-#include <redislock/detail/names.hpp>
-#include <redislock/detail/owner.hpp>
-#include <redislock/detail/scripts.hpp>
-#include <redislock/detail/shared_release.hpp>
-#include <redislock/detail/shared_state.hpp>
-#include <redislock/detail/wait.hpp>
+#include <redislock/detail/blocking/acquisition_loop.hpp>
+#include <redislock/detail/blocking/end_release.hpp>
+#include <redislock/detail/blocking/entry_acquire.hpp>
+#include <redislock/detail/blocking/entry_release.hpp>
+#include <redislock/detail/blocking/lock_handle.hpp>
+#include <redislock/detail/blocking/shared_release.hpp>
+#include <redislock/detail/blocking/timed_lockable.hpp>
+#include <redislock/detail/engine/client_core.hpp>
+#include <redislock/detail/kinds/lock_identity.hpp>
+#include <redislock/detail/kinds/owner_id.hpp>
+#include <redislock/detail/kinds/reply_meaning.hpp>
+#include <redislock/detail/kinds/shared_state.hpp>
+#include <redislock/detail/kinds/tracked_lease.hpp>
+#include <redislock/detail/waiting/acquire_in_line.hpp>
+#include <redislock/detail/waiting/backoff.hpp>
+#include <redislock/detail/wire/lock_keys.hpp>
+#include <redislock/detail/wire/scripts.hpp>
 #include <redislock/error.hpp>
 #include <redislock/events.hpp>
 #include <redislock/lock_options.hpp>
@@ -214,7 +216,7 @@ private:
         // A reader asking to write is refused by the script ({-1, 0}), not here: only the server
         // knows whether this owner also writes through another object (then it re-enters). So
         // an acquisition is a possible re-entry whenever the owner may hold any lock (see
-        // thread_holds.hpp).
+        // waiting/thread_holds.hpp).
         return detail::acquire_in_line(
             *state_,
             [&](const call_context& how, const detail::queue_place& place) {

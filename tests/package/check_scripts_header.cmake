@@ -8,6 +8,6 @@ endif()
 file(READ ${OUTPUT} regenerated)
 file(READ ${COMMITTED} committed)
 if(NOT regenerated STREQUAL committed)
-    message(FATAL_ERROR "include/redislock/detail/scripts.hpp is out of date with lua/*.lua: "
+    message(FATAL_ERROR "include/redislock/detail/wire/scripts.hpp is out of date with lua/*.lua: "
                         "run 'cmake --build <build> --target redislock_generate_scripts'")
 endif()

@@ -109,7 +109,8 @@ struct fault_run_options {
     std::chrono::milliseconds on_lost_slack{50};
     /// Besides the lease, how long Redis may keep a lock's keys after its last holder is gone: a
     /// waiter whose leaving the queue was lost to a fault keeps its place until the wait its last
-    /// attempt was told (at most the lease) plus 2 s (queue_place::keep() in fair_wait.hpp).
+    /// attempt was told (at most the lease) plus 2 s (queue_place::keep() in
+    /// waiting/acquire_in_line.hpp).
     std::chrono::milliseconds longest_claim{2000};
     /// A child still running this long after the workers' stop time is killed and reported.
     std::chrono::milliseconds overrun_limit{20'000};

@@ -16,7 +16,7 @@
 //
 // Rules are tried in the order they were added; the first that matches a command decides its
 // fault. A rule matches on the command name (EVALSHA, SET, ...; empty: any) and for EVALSHA on the
-// script (its name from detail/scripts.hpp, or its SHA1), and counts the commands it matched:
+// script (its name from detail/wire/scripts.hpp, or its SHA1), and counts the commands it matched:
 // it fires on occurrences first .. first + times - 1 (1-based), so {.first = 3, .times = 1} is
 // "the third matching command only".
 //
@@ -45,7 +45,7 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/scripts.hpp>
+#include <redislock/detail/wire/scripts.hpp>
 #include <redislock/error.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>

@@ -1,0 +1,201 @@
+// detail::recursive_release: how a reentrant lock object (basic_recursive_mutex) leaves its
+// entries in Redis: the release script's round trip, what its answer means (entries gone: the
+// acquisition is lost), and a release or an abandoned acquisition that could not be finished,
+// remembered as given up and handed to the client's reaper. Static functions on the object's
+// recursive_state, which the reaper keeps alive while it retries; each takes the state's mutex
+// only between round trips.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/blocking/end_release.hpp>
+#include <redislock/detail/blocking/entry_release.hpp>
+#include <redislock/detail/kinds/lease_tracker.hpp>
+#include <redislock/detail/kinds/recursive_state.hpp>
+#include <redislock/detail/kinds/tracked_lease.hpp>
+#include <redislock/detail/wire/lock_keys.hpp>
+#include <redislock/detail/wire/scripts.hpp>
+#include <redislock/error.hpp>
+#include <redislock/events.hpp>
+#include <redislock/reply.hpp>
+
+namespace redislock::detail {
+
+template <connection C>
+struct recursive_release {
+    using state = recursive_state<C>;
+    using held = recursive_entry;
+
+    // Remembers a new acquisition, made by an attempt of this object whose outcome is unknown
+    // or that could not stand, whose entry may be in Redis though no object holds it (also for
+    // the client's other objects: see given_up_registry.hpp), and has the reaper drop it.
+    static void abandon(const std::shared_ptr<state>& st, const std::string& owner,
+                        const std::string& acquisition, steady::time_point lease_end) {
+        {
+            std::lock_guard guard{st->mutex};
+            st->given_up = acquisition;
+        }
+        remember_given_up(*st, owner, acquisition, lease_end);
+        hand_to_reaper(st, held{owner, 0, acquisition}, drop_all, lease_end);
+    }
+
+    // Tells every object of the client that the owner gave `acquisition` up (see
+    // given_up_registry.hpp), until `lease_end`, when no entry of it can be left. Only for a
+    // new acquisition given up by the attempt that made it: a release that could not be finished
+    // may leave entries another object of the owner joined, which must stay that object's.
+    static void remember_given_up(const state& st, std::string_view owner,
+                                  std::string_view acquisition,
+                                  steady::time_point lease_end) noexcept {
+        try {
+            st.core->given_up->remember(st.name, owner, acquisition, lease_end);
+        } catch (...) {
+            // This process's registry could not be built: the object still names it.
+        }
+    }
+
+    // Sends one release of `entries` entries of `entry`, ending by `deadline`; a release that
+    // frees the lock tells the next waiter, if any.
+    static reply leave_once(const state& st, std::string_view lease_text, const held& entry,
+                            std::size_t entries, steady::time_point deadline) {
+        const decimal count{static_cast<long long>(entries)};
+        return detail::send_release(
+            st, scripts::recursive_release,
+            std::array<std::string_view, 6>{entry.owner, count.view(), lease_text, st.channel,
+                                            entry.acquisition, st.grace_text.view()},
+            entries, deadline);
+    }
+
+    // Retries leaving `entries` entries of `entry` (drop_all: the whole acquisition, for one this
+    // object created and abandoned) until the server answers or the lease surely ended.
+    static void hand_to_reaper(const std::shared_ptr<state>& st, const held& entry,
+                               std::size_t entries, steady::time_point lease_end) noexcept {
+        detail::leave_to_reaper(
+            st, entry, lease_end,
+            [entries](const state& s, const held& e, steady::time_point deadline) {
+                // Lease "0": a background release never extends what remains.
+                return leave_once(s, "0", e, entries, deadline).is_integer();
+            });
+    }
+
+    // After the loss of acquisition `epoch` by expiry, once told: leaves, in the background, the
+    // entries this object surely holds (its depth; an uncertain one, whose reply was lost, may
+    // not be there, and leaving it could take another object's entry), with lease "0" so that
+    // what remains keeps its TTL. Renewals or a re-entry whose WAIT saw too few replicas still
+    // extended the hash on the master; with our entries gone it is deleted, unless another
+    // object of the owner still holds entries there: that one keeps what it was told it has, and
+    // its own loss or release ends it. Named by the acquisition id, it never touches a later
+    // acquisition. Sent once: a count left twice would take another object's entry, so a lost
+    // answer leaves the hash to expire with what the renewals gave it.
+    static void take_back(const std::shared_ptr<state>& st, std::uint64_t epoch) noexcept {
+        held entry;
+        std::size_t entries = 0;
+        {
+            std::lock_guard guard{st->mutex};
+            if (st->epoch != epoch || st->depth == 0 || !st->lease.lost || st->taken_back) {
+                return;  // left by unlock(), or a later acquisition
+            }
+            try {
+                entry = st->current();
+            } catch (...) {
+                return;  // Out of memory: the entries expire with what the renewals gave them.
+            }
+            entries = st->depth;  // the uncertain ones may not be there: they expire with the key
+            st->uncertain = 0;
+            st->taken_back = true;
+        }
+        detail::leave_to_reaper(
+            st, entry, steady::now() + st->options.lease,
+            [entries](const state& s, const held& e, steady::time_point deadline) {
+                try {
+                    (void)leave_once(s, "0", e, entries, deadline);
+                } catch (...) {
+                    // Its outcome is unknown: not sent again (see above).
+                }
+                return true;
+            });
+    }
+
+    // Leaves `entries` entries of `entry` in Redis; the caller has already counted them out.
+    // `ended` is the acquisition's lease when these are its last entries (else unused).
+    static std::error_code leave(const std::shared_ptr<state>& st, held entry, std::size_t entries,
+                                 bool last, const tracked_lease<C>& ended) noexcept {
+        return leave_entries(
+            *st, ended, last,
+            [&] {
+                return leave_once(*st, st->lease_text.view(), entry, entries,
+                                  st->core->untimed_deadline());
+            },
+            [](const reply& r) { return r.is_integer(); },
+            [&] { not_finished(st, std::move(entry), entries, last, ended.valid_until); },
+            [&](const reply&) {
+                // The entries were gone: every entry of that acquisition is lost.
+                if (!last) {
+                    lease_tracker<state>{st}.lose(entry.epoch, loss_reason::taken);
+                    std::lock_guard guard{st->mutex};
+                    if (st->epoch == entry.epoch && st->depth > 0) {
+                        st->depth = 0;
+                        st->mark.uncount();
+                    }
+                    return std::error_code{errc::lock_lost};
+                }
+                return detail::end_release(*st, ended, release_end::lost);
+            });
+    }
+
+    // A release whose outcome is unknown: an inner entry makes the count uncertain; the last one
+    // is retried in the background, and the object's next lock() takes its entry over. Never
+    // throws: when its id cannot be copied into the object's books before the reaper gets it
+    // (out of memory), it is moved there after.
+    static void not_finished(const std::shared_ptr<state>& st, held entry, std::size_t entries,
+                             bool last, steady::time_point valid_until) noexcept {
+        if (last) {
+            bool noted = false;
+            {
+                std::lock_guard guard{st->mutex};
+                try {
+                    st->given_up = entry.acquisition;
+                    noted = true;
+                } catch (...) {
+                }
+            }
+            hand_to_reaper(st, entry, entries, valid_until + st->options.lease);
+            if (!noted) {
+                std::lock_guard guard{st->mutex};
+                st->given_up = std::move(entry.acquisition);
+            }
+            return;
+        }
+        std::lock_guard guard{st->mutex};
+        if (st->epoch == entry.epoch) {
+            ++st->uncertain;
+        }
+    }
+
+    // Leaves every entry (the object is going away), but the parent's this process was forked
+    // from: their entries are never left from a child.
+    static void leave_all(const std::shared_ptr<state>& st) noexcept {
+        typename state::left out;
+        {
+            std::lock_guard guard{st->mutex};
+            if (st->depth > 0 && st->inherited_by_fork()) {
+                return;
+            }
+            out = st->give_up_all();
+        }
+        lease_tracker<state>{st}.end(out.ended);
+        if (out.entries > 0) {
+            (void)leave(st, std::move(out.entry), out.entries, true, out.ended);
+        }
+    }
+};
+
+}  // namespace redislock::detail

@@ -1,0 +1,717 @@
+// detail::sentinel_follower: what a sentinel_connection shares between its copies and processes,
+// and how it follows the master: finding it through the sentinels, confirming it with ROLE, the
+// subscription threads that hear of failovers, and the failover fence that holds calls back
+// while one is under way.
+#pragma once
+
+#include <poll.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <redislock/connection.hpp>
+#include <redislock/detail/engine/per_process.hpp>
+#include <redislock/detail/engine/reconnect_relay.hpp>
+#include <redislock/detail/topology/failover_fence.hpp>
+#include <redislock/detail/topology/sentinel_process_state.hpp>
+#include <redislock/detail/topology/sentinel_protocol.hpp>
+#include <redislock/detail/util/token.hpp>
+#include <redislock/endpoint.hpp>
+#include <redislock/error.hpp>
+#include <redislock/hiredis.hpp>
+#include <redislock/reply.hpp>
+#include <redislock/sentinel_endpoint.hpp>
+#include <redislock/subscriber.hpp>
+
+namespace redislock::detail {
+
+struct sentinel_follower {
+    using clock = std::chrono::steady_clock;
+    using pool_ptr = std::shared_ptr<hiredis_connection>;
+
+    explicit sentinel_follower(sentinel_endpoint c)
+        : config{std::move(c)},
+          processes{std::make_unique<detail::per_process<sentinel_process_state>>(
+              std::function<std::unique_ptr<sentinel_process_state>(sentinel_process_state*)>{
+                  [sentinels = config.sentinels.size()](sentinel_process_state* parent) {
+                      return std::make_unique<sentinel_process_state>(sentinels, parent);
+                  }})} {}
+
+    // The subscription threads are joined while everything they use is whole.
+    ~sentinel_follower() { this_process().stop_watchers(); }
+    sentinel_follower(const sentinel_follower&) = delete;
+    sentinel_follower& operator=(const sentinel_follower&) = delete;
+
+    sentinel_endpoint config;
+
+    // Before the master's pool, which reports to it until it closes.
+    detail::reconnect_relay reconnect;
+
+    std::atomic<std::uint64_t> switches{0};
+
+    // A failover of the master announced and not yet followed (see "Failovers under way").
+    // Fork-safe by itself: a child forked during a failover still holds its calls back.
+    detail::failover_fence fence;
+    // The sentinels' failover-timeout, as SENTINEL MASTER last said (ms).
+    std::atomic<long long> failover_timeout_ms{180'000};
+    // Set once the constructor found the master: every process then runs subscription
+    // threads. Written before the connection is shared.
+    bool watching = false;
+
+    // This process's master, subscription threads and sentinel links (see sentinel_process_state).
+    std::unique_ptr<detail::per_process<sentinel_process_state>> processes;
+
+    // This process's.
+    sentinel_process_state& this_process() { return processes->get(); }
+
+    // Returns once no failover of the master is under way, with the count of disturbances
+    // read before that was checked: raise() marks a failover up before it counts it, so one
+    // raised after the check is counted after this value, and the reply it disturbs is not
+    // returned. A call that cannot wait that long (its deadline, or for an untimed one the
+    // command timeout) throws timeout_error, and one stopped meanwhile cancelled_error.
+    // `again`: the command was sent once before.
+    std::uint64_t await_settled(clock::time_point deadline, const std::stop_token* stop,
+                                bool again) {
+        for (;;) {
+            const std::uint64_t disturbances = fence.disturbances();
+            if (!fence.up() || !fence.raised()) {
+                return disturbances;  // (up, but past its bound: not raised)
+            }
+            wait_lifted(deadline, stop, again);
+        }
+    }
+
+    void wait_lifted(clock::time_point deadline, const std::stop_token* stop, bool again) {
+        {
+            // A child forked during a failover inherits it raised: its own subscription
+            // threads, started here rather than on its first use of the master, lift it.
+            sentinel_process_state& l = this_process();
+            std::lock_guard lock{l.mutex};
+            start_watchers_locked(l);
+        }
+        const auto until = deadline != clock::time_point::max()
+                               ? deadline
+                               : clock::now() + config.node.command_timeout;
+        if (fence.wait_lifted(until, stop)) {
+            return;
+        }
+        const auto raised = fence.raised();
+        const std::string what = "a failover of '" + config.master_name + "'" +
+                                 (raised ? " (" + raised->master + ")" : std::string{}) +
+                                 " is under way";
+        const std::string sent =
+            again ? "; the command, sent before it was announced, was not sent again: its "
+                    "outcome is unknown"
+                  : ": nothing is sent to the master until the sentinels name the next one";
+        if (stop != nullptr && stop->stop_requested()) {
+            throw cancelled_error{"redislock: stopped while " + what + sent};
+        }
+        throw timeout_error{"redislock: " + what + sent};
+    }
+
+    // The master's pool and the generation it belongs to; resolves when there is none.
+    std::pair<pool_ptr, std::uint64_t> current(
+        clock::time_point deadline = clock::time_point::max(),
+        const std::stop_token* stop = nullptr) {
+        sentinel_process_state& l = this_process();
+        std::uint64_t seen = 0;
+        {
+            std::lock_guard lock{l.mutex};
+            start_watchers_locked(l);
+            if (l.master) {
+                return {l.master, l.generation};
+            }
+            seen = l.generation;
+        }
+        resolve(seen, deadline, stop);
+        std::lock_guard lock{l.mutex};
+        if (!l.master) {
+            throw connection_error{"redislock: no master for '" + config.master_name +
+                                   "' through the sentinels " + config.describe()};
+        }
+        return {l.master, l.generation};
+    }
+
+    // The pool of generation `seen` failed: find the master again, unless another thread did
+    // since. A failure here is left to the next current(), which reports it.
+    void re_resolve(std::uint64_t seen, clock::time_point deadline = clock::time_point::max(),
+                    const std::stop_token* stop = nullptr) noexcept {
+        try {
+            resolve(seen, deadline, stop);
+        } catch (...) {
+        }
+    }
+
+    // Finds the master again; a new pool in place of an earlier master's is reported as a
+    // reconnection, and so is a connection the kept pool reopened while confirming it, once
+    // resolve_mutex is released (the deferral ends after it).
+    void resolve(std::uint64_t seen, clock::time_point deadline, const std::stop_token* stop) {
+        const auto deferred = reconnect.defer();
+        const std::string reopened = resolve_serially(seen, deadline, stop);
+        if (!reopened.empty()) {
+            reconnect.report(reopened);
+        }
+    }
+
+    // The reconnect handler of a master's pool: reports only while the pool is the master's.
+    // A caller that took a pool before a switch may reopen a connection to the old, demoted
+    // master afterwards; that is not a reconnection to the master.
+    std::function<void(std::string_view)> forward_while_current(const hiredis_connection* pool) {
+        return [this, pool](std::string_view server) {
+            {
+                sentinel_process_state& l = this_process();
+                std::lock_guard lock{l.mutex};
+                if (l.master.get() != pool) {
+                    return;
+                }
+            }
+            reconnect.report(server);
+        };
+    }
+
+    // Each round trip (connecting included: pools open on first use) is bounded by
+    // `deadline` and ends at once when *stop is requested; a caller whose deadline passes
+    // (or whose stop is requested) while another thread resolves stops waiting for it.
+    // Returns the master's address when a new pool replaced an earlier master's (not for the
+    // first master found), else "".
+    std::string resolve_serially(std::uint64_t seen, clock::time_point deadline,
+                                 const std::stop_token* stop) {
+        sentinel_process_state& l = this_process();
+        std::unique_lock serial{l.resolve_mutex, std::defer_lock};
+        if (deadline == clock::time_point::max() && (stop == nullptr || !stop->stop_possible())) {
+            serial.lock();
+        } else {
+            constexpr std::chrono::milliseconds stop_check{5};
+            while (!serial.try_lock_until(std::min(deadline, clock::now() + stop_check))) {
+                // The search under way has not concluded: say why this call did not wait
+                // for it (with no master, "no master" would be a guess).
+                if (stop != nullptr && stop->stop_requested()) {
+                    throw cancelled_error{
+                        "redislock: stopped while waiting for a search for "
+                        "the master '" +
+                        config.master_name + "' under way"};
+                }
+                if (clock::now() >= deadline) {
+                    throw timeout_error{"redislock: a search for the master '" +
+                                        config.master_name + "' under way did not end in time"};
+                }
+            }
+        }
+        const call_context bound{.deadline = deadline, .stop = stop};
+        pool_ptr kept;
+        {
+            std::lock_guard lock{l.mutex};
+            if (l.generation != seen) {
+                return {};
+            }
+            kept = l.master;
+        }
+        std::string why;
+        std::vector<std::string> tried;
+        for (const detail::master_view& view : ask_sentinels(l, why, bound)) {
+            const std::string address = view.host + ":" + std::to_string(view.port);
+            if (std::find(tried.begin(), tried.end(), address) != tried.end()) {
+                continue;  // several sentinels name the same node: one check is enough
+            }
+            tried.push_back(address);
+            try {
+                const bool same =
+                    kept && kept->config().host == view.host && kept->config().port == view.port;
+                pool_ptr pool = same ? kept : open_pool(view.host, view.port);
+                if (!answers_as_master(*pool, bound)) {
+                    why += " " + address + " is not a master;";
+                    continue;
+                }
+                std::lock_guard lock{l.mutex};
+                if (l.generation != seen) {
+                    return {};  // a switch announced meanwhile was followed: it is newer
+                }
+                return publish_locked(l, address, std::move(pool));
+            } catch (const cancelled_error&) {
+                throw;  // says nothing about the master: keep it
+            } catch (const error& e) {
+                why += std::string{" "} + e.what() + ";";
+            }
+        }
+        if (clock::now() >= deadline) {
+            // The caller ran out of time, which says nothing about the master: keep it.
+            throw timeout_error{"redislock: finding the master '" + config.master_name +
+                                "' through the sentinels did not finish in time:" + why};
+        }
+        {
+            std::lock_guard lock{l.mutex};
+            if (l.master && l.generation == seen) {
+                l.master.reset();
+                l.bump_generation_locked();
+            }
+        }
+        throw connection_error{"redislock: no sentinel of " + config.describe() +
+                               " named a reachable master '" + config.master_name + "':" + why};
+    }
+
+    static bool answers_as_master(hiredis_connection& pool, const call_context& bound) {
+        const std::array<std::string_view, 1> role{"ROLE"};
+        const reply r = pool.execute(role, bound);
+        return r.is_array() && !r.elements().empty() && r.elements()[0].is_string() &&
+               r.elements()[0].text() == "master";
+    }
+
+    // A pool to the node at `address` ("host:port", as the sentinels name it), reporting to
+    // the reconnect handler while it is the master's.
+    pool_ptr open_pool(const std::string& host, int port) {
+        endpoint ep = config.node;
+        ep.host = host;
+        ep.port = port;
+        ep.unix_socket.clear();
+        // Not connected yet: the caller's first command connects, within its deadline.
+        auto pool = std::make_shared<hiredis_connection>(std::move(ep), defer_connect);
+        // Before the pool is published: no other thread can be using it yet.
+        pool->set_reconnect_handler(forward_while_current(pool.get()));
+        return pool;
+    }
+
+    // Needs `l.mutex`. Makes `pool`, confirmed a master at `address`, the master in use;
+    // returns its address when it replaced an earlier master's pool (a reconnection to
+    // report), else "".
+    std::string publish_locked(sentinel_process_state& l, const std::string& address,
+                               pool_ptr pool) {
+        // Everything that may throw comes before the first change.
+        constexpr std::size_t remembered = 8;
+        const bool first = l.last_master.empty();
+        const bool moved = !first && l.last_master != address;
+        std::string next = address;
+        std::string reopened =
+            !first && l.master != pool ? pool->config().describe() : std::string{};
+        l.departed.reserve(remembered + 1);
+        if (moved) {
+            switches.fetch_add(1, std::memory_order_relaxed);
+            fence.note_switch();  // what is under way on the old master is disturbed
+            if (l.departed.size() >= remembered) {
+                l.departed.erase(l.departed.begin());
+            }
+            l.departed.push_back(std::move(l.last_master));
+        }
+        std::erase(l.departed, address);
+        l.last_master = std::move(next);
+        if (l.master != pool) {
+            l.master = std::move(pool);
+            l.bump_generation_locked();
+        }
+        if (moved) {
+            // The failover of the master left is followed: calls go on here, unless this
+            // master's own failover was announced already (lifted when it is over). Should
+            // this throw (out of memory in a forked child), the record stays to its bound.
+            fence.lift_master(l.departed.back());
+        }
+        return reopened;
+    }
+
+    // A sentinel names `address` as the master (a switch to it, or its view): steps about it
+    // from now on are news, even if this process followed it once before.
+    void forget_departed(const std::string& address) {
+        sentinel_process_state& l = this_process();
+        std::lock_guard lock{l.mutex};
+        std::erase(l.departed, address);
+    }
+
+    // A sentinel announced that the master in use was replaced by the one at `to`: check
+    // that one (ROLE) and follow it at once, without asking the sentinels first, where a
+    // sentinel that hangs would hold the switch back for its command timeout. When it does
+    // not answer as a master, the sentinels are asked as after any failure.
+    void follow_switch(const std::string& from, const std::string& to) {
+        sentinel_process_state& l = this_process();
+        std::uint64_t seen = 0;
+        bool ours = false;  // the switch replaces the master in use
+        bool followed = false;
+        {
+            std::lock_guard lock{l.mutex};
+            followed = l.last_master == to;
+            seen = l.generation;
+            ours = l.last_master == from;
+        }
+        if (!ours) {
+            fence.lift_master(from);  // its failover is over, and nothing goes there
+        }
+        if (followed) {
+            return;
+        }
+        if (const auto colon = to.rfind(':'); ours && colon != std::string::npos) {
+            try {
+                pool_ptr pool = open_pool(to.substr(0, colon), std::atoi(to.c_str() + colon + 1));
+                const call_context bound{.deadline = clock::now() + config.node.command_timeout};
+                if (answers_as_master(*pool, bound)) {
+                    const auto deferred = reconnect.defer();
+                    std::string reopened;
+                    {
+                        std::lock_guard lock{l.mutex};
+                        if (l.generation != seen) {
+                            return;  // another check published a master meanwhile
+                        }
+                        reopened = publish_locked(l, to, std::move(pool));
+                    }
+                    if (!reopened.empty()) {
+                        reconnect.report(reopened);
+                    }
+                    return;
+                }
+            } catch (const error&) {
+                // Not reachable yet: the sentinels are asked.
+            }
+        }
+        re_resolve(seen);
+    }
+
+    // Every reachable sentinel's view, the newest config epoch first; on a tie, views of a
+    // sentinel that is not leading a failover come first (a leader shows the new epoch with
+    // the old address until its failover ends, while the others already name the new master
+    // it announced, and a forced failover's old master still answers ROLE as a master).
+    // Needs `l.resolve_mutex`.
+    std::vector<detail::master_view> ask_sentinels(sentinel_process_state& l, std::string& why,
+                                                   const call_context& bound) {
+        std::vector<detail::master_view> views;
+        for (std::size_t i = 0; i < config.sentinels.size(); ++i) {
+            const auto& where = config.sentinels[i];
+            const std::string name = where.host + ":" + std::to_string(where.port);
+            try {
+                if (!l.sentinel_links[i]) {
+                    l.sentinel_links[i] =
+                        std::make_unique<hiredis_connection>(config.sentinel(where), defer_connect);
+                }
+                if (auto view = ask(*l.sentinel_links[i], name, why, bound)) {
+                    views.push_back(std::move(*view));
+                }
+            } catch (const cancelled_error&) {
+                throw;
+            } catch (const error& e) {
+                l.sentinel_links[i].reset();
+                why += " sentinel " + name + ": " + e.what() + ";";
+            }
+        }
+        std::stable_sort(views.begin(), views.end(), [](const auto& a, const auto& b) {
+            if (a.epoch != b.epoch) {
+                return a.epoch > b.epoch;
+            }
+            return !a.failover_in_progress && b.failover_in_progress;
+        });
+        return views;
+    }
+
+    std::optional<detail::master_view> ask(hiredis_connection& sentinel, const std::string& name,
+                                           std::string& why, const call_context& bound) {
+        const std::array<std::string_view, 3> master_cmd{"SENTINEL", "MASTER", config.master_name};
+        const reply r = sentinel.execute(master_cmd, bound);
+        if (r.is_array()) {
+            detail::master_view view;
+            const auto& fields = r.elements();
+            for (std::size_t k = 0; k + 1 < fields.size(); k += 2) {
+                if (!fields[k].is_string() || !fields[k + 1].is_string()) {
+                    continue;
+                }
+                const std::string& key = fields[k].text();
+                const std::string& value = fields[k + 1].text();
+                if (key == "ip") {
+                    view.host = value;
+                } else if (key == "port") {
+                    view.port = std::atoi(value.c_str());
+                } else if (key == "config-epoch") {
+                    view.epoch = std::atoll(value.c_str());
+                } else if (key == "flags") {
+                    view.failover_in_progress =
+                        value.find("failover_in_progress") != std::string::npos;
+                } else if (key == "failover-timeout") {
+                    if (const long long ms = std::atoll(value.c_str()); ms > 0) {
+                        failover_timeout_ms.store(ms, std::memory_order_relaxed);
+                    }
+                }
+            }
+            if (!view.host.empty() && view.port > 0) {
+                return view;
+            }
+            why += " sentinel " + name + " gave no address;";
+            return std::nullopt;
+        }
+        if (r.is_error() && r.text().find("No such master") == std::string::npos) {
+            // An ACL may allow only the command the Sentinel client guidelines name.
+            const std::array<std::string_view, 3> addr_cmd{"SENTINEL", "GET-MASTER-ADDR-BY-NAME",
+                                                           config.master_name};
+            const reply a = sentinel.execute(addr_cmd, bound);
+            if (a.is_array() && a.elements().size() == 2 && a.elements()[0].is_string() &&
+                a.elements()[1].is_string()) {
+                return detail::master_view{a.elements()[0].text(),
+                                           std::atoi(a.elements()[1].text().c_str()), -1};
+            }
+        }
+        why += " sentinel " + name + " does not know '" + config.master_name + "'" +
+               (r.is_error() ? " (" + r.text() + ")" : std::string{}) + ";";
+        return std::nullopt;
+    }
+
+    // Starts this process's subscription threads (the constructor, once it found the
+    // master; a forked child at its first call).
+    void start_watcher() {
+        watching = true;
+        sentinel_process_state& l = this_process();
+        std::lock_guard lock{l.mutex};
+        start_watchers_locked(l);
+    }
+
+    // Needs `l.mutex`. One subscription thread per sentinel: only the sentinel that leads a
+    // failover announces its steps, and a hung sentinel must not hold up the others.
+    void start_watchers_locked(sentinel_process_state& l) {
+        if (!watching || !l.watchers.empty()) {
+            return;
+        }
+        for (std::size_t i = 0; i < config.sentinels.size(); ++i) {
+            l.watchers.emplace_back([this, i](std::stop_token stop) { watch(stop, i); });
+        }
+    }
+
+    /// What one subscription thread keeps across its links.
+    struct watcher_state {
+        std::size_t index = 0;  ///< its sentinel
+        /// A link of this thread subscribed before: a new one may have missed announcements.
+        bool subscribed_before = false;
+        /// Its own link for the queries about a failover its sentinel announced (no
+        /// resolve_mutex, so that a resolution held up by another sentinel delays nothing).
+        std::unique_ptr<hiredis_connection> query;
+        clock::time_point next_check{};  ///< of the failover its sentinel announced
+    };
+
+    // The subscription thread of sentinel `index`: its announcements about the master,
+    // reconnecting after a pause whenever the link fails.
+    void watch(std::stop_token stop, std::size_t index) {
+        using namespace std::chrono;
+        const auto& where = config.sentinels[index];
+        watcher_state w;
+        w.index = index;
+        while (!stop.stop_requested()) {
+            try {
+                hiredis_connection link{config.sentinel(where)};
+                detail::context_ptr ctx = link.open_dedicated();
+                if (!follow(*ctx, stop, w)) {
+                    return;
+                }
+            } catch (const std::exception&) {
+                // Unreachable or failed sentinel: again after a pause.
+            }
+            std::mutex pause_mutex;
+            std::condition_variable_any pause;
+            std::unique_lock pause_lock{pause_mutex};
+            for (int slice = 0; slice < 4 && !stop.stop_requested(); ++slice) {
+                check_fence_if_due(w);
+                pause.wait_for(pause_lock, stop, milliseconds{50}, [] { return false; });
+            }
+        }
+    }
+
+    // Reads one subscription until it fails (returns true: open it again) or a stop is
+    // requested (returns false). PINGs the sentinel so a hung one is noticed.
+    bool follow(redisContext& ctx, std::stop_token& stop, watcher_state& w) {
+        using namespace std::chrono;
+        constexpr milliseconds slice{50};
+        constexpr milliseconds ping_every{1000};
+        const milliseconds silence_limit =
+            std::max(milliseconds{3000}, config.node.command_timeout);
+        std::array<const char*, detail::sentinel_channels.size() + 1> argv{"SUBSCRIBE"};
+        std::array<std::size_t, detail::sentinel_channels.size() + 1> lengths{9};
+        for (std::size_t i = 0; i < detail::sentinel_channels.size(); ++i) {
+            argv[i + 1] = detail::sentinel_channels[i].data();
+            lengths[i + 1] = detail::sentinel_channels[i].size();
+        }
+        if (redisAppendCommandArgv(&ctx, static_cast<int>(argv.size()), argv.data(),
+                                   lengths.data()) != REDIS_OK) {
+            return true;
+        }
+        auto last_heard = clock::now();
+        auto last_ping = clock::now();
+        for (int done = 0;;) {
+            if (redisBufferWrite(&ctx, &done) != REDIS_OK) {
+                return true;
+            }
+            if (done != 0) {
+                break;
+            }
+        }
+        bool confirmed = false;  // this link's first subscription was confirmed
+        while (!stop.stop_requested()) {
+            void* raw = nullptr;
+            if (redisGetReplyFromReader(&ctx, &raw) != REDIS_OK) {
+                return true;
+            }
+            if (raw != nullptr) {
+                detail::hiredis_reply_ptr owned{raw};
+                last_heard = clock::now();
+                handle(detail::convert_reply(*static_cast<redisReply*>(raw)), w, confirmed);
+                continue;
+            }
+            check_fence_if_due(w);
+            const auto now = clock::now();
+            if (now - last_heard > silence_limit) {
+                return true;  // no pong: the sentinel hangs
+            }
+            if (now - last_ping >= ping_every) {
+                last_ping = now;
+                int done = 0;
+                if (redisAppendCommand(&ctx, "PING") != REDIS_OK ||
+                    redisBufferWrite(&ctx, &done) != REDIS_OK) {
+                    return true;
+                }
+            }
+            if (!detail::hiredis_tls_pending(ctx)) {
+                pollfd pfd{ctx.fd, POLLIN, 0};
+                const int ready = ::poll(&pfd, 1, static_cast<int>(slice.count()));
+                if (ready <= 0) {
+                    continue;
+                }
+            }
+            if (redisBufferRead(&ctx) != REDIS_OK) {
+                return true;
+            }
+        }
+        return false;
+    }
+
+    void handle(const reply& r, watcher_state& w, bool& confirmed) {
+        if (!r.is_array() || r.elements().size() < 3 || !r.elements()[0].is_string()) {
+            return;  // a pong, or a reply we do not act on
+        }
+        const std::string& kind = r.elements()[0].text();
+        if (kind == "subscribe") {
+            // Announcements made while this link was down may have been missed: check now.
+            if (!confirmed && w.subscribed_before) {
+                check_now();
+            }
+            confirmed = true;
+            w.subscribed_before = true;
+            return;
+        }
+        if (kind != "message" || !r.elements()[1].is_string() || !r.elements()[2].is_string()) {
+            return;
+        }
+        const detail::sentinel_event e =
+            detail::parse_sentinel_event(r.elements()[1].text(), r.elements()[2].text());
+        if (e.master_name != config.master_name) {
+            return;
+        }
+        switch (e.what) {
+            case detail::sentinel_event::kind::switched:
+                // The new master lifts the failover raised for the old one. (A sentinel
+                // announces the switch to a master before any step about that master.)
+                forget_departed(e.new_address);
+                follow_switch(e.master_address, e.new_address);
+                break;
+            case detail::sentinel_event::kind::step:
+                raise_fence(e.master_address, w);
+                break;
+            case detail::sentinel_event::kind::aborted:
+                // The sentinel that leads a failover ended it without a switch: the master
+                // stays. (A sentinel that was not elected to lead one says so too: that
+                // says nothing of the failover its rival leads.)
+                fence.lift(e.master_address, w.index);
+                break;
+            case detail::sentinel_event::kind::other:
+                break;
+        }
+    }
+
+    // Sentinel `w.index` announced a step of a failover of the master at `failing`: nothing
+    // more is sent to the master until the connection follows the next one or the failover
+    // ends. That holds for a master not followed yet too: a sentinel may take one just
+    // promoted for down before another announced the switch to it, and a connection that
+    // then followed it would send to a master whose writes the second failover loses.
+    void raise_fence(const std::string& failing, watcher_state& w) {
+        // Under the mutex, so that no switch away from `failing` comes between the check
+        // and the raise (it would leave the raise behind).
+        sentinel_process_state& l = this_process();
+        std::lock_guard lock{l.mutex};
+        if (std::find(l.departed.begin(), l.departed.end(), failing) != l.departed.end()) {
+            return;  // a master left already (a late announcement of a past failover)
+        }
+        // No failover lasts longer than the sentinels' failover-timeout for its promotion and
+        // again for the replicas' reconfiguration: should every sentinel fall silent, calls
+        // go on after that.
+        const auto bound =
+            2 * std::chrono::milliseconds{failover_timeout_ms.load()} + std::chrono::seconds{1};
+        if (fence.raise(failing, w.index, bound)) {
+            w.next_check = clock::now() + fence_check_every;
+        }
+    }
+
+    static constexpr std::chrono::milliseconds fence_check_every{250};
+
+    // While a failover is raised, the subscription thread of the sentinel that announced it
+    // asks that sentinel, every fence_check_every, whether it is over, in case its
+    // announcement of the end was missed: it then names the next master, which is followed
+    // at once, or the same one with no failover in progress (aborted), and calls go on
+    // there. Only that sentinel is asked, and only on its own thread: no other sentinel,
+    // hung or slow, holds up the others' announcements.
+    void check_fence_if_due(watcher_state& w) {
+        if (!fence.up() || clock::now() < w.next_check) {
+            return;
+        }
+        const auto raised = fence.raised_by(w.index);
+        if (raised.empty()) {
+            return;
+        }
+        w.next_check = clock::now() + fence_check_every;
+        const auto& where = config.sentinels[w.index];
+        std::optional<detail::master_view> view;
+        try {
+            if (!w.query) {
+                w.query = std::make_unique<hiredis_connection>(config.sentinel(where));
+            }
+            std::string why;
+            const call_context bound{.deadline = clock::now() + config.node.command_timeout};
+            view = ask(*w.query, where.host + ":" + std::to_string(where.port), why, bound);
+        } catch (const error&) {
+            w.query.reset();
+            return;
+        }
+        if (!view) {
+            return;
+        }
+        const std::string named = view->host + ":" + std::to_string(view->port);
+        forget_departed(named);
+        for (const auto& one : raised) {
+            if (named != one.master) {
+                // Switched: followed if it is the master in use, else simply over.
+                follow_switch(one.master, named);
+            } else if (view->epoch >= 0 && !view->failover_in_progress) {
+                // Aborted: the master stays. (Only SENTINEL MASTER tells the flags: a view
+                // from GET-MASTER-ADDR-BY-NAME, where ACLs allow only that, says nothing of
+                // them.)
+                fence.lift(one);
+            }
+        }
+    }
+
+    void check_now() {
+        sentinel_process_state& l = this_process();
+        std::uint64_t seen = 0;
+        {
+            std::lock_guard lock{l.mutex};
+            seen = l.generation;
+        }
+        re_resolve(seen);  // a failure shows in the callers' next call
+    }
+};
+
+}  // namespace redislock::detail
