@@ -235,6 +235,21 @@ TEST(AnyClient, ConstructionConnectsToNothing) {
     }
 }
 
+// rediss-cluster:// needs a build with TLS; without one it is refused when the client is made.
+TEST(AnyClient, ATlsClusterUriIsAcceptedExactlyWhereTlsIsBuiltIn) {
+    const std::string uri =
+        "rediss-cluster://127.0.0.1:" + std::to_string(redislock::test::detail::pick_free_port()) +
+        "?tls_verify=none";
+    if (redislock::detail::hiredis_has_tls) {
+        redislock::client c{uri};
+        EXPECT_EQ(c.connection().kind(), topology::cluster);
+        EXPECT_TRUE(
+            c.connection().get<redislock::hiredis_cluster_connection>()->config().tls.enabled);
+    } else {
+        EXPECT_THROW(redislock::client{uri}, redislock::invalid_argument);
+    }
+}
+
 TEST(AnyClient, AClientMadeWhileItsServerIsDownConnectsOnItsFirstCallThatCanSucceed) {
     redislock::test::redis_server server;
     server.stop();
