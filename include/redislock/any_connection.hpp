@@ -19,7 +19,9 @@
 // sentinels) within its own deadline, and a failed connect is that call's error
 // (connection_error, timeout_error), as a later reconnection would be. Only a malformed URI or
 // option throws at construction (invalid_argument). A connection made from a ready concrete
-// connection keeps that one as it is.
+// connection keeps that one as it is. (A client given an event hook asks the server for its
+// eviction policy as it is made, which connects then: best-effort, bounded by the command
+// timeout, and a failure there is not reported.)
 //
 // Cost: each command is one virtual call into the connection held, which then runs exactly as
 // it would on its own; nothing is allocated per command beyond what that connection allocates.
@@ -119,6 +121,7 @@ public:
     }
 
     C& get() noexcept { return conn_; }
+    const C& get() const noexcept { return conn_; }
 
 private:
     C conn_;
@@ -283,6 +286,13 @@ public:
     template <class C>
     C* get() noexcept {
         auto* held = dynamic_cast<detail::connection_holder<C>*>(impl_.get());
+        return held != nullptr ? &held->get() : nullptr;
+    }
+
+    /// As get(), read-only.
+    template <class C>
+    const C* get() const noexcept {
+        const auto* held = dynamic_cast<const detail::connection_holder<C>*>(impl_.get());
         return held != nullptr ? &held->get() : nullptr;
     }
 
