@@ -39,7 +39,9 @@ const char* topology_name(redislock::topology t) {
 void ship_order(redislock::client& client, const std::string& order) {
     redislock::mutex lock = client.mutex("example:orders:" + order, {.lease = 10s});
     if (!lock.try_lock_for(2s)) {
-        std::cout << "  order " << order << " is being shipped elsewhere\n";
+        // A waiting call rides out an unreachable server until its timeout, as a held lock.
+        std::cout << "  order " << order
+                  << " not locked within 2 s: shipped elsewhere, or Redis is unreachable\n";
         return;
     }
     std::lock_guard guard{lock, std::adopt_lock};
