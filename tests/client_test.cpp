@@ -55,7 +55,8 @@ TEST(Client, WaitSpinOutsideZeroToOneHourIsRefusedBeforeConnecting) {
 // stopped after 100 ms, each run after `fault()` and followed by `heal()`: every one must end by
 // its deadline (or the stop request) plus deadline_slack, whatever the server does (see
 // support/deadline.hpp for what a busy machine adds).
-void expect_timed_calls_end_in_time(redislock::client& client, const std::function<void()>& fault,
+template <class Client>
+void expect_timed_calls_end_in_time(Client& client, const std::function<void()>& fault,
                                     const std::function<void()>& heal) {
     auto m = client.mutex("deadline:m", {.lease = 10s});
     auto rm = client.recursive_mutex("deadline:rm", {.lease = 10s});
@@ -106,7 +107,7 @@ void expect_timed_calls_end_in_time(redislock::client& client, const std::functi
 // nothing (stopped), ends by its deadline: AUTH and SELECT get the time the call has left.
 TEST(Client, TimedLockCallsEndInTimeWhileAConnectionIsOpenedWithAuthAndSelect) {
     redis_server srv{{.extra_args = {"--requirepass", "pw"}}};
-    redislock::client client{"redis://:pw@127.0.0.1:" + std::to_string(srv.port()) + "/2"};
+    redislock::node_client client{"redis://:pw@127.0.0.1:" + std::to_string(srv.port()) + "/2"};
     expect_timed_calls_end_in_time(
         client,
         [&] {

@@ -116,7 +116,7 @@ TEST(Connection, ArchetypeRunsTheFencedScripts) {
 
 TEST(Connection, ClientTakesAReadyConnection) {
     redis_server srv;
-    redislock::client client{redislock::hiredis_connection{srv.uri()}};
+    redislock::node_client client{redislock::hiredis_connection{srv.uri()}};
     auto m = client.mutex("k");
     EXPECT_TRUE(m.try_lock());
     m.unlock();

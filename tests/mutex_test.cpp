@@ -475,14 +475,14 @@ TEST(Mutex, NameHoldingAHashFailsWithWrongtypeNotAHang) {
 TEST(Mutex, ClosedPortFailsWithConnectionError) {
     const redislock::test::refused_port closed;
     const stopwatch watch;
-    EXPECT_THROW(redislock::client{closed.uri()}, redislock::connection_error);
+    EXPECT_THROW(redislock::node_client{closed.uri()}, redislock::connection_error);
     EXPECT_LT(watch.elapsed(), 5s);
 }
 
 TEST(Mutex, UnansweredConnectFailsWithConnectionErrorAfterTheConnectTimeout) {
     const redislock::test::unresponsive_listener silent;
     const stopwatch watch;
-    EXPECT_THROW(redislock::client{silent.uri() + "?connect_timeout=300"},
+    EXPECT_THROW(redislock::node_client{silent.uri() + "?connect_timeout=300"},
                  redislock::connection_error);
     EXPECT_GE(watch.elapsed(), 250ms);
     EXPECT_LT(watch.elapsed(), 5s);

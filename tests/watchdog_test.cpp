@@ -113,7 +113,7 @@ std::size_t thread_count() {
 
 // The watchdog's counters and the connection's round trips, read while no batch is between the
 // connection counting it and the watchdog counting it.
-std::pair<redislock::watchdog_stats, std::uint64_t> quiet_counts(redislock::client& client) {
+std::pair<redislock::watchdog_stats, std::uint64_t> quiet_counts(redislock::node_client& client) {
     for (int attempt = 0;; ++attempt) {
         const auto stats = client.watchdog().stats();
         const auto trips = client.connection().round_trips();
@@ -338,9 +338,9 @@ TEST(Watchdog, RenewsAThousandLocksFromOneThreadInPipelinedBatches) {
     constexpr std::size_t lock_count = 1000;
     redis_server srv;
     const std::size_t threads_before = thread_count();
-    redislock::client client{srv.uri()};
+    redislock::node_client client{srv.uri()};
     lost_counter lost;
-    std::vector<redislock::mutex> locks;
+    std::vector<redislock::node_mutex> locks;
     std::vector<std::string> names;
     locks.reserve(lock_count);
     for (std::size_t i = 0; i < lock_count; ++i) {

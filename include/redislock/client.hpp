@@ -6,6 +6,14 @@
 //
 //   redislock::client observed{"redis://127.0.0.1:6379", {.on_event = hook}};  // events.hpp
 //
+// The default client, redislock::client (redislock.hpp), is basic_client<any_connection>: it
+// takes one node, Sentinel or Cluster from the URI's scheme at run time (any_connection.hpp), so
+// a service that runs one node in development and Sentinel or Cluster in production writes its
+// lock code once, with one set of lock types (redislock::mutex, recursive_mutex, shared_mutex),
+// and can be constructed before its servers are up. The topology costs one virtual call per
+// command, far below one round trip. basic_client<C> with a connection type of one topology
+// (node_client, sentinel_client, cluster_client) or a custom one fixes it at compile time.
+//
 // Thread safety: every member may be called from any thread.
 // Lifetime: not copyable or movable. Locks share the client's machinery (connection, watchdog,
 // loss timer, reaper), so a lock may outlive its client and is still renewed, told of its loss

@@ -141,6 +141,16 @@ public:
     /// As above, from endpoints. The first one's user, password, timeouts and pool size apply to
     /// every node.
     explicit hiredis_cluster_connection(std::vector<endpoint> seeds)
+        : hiredis_cluster_connection{std::move(seeds), defer_connect} {
+        if (!refresh_now()) {
+            throw connection_error{"redislock: no seed of the cluster answered with a slot map: " +
+                                   st().last_refresh_problem};
+        }
+    }
+
+    /// Checks the settings and reads no slot map: the first call reads it, within that call's
+    /// deadline. @throws redislock::invalid_argument as the other constructors.
+    hiredis_cluster_connection(std::vector<endpoint> seeds, defer_connect_t)
         : common_{std::make_unique<common>()} {
         if (seeds.empty()) {
             throw invalid_argument{"redislock: a cluster connection needs at least one seed"};
@@ -160,10 +170,6 @@ public:
                 [seeds, shared = common_.get()](state* parent) {
                     return std::make_unique<state>(seeds, *shared, parent);
                 }});
-        if (!refresh_now()) {
-            throw connection_error{"redislock: no seed of the cluster answered with a slot map: " +
-                                   st().last_refresh_problem};
-        }
     }
 
     /// Takes over another connection's nodes and slot map.

@@ -1,8 +1,9 @@
-// redislock: distributed locks on Redis. Include this header for everything, with the hiredis
-// adapter as the default connection (redislock::client) and its Redis Cluster counterpart
-// (redislock::cluster_client).
+// redislock: distributed locks on Redis. Include this header for everything: redislock::client,
+// which takes any topology from its URI (any_connection.hpp), the clients of one topology each
+// (node_client, sentinel_client, cluster_client) and Redlock's (redlock_client).
 #pragma once
 
+#include <redislock/any_connection.hpp>
 #include <redislock/client.hpp>
 #include <redislock/client_options.hpp>
 #include <redislock/cluster.hpp>
@@ -28,22 +29,35 @@
 
 namespace redislock {
 
-/// A client of one Redis server over hiredis.
-using client = basic_client<hiredis_connection>;
+/// The client: any topology, chosen by the URI at run time (see client.hpp and
+/// any_connection.hpp).
+using client = basic_client<any_connection>;
 /// The simple lock of a redislock::client.
-using mutex = basic_mutex<hiredis_connection>;
+using mutex = basic_mutex<any_connection>;
 /// The reentrant lock of a redislock::client.
-using recursive_mutex = basic_recursive_mutex<hiredis_connection>;
+using recursive_mutex = basic_recursive_mutex<any_connection>;
 /// The read-write lock of a redislock::client.
-using shared_mutex = basic_shared_mutex<hiredis_connection>;
+using shared_mutex = basic_shared_mutex<any_connection>;
 /// The watchdog of a redislock::client.
-using watchdog = basic_watchdog<hiredis_connection>;
+using watchdog = basic_watchdog<any_connection>;
+
 /// A Redlock client over hiredis connections to independent masters.
 using redlock_client = basic_redlock_client<hiredis_connection>;
 /// The lock of a redislock::redlock_client.
 using redlock_mutex = basic_redlock_mutex<hiredis_connection>;
 
-/// A client of a Redis Cluster (see cluster.hpp).
+/// A client of one Redis server over hiredis, the topology fixed at compile time.
+using node_client = basic_client<hiredis_connection>;
+/// The simple lock of a redislock::node_client.
+using node_mutex = basic_mutex<hiredis_connection>;
+/// The reentrant lock of a redislock::node_client.
+using node_recursive_mutex = basic_recursive_mutex<hiredis_connection>;
+/// The read-write lock of a redislock::node_client.
+using node_shared_mutex = basic_shared_mutex<hiredis_connection>;
+/// The watchdog of a redislock::node_client.
+using node_watchdog = basic_watchdog<hiredis_connection>;
+
+/// A client of a Redis Cluster (see cluster.hpp); takes the seed form redis://h1,h2.
 using cluster_client = basic_client<hiredis_cluster_connection>;
 /// The simple lock of a redislock::cluster_client.
 using cluster_mutex = basic_mutex<hiredis_cluster_connection>;
@@ -54,5 +68,11 @@ using cluster_shared_mutex = basic_shared_mutex<hiredis_cluster_connection>;
 
 /// A client of the master that Redis Sentinel names (see sentinel.hpp).
 using sentinel_client = basic_client<sentinel_connection>;
+/// The simple lock of a redislock::sentinel_client.
+using sentinel_mutex = basic_mutex<sentinel_connection>;
+/// The reentrant lock of a redislock::sentinel_client.
+using sentinel_recursive_mutex = basic_recursive_mutex<sentinel_connection>;
+/// The read-write lock of a redislock::sentinel_client.
+using sentinel_shared_mutex = basic_shared_mutex<sentinel_connection>;
 
 }  // namespace redislock

@@ -146,17 +146,15 @@ public:
     ///         with "master"; redislock::invalid_argument for a bad URI or settings, or
     ///         rediss-sentinel:// in a build without TLS.
     explicit sentinel_connection(sentinel_endpoint config)
-        : state_{std::make_unique<state>(std::move(config))} {
-        if (state_->config.sentinels.empty()) {
-            throw invalid_argument{"redislock: a sentinel_endpoint needs at least one sentinel"};
-        }
-        if (state_->config.master_name.empty()) {
-            throw invalid_argument{"redislock: a sentinel_endpoint needs a master name"};
-        }
-        detail::check_connection_settings(state_->config.node);
-        state_->config.node.check_tls();
-        detail::require_tls_support(state_->config.node);
+        : state_{std::make_unique<state>(checked(std::move(config)))} {
         (void)state_->current();
+        state_->start_watcher();
+    }
+
+    /// Checks the settings and starts the subscription threads, but finds no master: the first
+    /// call does, within that call's deadline. @throws redislock::invalid_argument as above.
+    sentinel_connection(sentinel_endpoint config, defer_connect_t)
+        : state_{std::make_unique<state>(checked(std::move(config)))} {
         state_->start_watcher();
     }
 
@@ -262,6 +260,19 @@ public:
 private:
     using clock = std::chrono::steady_clock;
     using pool_ptr = std::shared_ptr<hiredis_connection>;
+
+    static sentinel_endpoint checked(sentinel_endpoint config) {
+        if (config.sentinels.empty()) {
+            throw invalid_argument{"redislock: a sentinel_endpoint needs at least one sentinel"};
+        }
+        if (config.master_name.empty()) {
+            throw invalid_argument{"redislock: a sentinel_endpoint needs a master name"};
+        }
+        detail::check_connection_settings(config.node);
+        config.node.check_tls();
+        detail::require_tls_support(config.node);
+        return config;
+    }
 
     static clock::time_point no_deadline() noexcept { return clock::time_point::max(); }
 

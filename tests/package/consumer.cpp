@@ -13,7 +13,8 @@ int main() {
     static_assert(redislock::connection<redislock::hiredis_connection>);
     static_assert(redislock::connection<redislock::sentinel_connection>);
     static_assert(
-        std::is_same_v<redislock::client::connection_type, redislock::hiredis_connection>);
+        std::is_same_v<redislock::node_client::connection_type, redislock::hiredis_connection>);
+    static_assert(std::is_same_v<redislock::client::connection_type, redislock::any_connection>);
     auto ep = redislock::endpoint::from_uri("redis://user:pw@127.0.0.1:6390/2");
     if (ep.port != 6390 || ep.db != 2 || ep.user != "user") {
         std::puts("endpoint parsing is wrong");
