@@ -2,7 +2,7 @@
 //
 // Both variants run in one process against one private redis-server on TCP loopback, started
 // here and stopped at exit:
-//   watchdog_renewals       10,000 redislock::mutex locks held with lock_options::watchdog on
+//   watchdog_renewals       10,000 redislock::node_mutex locks held with lock_options::watchdog on
 //                           one client. After the first full round of renewals (which also
 //                           loads the script), the watchdog's own counters are read over three
 //                           renewal periods (lease/3 each): round trips per period, renewals per
@@ -76,7 +76,7 @@ std::chrono::nanoseconds thread_cpu_time() {
 
 // The watchdog's counters and the connection's round trips, read while no batch is between the
 // connection counting it and the watchdog counting it.
-std::pair<redislock::watchdog_stats, std::uint64_t> quiet_counts(redislock::client& client) {
+std::pair<redislock::watchdog_stats, std::uint64_t> quiet_counts(redislock::node_client& client) {
     for (int attempt = 0;; ++attempt) {
         const auto stats = client.watchdog().stats();
         const auto trips = client.connection().round_trips();
@@ -89,10 +89,11 @@ std::pair<redislock::watchdog_stats, std::uint64_t> quiet_counts(redislock::clie
     }
 }
 
-void bench_watchdog(benchmark::State& state, redislock::client& client, const settings& config) {
+void bench_watchdog(benchmark::State& state, redislock::node_client& client,
+                    const settings& config) {
     const auto period = config.lease / 3;
     for (auto _ : state) {
-        std::vector<redislock::mutex> locks;
+        std::vector<redislock::node_mutex> locks;
         locks.reserve(config.locks);
         for (std::size_t i = 0; i < config.locks; ++i) {
             locks.push_back(client.mutex("bench:watchdog:" + std::to_string(i),
@@ -336,7 +337,7 @@ int run(int argc, char** argv) {
 
     redislock::test::redis_server server;
     raw_batch raw = prepare_raw(server.port(), config.locks);
-    redislock::client client{server.uri()};
+    redislock::node_client client{server.uri()};
 
     benchmark::RegisterBenchmark(
         std::string{watchdog_name}.c_str(),
