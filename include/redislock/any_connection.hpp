@@ -230,7 +230,10 @@ public:
         : any_connection{topology::sentinel, conn.config().node.command_timeout,
                          conn.config().describe(), std::move(conn)} {}
 
+    /// Moves the held connection; the moved-from one holds none and may only be destroyed or
+    /// assigned to.
     any_connection(any_connection&&) noexcept = default;
+    /// Moves the held connection, closing the one this held.
     any_connection& operator=(any_connection&&) noexcept = default;
     ~any_connection() = default;
 
