@@ -16,9 +16,7 @@ int main(int argc, char** argv) {
         std::lock_guard inner{reentrant};
         std::lock_guard again{reentrant};
     }
-    {
-        std::shared_lock reader{catalog};
-    }
+    { std::shared_lock reader{catalog}; }
     std::unique_lock writer{catalog};
     return writer.mutex()->fencing_token() > 0 ? 0 : 1;
 }
