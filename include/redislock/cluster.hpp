@@ -460,7 +460,7 @@ private:
                 }
                 detail::cluster_node* node = route(items[i]);
                 if (node == nullptr) {
-                    items[i].problem = "no node serves the slot in the current map";
+                    items[i].problem = no_node_problem();
                     wait = stale_map = true;
                     migrating_only = false;
                     continue;
@@ -847,6 +847,18 @@ private:
         }
         end_read(s, installed ? std::string{} : std::move(problems));
         return installed;
+    }
+
+    // Why a slot has no node: with no map read yet (a client made before its seeds answered),
+    // what the last read of the seeds met is the cause worth telling.
+    std::string no_node_problem() {
+        std::string problem = "no node serves the slot in the current map";
+        state& s = st();
+        std::lock_guard lock{s.refresh_mutex};
+        if (!s.last_refresh_problem.empty()) {
+            problem += " (the last read of the map: " + s.last_refresh_problem + ")";
+        }
+        return problem;
     }
 
     void end_read(state& s, std::string problem) noexcept {

@@ -70,11 +70,13 @@
 // one master; the Redlock client reports reconnected, naming one master (see below).
 //
 // Who reports reconnected, always naming the server as "host:port" (or its socket path):
-// - hiredis_connection (redislock::client): a context opened to replace one that broke (a failed
-//   or timed-out call, or one the server closed while idle: restart, CLIENT KILL, idle timeout).
-// - hiredis_cluster_connection (cluster_client): the same on each node's pool, naming the node.
-//   The first connection to a node is not a reconnection, so a failover or resharding that moves
-//   slots to other nodes is not reported (moved_redirections() and map_refreshes() count those).
+// - hiredis_connection (node_client; redislock::client on a node URI): a context opened to
+//   replace one that broke (a failed or timed-out call, or one the server closed while idle:
+//   restart, CLIENT KILL, idle timeout).
+// - hiredis_cluster_connection (cluster_client; redislock::client on redis-cluster://): the same
+//   on each node's pool, naming the node. The first connection to a node is not a reconnection,
+//   so a failover or resharding that moves slots to other nodes is not reported
+//   (moved_redirections() and map_refreshes() count those).
 // - sentinel_connection (sentinel_client): the same on the master's pool (while it is the
 //   master's: a call that took the pool before a switch and reconnects to the demoted master is
 //   not reported), and also a pool opened to the master in place of an earlier one: a switch to

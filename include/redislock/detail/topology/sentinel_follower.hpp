@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <stop_token>
@@ -72,8 +73,8 @@ struct sentinel_follower {
     detail::failover_fence fence;
     // The sentinels' failover-timeout, as SENTINEL MASTER last said (ms).
     std::atomic<long long> failover_timeout_ms{180'000};
-    // Set once the constructor found the master: every process then runs subscription
-    // threads. Written before the connection is shared.
+    // Set by the constructor (an eager one once it found the master): every process then runs
+    // subscription threads. Written before the connection is shared.
     bool watching = false;
 
     // This process's master, subscription threads and sentinel links (see sentinel_process_state).
@@ -384,18 +385,33 @@ struct sentinel_follower {
     // the old address until its failover ends, while the others already name the new master
     // it announced, and a forced failover's old master still answers ROLE as a master).
     // Needs `l.resolve_mutex`.
+    // Those that answered last time are asked first (a failed one's link is dropped), and each
+    // gets at most an equal share of the call's time left, one share kept for the master's
+    // ROLE: a sentinel that hangs cannot spend the whole call, however often it is asked.
     std::vector<detail::master_view> ask_sentinels(sentinel_process_state& l, std::string& why,
                                                    const call_context& bound) {
+        std::vector<std::size_t> order(config.sentinels.size());
+        std::iota(order.begin(), order.end(), std::size_t{0});
+        std::stable_partition(order.begin(), order.end(),
+                              [&](std::size_t i) { return l.sentinel_links[i] != nullptr; });
         std::vector<detail::master_view> views;
-        for (std::size_t i = 0; i < config.sentinels.size(); ++i) {
+        for (std::size_t k = 0; k < order.size(); ++k) {
+            const std::size_t i = order[k];
             const auto& where = config.sentinels[i];
             const std::string name = where.host + ":" + std::to_string(where.port);
+            call_context share = bound;
+            if (bound.deadline != clock::time_point::max()) {
+                const auto now = clock::now();
+                const auto shares = static_cast<clock::rep>(order.size() - k + 1);
+                share.deadline =
+                    bound.deadline <= now ? bound.deadline : now + (bound.deadline - now) / shares;
+            }
             try {
                 if (!l.sentinel_links[i]) {
                     l.sentinel_links[i] =
                         std::make_unique<hiredis_connection>(config.sentinel(where), defer_connect);
                 }
-                if (auto view = ask(*l.sentinel_links[i], name, why, bound)) {
+                if (auto view = ask(*l.sentinel_links[i], name, why, share)) {
                     views.push_back(std::move(*view));
                 }
             } catch (const cancelled_error&) {
