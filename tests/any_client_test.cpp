@@ -184,8 +184,8 @@ TEST_F(AnyClientCluster, AHeldLockFollowsItsSlotToAnotherMaster) {
 
 TEST(AnyClient, ARedisUriWithSeveralHostsNamesTheClusterAndSentinelSchemes) {
     for (const std::string uri : {"redis://127.0.0.1:7000,127.0.0.1:7001",
-                                  "redis://:pw@10.0.0.1,10.0.0.2/0?command_timeout=500",
-                                  "rediss://10.0.0.1:6380,10.0.0.2:6380"}) {
+                                  "redis://:pw@127.0.0.5,127.0.0.6/0?command_timeout=500",
+                                  "rediss://127.0.0.5:6380,127.0.0.6:6380"}) {
         SCOPED_TRACE(uri);
         const std::string message = message_of_construction(uri);
         EXPECT_NE(message.find("redis-cluster://"), std::string::npos) << message;
