@@ -34,7 +34,7 @@ const tls_certs& certs() {
 template <class Error>
 std::string construction_error(const std::string& uri) {
     try {
-        redislock::client client{uri};
+        redislock::node_client client{uri};
     } catch (const Error& e) {
         return e.what();
     }
@@ -108,10 +108,10 @@ TEST(Tls, CertificateForAnotherNameIsRejectedUnlessOnlyTheChainIsChecked) {
     EXPECT_NE(message.find("mismatch"), std::string::npos) << message;
 
     // The certificate names localhost: as SNI and expected name it passes.
-    EXPECT_NO_THROW(redislock::client{srv.uri(trusted("tls_server_name=localhost"))});
+    EXPECT_NO_THROW(redislock::node_client{srv.uri(trusted("tls_server_name=localhost"))});
     // tls_verify=ca checks the chain only.
-    EXPECT_NO_THROW(
-        redislock::client{srv.uri(trusted("tls_server_name=redis.example.org&tls_verify=ca"))});
+    EXPECT_NO_THROW(redislock::node_client{
+        srv.uri(trusted("tls_server_name=redis.example.org&tls_verify=ca"))});
 }
 
 TEST(Tls, VerificationOptOutConnectsWithoutTrustedCa) {
@@ -215,7 +215,7 @@ TEST(Tls, HandshakeWithAServerThatStoppedAnsweringIsATimeout) {
 // call's deadline; and at once on a stop request.
 TEST(Tls, TimedCallsEndInTimeWhileATlsConnectionIsOpened) {
     tls_server srv{certs()};
-    redislock::client client{srv.uri(trusted())};
+    redislock::node_client client{srv.uri(trusted())};
     auto m = client.mutex("tls:deadline", {.lease = 10s});
     const auto break_server = [&] {
         ASSERT_NE(srv.plain().cli({"CLIENT", "KILL", "TYPE", "normal"}), "0");
