@@ -21,13 +21,9 @@
 
 #include <poll.h>
 #include <sched.h>
-#include <unistd.h>
 
-#include <fcntl.h>
 #include <algorithm>
-#include <array>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -42,7 +38,9 @@
 #include <vector>
 
 #include <redislock/detail/engine/notifier_records.hpp>
+#include <redislock/detail/engine/notifier_refusals.hpp>
 #include <redislock/detail/engine/wake_slot.hpp>
+#include <redislock/detail/engine/wakeup_pipe.hpp>
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/error.hpp>
@@ -74,7 +72,7 @@ public:
         if (thread_.joinable()) {
             thread_.join();
         }
-        close_pipe();
+        pipe_.close();
     }
 
     /// False when this connection cannot subscribe: waiters poll.
@@ -203,38 +201,19 @@ private:
         if (thread_.joinable()) {
             return true;
         }
-        if (::pipe(pipe_) != 0) {
+        if (!pipe_.open()) {
             return false;
-        }
-        for (int fd : pipe_) {
-            ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-            ::fcntl(fd, F_SETFD, FD_CLOEXEC);
         }
         try {
             thread_ = std::thread{[this] { run(); }};
         } catch (...) {
-            close_pipe();
+            pipe_.close();
             return false;
         }
         return true;
     }
 
-    void poke() noexcept {
-        poked_.store(true, std::memory_order_release);
-        if (pipe_[1] >= 0) {
-            const char byte = 1;
-            [[maybe_unused]] const auto ignored = ::write(pipe_[1], &byte, 1);
-        }
-    }
-
-    void close_pipe() noexcept {
-        for (int& fd : pipe_) {
-            if (fd >= 0) {
-                ::close(fd);
-                fd = -1;
-            }
-        }
-    }
+    void poke() noexcept { pipe_.poke(); }
 
     // Whatever else a round throws (out of memory) would end the process on this thread:
     // instead every link is dropped, and waiters try again and poll a while.
@@ -251,9 +230,9 @@ private:
                 }
                 retry_at = steady::now() + retry_pause;
                 reset();
-                pollfd pipe{pipe_[0], POLLIN, 0};
+                pollfd pipe{pipe_.read_fd(), POLLIN, 0};
                 if (::poll(&pipe, 1, static_cast<int>(retry_pause.count())) > 0) {
-                    empty_pipe();
+                    pipe_.empty();
                 }
             }
         }
@@ -291,7 +270,7 @@ private:
         // A spinner that starts after this pokes the pipe; a link it drops meanwhile only
         // ends the wait below early (its fd reports POLLNVAL).
         const bool spinning = spinners_.load(std::memory_order_acquire) > 0;
-        std::vector<pollfd> fds{{pipe_[0], POLLIN, 0}};
+        std::vector<pollfd> fds{{pipe_.read_fd(), POLLIN, 0}};
         bool buffered = false;
         {
             std::lock_guard reading{links_mutex_};
@@ -318,31 +297,16 @@ private:
     }
 
     // Needs mutex_. Keeps a refusal of `channel` for report_refusals(), unless the same one was
-    // told within retell_after and the channel was not subscribed since: a cause that lasts (a
-    // server out of reach, a slot on the move) is told once, not at every try. Dropped when
-    // memory runs out.
+    // told within notifier_refusals::retell_after and the channel was not subscribed since: a cause
+    // that lasts (a server out of reach, a slot on the move) is told once, not at every try.
+    // Dropped when memory runs out.
     void note_refusal_locked(const std::string& channel, const channel_state& ch,
                              std::string_view why) noexcept {
         if (!report_) {
             return;
         }
-        const auto now = steady::now();
-        if (auto told = told_.find(channel); told != told_.end() && told->second.why == why &&
-                                             now - told->second.at < retell_after) {
-            return;
-        }
-        try {
-            refusals_.emplace_back(ch.name, why);
-        } catch (...) {
-            return;  // not told, so not remembered either
-        }
-        poke();  // refused on a spinner's thread: this thread tells it soon
-        try {
-            told_refusal& told = told_[channel];
-            told.why.assign(why);
-            told.at = now;
-        } catch (...) {
-            // Out of memory: the next refusal is told again.
+        if (refusals_.note(channel, ch.name, why)) {
+            poke();  // refused on a spinner's thread: this thread tells it soon
         }
     }
 
@@ -367,13 +331,13 @@ private:
     // reference to the client, whose event sink and connection are then gone, and this thread
     // must touch neither again.
     bool report_refusals() {
-        std::vector<std::pair<std::string, std::string>> told;
+        notifier_refusals::list told;
         {
             std::lock_guard guard{mutex_};
             if (stopping_) {
                 return false;
             }
-            told.swap(refusals_);
+            refusals_.take(told);
         }
         for (const auto& [name, why] : told) {
             try {
@@ -409,28 +373,14 @@ private:
         while (!buffered && spinners_.load(std::memory_order_acquire) > 0 &&
                steady::now() < tick_over) {
             // With no link of its own to watch, the pipe is polled only once poked.
-            const bool look = fds.size() > 1 || poked_.load(std::memory_order_acquire);
+            const bool look = fds.size() > 1 || pipe_.poked();
             if (look && ::poll(fds.data(), fds.size(), 0) > 0) {
                 if ((fds[0].revents & POLLIN) != 0) {
-                    empty_pipe();
+                    pipe_.empty();
                 }
                 return;
             }
             ::sched_yield();
-        }
-    }
-
-    // Needs links_mutex_. Reads the links (on a spinner's thread, only those whose read cannot
-    // block); drops those that are lost.
-    void read_links_locked(bool spinner) {
-        for (auto it = links_.begin(); it != links_.end();) {
-            if (spinner && !it->second.link->reads_without_blocking()) {
-                ++it;
-            } else if (!drain(it->first, it->second)) {
-                it = drop_link_locked(it);
-            } else {
-                ++it;
-            }
         }
     }
 
@@ -441,7 +391,7 @@ private:
         std::vector<std::string> retried;  // channels of nodes that failed lately: opened last
         if (now - last_pruned_ >= std::chrono::seconds{1}) {
             last_pruned_ = now;
-            std::erase_if(told_, [&](const auto& t) { return now - t.second.at >= retell_after; });
+            refusals_.prune(now);
             std::erase_if(paused_,
                           [&](const auto& p) { return now - p.second.until >= max_pause; });
         }
@@ -506,345 +456,32 @@ private:
         to_open.insert(to_open.end(), retried.begin(), retried.end());
     }
 
-    // Called with no lock held. Skips a channel no longer wanted (a link of its node failed, or
-    // its node was paused, since it was planned). False when an open was tried and failed.
-    bool open_link(const std::string& channel, steady::time_point retry_at) {
-        if (steady::now() < retry_at) {
-            return true;
-        }
-        std::string node;
-        {
-            std::lock_guard guard{mutex_};
-            auto it = channels_.find(channel);
-            if (it == channels_.end() || it->second.status != link_status::wanted) {
-                return true;
-            }
-            node = it->second.node;
-        }
-        {
-            // Only this thread adds links: one missing now is still missing below.
-            std::lock_guard reading{links_mutex_};
-            if (links_.count(node) != 0) {
-                return true;
-            }
-        }
-        const auto started = steady::now();
-        std::string why = "could not open a subscriber link: ";
-        try {
-            std::unique_ptr<subscriber_link> link = open_(channel);
-            if (link) {
-                {
-                    std::lock_guard reading{links_mutex_};
-                    links_[node].link = std::move(link);
-                }
-                poke();  // the next round subscribes the node's channels at once, not a tick later
-                return true;
-            }
-            why += "the connection opened none";
-        } catch (...) {
-            try {
-                why += message_of_current_exception();
-            } catch (...) {
-                // Out of memory: told without the reason.
-            }
-        }
-        std::lock_guard reading{links_mutex_};
-        fail_node_locked(node, why, steady::now() - started);
-        return false;
-    }
-
-    // Needs links_mutex_. Drops link `it`, whose drain failed or whose send threw; one on which
-    // the server never answered a subscription counts as a failed open (a server at maxclients
-    // accepts, answers with an error and closes). Returns the next link.
-    std::map<std::string, link_state>::iterator drop_link_locked(
-        std::map<std::string, link_state>::iterator it) noexcept {
-        bool unsupported = false;  // told already; every waiter polls from now on
-        {
-            std::lock_guard guard{mutex_};
-            unsupported = unsupported_;
-        }
-        if (it->second.answered || unsupported) {
-            lose(it->first);
-        } else {
-            constexpr std::string_view failed = "the subscriber link failed before subscribing";
-            std::string why;
-            try {
-                why.append(failed);
-                if (!it->second.lost_why.empty()) {
-                    why.append(": ").append(it->second.lost_why);
-                }
-            } catch (...) {
-                why.clear();  // out of memory: told without the reason
-            }
-            fail_node_locked(it->first, why.empty() ? failed : why, steady::duration::zero());
-        }
-        return links_.erase(it);
-    }
-
-    // Needs links_mutex_. A link to `node` could not be opened, or failed before the server
-    // answered a subscription on it (`why`, after `took`): no link to it is opened again before
-    // retry_pause, or as long as the failed open took (up to max_pause), so that a node whose
-    // opens time out holds this thread up at most half the time. Meanwhile its channels' waiters
-    // poll, and those of each channel someone waits for are told.
-    void fail_node_locked(const std::string& node, std::string_view why,
-                          steady::duration took) noexcept {
-        const auto now = steady::now();
-        const auto until = now + std::clamp<steady::duration>(took, retry_pause, max_pause);
-        try {
-            node_pause& paused = paused_[node];
-            paused.why.assign(why);
-            paused.until = until;
-        } catch (...) {
-            // Out of memory: paused as briefly as can be.
-        }
-        {
-            std::lock_guard guard{mutex_};
-            for (auto& [channel, ch] : channels_) {
-                if (ch.node != node) {
-                    continue;
-                }
-                const bool asked =
-                    ch.status == link_status::wanted || ch.status == link_status::sent;
-                if (asked && !ch.waiters.empty()) {
-                    note_refusal_locked(channel, ch, why);
-                }
-                // Named again after retry_pause at most: its slot may have moved to another
-                // node meanwhile (a failover); the node's pause keeps this one from reopening.
-                refuse_locked(ch, std::min<steady::duration>(until - now, retry_pause));
-            }
-        }
-        settled_.notify_all();
-    }
-
-    // Needs links_mutex_. Skips a channel whose link failed since it was planned.
-    void send(const std::string& channel, const std::string& verb) {
-        std::string node;
-        {
-            std::lock_guard guard{mutex_};
-            auto it = channels_.find(channel);
-            const auto planned = verb == "SSUBSCRIBE" ? link_status::sent : link_status::leaving;
-            if (it == channels_.end() || it->second.status != planned) {
-                return;
-            }
-            node = it->second.node;
-        }
-        auto link = links_.find(node);
-        if (link == links_.end()) {
-            return;
-        }
-        try {
-            const std::array<std::string_view, 2> argv{verb, channel};
-            link->second.link->send(argv);
-            if (verb == "SSUBSCRIBE") {
-                link->second.awaiting.push_back(channel);
-            }
-        } catch (...) {
-            try {
-                link->second.lost_why = message_of_current_exception();
-            } catch (...) {
-            }
-            (void)drop_link_locked(link);
-        }
-    }
-
     void wait_for_input(std::vector<pollfd>& fds, bool buffered) {
         const int timeout_ms = buffered ? 0 : static_cast<int>(tick.count());
         if (::poll(fds.data(), fds.size(), timeout_ms) > 0 && (fds[0].revents & POLLIN) != 0) {
-            empty_pipe();
+            pipe_.empty();
         }
     }
 
-    void empty_pipe() noexcept {
-        poked_.store(false, std::memory_order_release);  // before: a later poke sets it again
-        char drain[64];
-        while (::read(pipe_[0], drain, sizeof drain) > 0) {
-        }
-    }
-
-    // Reads a link's input; false when the link is lost. A reply that cannot be handled (out
-    // of memory) loses the link too: its waiters then try again and subscribe anew, instead of
-    // waiting for a message that was read and dropped.
-    bool drain(const std::string& node, link_state& state) noexcept {
-        try {
-            std::vector<reply> replies;
-            state.link->read(replies);
-            for (const reply& r : replies) {
-                if (!handle(node, state, r)) {
-                    if (r.is_error()) {
-                        state.lost_why = r.text();
-                    }
-                    return false;
-                }
-            }
-        } catch (...) {
-            try {
-                state.lost_why = message_of_current_exception();
-            } catch (...) {
-            }
-            return false;
-        }
-        return true;
-    }
-
-    // One reply on a link; false when the link must be dropped.
-    bool handle(const std::string& node, link_state& state, const reply& r) {
-        if (r.is_error()) {
-            // Replies to SSUBSCRIBE come in the order sent: this one refuses the oldest. A server
-            // without sharded pub/sub refuses every channel: poll from now on. A channel refused
-            // otherwise (NOPERM under an ACL, MOVED while its slot moves) is left alone for a
-            // while; its waiters poll meanwhile.
-            if (r.text().find("unknown command") != std::string::npos) {
-                std::lock_guard guard{mutex_};
-                if (!state.awaiting.empty()) {
-                    if (auto it = channels_.find(state.awaiting.front());
-                        it != channels_.end() && !it->second.waiters.empty()) {
-                        note_refusal_locked(it->first, it->second, r.text());
-                    }
-                }
-                unsupported_ = true;
-                settled_.notify_all();
-                return false;
-            }
-            // An error that is not about the channel, on a link that has had no answer yet (a
-            // server at maxclients answers so and closes), is the link's failure: an open that
-            // failed.
-            static constexpr std::array<std::string_view, 6> about_the_channel{
-                "NOPERM", "MOVED", "ASK", "TRYAGAIN", "CROSSSLOT", "CLUSTERDOWN"};
-            const bool about_channel =
-                std::any_of(about_the_channel.begin(), about_the_channel.end(),
-                            [&](std::string_view code) { return r.is_error_code(code); });
-            if (state.awaiting.empty() || (!state.answered && !about_channel)) {
-                return false;
-            }
-            state.answered = true;
-            const std::string channel = state.awaiting.front();
-            state.awaiting.erase(state.awaiting.begin());
-            refuse(channel, r.is_error_code("NOPERM") ? refused_pause : retry_pause, r.text());
-            return true;
-        }
-        if (!r.is_array() || r.elements().size() < 3) {
-            return true;
-        }
-        const std::string kind = r.elements()[0].text();
-        const std::string channel = r.elements()[1].text();
-        if (kind == "smessage") {
-            deliver(channel, r.elements()[2].text());
-        } else if (kind == "ssubscribe") {
-            // The oldest one sent: a channel may await two answers (sent again after a drop).
-            if (auto sent = std::find(state.awaiting.begin(), state.awaiting.end(), channel);
-                sent != state.awaiting.end()) {
-                state.awaiting.erase(sent);
-            }
-            state.answered = true;
-            paused_.erase(node);  // needs links_mutex_, held by whoever drains the link
-            std::lock_guard guard{mutex_};
-            if (auto it = channels_.find(channel); it != channels_.end()) {
-                it->second.status = link_status::active;
-                it->second.node = node;
-                told_.erase(channel);
-                for (auto& [id, slot] : it->second.waiters) {
-                    slot->set_subscribed(true);
-                }
-            }
-            settled_.notify_all();
-        } else if (kind == "sunsubscribe") {
-            {
-                std::lock_guard guard{mutex_};
-                auto it = channels_.find(channel);
-                if (it == channels_.end()) {
-                    return true;
-                }
-                channel_state& ch = it->second;
-                if (ch.status == link_status::leaving) {
-                    // Someone enrolled while it was leaving: subscribe again (this may run on a
-                    // spinner's thread, so the notifier's thread is told).
-                    ch.status = ch.waiters.empty() ? link_status::idle : link_status::wanted;
-                    if (ch.status == link_status::wanted) {
-                        poke();
-                    }
-                    return true;
-                }
-                // The server dropped it (its slot moved to another node): waiters may have
-                // missed a message; they try again and subscribe where the slot is now. One
-                // still waiting in enroll() for its confirmation is let go too.
-                fail_locked(ch, steady::now());
-            }
-            settled_.notify_all();
-        }
-        return true;
-    }
-
-    // A release's message: waiter ids that may go, and '?'-prefixed standbys.
-    void deliver(const std::string& channel, std::string_view message) {
-        std::vector<std::pair<std::shared_ptr<wake_slot>, bool>> woken;
-        {
-            std::lock_guard guard{mutex_};
-            auto it = channels_.find(channel);
-            if (it == channels_.end()) {
-                return;
-            }
-            while (!message.empty()) {
-                const auto space = message.find(' ');
-                std::string_view word = message.substr(0, space);
-                message = space == std::string_view::npos ? std::string_view{}
-                                                          : message.substr(space + 1);
-                const bool standby = !word.empty() && word.front() == '?';
-                if (standby) {
-                    word.remove_prefix(1);
-                }
-                if (auto w = it->second.waiters.find(word); w != it->second.waiters.end()) {
-                    woken.emplace_back(w->second, standby);
-                }
-            }
-        }
-        for (auto& [slot, standby] : woken) {
-            if (standby) {
-                slot->standby();
-            } else {
-                slot->wake();
-            }
-        }
-    }
-
-    // The server refused to subscribe `channel` (`why`): its waiters poll until `pause` has
-    // passed.
-    void refuse(const std::string& channel, steady::duration pause, std::string_view why) {
-        {
-            std::lock_guard guard{mutex_};
-            auto it = channels_.find(channel);
-            if (it == channels_.end()) {
-                return;
-            }
-            if (!it->second.waiters.empty()) {
-                note_refusal_locked(channel, it->second, why);
-            }
-            refuse_locked(it->second, pause);
-        }
-        settled_.notify_all();
-    }
-
-    // A link is gone: its channels are no longer subscribed and their waiters, who may have
-    // missed a message, try again.
-    void lose(const std::string& node) noexcept { fail_channels_of(node); }
-
-    void fail_channels_of(const std::string& node) noexcept {
-        {
-            std::lock_guard guard{mutex_};
-            const auto now = steady::now();
-            for (auto& [name, ch] : channels_) {
-                if (ch.node != node) {
-                    continue;
-                }
-                fail_locked(ch, now);
-            }
-        }
-        settled_.notify_all();
-    }
+    // The subscriber links, opened, written, read and dropped by this notifier's thread (read by
+    // a spinning waiter too), and what each reply does to the channels: notifier_links.hpp.
+    void read_links_locked(bool spinner);
+    bool open_link(const std::string& channel, steady::time_point retry_at);
+    auto drop_link_locked(std::map<std::string, link_state>::iterator it) noexcept
+        -> std::map<std::string, link_state>::iterator;
+    void fail_node_locked(const std::string& node, std::string_view why,
+                          steady::duration took) noexcept;
+    void send(const std::string& channel, const std::string& verb);
+    bool drain(const std::string& node, link_state& state) noexcept;
+    bool handle(const std::string& node, link_state& state, const reply& r);
+    void deliver(const std::string& channel, std::string_view message);
+    void refuse(const std::string& channel, steady::duration pause, std::string_view why);
+    void lose(const std::string& node) noexcept;
+    void fail_channels_of(const std::string& node) noexcept;
 
     static constexpr std::chrono::milliseconds tick{200};
     static constexpr std::chrono::milliseconds retry_pause{200};
     static constexpr std::chrono::seconds refused_pause{10};
-    static constexpr std::chrono::minutes retell_after{1};
     static constexpr std::chrono::seconds max_pause{10};  // see fail_node_locked
 
     // 64 random bits: two clients that drew the same would only hear each other's messages.
@@ -853,8 +490,7 @@ private:
     node_namer node_of_;
     refusal_reporter report_;
     steady::duration spin_;
-    std::atomic<int> spinners_{0};    // waiters in wait()'s spin
-    std::atomic<bool> poked_{false};  // the pipe may hold a byte (see wait_while_spinning)
+    std::atomic<int> spinners_{0};  // waiters in wait()'s spin
     // The nodes whose links failed lately (see fail_node_locked). Needs links_mutex_.
     std::map<std::string, node_pause> paused_;
     // The links, read by this notifier's thread or by a spinning waiter. Taken before mutex_.
@@ -863,17 +499,14 @@ private:
     std::mutex mutex_;
     std::condition_variable_any settled_;
     std::map<std::string, channel_state> channels_;
-    std::vector<std::pair<std::string, std::string>> refusals_;  // lock name, why; not yet told
-    struct told_refusal {
-        std::string why;
-        steady::time_point at;
-    };
-    std::map<std::string, told_refusal> told_;  // per channel: the last refusal told
-    steady::time_point last_pruned_{};          // of told_ and paused_, by plan_locked()
+    notifier_refusals refusals_;        // not yet told, and the last told of each channel
+    steady::time_point last_pruned_{};  // of refusals_ and paused_, by plan_locked()
     bool stopping_ = false;
     bool unsupported_ = false;
-    int pipe_[2]{-1, -1};
+    wakeup_pipe pipe_;
     std::thread thread_;
 };
 
 }  // namespace redislock::detail
+
+#include <redislock/detail/engine/notifier_links.hpp>
