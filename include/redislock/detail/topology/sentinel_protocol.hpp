@@ -1,6 +1,7 @@
 // What a Sentinel connection reads from the servers: which commands are safe to repeat, a
-// READONLY reply, a sentinel's view of the master, the failover announcements sentinels publish
-// (sentinel_channels, parse_sentinel_event), and the subscriber link to the master.
+// READONLY reply, a node's ROLE, a sentinel's view of the master, the failover announcements
+// sentinels publish (sentinel_channels, parse_sentinel_event), and the subscriber link to the
+// master.
 #pragma once
 
 #include <poll.h>
@@ -80,6 +81,14 @@ struct master_view {
     /// epoch with the old master's address while the others already name the new master.
     bool failover_in_progress = false;
 };
+
+/// Whether the node `pool` reaches answers ROLE as a master, asked within `bound`.
+inline bool answers_as_master(hiredis_connection& pool, const call_context& bound) {
+    const std::array<std::string_view, 1> role{"ROLE"};
+    const reply r = pool.execute(role, bound);
+    return r.is_array() && !r.elements().empty() && r.elements()[0].is_string() &&
+           r.elements()[0].text() == "master";
+}
 
 /// The sentinels' channels a connection listens to: +switch-master, the steps of a failover
 /// (only the sentinel that leads it announces them), and the ends of one that was aborted.
