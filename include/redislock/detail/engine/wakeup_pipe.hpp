@@ -1,7 +1,7 @@
 // detail::wakeup_pipe: how another thread wakes the notifier's thread while it sleeps in poll()
 // on its subscriber links: a byte written to a non-blocking pipe whose read end it polls with
-// them. Apart from the notifier because it owns two file descriptors and nothing else of it:
-// the notifier's mutexes, channels and links play no part in it.
+// them. Apart from the notifier because it shares none of the notifier's state: its mutexes,
+// channels and links play no part in it.
 //
 // Thread safety: poke(), poked() and read_fd() may be called from any thread once open()
 // succeeded; open() and close() by the owner only, while no other thread uses the pipe.
