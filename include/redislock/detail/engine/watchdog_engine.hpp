@@ -1,5 +1,7 @@
 // detail::watchdog_engine<C>: the watchdog of one process, its thread, the leases it renews and
-// when each is due. See basic_watchdog in watchdog.hpp for what it promises.
+// when each is due. See basic_watchdog in watchdog.hpp for what it promises. What it keeps of
+// each lease is in watchdog_lease.hpp; what a batch sends and what its replies mean, in
+// renewal_batch.hpp.
 #pragma once
 
 #include <algorithm>
@@ -24,6 +26,8 @@
 #include <redislock/detail/engine/event_sink.hpp>
 #include <redislock/detail/engine/owned_thread.hpp>
 #include <redislock/detail/engine/per_process.hpp>
+#include <redislock/detail/engine/renewal_batch.hpp>
+#include <redislock/detail/engine/watchdog_lease.hpp>
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/error.hpp>
@@ -163,36 +167,11 @@ public:
     }
 
 private:
-    struct entry {
-        lease_renewal renewal;
-        detail::steady::time_point registered{};
-        detail::steady::duration interval{};
-        detail::steady::time_point due{};
-        detail::steady::time_point confirmed_at{};  // reply to the last successful grant
-        bool expiring = false;                      // max_hold reached: no more renewals
-        bool removed = false;                       // remove() waits for it: settle nothing
-        bool cancelled = false;                     // cancel()ed in flight: drop when settled
-    };
-
-    // A renewal taken out of the queue for one batch.
-    struct job {
-        lease_id id;
-        const script* renew_script;
-        std::vector<std::string_view> argv;      // EVALSHA sha nkeys keys... args...; empty: expiry
-        call_context how;                        // the first key, and when the lease surely ends
-        int min_replicas = 0;                    // > 0: a WAIT follows the renewal
-        std::array<std::string, 2> wait_text{};  // WAIT's arguments
-    };
-
-    enum class outcome { renewed, not_ours, server_lost, failed };
-
-    // What one renewal came to, and for a failure what it got (empty: no reply).
-    struct result {
-        outcome what = outcome::failed;
-        std::string why{};
-
-        std::string_view told() const { return why.empty() ? "no reply" : std::string_view{why}; }
-    };
+    // Each lease's record and one batch's types, by short names.
+    using entry = watchdog_lease;
+    using job = renewal_job;
+    using outcome = renewal_outcome;
+    using result = renewal_result;
 
     void run() {
         std::unique_lock lock{mutex_};
@@ -249,38 +228,10 @@ private:
             it = queue_.erase(it);
             e.due = detail::steady::time_point::max();
             in_flight_.insert(id);
-            batch.push_back(make_job(id, e));
+            batch.push_back(make_renewal_job(id, e));
             batch.back().how.deadline = surely_gone(e);
         }
         return batch;
-    }
-
-    static job make_job(lease_id id, const entry& e) {
-        static constexpr std::array<std::string_view, 10> digits{"0", "1", "2", "3", "4",
-                                                                 "5", "6", "7", "8", "9"};
-        job j{id, e.renewal.renew_script, {}, {}, e.renewal.min_replicas, {}};
-        if (j.min_replicas > 0) {
-            j.wait_text = {std::to_string(j.min_replicas),
-                           std::to_string(e.renewal.replica_timeout.count())};
-        }
-        const auto& r = e.renewal;
-        if (e.expiring) {
-            return j;  // no command: only the expiry check
-        }
-        if (!r.keys.empty()) {
-            j.how.key = r.keys.front();
-        }
-        j.argv.reserve(3 + r.keys.size() + r.args.size());
-        j.argv.push_back("EVALSHA");
-        j.argv.push_back(r.renew_script->sha1);
-        j.argv.push_back(digits[r.keys.size()]);
-        for (const std::string& key : r.keys) {
-            j.argv.push_back(key);
-        }
-        for (const std::string& arg : r.args) {
-            j.argv.push_back(arg);
-        }
-        return j;
     }
 
     std::vector<result> send(const std::vector<job>& batch) {
@@ -297,30 +248,17 @@ private:
             if (replies.size() == pending.size() && replies[k].is_error_code("NOSCRIPT")) {
                 unloaded.push_back(pending[k]);
             } else if (replies.size() == pending.size()) {
-                results[pending[k]] = classify(replies[k]);
+                results[pending[k]] = classify_renewal(replies[k]);
             }
         }
         if (!unloaded.empty()) {
             load_scripts(batch, unloaded);
             replies = execute_all(batch, unloaded);
             for (std::size_t k = 0; k < unloaded.size() && replies.size() == unloaded.size(); ++k) {
-                results[unloaded[k]] = classify(replies[k]);
+                results[unloaded[k]] = classify_renewal(replies[k]);
             }
         }
         return results;
-    }
-
-    static result classify(const reply& r) {
-        if (r.is_integer()) {
-            return r.as_integer() == 1 ? result{outcome::renewed}
-                                       : result{outcome::not_ours, "the lock is not ours"};
-        }
-        // WRONGTYPE: the name now holds something else, so ours is gone. READONLY: the node was
-        // demoted to a replica, which cannot keep a lock for anyone. Other errors: retry.
-        if (r.is_error_code("WRONGTYPE") || r.is_error_code("READONLY")) {
-            return {outcome::server_lost, r.text()};
-        }
-        return {outcome::failed, r.is_error() ? r.text() : "an unexpected reply"};
     }
 
     // Empty result when the connection failed.
@@ -364,23 +302,7 @@ private:
         if (replies.size() != commands.size()) {
             return {};
         }
-        // One reply per renewal; a renewal too few replicas acknowledged counts as failed.
-        std::vector<reply> results;
-        results.reserve(which.size());
-        std::size_t k = 0;
-        for (std::size_t i : which) {
-            reply r = std::move(replies[k++]);
-            if (batch[i].min_replicas > 0) {
-                const reply& acknowledged = replies[k++];
-                if (r.is_integer() && r.as_integer() == 1 &&
-                    (!acknowledged.is_integer() ||
-                     acknowledged.as_integer() < batch[i].min_replicas)) {
-                    r = reply::error("NOREPLICAS too few replicas acknowledged the renewal");
-                }
-            }
-            results.push_back(std::move(r));
-        }
-        return results;
+        return one_reply_per_renewal(batch, which, std::move(replies));
     }
 
     void load_scripts(const std::vector<job>& batch, const std::vector<std::size_t>& which) {
@@ -448,7 +370,7 @@ private:
                 if (e.renewal.lost_because) {
                     calls.emplace_back(
                         batch[i].id,
-                        [told = std::move(e.renewal.lost_because), reason = reason_of(what),
+                        [told = std::move(e.renewal.lost_because), reason = loss_reason_of(what),
                          why = why_lost(e, results[i])] { told(reason, why); });
                 } else if (e.renewal.lost) {
                     calls.emplace_back(batch[i].id, std::move(e.renewal.lost));
@@ -494,34 +416,6 @@ private:
             reschedule(batch[i].id, e, next);
         }
         return calls;
-    }
-
-    static loss_reason reason_of(outcome what) {
-        switch (what) {
-            case outcome::not_ours:
-                return loss_reason::taken;
-            case outcome::server_lost:
-                return loss_reason::server_lost;
-            default:
-                return loss_reason::expired;  // max_hold, or no renewal confirmed in time
-        }
-    }
-
-    static std::string why_lost(const entry& e, const result& r) {
-        if (e.expiring) {
-            return "max_hold reached";
-        }
-        if (r.what == outcome::failed) {
-            return "no renewal was confirmed before the lease ran out (" + std::string{r.told()} +
-                   ")";
-        }
-        return std::string{r.told()};
-    }
-
-    // The lease surely ran out this long after the reply that last granted it.
-    static detail::steady::time_point surely_gone(const entry& e) {
-        const auto lease = e.renewal.lease;
-        return e.confirmed_at + lease + lease / 100 + std::chrono::milliseconds{2};
     }
 
     void reschedule(lease_id id, entry& e, detail::steady::time_point due) {

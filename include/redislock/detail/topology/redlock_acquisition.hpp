@@ -1,22 +1,18 @@
 // What one Redlock acquisition attempt is on each master (redlock_acquisition, node_hold), and
-// the masters seen as one connection by the watchdog (quorum_connection).
+// what a round asks of them (node_op). The masters seen as one connection by the watchdog are in
+// quorum_connection.hpp.
 #pragma once
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
-#include <span>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
-#include <redislock/connection.hpp>
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/detail/wire/lock_keys.hpp>
-#include <redislock/reply.hpp>
 
 namespace redislock::detail {
 
@@ -60,41 +56,5 @@ struct redlock_acquisition {
 };
 
 enum class node_op { acquire, release, extend, verify };
-
-template <connection C>
-class redlock_core;
-
-/// The masters seen as one connection by the watchdog: each command goes to every master at
-/// once, and its reply is the quorum's: 1 when a quorum answered 1, 0 when more than N - quorum
-/// answered 0 (or hold another type at the key), else an error reply (the watchdog retries).
-/// Only for the compare-and-PEXPIRE renewals the watchdog sends.
-template <connection C>
-class quorum_connection {
-public:
-    explicit quorum_connection(redlock_core<C>& core) : core_{&core} {}
-
-    reply execute(command argv) { return execute(argv, call_context{}); }
-
-    reply execute(command argv, const call_context& how) {
-        return std::move(
-            core_->quorum_replies(std::span<const command>{&argv, 1}, how.deadline).front());
-    }
-
-    std::vector<reply> execute_pipeline(std::span<const command> commands) {
-        return core_->quorum_replies(commands, std::chrono::steady_clock::time_point::max());
-    }
-
-    std::vector<reply> execute_pipeline(std::span<const command> commands,
-                                        std::span<const call_context> hows) {
-        auto deadline = std::chrono::steady_clock::time_point::max();
-        for (const call_context& how : hows) {
-            deadline = std::min(deadline, how.deadline);
-        }
-        return core_->quorum_replies(commands, deadline);
-    }
-
-private:
-    redlock_core<C>* core_;
-};
 
 }  // namespace redislock::detail

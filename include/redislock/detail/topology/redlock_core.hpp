@@ -40,8 +40,10 @@
 #include <redislock/detail/engine/reaper.hpp>
 #include <redislock/detail/engine/reconnect_relay.hpp>
 #include <redislock/detail/topology/node_connector.hpp>
+#include <redislock/detail/topology/quorum_connection.hpp>
 #include <redislock/detail/topology/quorum_round.hpp>
 #include <redislock/detail/topology/redlock_acquisition.hpp>
+#include <redislock/detail/topology/redlock_replies.hpp>
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/waiting/backoff.hpp>
 #include <redislock/detail/wire/lock_keys.hpp>
@@ -141,10 +143,11 @@ public:
                 acq.set_hold(i, node_hold::unconfirmed);
             }
             if (!r.answered) {
-                outcomes[i] = {node_answer::failed, failure(r), false, r.first_connect};
+                outcomes[i] = {node_answer::failed, why_unanswered(r, options_.node_timeout), false,
+                               r.first_connect};
                 continue;
             }
-            outcomes[i] = interpret(op, acq, r.replies.front());
+            outcomes[i] = node_outcome_of(op, acq, r.replies.front());
             if (op == node_op::acquire) {
                 acq.set_hold(i, outcomes[i].answer == node_answer::yes ? node_hold::set
                                                                        : node_hold::not_set);
@@ -202,74 +205,19 @@ public:
     /// The replies of a quorum_connection batch: see there.
     std::vector<reply> quorum_replies(std::span<const command> commands,
                                       clock::time_point deadline) {
-        std::vector<fanout_command> batch;
-        batch.reserve(commands.size());
-        for (command argv : commands) {
-            const script* s = nullptr;
-            if (argv.size() > 1 && argv[0] == "EVALSHA") {
-                for (const script* known : {&scripts::mutex_extend, &scripts::compare_and_delete}) {
-                    if (argv[1] == known->sha1) {
-                        s = known;
-                    }
-                }
-            }
-            batch.push_back({argv, s});
-        }
+        const std::vector<fanout_command> batch = quorum_batch(commands);
         const std::string_view key = commands.front().size() > 3 ? commands.front()[3] : "";
         const std::vector<bool> all(size(), true);
         const auto replies =
             run(all, batch, key, std::min(deadline, clock::now() + options_.node_timeout), {});
-        std::vector<reply> out;
-        out.reserve(commands.size());
-        for (std::size_t k = 0; k < commands.size(); ++k) {
-            std::size_t yes = 0;
-            std::size_t no = 0;
-            for (const node_replies& r : replies) {
-                if (!r.answered) {
-                    continue;
-                }
-                const reply& one = r.replies[k];
-                if (one.is_integer()) {
-                    ++(one.as_integer() == 1 ? yes : no);
-                } else if (one.is_error_code("WRONGTYPE")) {
-                    ++no;
-                }
-            }
-            if (yes >= quorum()) {
-                out.push_back(reply::integer(1));
-            } else if (no > size() - quorum()) {
-                out.push_back(reply::integer(0));
-            } else {
-                out.push_back(reply::error("NOQUORUM too few masters answered"));
-            }
-        }
-        return out;
+        return quorum_replies_of(replies, commands.size(), size(), quorum());
     }
 
     /// The error for a round that reached too few masters, naming each and its answer.
     quorum_error no_quorum(std::string_view what, std::string_view name,
                            const std::vector<node_outcome>& outcomes) const {
-        std::string message = "redislock: cannot " + std::string{what} + " '" + std::string{name} +
-                              "': a quorum of " + std::to_string(quorum()) + " of " +
-                              std::to_string(size()) + " masters is out of reach:";
-        std::vector<quorum_error::node_failure> failures;
-        for (std::size_t i = 0; i < outcomes.size(); ++i) {
-            message += "\n  " + describe(i) + ": ";
-            switch (outcomes[i].answer) {
-                case node_answer::yes:
-                    message += "ok";
-                    break;
-                case node_answer::no:
-                    message += "not ours";
-                    break;
-                case node_answer::pending:
-                case node_answer::failed:
-                    message += outcomes[i].error;
-                    failures.push_back({describe(i), outcomes[i].error});
-                    break;
-            }
-        }
-        return quorum_error{std::move(message), std::move(failures)};
+        return no_quorum_error(what, name, outcomes, quorum(), size(),
+                               [this](std::size_t i) -> const std::string& { return describe(i); });
     }
 
 private:
@@ -422,47 +370,6 @@ private:
         return replies;
     }
 
-    std::string failure(const node_replies& r) const {
-        if (r.late) {
-            return "no answer within " + std::to_string(options_.node_timeout.count()) + " ms";
-        }
-        return r.error.empty() ? std::string{"no answer"} : r.error;
-    }
-
-    static node_outcome interpret(node_op op, const redlock_acquisition& acq, const reply& r) {
-        switch (op) {
-            case node_op::acquire:
-                if (r.is_status()) {
-                    return {node_answer::yes, {}, false, false};
-                }
-                if (r.is_nil()) {
-                    return {node_answer::no, {}, false, false};
-                }
-                break;
-            case node_op::release:
-            case node_op::extend:
-                // compare_and_delete and mutex_extend: 1 done, 0 not ours.
-                if (r.is_integer()) {
-                    return {r.as_integer() == 1 ? node_answer::yes : node_answer::no, {}, false};
-                }
-                if (r.is_error_code("WRONGTYPE")) {
-                    return {
-                        node_answer::no, {}, false, false};  // another type: surely not our lock
-                }
-                break;
-            case node_op::verify:
-                if (r.is_string()) {
-                    return {
-                        r.text() == acq.tok.view() ? node_answer::yes : node_answer::no, {}, false};
-                }
-                if (r.is_nil() || r.is_error_code("WRONGTYPE")) {
-                    return {node_answer::no, {}, false, false};
-                }
-                break;
-        }
-        return {node_answer::failed, r.is_error() ? r.text() : "unexpected reply", true, false};
-    }
-
     // Hands the release of `acq` on `nodes` to the reaper, one cleanup per master in that
     // master's lane (a hung master never delays another's): sent again with backoff, at most
     // release_retries times, while the lease granted at `granted` may still run. A master's
@@ -521,7 +428,8 @@ private:
         if (!replies[node].answered) {
             return false;
         }
-        const node_outcome o = interpret(node_op::release, acq, replies[node].replies.front());
+        const node_outcome o =
+            node_outcome_of(node_op::release, acq, replies[node].replies.front());
         const bool done = o.answer == node_answer::yes || o.server_error || heard;
         heard = true;
         return done;
