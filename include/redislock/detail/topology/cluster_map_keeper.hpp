@@ -1,9 +1,10 @@
 // detail::cluster_map_keeper: what a hiredis_cluster_connection knows of the cluster in this
 // process (the nodes, the slot map and the scripts loaded, held in cluster_process_state) and how
-// the slot map is read again: one thread reading for all, at most once per refresh interval after
-// trouble, each node asked within the caller's deadline. Apart from the router
-// (cluster_router.hpp), which only reads the map and asks for a new one: the map's locking and its
-// one-read-at-a-time rule live here alone.
+// that changes: a slot repointed by a MOVED reply, the whole map read (one thread reading for
+// all, after trouble at most once per refresh interval, each node asked within the caller's
+// deadline), a script's source remembered as it is loaded. Apart from the router
+// (cluster_router.hpp): once made, the map changes only here; the router and the public class
+// only look slots up, under the map's shared lock.
 //
 // A base of hiredis_cluster_connection, never used alone. Thread-safe as that connection is: the
 // state of each process is guarded by its own mutexes (see cluster_process_state.hpp), none held

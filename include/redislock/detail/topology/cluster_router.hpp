@@ -3,7 +3,7 @@
 // and MOVED, ASK, TRYAGAIN, NOSCRIPT and the transient errors are followed or waited out, all
 // within the call's deadline, until every command has its final reply or the call gives up.
 // Apart from the public class (cluster.hpp), which states the contract, and from the slot map
-// it routes by (cluster_map_keeper.hpp), which it only reads and asks to read again.
+// it routes by (cluster_map_keeper.hpp), which changes only through the keeper.
 //
 // A base of hiredis_cluster_connection, never used alone. Each call keeps its progress on its
 // own stack; what calls share is the keeper's, so any number of threads may call at once.
