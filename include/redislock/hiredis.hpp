@@ -85,6 +85,7 @@
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/wire/hiredis_io.hpp>
 #include <redislock/detail/wire/hiredis_pool.hpp>
+#include <redislock/detail/wire/hiredis_round_trips.hpp>
 #include <redislock/detail/wire/hiredis_subscriber.hpp>
 #include <redislock/detail/wire/resp_command.hpp>
 #include <redislock/detail/wire/socket_io.hpp>
@@ -105,7 +106,7 @@ inline constexpr defer_connect_t defer_connect{};
 
 /// A thread-safe pool of hiredis connections to one Redis server: what redislock::client talks
 /// through. Reconnects after a broken connection; AUTH, SELECT, unix sockets and TLS.
-class hiredis_connection {
+class hiredis_connection : private detail::hiredis_round_trips {
     using pool = detail::hiredis_pool;
 
 public:
@@ -127,7 +128,7 @@ public:
     /// master).
     /// @throws redislock::invalid_argument as the other constructor.
     hiredis_connection(endpoint ep, defer_connect_t)
-        : pool_{std::make_unique<detail::per_process<pool>>(
+        : detail::hiredis_round_trips{std::make_unique<detail::per_process<pool>>(
               [config = checked(std::move(ep))] { return std::make_unique<pool>(config); })} {
         ignore_default_sigpipe();
     }
@@ -372,196 +373,6 @@ public:
         on_reconnect_ = std::move(handler);
     }
 
-private:
-    // Tells the reconnect handler, when the call's context replaced a broken one, as the call
-    // ends: declared before the context, it reports after the context went back to the pool (or
-    // was closed), so a handler that calls into this connection finds a free slot even with
-    // pool_size 1.
-    class reconnect_notice {
-    public:
-        explicit reconnect_notice(const hiredis_connection& owner) noexcept : owner_{owner} {}
-        reconnect_notice(const reconnect_notice&) = delete;
-        reconnect_notice& operator=(const reconnect_notice&) = delete;
-        ~reconnect_notice() {
-            if (!reopened || !owner_.on_reconnect_) {
-                return;
-            }
-            try {
-                owner_.on_reconnect_(owner_.this_pool().config.describe());
-            } catch (...) {
-            }
-        }
-
-        bool reopened = false;
-
-    private:
-        const hiredis_connection& owner_;
-    };
-
-    // A context from the pool; `notice` learns whether it replaces a broken one.
-    detail::context_ptr take(reconnect_notice& notice,
-                             std::chrono::steady_clock::time_point deadline =
-                                 std::chrono::steady_clock::time_point::max(),
-                             const std::stop_token* stop = nullptr) {
-        return this_pool().acquire(deadline, stop, &notice.reopened);
-    }
-
-    static bool bounded(const call_context& how) noexcept {
-        return how.deadline != std::chrono::steady_clock::time_point::max() ||
-               (how.stop != nullptr && how.stop->stop_possible());
-    }
-
-    // The one reply loop: append, write, then read until every reply is in. The replies are
-    // bounded by how.deadline and the command timeout, and end early when *how.stop is
-    // requested. A context given up mid-reply is closed, never reused (its late reply would be
-    // read as the next command's).
-    std::vector<reply> exchange_all(std::span<const command> commands, const call_context& how) {
-        std::vector<reply> results;
-        if (commands.empty()) {
-            return results;
-        }
-        results.reserve(commands.size());
-        round_trip(commands, how, [&](reply r) { results.push_back(std::move(r)); });
-        return results;
-    }
-
-    // Hands each reply, in order, to on_reply. A call given a deadline or a stop token ends,
-    // from waiting for a free context to its last reply, by how.deadline and the command
-    // timeout; an untimed call waits for a context as the pool allows (connect plus command
-    // timeout) and then has the command timeout for its replies.
-    template <class OnReply>
-    void round_trip(std::span<const command> commands, const call_context& how, OnReply on_reply) {
-        using clock = std::chrono::steady_clock;
-        const bool timed = bounded(how);
-        // An untimed call reads the clock only once its command is sent.
-        const auto limit =
-            timed ? std::min(how.deadline, clock::now() + this_pool().config.command_timeout)
-                  : how.deadline;
-        check_stop(how);
-        reconnect_notice notice{*this};
-        auto ctx = take(notice, limit, how.stop);
-        // An untimed call is bounded by the command timeout from the moment its context is in
-        // hand: sending, then the replies.
-        const auto deadline = timed ? limit : clock::now() + this_pool().config.command_timeout;
-        send(ctx, commands, deadline, how);
-        for (std::size_t read = 0; read < commands.size();) {
-            void* raw_reply = nullptr;
-            if (redisGetReplyFromReader(ctx.get(), &raw_reply) != REDIS_OK) {
-                fail(std::move(ctx));
-            }
-            if (raw_reply != nullptr) {
-                detail::hiredis_reply_ptr raw{raw_reply};
-                try {
-                    on_reply(detail::convert_reply(*static_cast<redisReply*>(raw.get())));
-                } catch (...) {
-                    drop(std::move(ctx), false);  // out of memory: replies may be left unread
-                    throw;
-                }
-                ++read;
-                continue;
-            }
-            receive(ctx, deadline, how);
-        }
-        this_pool().release(std::move(ctx));
-        this_pool().round_trips.fetch_add(1, std::memory_order_relaxed);
-    }
-
-    // Reads the socket's next bytes into the context's reader. A plain socket that nothing can
-    // stop, with the whole command timeout left, is read blocking: one system call, ended by the
-    // socket's receive timeout, which even when it fires late comes before the deadline (see
-    // detail::socket_timeout). Otherwise, and once that read timed out, poll(2) keeps the
-    // deadline and stop requests to the millisecond.
-    void receive(detail::context_ptr& ctx, std::chrono::steady_clock::time_point deadline,
-                 const call_context& how) {
-        const bool stoppable = how.stop != nullptr && how.stop->stop_possible();
-        if (!stoppable && !detail::hiredis_is_tls(*ctx) &&
-            deadline - std::chrono::steady_clock::now() >= this_pool().blocking_read_floor) {
-            char buffer[16 * 1024];
-            const ssize_t got = ::recv(ctx->fd, buffer, sizeof buffer, 0);
-            if (got > 0) {
-                if (redisReaderFeed(ctx->reader, buffer, static_cast<std::size_t>(got)) !=
-                    REDIS_OK) {
-                    detail::set_context_error(*ctx, REDIS_ERR_OOM, "out of memory");
-                    fail(std::move(ctx));
-                }
-                return;
-            }
-            if (got == 0) {
-                detail::set_context_error(*ctx, REDIS_ERR_EOF, "Server closed the connection");
-                fail(std::move(ctx));
-            }
-            if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-                detail::set_context_error(*ctx, REDIS_ERR_IO, std::strerror(errno));
-                fail(std::move(ctx));
-            }
-            // Timed out (or interrupted) with time left: wait the rest precisely.
-        }
-        wait_readable(ctx, deadline, how);
-        if (redisBufferRead(ctx.get()) != REDIS_OK) {
-            fail(std::move(ctx));
-        }
-    }
-
-    void check_stop(const call_context& how) const {
-        if (how.stop != nullptr && how.stop->stop_requested()) {
-            throw_stopped();
-        }
-    }
-
-    [[noreturn]] void throw_stopped() const {
-        throw cancelled_error{"redislock: a stop was requested during a call to " +
-                              this_pool().config.describe()};
-    }
-
-    // Waits until the context's socket has bytes to read; closes the context and throws when
-    // the deadline passes or a stop is requested first.
-    void wait_readable(detail::context_ptr& ctx, std::chrono::steady_clock::time_point deadline,
-                       const call_context& how) {
-        if (tls_pending(*ctx)) {
-            return;  // already decrypted inside OpenSSL: the socket may stay silent
-        }
-        switch (detail::wait_socket(ctx->fd, POLLIN, deadline, how.stop)) {
-            case detail::socket_wait::ready:
-                return;
-            case detail::socket_wait::timed_out:
-                drop(std::move(ctx), true);
-                throw timeout_error{"redislock: " + this_pool().config.describe() +
-                                    " did not answer in time"};
-            case detail::socket_wait::stopped:
-                drop(std::move(ctx), false);
-                throw_stopped();
-            case detail::socket_wait::failed:
-                detail::set_context_error(*ctx, REDIS_ERR_IO, std::strerror(errno));
-                fail(std::move(ctx));
-        }
-    }
-
-    // Sends `commands` on `ctx` by `deadline`; closes the context and throws when the deadline
-    // passes, a stop is requested or the connection fails first.
-    void send(detail::context_ptr& ctx, std::span<const command> commands,
-              std::chrono::steady_clock::time_point deadline, const call_context& how) {
-        switch (detail::send_commands(*ctx, commands, deadline, how.stop)) {
-            case detail::send_outcome::sent:
-                return;
-            case detail::send_outcome::timed_out:
-                drop(std::move(ctx), true);
-                throw timeout_error{"redislock: " + this_pool().config.describe() +
-                                    " took no command in time (it reads nothing)"};
-            case detail::send_outcome::stopped:
-                drop(std::move(ctx), false);
-                throw_stopped();
-            case detail::send_outcome::failed:
-                fail(std::move(ctx));
-        }
-    }
-
-    // Closes a context given up mid-reply: `broken` when the server failed to answer in time.
-    void drop(detail::context_ptr ctx, bool broken) noexcept {
-        ctx.reset();
-        this_pool().discard(broken);
-    }
-
-public:
     /// Connections opened so far, the first one included (a reconnect adds one).
     std::uint64_t connections_opened() const {
         return this_pool().opened.load(std::memory_order_relaxed);
@@ -573,34 +384,6 @@ public:
     }
 
 private:
-    static bool tls_pending(const redisContext& ctx) noexcept {
-        return detail::hiredis_tls_pending(ctx);
-    }
-
-    static bool is_timeout(const redisContext& ctx) noexcept {
-#ifdef REDIS_ERR_TIMEOUT
-        if (ctx.err == REDIS_ERR_TIMEOUT) {
-            return true;
-        }
-#endif
-        return ctx.err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK ||
-                                           errno == ETIMEDOUT || errno == EINPROGRESS);
-    }
-
-    [[noreturn]] void fail(detail::context_ptr ctx) {
-        const bool timed_out = is_timeout(*ctx);
-        std::string why = ctx->errstr;
-        ctx.reset();
-        this_pool().discard(true);
-        if (timed_out) {
-            throw timeout_error{"redislock: " + this_pool().config.describe() +
-                                " did not answer within " +
-                                std::to_string(this_pool().config.command_timeout.count()) + " ms"};
-        }
-        throw connection_error{"redislock: connection to " + this_pool().config.describe() +
-                               " failed: " + (why.empty() ? "connection closed" : why)};
-    }
-
     // `ep`, once its settings were found sound: before any arithmetic is done with them.
     static endpoint checked(endpoint ep) {
         detail::check_connection_settings(ep);
@@ -614,16 +397,6 @@ private:
             ::signal(SIGPIPE, SIG_IGN);
         }
     }
-
-    // One pool per process: a forked child builds its own (fresh mutex, condition variable and
-    // sockets) and never touches its parent's, whose mutex a parent thread may have held at the
-    // fork, and whose sockets (and TLS sessions) belong to the parent.
-    pool& this_pool() const {
-        return pool_->get();
-    }
-
-    std::unique_ptr<detail::per_process<pool>> pool_;
-    std::function<void(std::string_view)> on_reconnect_;
 };
 
 static_assert(pipelining_connection<hiredis_connection>);
