@@ -82,9 +82,11 @@ struct hiredis_pool {
     }
 
     // Waits for a free slot no longer than the connect plus command timeouts, `deadline`, or
-    // until *stop is requested. Sets *reopened when the context replaces a broken one.
+    // until *stop is requested. Sets *reopened when the context replaces a broken one. A context
+    // opened here connects within the connect timeout counted from `connect_from` (default: now).
     detail::context_ptr acquire(std::chrono::steady_clock::time_point deadline,
-                                const std::stop_token* stop, bool* reopened = nullptr) {
+                                const std::stop_token* stop, bool* reopened = nullptr,
+                                std::chrono::steady_clock::time_point connect_from = {}) {
         std::unique_lock lock{mutex};
         for (;;) {
             while (!idle.empty()) {
@@ -105,7 +107,7 @@ struct hiredis_pool {
                 }
                 lock.unlock();
                 try {
-                    auto ctx = open(deadline, stop);
+                    auto ctx = open(deadline, stop, connect_from);
                     if (reopened != nullptr) {
                         *reopened = replaces;
                     }
@@ -190,14 +192,17 @@ struct hiredis_pool {
         return ::poll(&pfd, 1, 0) == 0;
     }
 
-    // Opens a context: connects and runs the TLS handshake within the connect timeout, then
-    // AUTH, SELECT and (TLS) PING, each within the command timeout; every step ends by
-    // `deadline` too, and at once when *stop is requested.
+    // Opens a context: connects and runs the TLS handshake within the connect timeout (counted
+    // from `connect_from` when given, else from now), then AUTH, SELECT and (TLS) PING, each
+    // within the command timeout; every step ends by `deadline` too, and at once when *stop is
+    // requested.
     detail::context_ptr open(std::chrono::steady_clock::time_point deadline =
                                  std::chrono::steady_clock::time_point::max(),
-                             const std::stop_token* stop = nullptr) {
+                             const std::stop_token* stop = nullptr,
+                             std::chrono::steady_clock::time_point connect_from = {}) {
         using namespace std::chrono;
-        const auto started = steady_clock::now();
+        const auto started =
+            connect_from == steady_clock::time_point{} ? steady_clock::now() : connect_from;
         const auto connect_by = std::min(deadline, started + config.connect_timeout);
         const detail::connect_attempt attempt{
             config, connect_by,
