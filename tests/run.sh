@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the project and runs the test suite: the layout check (clang-format), the API reference
-# (Doxygen), release (g++), then clang++ with ASan+UBSan, then g++ with TSan, then against hiredis
-# 1.x; ends with a summary of each stage.
+# (Doxygen), release (g++), g++-11, then clang++ with ASan+UBSan against hiredis 1.x, then g++
+# with TSan; ends with a summary of each stage.
 # Usage: tests/run.sh [--quick]    --quick: the layout check, release build and tests, and the API
 #                                  reference, only.
 set -euo pipefail
@@ -185,10 +185,10 @@ run_suite() {
 }
 
 # The later stages: the gcc11 stage builds with GCC 11, the oldest compiler supported; the clang
-# stage builds with Debian's clang (clang 14 on Debian 12) and its
-# default libstdc++; the hiredis 1.x stage builds hiredis_ssl against OpenSSL and fetches
-# hiredis's sources with npm, as the Redlock interop test fetches node-redlock. Debian's npm
-# (with nodejs) is installed only when no npm is on the PATH.
+# stage builds with Debian's clang (clang 14 on Debian 12) and its default libstdc++, against
+# hiredis 1.x built with hiredis_ssl against OpenSSL from sources npm fetches, as the Redlock
+# interop test fetches node-redlock. Debian's npm (with nodejs) is installed only when no npm is
+# on the PATH.
 if ((quick == 0)); then
     packages+=(g++-11 clang libssl-dev)
     if ! command -v npm >/dev/null; then
@@ -219,7 +219,7 @@ run_suite release "$warnings" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS_RELE
 
 
 if ((quick)); then
-    for stage in gcc11 clang-asan tsan hiredis1; do
+    for stage in gcc11 clang-asan tsan; do
         skip_stage "$stage" "--quick"
     done
     exit 0
@@ -255,41 +255,11 @@ summary_notes+=("clang-asan, tsan: only ${threaded_and_fault_tests[*]} run (all 
 only_threaded_and_fault="-DREDISLOCK_TEST_ONLY=$(joined ';' "${threaded_and_fault_tests[@]}")"
 ctest_args=(--label-exclude "package|topology")
 
-# clang++ (Debian's, with libstdc++) with the same warnings as errors builds the library, every
-# test and the examples, with AddressSanitizer and UndefinedBehaviorSanitizer (unoptimised: GCC
-# takes three times as long to build the same with sanitizers).
-asan_flags="-fsanitize=address,undefined"
-ctest_args+=(--label-regex ":($(joined '|' "${threaded_and_fault_tests[@]}"))\$")
-run_suite clang-asan "$warnings $asan_flags -O0 -g1 -fno-omit-frame-pointer -fno-sanitize-recover=all" \
-    -DCMAKE_CXX_COMPILER=clang++ \
-    -DCMAKE_BUILD_TYPE= \
-    -DREDISLOCK_CHECK_HEADERS=OFF \
-    -DREDISLOCK_BUILD_BENCHMARKS=OFF \
-    "-DCMAKE_EXE_LINKER_FLAGS=$asan_flags" \
-    "-DCMAKE_SHARED_LINKER_FLAGS=$asan_flags" \
-    -- \
-    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-ctest_args=(--label-exclude "package|topology")
-
-# ThreadSanitizer with g++, building only the tests it runs. GCC 12 reports false "may be used
-# uninitialized" warnings in libstdc++'s <stop_token> when optimising with sanitizers, so that
-# one warning is off here.
-run_suite tsan "$warnings -Wno-maybe-uninitialized -fsanitize=thread -O1 -g1 -fno-omit-frame-pointer" \
-    -DCMAKE_BUILD_TYPE= \
-    "$only_threaded_and_fault" \
-    -DREDISLOCK_CHECK_HEADERS=OFF \
-    -DREDISLOCK_BUILD_EXAMPLES=OFF \
-    -DREDISLOCK_BUILD_BENCHMARKS=OFF \
-    -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
-    -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
-    -- \
-    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:die_after_fork=0
-
-# hiredis 1.x: Debian 12 ships 0.14 only. The npm registry's redis-fast-driver package carries
-# hiredis 1.2.0's sources (deps/hiredis); build them once into build/hiredis1-dist and run the
-# suite against that install, found through hiredis's own CMake package, so the adapter keeps
-# building and working with 1.x. hiredis_ssl is built too (OpenSSL), so rediss:// is tested.
+# hiredis 1.x: Debian 12 ships 0.14 only (the release and tsan stages build against it). The npm
+# registry's redis-fast-driver package carries hiredis 1.2.0's sources (deps/hiredis); build them
+# once into build/hiredis1-dist, and the clang stage builds against that install, found through
+# hiredis's own CMake package, so the adapter keeps building and working with 1.x. hiredis_ssl is
+# built too (OpenSSL), so rediss:// is tested.
 hiredis1_dist=$PWD/build/hiredis1-dist
 fetch_hiredis1() {
     banner "hiredis 1.x: fetch and build"
@@ -313,19 +283,48 @@ fetch_hiredis1() {
 }
 
 stage_begin "hiredis1 fetch"
+hiredis1_args=()
+asan_tests=("${threaded_and_fault_tests[@]}")
 if fetch_hiredis1; then
     stage_end ok
-    # The threaded and fault tests, and those of the adapter itself: connections, TLS, URIs.
-    hiredis1_tests=("${threaded_and_fault_tests[@]}" connection_test tls_test endpoint_test)
-    summary_notes+=("hiredis1: those and connection_test tls_test endpoint_test")
-    run_suite hiredis1 "$warnings -O0" \
-        -DCMAKE_BUILD_TYPE= \
-        "-DCMAKE_PREFIX_PATH=$hiredis1_dist/prefix" \
-        "-DREDISLOCK_TEST_ONLY=$(joined ';' "${hiredis1_tests[@]}")" \
-        -DREDISLOCK_CHECK_HEADERS=OFF \
-        -DREDISLOCK_BUILD_EXAMPLES=OFF \
-        -DREDISLOCK_BUILD_BENCHMARKS=OFF
+    hiredis1_args=("-DCMAKE_PREFIX_PATH=$hiredis1_dist/prefix")
+    # With hiredis 1.x the adapter's own tests run too: connections, TLS, URIs.
+    asan_tests+=(connection_test tls_test endpoint_test)
+    summary_notes+=("clang-asan: against hiredis 1.2 with TLS; also connection_test tls_test endpoint_test")
 else
     stage_end "not run"
-    skip_stage hiredis1 "hiredis 1.x sources unavailable (see 'not run' above)"
+    summary_notes+=("clang-asan: hiredis 1.x sources unavailable (see 'not run' above): built against Debian's hiredis")
 fi
+
+# clang++ (Debian's, with libstdc++) with the same warnings as errors builds the library, the
+# tests it runs and the examples, with AddressSanitizer and UndefinedBehaviorSanitizer
+# (unoptimised: GCC takes three times as long to build the same with sanitizers).
+asan_flags="-fsanitize=address,undefined"
+ctest_args+=(--label-regex ":($(joined '|' "${asan_tests[@]}"))\$")
+run_suite clang-asan "$warnings $asan_flags -O0 -g1 -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+    -DCMAKE_CXX_COMPILER=clang++ \
+    -DCMAKE_BUILD_TYPE= \
+    "${hiredis1_args[@]}" \
+    "-DREDISLOCK_TEST_ONLY=$(joined ';' "${asan_tests[@]}")" \
+    -DREDISLOCK_CHECK_HEADERS=OFF \
+    -DREDISLOCK_BUILD_BENCHMARKS=OFF \
+    "-DCMAKE_EXE_LINKER_FLAGS=$asan_flags" \
+    "-DCMAKE_SHARED_LINKER_FLAGS=$asan_flags" \
+    -- \
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+ctest_args=(--label-exclude "package|topology")
+
+# ThreadSanitizer with g++, building only the tests it runs. GCC 12 reports false "may be used
+# uninitialized" warnings in libstdc++'s <stop_token> when optimising with sanitizers, so that
+# one warning is off here.
+run_suite tsan "$warnings -Wno-maybe-uninitialized -fsanitize=thread -O1 -g1 -fno-omit-frame-pointer" \
+    -DCMAKE_BUILD_TYPE= \
+    "$only_threaded_and_fault" \
+    -DREDISLOCK_CHECK_HEADERS=OFF \
+    -DREDISLOCK_BUILD_EXAMPLES=OFF \
+    -DREDISLOCK_BUILD_BENCHMARKS=OFF \
+    -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread \
+    -DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread \
+    -- \
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:die_after_fork=0
