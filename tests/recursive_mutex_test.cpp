@@ -2121,4 +2121,92 @@ TEST(LocalGate, ThreadCountsItsOwnHoldsOfBothKinds) {
         EXPECT_TRUE(thread_may_hold_any());
     }}.join();
 }
+
+// A connection that holds one reentrant acquisition back: the caller is answered at once with
+// the timeout a slow reply would end in, and the script runs on the server only when released,
+// as an attempt given up mid-flight lands after the calls that followed it.
+struct held_back_connection {
+    struct held {
+        std::mutex mutex;
+        bool armed = false;
+        std::vector<std::string> argv;
+    };
+    std::shared_ptr<redislock::hiredis_connection> inner;
+    std::shared_ptr<held> back = std::make_shared<held>();
+
+    explicit held_back_connection(const std::string& uri)
+        : inner{std::make_shared<redislock::hiredis_connection>(uri)} {}
+    // Holds back the next acquisition.
+    void arm() {
+        std::lock_guard guard{back->mutex};
+        back->armed = true;
+    }
+    // Runs the acquisition held back, now; false when none was.
+    bool land() {
+        std::vector<std::string> argv;
+        {
+            std::lock_guard guard{back->mutex};
+            argv.swap(back->argv);
+        }
+        if (argv.empty()) {
+            return false;
+        }
+        const std::vector<std::string_view> views(argv.begin(), argv.end());
+        (void)inner->execute(views);
+        return true;
+    }
+    redislock::reply execute(redislock::command argv) {
+        return execute(argv, redislock::call_context{});
+    }
+    redislock::reply execute(redislock::command argv, const redislock::call_context& how) {
+        if (argv.size() > 1 && argv[0] == "EVALSHA" &&
+            argv[1] == redislock::detail::scripts::recursive_acquire.sha1) {
+            std::lock_guard guard{back->mutex};
+            if (back->armed) {
+                back->armed = false;
+                back->argv.assign(argv.begin(), argv.end());
+                throw redislock::timeout_error{"held back: its reply did not come in time"};
+            }
+        }
+        return inner->execute(argv, how);
+    }
+    std::unique_ptr<redislock::subscriber_link> open_subscriber(std::string_view channel) {
+        return inner->open_subscriber(channel);
+    }
+    const redislock::endpoint& config() const { return inner->config(); }
+};
+
+// An acquisition given up mid-flight whose script lands only after the same object's next
+// acquisition must not join that one: the entry it would add is counted by no unlock(), and the
+// lock would stay held, by no one, for the rest of its lease.
+TEST(RecursiveMutex, AnAttemptGivenUpMidFlightThatLandsAfterTheNextAcquisitionAddsNoEntry) {
+    redis_server srv;
+    held_back_connection conn{srv.uri()};
+    redislock::basic_client<held_back_connection> client{conn};
+    auto m = client.recursive_mutex("late-join", {.lease = 30s});
+    m.lock();  // loads the script
+    m.unlock();
+
+    conn.arm();
+    try {
+        m.lock();  // may retry at once, and acquire through its next attempt
+    } catch (const redislock::timeout_error&) {
+    }
+    if (!m.owned()) {
+        m.lock();
+    }
+    ASSERT_TRUE(conn.land());
+    m.unlock();
+    // The reaper drops what the given-up attempt may have left; nothing may remain.
+    EXPECT_TRUE(redislock::test::eventually(
+        [&] {
+            return srv.cli({"EXISTS", "late-join"}) == "0";
+        },
+        3s))
+        << srv.cli({"HGETALL", "late-join"});
+    redislock::client rival{srv.uri()};
+    auto other = rival.recursive_mutex("late-join");
+    EXPECT_TRUE(other.try_lock());
+    other.unlock();
+}
 }  // namespace

@@ -294,6 +294,8 @@ inline void read_recursive(report& out, const std::vector<reply>& fields) {
             ids.emplace_back(field.substr(3), value);
         } else if (field.starts_with("handed:")) {
             // Marks an entry a release handed to a waiting owner (its id:<owner> names it).
+        } else if (field.starts_with("gone:")) {
+            // The acquisitions the owner's client gave up (see lua/recursive_acquire.lua).
         } else if (const auto count = to_integer(value); count && *count > 0) {
             out.holders.push_back({field, "", *count, out.key_ttl_ms, ""});
         } else {

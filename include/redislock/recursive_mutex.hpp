@@ -4,10 +4,11 @@
 // a random id of the acquisition those entries belong to (a release or renewal names it, so one
 // made for an acquisition that was lost never acts on a later one of the same owner); with
 // fencing also field `fence` -> the first entry's token; handed:<owner id> marks an entry a
-// release kept for that owner's waiter (lua/_queue.lua). Each entry, re-entry and renewal sets
-// the key's expiry to the lease, but never shortens it: another object of the same owner may
-// count on a longer one. The waiting queue lives beside it, in {name}:queue and {name}:waiting
-// (the same slot on Redis Cluster). The
+// release kept for that owner's waiter (lua/_queue.lua); gone:<owner id> lists the acquisitions
+// the client gave up, so that one whose script lands late adds no entry
+// (lua/recursive_acquire.lua). Each entry, re-entry and renewal sets the key's expiry to the lease,
+// but never shortens it: another object of the same owner may count on a longer one. The waiting
+// queue lives beside it, in {name}:queue and {name}:waiting (the same slot on Redis Cluster). The
 // owner id is the client's instance id plus the calling thread, or plus lock_options::owner when
 // set, so code that hops threads (coroutines, thread pools) can lock on one thread and unlock on
 // another. The same owner re-entering through another object for the same name is a re-entry.

@@ -1,6 +1,7 @@
 -- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries, and whose
 -- field id:<owner> names the acquisition those entries belong to (handed:<owner> marks one a
--- release handed to a waiter, see _queue.lua).
+-- release handed to a waiter, see _queue.lua; gone:<owner> lists acquisitions the client gave
+-- up, see ARGV[6]).
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
@@ -13,7 +14,10 @@
 -- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
 --          (a retry whose first reply was lost) or in ARGV[6] (an acquisition the client already
 --          gave up, whose release may not have landed) is then taken over, not re-entered
--- ARGV[6]  the ids of the acquisitions of this owner the client gave up, space-separated, or ''
+-- ARGV[6]  the ids of the acquisitions of this owner the client gave up, space-separated, or '';
+--          a first entry through an object (ARGV[5] '1') keeps them in field gone:<owner>, so
+--          that one of them whose script lands only now, late, writes nothing: it would add an
+--          entry no unlock() counts, holding the lock, for no one, to the end of the lease
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
 --          is claimed as it is, with any re-entries other calls of the owner made since,
 --          whatever ARGV[5] says, unless the client gave it up (ARGV[6]); the call then leaves
@@ -67,6 +71,11 @@ local function fresh(taken_over)
         redis.call('HDEL', KEYS[1], 'fence')
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
+    if ARGV[6] ~= '' then
+        redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], ARGV[6])
+    elseif taken_over then
+        redis.call('HDEL', KEYS[1], 'gone:' .. ARGV[1])
+    end
     if taken_over then
         lease_key()
     else
@@ -94,6 +103,21 @@ for gone in string.gmatch(ARGV[6], '%S+') do
 end
 -- The owner's entry was handed to this call's waiter (and not given up since): claimed.
 local claim = id and not given_up and id == string.match(ARGV[7], '^h(%x+)%.')
+-- An acquisition the client gave up, landing after the owner's next first entry named it so:
+-- nothing to do (see ARGV[6]).
+if id and not claim and ARGV[5] == '1' then
+    for gone in string.gmatch(redis.call('HGET', KEYS[1], 'gone:' .. ARGV[1]) or '', '%S+') do
+        if gone == ARGV[4] then
+            return {0, 0, ''}
+        end
+    end
+end
+-- A first entry that joins the owner's entries names what the client gave up, as fresh() does.
+local function note_given_up()
+    if ARGV[5] == '1' and ARGV[6] ~= '' then
+        redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], ARGV[6])
+    end
+end
 local taken_over = id and not claim and ARGV[5] == '1' and (id == ARGV[4] or given_up)
 -- An entry handed to a waiter of the owner is a reservation until that waiter claims it, and
 -- leaves the queue: while it still heads it, the entry is not claimed. (A queue key of another
@@ -109,6 +133,7 @@ if id and not claim and not taken_over and not reserved and ARGV[8] == '0' then
     -- A re-entry with no place in the queue to leave: the common case, before the queue's
     -- helpers are defined.
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    note_given_up()
     lease_key()
     return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
@@ -155,6 +180,7 @@ if reserved then
     return wait(redis.call('PTTL', KEYS[1]), now, time)
 elseif id then
     redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    note_given_up()
     lease_key()
     if ARGV[8] ~= '0' then
         queue_leave(queue, lapses, ARGV[7])
