@@ -47,13 +47,13 @@ using redislock::test::subscriber;
 // ---- Probes that read Redis through redis-cli, never through the code under test ----
 
 // The owner fields of the reentrant lock `key`: every field but the fencing token, the
-// acquisition ids and the marks of handed entries.
+// acquisition ids, the marks of handed entries and the lists of given-up acquisitions.
 std::vector<std::string> owners_of(const redis_server& srv, const std::string& key) {
     std::vector<std::string> owners;
     std::istringstream lines{srv.cli({"HKEYS", key})};
     for (std::string line; std::getline(lines, line);) {
         if (!line.empty() && line != "fence" && !line.starts_with("id:") &&
-            !line.starts_with("handed:")) {
+            !line.starts_with("handed:") && !line.starts_with("gone:")) {
             owners.push_back(line);
         }
     }
@@ -720,6 +720,25 @@ TEST(RecursiveAcquireScript, HandedEntryTheObjectGaveUpIsTakenOverNotClaimed) {
     EXPECT_EQ(acquisition_id(again), "c9");
     EXPECT_EQ(sole_count(srv, "s"), "1");
     EXPECT_EQ(srv.cli({"HEXISTS", "s", "handed:o2"}), "0");
+}
+
+// A call whose attempt "x1" was given up mid-flight claims the entry handed to it, naming "x1":
+// should "x1" land only then, it adds no entry (one no unlock() would count).
+TEST(RecursiveAcquireScript, GivenUpAttemptLandingAfterTheClaimOfAHandedEntryAddsNone) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::string o2 = handed_waiter("00e2", "o2");
+    ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
+
+    const auto claimed =
+        run_acquire(client, "s", "o2", "60000", "0", std::string{"c1"}, "1", "x1", "5000", o2);
+    ASSERT_EQ(integers(claimed).at(0), 1);
+    ASSERT_EQ(acquisition_id(claimed), "00e2");
+
+    const auto late = run_acquire(client, "s", "o2", "60000", "0", std::string{"x1"}, "1");
+    EXPECT_EQ(integers(late), (std::vector<std::int64_t>{0, 0}));
+    EXPECT_EQ(sole_count(srv, "s"), "1");
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o2"}), "00e2");
 }
 
 TEST(RecursiveQueueLeaveScript, HeadLeavingAFreeLockHandsItToAnHWaiterNext) {

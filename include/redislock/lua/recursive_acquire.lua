@@ -10,7 +10,7 @@
 -- ARGV[2]  the lease, ms (set again on every entry, unless the key has more left: another
 --          object of the owner may count on that)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
--- ARGV[4]  the id for a new acquisition; the same on every retry of one lock() call
+-- ARGV[4]  the id for a new acquisition (each attempt of a lock() call draws its own)
 -- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
 --          (a retry whose first reply was lost) or in ARGV[6] (an acquisition the client already
 --          gave up, whose release may not have landed) is then taken over, not re-entered
@@ -112,7 +112,8 @@ if id and not claim and ARGV[5] == '1' then
         end
     end
 end
--- A first entry that joins the owner's entries names what the client gave up, as fresh() does.
+-- A first entry that joins or claims the owner's entries names what the client gave up, as
+-- fresh() does.
 local function note_given_up()
     if ARGV[5] == '1' and ARGV[6] ~= '' then
         redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], ARGV[6])
@@ -168,6 +169,7 @@ if claim then
     -- that acquires never leaves the queue itself, and one whose reply is lost and that gives up
     -- then still takes back its one entry.
     lease_key()
+    note_given_up()
     queue_leave(queue, lapses, ARGV[7])
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
