@@ -117,8 +117,10 @@ public:
     ///         redislock::server_error when AUTH or SELECT is refused;
     ///         redislock::invalid_argument for a pool size of 0, a timeout outside [1 ms, 365 d],
     ///         contradictory or unreadable TLS settings, or rediss:// in a build without TLS.
-    explicit hiredis_connection(endpoint ep)
-        : hiredis_connection{std::chrono::steady_clock::now(), std::move(ep)} {}
+    explicit hiredis_connection(endpoint ep) : hiredis_connection{std::move(ep), defer_connect} {
+        // Through acquire(), so the first connection counts against pool_size like the others.
+        this_pool().release(this_pool().acquire());
+    }
 
     /// Checks the settings and opens nothing: the first call opens the first connection, within
     /// that call's deadline, and a wrong address or password shows there. For connections made
@@ -382,16 +384,6 @@ public:
     }
 
 private:
-    // The connect timeout counts from `began`, when construction started: building the TLS
-    // context (reading certificates and keys, which a busy machine may take long over) is part
-    // of connecting. Through acquire(), so the first connection counts against pool_size like
-    // the others.
-    hiredis_connection(std::chrono::steady_clock::time_point began, endpoint ep)
-        : hiredis_connection{std::move(ep), defer_connect} {
-        this_pool().release(this_pool().acquire(std::chrono::steady_clock::time_point::max(),
-                                                nullptr, nullptr, began));
-    }
-
     // `ep`, once its settings were found sound: before any arithmetic is done with them.
     static endpoint checked(endpoint ep) {
         detail::check_connection_settings(ep);

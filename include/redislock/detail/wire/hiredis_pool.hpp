@@ -82,11 +82,9 @@ struct hiredis_pool {
     }
 
     // Waits for a free slot no longer than the connect plus command timeouts, `deadline`, or
-    // until *stop is requested. Sets *reopened when the context replaces a broken one. A context
-    // opened here connects within the connect timeout counted from `connect_from` (default: now).
+    // until *stop is requested. Sets *reopened when the context replaces a broken one.
     detail::context_ptr acquire(std::chrono::steady_clock::time_point deadline,
-                                const std::stop_token* stop, bool* reopened = nullptr,
-                                std::chrono::steady_clock::time_point connect_from = {}) {
+                                const std::stop_token* stop, bool* reopened = nullptr) {
         std::unique_lock lock{mutex};
         for (;;) {
             while (!idle.empty()) {
@@ -107,7 +105,7 @@ struct hiredis_pool {
                 }
                 lock.unlock();
                 try {
-                    auto ctx = open(deadline, stop, connect_from);
+                    auto ctx = open(deadline, stop);
                     if (reopened != nullptr) {
                         *reopened = replaces;
                     }
@@ -192,17 +190,14 @@ struct hiredis_pool {
         return ::poll(&pfd, 1, 0) == 0;
     }
 
-    // Opens a context: connects and runs the TLS handshake within the connect timeout (counted
-    // from `connect_from` when given, else from now), then AUTH, SELECT and (TLS) PING, each
-    // within the command timeout; every step ends by `deadline` too, and at once when *stop is
-    // requested.
+    // Opens a context: connects and runs the TLS handshake within the connect timeout, then
+    // AUTH, SELECT and (TLS) PING, each within the command timeout; every step ends by
+    // `deadline` too, and at once when *stop is requested.
     detail::context_ptr open(std::chrono::steady_clock::time_point deadline =
                                  std::chrono::steady_clock::time_point::max(),
-                             const std::stop_token* stop = nullptr,
-                             std::chrono::steady_clock::time_point connect_from = {}) {
+                             const std::stop_token* stop = nullptr) {
         using namespace std::chrono;
-        const auto started =
-            connect_from == steady_clock::time_point{} ? steady_clock::now() : connect_from;
+        const auto started = steady_clock::now();
         const auto connect_by = std::min(deadline, started + config.connect_timeout);
         const detail::connect_attempt attempt{
             config, connect_by,
