@@ -226,10 +226,13 @@ TEST(AnyClient, MalformedUrisThrowAtConstruction) {
 // Construction opens nothing, whichever the scheme: none of these servers exists.
 TEST(AnyClient, ConstructionConnectsToNothing) {
     const std::string nowhere = std::to_string(redislock::test::detail::pick_free_port());
-    for (const std::string& uri : std::vector<std::string>{
-             "redis://127.0.0.1:" + nowhere, "unix:///nonexistent/redis.sock",
-             "redis-sentinel://127.0.0.1:" + nowhere + "#mymaster",
-             "redis-cluster://127.0.0.1:" + nowhere + ",127.0.0.1:" + nowhere}) {
+    for (const std::string& uri :
+         std::vector<std::string>{"redis://127.0.0.1:" + nowhere, "unix:///nonexistent/redis.sock",
+                                  "redis-sentinel://127.0.0.1:" + nowhere + "#mymaster",
+                                  "redis-cluster://127.0.0.1:" + nowhere + ",127.0.0.1:" + nowhere,
+                                  // database 0, the only one a Redis Cluster has, may be named
+                                  "redis-cluster://127.0.0.1:" + nowhere + "/0",
+                                  "redis-cluster://127.0.0.1:" + nowhere + "/"}) {
         SCOPED_TRACE(uri);
         EXPECT_NO_THROW(redislock::client{uri});
     }

@@ -158,8 +158,12 @@ inline std::vector<endpoint> cluster_seeds_from_scheme_uri(std::string_view uri,
         userinfo = rest.substr(0, at + 1);
         rest = rest.substr(at + 1);
     }
-    if (rest.find('/') != std::string_view::npos) {
-        bad_uri(uri, "a Redis Cluster has only database 0: no /db after the seeds");
+    if (const auto slash = rest.find('/'); slash != std::string_view::npos) {
+        const std::string_view db = rest.substr(slash + 1);
+        if (!db.empty() && db != "0") {
+            bad_uri(uri, "a Redis Cluster has only database 0");
+        }
+        rest = rest.substr(0, slash);
     }
     std::vector<endpoint> seeds;
     for (;;) {
@@ -288,15 +292,19 @@ public:
     /// nullptr.
     template <class C>
     C* get() noexcept {
-        auto* held = dynamic_cast<detail::connection_holder<C>*>(impl_.get());
-        return held != nullptr ? &held->get() : nullptr;
+        if (!holds<C>()) {
+            return nullptr;
+        }
+        return &static_cast<detail::connection_holder<C>*>(impl_.get())->get();
     }
 
     /// As get(), read-only.
     template <class C>
     const C* get() const noexcept {
-        const auto* held = dynamic_cast<const detail::connection_holder<C>*>(impl_.get());
-        return held != nullptr ? &held->get() : nullptr;
+        if (!holds<C>()) {
+            return nullptr;
+        }
+        return &static_cast<const detail::connection_holder<C>*>(impl_.get())->get();
     }
 
     /// The connection `uri` names, not connected yet (see the constructor).
@@ -327,6 +335,23 @@ public:
     }
 
 private:
+    // Whether the connection held is a C: each topology holds one type (no RTTI needed).
+    template <class C>
+    bool holds() const noexcept {
+        if (impl_ == nullptr) {
+            return false;
+        }
+        if constexpr (std::same_as<C, hiredis_connection>) {
+            return kind_ == topology::node;
+        } else if constexpr (std::same_as<C, sentinel_connection>) {
+            return kind_ == topology::sentinel;
+        } else if constexpr (std::same_as<C, hiredis_cluster_connection>) {
+            return kind_ == topology::cluster;
+        } else {
+            return false;
+        }
+    }
+
     template <class C>
     any_connection(topology kind, std::chrono::milliseconds command_timeout,
                    std::string description, C conn)
