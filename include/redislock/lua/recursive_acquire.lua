@@ -31,8 +31,9 @@
 --          head as a release would hand it on (see queue_hand_on_entry in _queue.lua)
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, ms, ''} not acquired: wait at most ms for a message before trying again
---          (the holder's PTTL, or how long the waiter told to go has to come). fence is 0 when
---          none was drawn.
+--          (the holder's PTTL, or how long the waiter told to go has to come); {0, 0, ''} too,
+--          nothing written, for an acquisition the client gave up that lands late (ARGV[6]).
+--          fence is 0 when none was drawn.
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[4] not a fencing counter; ERR
 --          when a queue key is not a sorted set, or ARGV[9] or ARGV[10] is missing; nothing is
 --          written then.
