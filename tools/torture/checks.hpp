@@ -19,6 +19,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -854,16 +855,9 @@ private:
         // The servers themselves did not answer in time (a loaded machine): a timeout or an
         // outage is then theirs.
         if (cls == error_class::quorum) {
-            int faulted = 0;
-            for (const auto& x : d_.faults) {
-                if (x.applied && x.errors_ok && x.start <= e.t2 &&
-                    x.end + x.error_slack_ns >= e.t1) {
-                    faulted = std::max(faulted, x.masters);
-                }
-            }
             const auto slow =
                 slow_servers(e.t1 - 100 * ms, e.t2, std::int64_t{c.node_timeout_ms} * ms);
-            if (static_cast<int>(slow.size()) + faulted >= 3) {
+            if (static_cast<int>(slow.size()) + masters_without_it(e) >= 3) {
                 ++out_.excused["error"];
                 return;
             }
@@ -878,6 +872,37 @@ private:
                    who(e.process, e.thread, e.episode, e.flags) + " (" + at(e.t1) + " to " +
                    at(e.t2) + ") failed: " + what + (e.text.empty() ? "" : ": " + e.text) +
                    describe_faults(e.name, e.t1 - 3000 * ms, e.t2));
+    }
+
+    // How many Redlock masters could not answer for the lock during a call: those faulted
+    // then (within the fault's error slack), and, for a call on a held lock, those restarted
+    // empty while it was held: they lost it, or never had it, and renewals do not put it back.
+    // Faults follow one another, so two in a row can take three masters between them.
+    int masters_without_it(const entry& e) const {
+        std::int64_t held_since = -1;
+        if (static_cast<call_op>(e.op) != call_op::acquire) {
+            for (const auto& a : d_.entries) {
+                if (a.type == record_type::call && a.process == e.process &&
+                    a.thread == e.thread && a.episode == e.episode && a.name == e.name &&
+                    static_cast<call_op>(a.op) == call_op::acquire &&
+                    a.result == static_cast<std::uint8_t>(outcome::acquired) && a.t1 <= e.t1) {
+                    held_since = std::max(held_since, a.t1);
+                }
+            }
+        }
+        std::uint32_t out = 0;
+        for (const auto& x : d_.faults) {
+            if (!x.applied || !x.errors_ok || x.start > e.t2) {
+                continue;
+            }
+            const bool during = x.end + x.error_slack_ns >= e.t1;
+            const bool emptied =
+                x.kind == fault_kind::kill_restart && held_since >= 0 && x.end >= held_since;
+            if (during || emptied) {
+                out |= x.master_bits;
+            }
+        }
+        return std::popcount(out);
     }
 
     // The server said the lock was gone while the holder's local deadline was still ahead.
