@@ -526,8 +526,62 @@ private:
         std::string why;
     };
 
+    // The holds of each name in order of acquisition, so that a waiter looks only at those near
+    // its call: a soak's journal holds millions.
+    struct hold_index {
+        std::vector<std::vector<const hold_span*>> by_name;  // sorted by acquired
+        std::vector<std::int64_t> longest;                   // per name: acquired to occupied
+        // How long before a call a span can still matter to it: its allowance after it ends is
+        // at most its lease + 100 ms, or a killed or lost hold's lease / 100 + 358 ms + 2.5 s.
+        std::int64_t reach = 0;
+
+        // Calls f on each hold of `name` acquired by `to` and occupied until `from` or later.
+        template <class F>
+        void each(int name, std::int64_t from, std::int64_t to, F&& f) const {
+            if (name < 0 || static_cast<std::size_t>(name) >= by_name.size()) {
+                return;
+            }
+            const auto& hs = by_name[static_cast<std::size_t>(name)];
+            const std::int64_t earliest = from - longest[static_cast<std::size_t>(name)];
+            auto it = std::lower_bound(
+                hs.begin(), hs.end(), earliest,
+                [](const hold_span* h, std::int64_t t) { return h->acquired < t; });
+            for (; it != hs.end() && (*it)->acquired <= to; ++it) {
+                if ((*it)->occupied_until() >= from) {
+                    f(**it);
+                }
+            }
+        }
+    };
+
+    static hold_index index_holds(const std::vector<hold_span>& all) {
+        hold_index idx;
+        std::int64_t longest_lease = 0;
+        for (const auto& h : all) {
+            if (h.name < 0) {
+                continue;
+            }
+            const auto n = static_cast<std::size_t>(h.name);
+            if (n >= idx.by_name.size()) {
+                idx.by_name.resize(n + 1);
+                idx.longest.resize(n + 1, 0);
+            }
+            idx.by_name[n].push_back(&h);
+            idx.longest[n] = std::max(idx.longest[n], h.occupied_until() - h.acquired);
+            longest_lease = std::max(longest_lease, std::int64_t{h.lease_ms} * ms);
+        }
+        for (auto& hs : idx.by_name) {
+            std::sort(hs.begin(), hs.end(), [](const hold_span* a, const hold_span* b) {
+                return a->acquired < b->acquired;
+            });
+        }
+        idx.reach = longest_lease + 3000 * ms;
+        return idx;
+    }
+
     void liveness() {
         const auto all = holds();
+        const hold_index idx = index_holds(all);
         for (const auto& w : d_.entries) {
             if (w.type != record_type::call ||
                 w.op != static_cast<std::uint8_t>(call_op::acquire)) {
@@ -543,11 +597,11 @@ private:
             if (w.min_replicas > 0) {
                 continue;  // slow replicas may hold it back (each grant waits for their WAIT)
             }
-            check_waiter(w, all);
+            check_waiter(w, idx);
         }
     }
 
-    void check_waiter(const entry& w, const std::vector<hold_span>& all) {
+    void check_waiter(const entry& w, const hold_index& idx) {
         const int n = w.name;
         const client_spec& c = client_of(w.process, w.client);
         std::vector<span> busy;
@@ -579,10 +633,9 @@ private:
             }
             return false;
         };
-        for (const auto& h : all) {
-            if (h.name != n || h.acquired > w.t2) {
-                continue;
-            }
+        // Only spans that can change the verdict: a span that ended `reach` before the call began
+        // cannot make the waiter due any later than the call's own round trip.
+        idx.each(n, w.t1 - idx.reach, w.t2, [&](const hold_span& h) {
             const std::int64_t until = h.occupied_until();
             const std::int64_t loose = std::int64_t{h.lease_ms} * ms + 100 * ms;
             std::int64_t bound = loose;
@@ -619,7 +672,7 @@ private:
                 }
             }
             busy.push_back({h.acquired, until, bound, why});
-        }
+        });
         // Faults that keep the name from being taken, on the waiter's path.
         for (const auto& f : d_.faults) {
             if (!f.applied || !f.touches(n) || f.start > w.t2) {
@@ -634,17 +687,14 @@ private:
         // A killed waiter's attempt may have taken a free lock as it died: held for its lease.
         for (const auto& k : d_.kills) {
             for (const auto& wt : k.waits) {
-                if (wt.name != n || k.at > w.t2) {
+                if (wt.name != n || k.at > w.t2 ||
+                    k.at + std::int64_t{wt.lease_ms} * ms + idx.reach < w.t1) {
                     continue;
                 }
                 bool held_by_other = false;
-                for (const auto& h : all) {
-                    if (h.name == n && h.process != k.process && h.acquired <= k.at &&
-                        h.occupied_until() >= k.at) {
-                        held_by_other = true;
-                        break;
-                    }
-                }
+                idx.each(n, k.at, k.at, [&](const hold_span& h) {
+                    held_by_other = held_by_other || h.process != k.process;
+                });
                 if (!held_by_other) {
                     const std::int64_t until = k.at + std::int64_t{wt.lease_ms} * ms;
                     // Another dead waiter behind it is told nothing when its lease ends.
