@@ -761,6 +761,31 @@ TEST(Mutex, ExtendResetsTheLeaseOnTheServerAndLocally) {
     EXPECT_EQ(lost.calls.load(), 0);
 }
 
+// A shorter lease may land although the extend() that sent it fails (its reply lost): the
+// holder counts on the shorter one from the moment it was sent, never on time the server no
+// longer gives it; a longer lease that may not have landed leaves the old deadline.
+TEST(Mutex, AShorteningExtendWhoseReplyIsLostCutsTheLocalDeadlineToo) {
+    redis_server srv;
+    using faulty = redislock::test::faulty_connection<redislock::hiredis_connection>;
+    faulty conn{srv.uri()};
+    redislock::basic_client<faulty> client{conn};
+    auto m = client.mutex("k", {.lease = 60s});
+    m.lock();
+    ASSERT_TRUE(m.extend(60s));  // the script is loaded: a dropped reply is then its answer's
+    for (const auto action : {redislock::test::fault_action::drop_reply,
+                              redislock::test::fault_action::throw_after_send}) {
+        conn.add({.command = "EVALSHA", .script = "mutex_extend", .action = action});
+        EXPECT_THROW((void)m.extend(120s), redislock::connection_error);
+        EXPECT_GT(m.remaining(), 30s) << to_string(action);
+        conn.add({.command = "EVALSHA", .script = "mutex_extend", .action = action});
+        EXPECT_THROW((void)m.extend(2s), redislock::connection_error);
+        EXPECT_LE(std::stoi(srv.cli({"PTTL", "k"})), 2000) << to_string(action);
+        EXPECT_LE(m.remaining(), 2s) << to_string(action);
+        ASSERT_TRUE(m.extend(60s));
+    }
+    m.unlock();
+}
+
 TEST(Mutex, VerifyAsksTheServer) {
     redis_server srv;
     redislock::client client{srv.uri()};

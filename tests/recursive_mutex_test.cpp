@@ -31,6 +31,7 @@
 #include <redislock/redislock.hpp>
 
 #include "support/exclusion.hpp"
+#include "support/faulty_connection.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_util.hpp"
 
@@ -47,13 +48,15 @@ using redislock::test::subscriber;
 // ---- Probes that read Redis through redis-cli, never through the code under test ----
 
 // The owner fields of the reentrant lock `key`: every field but the fencing token, the
-// acquisition ids, the marks of handed entries and the lists of given-up acquisitions.
+// acquisition ids, the marks of handed entries and the lists of given-up acquisitions and of
+// releases that landed.
 std::vector<std::string> owners_of(const redis_server& srv, const std::string& key) {
     std::vector<std::string> owners;
     std::istringstream lines{srv.cli({"HKEYS", key})};
     for (std::string line; std::getline(lines, line);) {
         if (!line.empty() && line != "fence" && !line.starts_with("id:") &&
-            !line.starts_with("handed:") && !line.starts_with("gone:")) {
+            !line.starts_with("handed:") && !line.starts_with("gone:") &&
+            !line.starts_with("left:")) {
             owners.push_back(line);
         }
     }
@@ -2229,3 +2232,39 @@ TEST(RecursiveMutex, AnAttemptGivenUpMidFlightThatLandsAfterTheNextAcquisitionAd
     other.unlock();
 }
 }  // namespace
+
+// A release whose reply was lost is sent again in the background: when the first send had
+// landed, the second must leave nothing, else it takes the entry another object of the owner
+// joined and frees the lock under that holder.
+TEST(RecursiveMutex, AReleaseSentAgainAfterALostReplyNeverTakesAnotherObjectsEntry) {
+    redis_server srv;
+    using faulty = redislock::test::faulty_connection<redislock::hiredis_connection>;
+    faulty conn{srv.uri()};
+    redislock::basic_client<faulty> client{conn};
+    const redislock::lock_options task{.lease = 30s, .owner = "task-9"};
+    auto first = client.recursive_mutex("x", task);
+    auto joined = client.recursive_mutex("x", task);
+    first.lock();
+    first.lock();
+    first.unlock();  // the release script is loaded: a dropped reply is then its answer's
+    joined.lock();
+    ASSERT_EQ(sole_count(srv, "x"), "2");
+    const auto before = conn.count("EVALSHA", "recursive_release");
+    conn.add({.command = "EVALSHA",
+              .script = "recursive_release",
+              .action = redislock::test::fault_action::drop_reply});
+    std::error_code ec;
+    joined.unlock(ec);
+    EXPECT_TRUE(ec) << "the reply was dropped";
+    // The reaper sends the release again.
+    ASSERT_TRUE(redislock::test::eventually(
+        [&] { return conn.count("EVALSHA", "recursive_release") >= before + 2; }, 10s));
+    std::this_thread::sleep_for(200ms);
+    EXPECT_EQ(sole_count(srv, "x"), "1");
+    EXPECT_TRUE(first.owned());
+    redislock::client rival_client{srv.uri()};
+    auto rival = rival_client.recursive_mutex("x");
+    EXPECT_FALSE(rival.try_lock());
+    first.unlock();
+    EXPECT_EQ(srv.cli({"EXISTS", "x"}), "0");
+}

@@ -836,6 +836,25 @@ TEST_F(Redlock, ExtendAndVerifyNeedAQuorum) {
     EXPECT_TRUE(m.lost_token().stop_requested());
 }
 
+// A shorter lease lands on the masters that answer even when too few do to make a quorum: the
+// holder counts on it from when it was sent, never on the longer lease it had before.
+TEST_F(Redlock, AShorteningExtendWithoutAQuorumStillCutsTheLocalDeadline) {
+    redlock_client rl{uris(), fast()};
+    auto m = rl.mutex("shortened", {.lease = 30s});
+    ASSERT_TRUE(m.try_lock());
+    hang(0);
+    hang(1);
+    hang(2);
+    EXPECT_THROW((void)m.extend(2s), quorum_error);
+    EXPECT_LE(raw(3, {"PTTL", "shortened"}).as_integer(), 2000);
+    EXPECT_LE(raw(4, {"PTTL", "shortened"}).as_integer(), 2000);
+    EXPECT_LE(m.remaining(), 2s);
+    resume(0);
+    resume(1);
+    resume(2);
+    m.unlock();
+}
+
 TEST_F(Redlock, FencingIsRejectedBecauseNoCounterOrdersIndependentMasters) {
     redlock_client rl{uris(), fast()};
     try {

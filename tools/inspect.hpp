@@ -296,6 +296,8 @@ inline void read_recursive(report& out, const std::vector<reply>& fields) {
             // Marks an entry a release handed to a waiting owner (its id:<owner> names it).
         } else if (field.starts_with("gone:")) {
             // The acquisitions the owner's client gave up (see lua/recursive_acquire.lua).
+        } else if (field.starts_with("left:")) {
+            // The owner's last releases that landed (see lua/recursive_release.lua).
         } else if (const auto count = to_integer(value); count && *count > 0) {
             out.holders.push_back({field, "", *count, out.key_ttl_ms, ""});
         } else {

@@ -112,7 +112,9 @@ public:
     }
 
     /// Sets the lease to `lease` from now if the lock is still ours.
-    /// Returns false (and calls on_lost) if the lock was lost; false at once if not held.
+    /// Returns false (and calls on_lost) if the lock was lost; false at once if not held. A lease
+    /// shorter than remaining() counts locally from when it is sent, even if the call then fails:
+    /// it may have landed.
     /// @throws redislock::invalid_argument for a lease out of range;
     ///         redislock::connection_error; redislock::server_error when the server answers with
     ///         an error (the lock is not taken for lost). See https://redis.io/commands/pexpire/
@@ -124,6 +126,7 @@ public:
         }
         const detail::decimal lease_text{lease.count()};
         const auto sent = detail::steady::now();
+        tracker().extend_sending(*token, sent, lease);
         const reply r = detail::run_script(*state_->conn, detail::scripts::mutex_extend,
                                            std::array{std::string_view{state_->name}},
                                            std::array{token->view(), lease_text.view()},

@@ -6,7 +6,9 @@
 // fencing also field `fence` -> the first entry's token; handed:<owner id> marks an entry a
 // release kept for that owner's waiter (lua/_queue.lua); gone:<owner id> lists the acquisitions
 // the client gave up, so that one whose script lands late adds no entry
-// (lua/recursive_acquire.lua). Each entry, re-entry and renewal sets the key's expiry to the lease,
+// (lua/recursive_acquire.lua); left:<owner id> lists the owner's last releases that left entries
+// in place, so that one sent again after a lost reply leaves nothing more
+// (lua/recursive_release.lua). Each entry, re-entry and renewal sets the key's expiry to the lease,
 // but never shortens it: another object of the same owner may count on a longer one. The waiting
 // queue lives beside it, in {name}:queue and {name}:waiting (the same slot on Redis Cluster). The
 // owner id is the client's instance id plus the calling thread, or plus lock_options::owner when
@@ -326,7 +328,7 @@ private:
                          const call_context& how) noexcept {
         try {
             return release::leave_once(*state_, "0", held{owner, 0, acquisition}, 1,
-                                       std::min(how.deadline, state_->core->untimed_deadline()))
+                                       std::min(how.deadline, state_->core->untimed_deadline()), {})
                 .is_integer();
         } catch (...) {
             return false;

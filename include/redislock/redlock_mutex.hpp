@@ -139,7 +139,8 @@ public:
 
     /// Sets the lease to `lease` from now on every master that still holds our token.
     /// Returns true when a quorum did; false (and reports the loss) when more than N - quorum
-    /// masters no longer hold it; false at once if not held.
+    /// masters no longer hold it; false at once if not held. A lease shorter than remaining()
+    /// counts locally from when it is sent, whatever the outcome: it may have landed.
     /// @throws redislock::invalid_argument for a lease out of range; redislock::quorum_error
     ///         when too few masters answered to tell. See https://redis.io/commands/pexpire/
     bool extend(std::chrono::milliseconds lease) {
@@ -150,6 +151,7 @@ public:
         }
         const detail::decimal lease_text{lease.count()};
         const auto sent = detail::steady::now();
+        tracker().extend_sending(acq->tok, sent, lease);
         const auto outcomes =
             core().round(detail::node_op::extend, *acq, sent + core().options().node_timeout, {},
                          lease_text.view());

@@ -10,7 +10,8 @@
 //   process's own scheduler probe was as late then;
 // - liveness: a waiter gets a free lock within the last holder's lease + 100 ms once it was
 //   released (a loss by expiry with no fault around: within the drift allowance + the waiter's
-//   backoff + 100 ms), except while a fault blocks the name and for a while after it heals;
+//   backoff + 100 ms), a lock free when the call began within a connect and a command + 100 ms,
+//   except while a fault blocks the name and for a while after it heals;
 // - errors: no lock call throws and no release fails unless a fault allows it (a slot being
 //   migrated allows none but a release still refused TRYAGAIN after its command timeout of
 //   retries); no server answer says a lock is gone while its holder's local deadline is still
@@ -737,8 +738,11 @@ private:
                 }
             }
             // By when the waiter should have it: the longest allowance of what ended by then,
-            // or one round trip when nothing did.
-            std::int64_t due = w.t1 + 100 * ms + std::int64_t{c.command_timeout_ms} * ms;
+            // or, when nothing did, what one attempt may take: a connect and a command (a
+            // pooled connection may be new; the same allowance as an unlock's).
+            const int attempt_ms = c.connect_timeout_ms + c.command_timeout_ms;
+            const std::int64_t first_answer = w.t1 + 100 * ms + std::int64_t{attempt_ms} * ms;
+            std::int64_t due = first_answer;
             std::string after = "nothing (free when the call started)";
             std::int64_t latest = 0;
             for (const auto& b : busy) {
@@ -746,8 +750,7 @@ private:
                     due = b.to + b.bound;
                     after = b.why;
                 }
-                if (b.to <= s && b.to > latest &&
-                    due == w.t1 + 100 * ms + std::int64_t{c.command_timeout_ms} * ms) {
+                if (b.to <= s && b.to > latest && due == first_answer) {
                     latest = b.to;
                     after = "nothing for a while (free when the call started); the last: " + b.why;
                 }
@@ -932,8 +935,8 @@ private:
         std::int64_t held_since = -1;
         if (static_cast<call_op>(e.op) != call_op::acquire) {
             for (const auto& a : d_.entries) {
-                if (a.type == record_type::call && a.process == e.process &&
-                    a.thread == e.thread && a.episode == e.episode && a.name == e.name &&
+                if (a.type == record_type::call && a.process == e.process && a.thread == e.thread &&
+                    a.episode == e.episode && a.name == e.name &&
                     static_cast<call_op>(a.op) == call_op::acquire &&
                     a.result == static_cast<std::uint8_t>(outcome::acquired) && a.t1 <= e.t1) {
                     held_since = std::max(held_since, a.t1);

@@ -50,8 +50,8 @@ struct fault_record {
     int path = -2;                ///< -2: every client path; k: only through proxy k
     bool blocks = true;
     bool errors_ok = true;
-    bool replicas_only = false;  ///< only replicas: matters to min_replicas > 0 only
-    int masters = 1;             ///< Redlock: how many masters it touched
+    bool replicas_only = false;     ///< only replicas: matters to min_replicas > 0 only
+    int masters = 1;                ///< Redlock: how many masters it touched
     std::uint32_t master_bits = 0;  ///< Redlock: bit per master (of five) it touched
     write_loss loses = write_loss::none;
     std::int64_t error_slack_ns = 1'000'000'000;  ///< after `end`, errors still excused

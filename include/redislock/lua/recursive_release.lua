@@ -13,15 +13,27 @@
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
+-- ARGV[7]  this release's id, or '' (absent too): a release sent again because its reply was
+--          lost, whose id field left:<owner> lists (the owner's last 8 that left entries in
+--          place), had landed and leaves nothing more: it would take an entry another object of
+--          the owner counts on
 -- Returns  2 released (key deleted or handed on) and a waiter told; 1 released, no one waits;
---          0 still held (lease refreshed);
+--          0 still held (lease refreshed), or this release had landed already;
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
 -- Errors   ERR when a queue key is not a sorted set; nothing is written then.
 local queue, lapses = KEYS[2], KEYS[3]
 -- A key of another type answers with an error: not ours either.
-local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1])
+local release = ARGV[7] or ''
+local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1], 'left:' .. ARGV[1])
 if entry.err or entry[1] ~= ARGV[5] then
     return -1
+end
+local landed = {}
+for id in string.gmatch(entry[3] or '', '%S+') do
+    if id == release then
+        return 0
+    end
+    landed[#landed + 1] = id
 end
 local left = (tonumber(entry[2]) or 0) - tonumber(ARGV[2])
 if left > 0 then
@@ -30,6 +42,10 @@ if left > 0 then
     local ttl = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
     redis.call('PEXPIRE', KEYS[1], math.max(ttl, tonumber(ARGV[3]), 1))
     redis.call('HSET', KEYS[1], ARGV[1], left)
+    if release ~= '' then
+        redis.call('HSET', KEYS[1], 'left:' .. ARGV[1],
+                   release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 7)))
+    end
     return 0
 end
 if redis.call('EXISTS', queue) == 0 then

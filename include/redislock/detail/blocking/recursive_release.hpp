@@ -22,6 +22,7 @@
 #include <redislock/detail/kinds/lease_tracker.hpp>
 #include <redislock/detail/kinds/recursive_state.hpp>
 #include <redislock/detail/kinds/tracked_lease.hpp>
+#include <redislock/detail/util/token.hpp>
 #include <redislock/detail/wire/lock_keys.hpp>
 #include <redislock/detail/wire/scripts.hpp>
 #include <redislock/error.hpp>
@@ -45,7 +46,7 @@ struct recursive_release {
             st->given_up = acquisition;
         }
         remember_given_up(*st, owner, acquisition, lease_end);
-        hand_to_reaper(st, held{owner, 0, acquisition}, drop_all, lease_end);
+        hand_to_reaper(st, held{owner, 0, acquisition}, drop_all, lease_end, {});
     }
 
     // Tells every object of the client that the owner gave `acquisition` up (see
@@ -63,26 +64,33 @@ struct recursive_release {
     }
 
     // Sends one release of `entries` entries of `entry`, ending by `deadline`; a release that
-    // frees the lock tells the next waiter, if any.
+    // frees the lock tells the next waiter, if any. `release` names it (or is empty), so that
+    // it leaves entries at most once however often it is sent (see recursive_release.lua).
     static reply leave_once(const state& st, std::string_view lease_text, const held& entry,
-                            std::size_t entries, steady::time_point deadline) {
+                            std::size_t entries, steady::time_point deadline,
+                            std::string_view release) {
         const decimal count{static_cast<long long>(entries)};
         return detail::send_release(
             st, scripts::recursive_release,
-            std::array<std::string_view, 6>{entry.owner, count.view(), lease_text, st.channel,
-                                            entry.acquisition, st.grace_text.view()},
+            std::array<std::string_view, 7>{entry.owner, count.view(), lease_text, st.channel,
+                                            entry.acquisition, st.grace_text.view(), release},
             entries, deadline);
     }
 
     // Retries leaving `entries` entries of `entry` (drop_all: the whole acquisition, for one this
-    // object created and abandoned) until the server answers or the lease surely ended.
+    // object created and abandoned) until the server answers or the lease surely ended; as
+    // release `release` (empty for drop_all): if an earlier send of it landed, leaving them
+    // again would take entries another object of the owner joined.
     static void hand_to_reaper(const std::shared_ptr<state>& st, const held& entry,
-                               std::size_t entries, steady::time_point lease_end) noexcept {
+                               std::size_t entries, steady::time_point lease_end,
+                               const token& release) noexcept {
         detail::leave_to_reaper(
             st, entry, lease_end,
-            [entries](const state& s, const held& e, steady::time_point deadline) {
+            [entries, release](const state& s, const held& e, steady::time_point deadline) {
                 // Lease "0": a background release never extends what remains.
-                return leave_once(s, "0", e, entries, deadline).is_integer();
+                return leave_once(s, "0", e, entries, deadline,
+                                  entries == drop_all ? std::string_view{} : release.view())
+                    .is_integer();
             });
     }
 
@@ -116,7 +124,7 @@ struct recursive_release {
             st, entry, steady::now() + st->options.lease,
             [entries](const state& s, const held& e, steady::time_point deadline) {
                 try {
-                    (void)leave_once(s, "0", e, entries, deadline);
+                    (void)leave_once(s, "0", e, entries, deadline, {});
                 } catch (...) {
                     // Its outcome is unknown: not sent again (see above).
                 }
@@ -128,14 +136,15 @@ struct recursive_release {
     // `ended` is the acquisition's lease when these are its last entries (else unused).
     static std::error_code leave(const std::shared_ptr<state>& st, held entry, std::size_t entries,
                                  bool last, const tracked_lease<C>& ended) noexcept {
+        const token release = token::random();
         return leave_entries(
             *st, ended, last,
             [&] {
                 return leave_once(*st, st->lease_text.view(), entry, entries,
-                                  st->core->untimed_deadline());
+                                  st->core->untimed_deadline(), release.view());
             },
             [](const reply& r) { return r.is_integer(); },
-            [&] { not_finished(st, std::move(entry), entries, last, ended.valid_until); },
+            [&] { not_finished(st, std::move(entry), entries, last, ended.valid_until, release); },
             [&](const reply&) {
                 // The entries were gone: every entry of that acquisition is lost.
                 if (!last) {
@@ -156,7 +165,8 @@ struct recursive_release {
     // throws: when its id cannot be copied into the object's books before the reaper gets it
     // (out of memory), it is moved there after.
     static void not_finished(const std::shared_ptr<state>& st, held entry, std::size_t entries,
-                             bool last, steady::time_point valid_until) noexcept {
+                             bool last, steady::time_point valid_until,
+                             const token& release) noexcept {
         if (last) {
             bool noted = false;
             {
@@ -167,7 +177,7 @@ struct recursive_release {
                 } catch (...) {
                 }
             }
-            hand_to_reaper(st, entry, entries, valid_until + st->options.lease);
+            hand_to_reaper(st, entry, entries, valid_until + st->options.lease, release);
             if (!noted) {
                 std::lock_guard guard{st->mutex};
                 st->given_up = std::move(entry.acquisition);

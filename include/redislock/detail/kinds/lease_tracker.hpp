@@ -171,6 +171,24 @@ public:
         renewed_for(key, renewed_at, st_->options.lease);
     }
 
+    /// An extend() of `lease` is about to be sent at `sent`. On the kinds whose scripts may
+    /// shorten the server's expiry, a lease ending before the local deadline may land even when
+    /// the call then fails (a lost or late reply, a quorum not reached), so the deadline is cut
+    /// to it first: otherwise the holder would count on time the server no longer gives it.
+    void extend_sending(const key_type& key, steady::time_point sent,
+                        std::chrono::milliseconds lease) {
+        if constexpr (!deadline_never_earlier<State>) {
+            std::lock_guard guard{st_->mutex};
+            if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
+                const auto until = valid_until(sent, lease);
+                if (until < t->valid_until) {
+                    t->valid_until = until;
+                    core().timer->move(t->timer, until);
+                }
+            }
+        }
+    }
+
     /// An extend() of `lease` sent at `sent` succeeded.
     void extended(const key_type& key, steady::time_point sent, std::chrono::milliseconds lease) {
         renewed_for(key, sent, lease);

@@ -1518,15 +1518,27 @@ inline constexpr script recursive_release{
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
+-- ARGV[7]  this release's id, or '' (absent too): a release sent again because its reply was
+--          lost, whose id field left:<owner> lists (the owner's last 8 that left entries in
+--          place), had landed and leaves nothing more: it would take an entry another object of
+--          the owner counts on
 -- Returns  2 released (key deleted or handed on) and a waiter told; 1 released, no one waits;
---          0 still held (lease refreshed);
+--          0 still held (lease refreshed), or this release had landed already;
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
 -- Errors   ERR when a queue key is not a sorted set; nothing is written then.
 local queue, lapses = KEYS[2], KEYS[3]
 -- A key of another type answers with an error: not ours either.
-local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1])
+local release = ARGV[7] or ''
+local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1], 'left:' .. ARGV[1])
 if entry.err or entry[1] ~= ARGV[5] then
     return -1
+end
+local landed = {}
+for id in string.gmatch(entry[3] or '', '%S+') do
+    if id == release then
+        return 0
+    end
+    landed[#landed + 1] = id
 end
 local left = (tonumber(entry[2]) or 0) - tonumber(ARGV[2])
 if left > 0 then
@@ -1535,6 +1547,10 @@ if left > 0 then
     local ttl = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
     redis.call('PEXPIRE', KEYS[1], math.max(ttl, tonumber(ARGV[3]), 1))
     redis.call('HSET', KEYS[1], ARGV[1], left)
+    if release ~= '' then
+        redis.call('HSET', KEYS[1], 'left:' .. ARGV[1],
+                   release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 7)))
+    end
     return 0
 end
 if redis.call('EXISTS', queue) == 0 then
@@ -1797,7 +1813,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "2422eaea939b1ba8da022eef905f89b209c5265e"};
+    "6f3f2fb96dbba9e2810b7f93861320a9aa343dd4"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
