@@ -786,6 +786,37 @@ TEST(Mutex, AShorteningExtendWhoseReplyIsLostCutsTheLocalDeadlineToo) {
     m.unlock();
 }
 
+// A renewal sent before a shortening extend() runs before it on the server; its reply, coming
+// after, must not give the holder back the longer lease the extend took away.
+TEST(Mutex, ARenewalRepliedAfterAShorteningExtendNeverLengthensTheLocalDeadline) {
+    redis_server srv;
+    using faulty = redislock::test::faulty_connection<redislock::hiredis_connection>;
+    faulty conn{srv.uri()};
+    redislock::basic_client<faulty> client{conn};
+    auto m = client.mutex("k", {.lease = 3s, .watchdog = true});
+    m.lock();
+    ASSERT_TRUE(m.extend(3s));  // the script is loaded: the renewal runs as it is sent
+    // The next renewal runs on the server at once; its reply comes 600 ms later.
+    conn.add({.command = "EVALSHA",
+              .script = "mutex_extend",
+              .action = redislock::test::fault_action::delay_after,
+              .delay = 600ms});
+    ASSERT_TRUE(redislock::test::eventually(
+        [&] { return conn.pending_faults("EVALSHA", "mutex_extend") == 0; }, 20s));
+    ASSERT_TRUE(m.extend(1s));
+    const auto extended = std::chrono::steady_clock::now();
+    // The renewals after it never reach the server.
+    conn.add({.command = "EVALSHA",
+              .script = "mutex_extend",
+              .action = redislock::test::fault_action::error_reply,
+              .times = redislock::test::fault_rule::forever});
+    // Past the shorter lease: the server let go, so must the holder.
+    std::this_thread::sleep_until(extended + 1300ms);
+    const bool owned = m.owned();
+    EXPECT_TRUE(!owned || srv.cli({"EXISTS", "k"}) == "1") << "owned() true, key gone";
+    conn.clear_rules();
+}
+
 TEST(Mutex, VerifyAsksTheServer) {
     redis_server srv;
     redislock::client client{srv.uri()};

@@ -20,7 +20,6 @@
 #pragma once
 
 #include <algorithm>
-#include <bit>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -910,7 +909,9 @@ private:
         if (cls == error_class::quorum) {
             const auto slow =
                 slow_servers(e.t1 - 100 * ms, e.t2, std::int64_t{c.node_timeout_ms} * ms);
-            if (static_cast<int>(slow.size()) + masters_without_it(e) >= 3) {
+            std::set<int> out = masters_without_it(e);
+            out.insert(slow.begin(), slow.end());  // a stopped master is slow too: counted once
+            if (out.size() >= 3) {
                 ++out_.excused["error"];
                 return;
             }
@@ -927,11 +928,11 @@ private:
                    describe_faults(e.name, e.t1 - 3000 * ms, e.t2));
     }
 
-    // How many Redlock masters could not answer for the lock during a call: those faulted
+    // The Redlock masters (ports) that could not answer for the lock during a call: those faulted
     // then (within the fault's error slack), and, for a call on a held lock, those restarted
     // empty while it was held: they lost it, or never had it, and renewals do not put it back.
     // Faults follow one another, so two in a row can take three masters between them.
-    int masters_without_it(const entry& e) const {
+    std::set<int> masters_without_it(const entry& e) const {
         std::int64_t held_since = -1;
         if (static_cast<call_op>(e.op) != call_op::acquire) {
             for (const auto& a : d_.entries) {
@@ -943,7 +944,7 @@ private:
                 }
             }
         }
-        std::uint32_t out = 0;
+        std::set<int> out;
         for (const auto& x : d_.faults) {
             if (!x.applied || !x.errors_ok || x.start > e.t2) {
                 continue;
@@ -952,10 +953,10 @@ private:
             const bool emptied =
                 x.kind == fault_kind::kill_restart && held_since >= 0 && x.end >= held_since;
             if (during || emptied) {
-                out |= x.master_bits;
+                out.insert(x.master_ports.begin(), x.master_ports.end());
             }
         }
-        return std::popcount(out);
+        return out;
     }
 
     // The server said the lock was gone while the holder's local deadline was still ahead.

@@ -52,7 +52,7 @@ struct fault_record {
     bool errors_ok = true;
     bool replicas_only = false;     ///< only replicas: matters to min_replicas > 0 only
     int masters = 1;                ///< Redlock: how many masters it touched
-    std::uint32_t master_bits = 0;  ///< Redlock: bit per master (of five) it touched
+    std::vector<int> master_ports;  ///< Redlock: the masters it touched
     write_loss loses = write_loss::none;
     std::int64_t error_slack_ns = 1'000'000'000;  ///< after `end`, errors still excused
     std::int64_t block_slack_ns = 0;              ///< after `end`, liveness still excused

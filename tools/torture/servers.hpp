@@ -465,9 +465,8 @@ public:
             fault_duration(spec.kind, spec.duration_ms, ctx.the_plan.max_lease_ms());
         std::vector<std::unique_ptr<server_fault>> faults;
         for (int i = 0; i < rec.masters; ++i) {
-            const int index = (spec.target + i) % 5;
-            rec.master_bits |= 1U << index;
-            server_node& node = *nodes_[static_cast<std::size_t>(index)];
+            server_node& node = *nodes_[static_cast<std::size_t>((spec.target + i) % 5)];
+            rec.master_ports.push_back(node.server.port());
             faults.push_back(std::make_unique<server_fault>(spec.kind, spec.variant, duration, node,
                                                             0, ctx.filter));
         }

@@ -13,10 +13,11 @@
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
--- ARGV[7]  this release's id, or '' (absent too): a release sent again because its reply was
---          lost, whose id field left:<owner> lists (the owner's last 8 that left entries in
---          place), had landed and leaves nothing more: it would take an entry another object of
---          the owner counts on
+-- ARGV[7]  this release's id, or '' (absent too); the client names the last release through an
+--          object, which it sends again should the reply be lost: one whose id field
+--          left:<owner> lists (the owner's last 8 named releases that left entries in place) had
+--          landed and leaves nothing more, as it would take an entry another object of the owner
+--          joined
 -- Returns  2 released (key deleted or handed on) and a waiter told; 1 released, no one waits;
 --          0 still held (lease refreshed), or this release had landed already;
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)

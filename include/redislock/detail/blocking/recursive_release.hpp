@@ -63,6 +63,20 @@ struct recursive_release {
         }
     }
 
+    // A release's id; none (all zero) when no random value could be drawn (a thread's first
+    // draw builds its source, which may fail): that release is then sent without one.
+    static token release_id() noexcept {
+        try {
+            return token::random();
+        } catch (...) {
+            return token{};
+        }
+    }
+
+    static std::string_view id_text(const token& release) noexcept {
+        return release == token{} ? std::string_view{} : release.view();
+    }
+
     // Sends one release of `entries` entries of `entry`, ending by `deadline`; a release that
     // frees the lock tells the next waiter, if any. `release` names it (or is empty), so that
     // it leaves entries at most once however often it is sent (see recursive_release.lua).
@@ -89,7 +103,7 @@ struct recursive_release {
             [entries, release](const state& s, const held& e, steady::time_point deadline) {
                 // Lease "0": a background release never extends what remains.
                 return leave_once(s, "0", e, entries, deadline,
-                                  entries == drop_all ? std::string_view{} : release.view())
+                                  entries == drop_all ? std::string_view{} : id_text(release))
                     .is_integer();
             });
     }
@@ -136,15 +150,16 @@ struct recursive_release {
     // `ended` is the acquisition's lease when these are its last entries (else unused).
     static std::error_code leave(const std::shared_ptr<state>& st, held entry, std::size_t entries,
                                  bool last, const tracked_lease<C>& ended) noexcept {
-        const token release = token::random();
+        // Only a last release is sent again (by the reaper): it alone needs an id.
+        const token release = last ? release_id() : token{};
         return leave_entries(
             *st, ended, last,
             [&] {
                 return leave_once(*st, st->lease_text.view(), entry, entries,
-                                  st->core->untimed_deadline(), release.view());
+                                  st->core->untimed_deadline(), id_text(release));
             },
             [](const reply& r) { return r.is_integer(); },
-            [&] { not_finished(st, std::move(entry), entries, last, ended.valid_until, release); },
+            [&] { not_finished(st, entry, entries, last, ended.valid_until, release); },
             [&](const reply&) {
                 // The entries were gone: every entry of that acquisition is lost.
                 if (!last) {
@@ -161,27 +176,14 @@ struct recursive_release {
     }
 
     // A release whose outcome is unknown: an inner entry makes the count uncertain; the last one
-    // is retried in the background, and the object's next lock() takes its entry over. Never
-    // throws: when its id cannot be copied into the object's books before the reaper gets it
-    // (out of memory), it is moved there after.
-    static void not_finished(const std::shared_ptr<state>& st, held entry, std::size_t entries,
-                             bool last, steady::time_point valid_until,
+    // is sent again in the background, as the same release (it leaves entries once). The
+    // object's next lock() joins what is left rather than take it over: another object of the
+    // owner may have joined the acquisition, and a take-over would reset its count.
+    static void not_finished(const std::shared_ptr<state>& st, const held& entry,
+                             std::size_t entries, bool last, steady::time_point valid_until,
                              const token& release) noexcept {
         if (last) {
-            bool noted = false;
-            {
-                std::lock_guard guard{st->mutex};
-                try {
-                    st->given_up = entry.acquisition;
-                    noted = true;
-                } catch (...) {
-                }
-            }
             hand_to_reaper(st, entry, entries, valid_until + st->options.lease, release);
-            if (!noted) {
-                std::lock_guard guard{st->mutex};
-                st->given_up = std::move(entry.acquisition);
-            }
             return;
         }
         std::lock_guard guard{st->mutex};

@@ -183,6 +183,7 @@ public:
                 const auto until = valid_until(sent, lease);
                 if (until < t->valid_until) {
                     t->valid_until = until;
+                    t->shortened_at = sent;
                     core().timer->move(t->timer, until);
                 }
             }
@@ -446,6 +447,9 @@ private:
                      std::chrono::milliseconds lease) {
         std::lock_guard guard{st_->mutex};
         if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
+            if (sent < t->shortened_at) {
+                return;  // sent before a shorter lease, which may have landed after it
+            }
             auto until = valid_until(sent, lease);
             if constexpr (deadline_never_earlier<State>) {
                 until = std::max(until, t->valid_until);

@@ -1518,10 +1518,11 @@ inline constexpr script recursive_release{
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
--- ARGV[7]  this release's id, or '' (absent too): a release sent again because its reply was
---          lost, whose id field left:<owner> lists (the owner's last 8 that left entries in
---          place), had landed and leaves nothing more: it would take an entry another object of
---          the owner counts on
+-- ARGV[7]  this release's id, or '' (absent too); the client names the last release through an
+--          object, which it sends again should the reply be lost: one whose id field
+--          left:<owner> lists (the owner's last 8 named releases that left entries in place) had
+--          landed and leaves nothing more, as it would take an entry another object of the owner
+--          joined
 -- Returns  2 released (key deleted or handed on) and a waiter told; 1 released, no one waits;
 --          0 still held (lease refreshed), or this release had landed already;
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
@@ -1813,7 +1814,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "6f3f2fb96dbba9e2810b7f93861320a9aa343dd4"};
+    "23278883a009c4d701fbac8cf630e621f45356af"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
