@@ -259,13 +259,13 @@ private:
     using handle::tracker;
 
     using held = detail::recursive_entry;
+    using release = detail::recursive_release<C>;
 
     // Runs lua/recursive_query.lua, counting the entries of `owner` ('' for none).
     detail::holder_snapshot query(std::string_view owner) const {
         return detail::query_holder(state_.get(), detail::scripts::recursive_query,
                                     std::array{owner});
     }
-    using release = detail::recursive_release<C>;
 
     std::uint64_t epoch_now() const {
         std::lock_guard guard{state_->mutex};
