@@ -217,7 +217,7 @@ public:
     }
 
     /// Asks Redis whether any owner holds the lock (this one included): whether some owner's
-    /// field counts entries of an acquisition its id:<owner> field names. A hash holding only
+    /// field counts entries of an acquisition its `id:<owner>` field names. A hash holding only
     /// the books kept beside entries (fence, handed:, gone: fields) is held by no one; an entry a
     /// release handed to a waiter is held. A snapshot (see the top of this header). One round
     /// trip: a script that reads only (lua/recursive_query.lua).

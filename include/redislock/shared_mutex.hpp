@@ -182,7 +182,7 @@ public:
     bool owned() const { return remaining() > std::chrono::milliseconds::zero(); }
 
     /// Asks Redis whether any owner holds the lock, reading or writing (the caller included):
-    /// whether some r:<owner> or w:<owner> entry is still within its own lease. Entries past
+    /// whether some `r:<owner>` or `w:<owner>` entry is still within its own lease. Entries past
     /// theirs stay in the hash until a script prunes them, and hold nothing; a hash holding only
     /// those and the books kept beside them (mode, fence) is held by no one. A snapshot (see the
     /// top of this header). One round trip: a script that reads only (lua/shared_query.lua).
