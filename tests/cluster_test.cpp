@@ -1037,6 +1037,88 @@ TEST_F(ClusterConnection, ReadWriteLockOnEveryMaster) {
     }
 }
 
+// The queries of every lock kind run on the master of the name's slot, in one round trip there
+// once their script is loaded, and no MOVED: the script declares the one key it reads. A hash
+// written straight to that master is what they read.
+TEST_F(ClusterConnection, QueriesOfEveryLockKindAskTheMasterOfTheNamesSlotInOneRoundTrip) {
+    redislock::cluster_client cc{cluster_->uri()};
+    redislock::cluster_client asker{cluster_->uri()};  // sends the queries, and nothing else
+    hiredis_cluster_connection& conn = asker.connection();
+    const auto one_round_trip_on_its_master = [&](std::string_view name, auto&& query) {
+        const auto before = conn.round_trips_per_node();
+        query();
+        auto after = conn.round_trips_per_node();
+        for (const auto& [node, trips] : before) {
+            after[node] -= trips;
+        }
+        std::map<std::string, std::uint64_t> expected;
+        for (const auto& [node, trips] : after) {
+            expected[node] = node == address(owner_of(name)) ? 1 : 0;
+        }
+        EXPECT_EQ(after, expected) << name;
+    };
+    std::set<int> owners;
+    for (int i = 0; i < 12; ++i) {
+        const std::string name = "queried:" + std::to_string(i);
+        SCOPED_TRACE(name);
+        owners.insert(owner_of(name));
+
+        auto m = cc.mutex(name, {.lease = 10s});
+        const auto seen = asker.mutex(name);
+        EXPECT_FALSE(seen.is_locked());
+        m.lock();
+        one_round_trip_on_its_master(name, [&] { EXPECT_TRUE(seen.is_locked()); });
+        EXPECT_GT(seen.holder_ttl(), 0ms);
+        EXPECT_LE(seen.holder_ttl(), 10s);
+        m.unlock();
+        EXPECT_FALSE(seen.is_locked());
+
+        const std::string reentrant = name + ":r";
+        auto rm = cc.recursive_mutex(reentrant, {.lease = 10s});
+        const auto rseen = asker.recursive_mutex(reentrant);
+        EXPECT_FALSE(rseen.is_locked());
+        rm.lock();
+        rm.lock();
+        EXPECT_EQ(rm.hold_count(), 2U);
+        one_round_trip_on_its_master(reentrant, [&] { EXPECT_EQ(rseen.hold_count(), 0U); });
+        EXPECT_TRUE(rseen.is_locked());
+        EXPECT_LE(rseen.holder_ttl(), 10s);
+        rm.unlock();
+        rm.unlock();
+        EXPECT_FALSE(rseen.is_locked());
+
+        const std::string read_write = name + ":rw";
+        auto long_reader = cc.shared_mutex(read_write, {.lease = 30s});
+        auto short_reader = cc.shared_mutex(read_write, {.lease = 2s, .owner = "short"});
+        const auto rwseen = asker.shared_mutex(read_write);
+        EXPECT_FALSE(rwseen.is_locked());
+        long_reader.lock_shared();
+        short_reader.lock_shared();
+        one_round_trip_on_its_master(read_write, [&] { EXPECT_GT(rwseen.holder_ttl(), 2s); });
+        EXPECT_LE(rwseen.holder_ttl(), 30s);
+        short_reader.unlock_shared();
+        long_reader.unlock_shared();
+        EXPECT_FALSE(rwseen.is_locked());
+
+        // Books only, written straight to the slot's master: held by no one until an entry.
+        const std::string books = name + ":books";
+        redislock::hiredis_connection& master = direct(owner_of(books));
+        const std::array<std::string_view, 6> hset{"HSET", books, "gone:o", "a1", "fence", "5"};
+        ASSERT_EQ(master.execute(hset), reply::integer(2));
+        const auto planted = asker.recursive_mutex(books);
+        EXPECT_FALSE(planted.is_locked());
+        const std::array<std::string_view, 6> entry{"HSET", books, "o", "1", "id:o", "a2"};
+        ASSERT_EQ(master.execute(entry), reply::integer(2));
+        EXPECT_TRUE(planted.is_locked());
+        EXPECT_EQ(planted.holder_ttl(), std::chrono::milliseconds::max()) << "no expiry set";
+        const std::array<std::string_view, 2> del{"DEL", books};
+        EXPECT_EQ(master.execute(del), reply::integer(1));
+    }
+    EXPECT_EQ(owners.size(), 3u);
+    EXPECT_EQ(conn.moved_redirections(), 0u);
+    EXPECT_EQ(conn.map_refreshes(), 1u) << "no MOVED on a stable cluster";
+}
+
 // A waiter on any master is woken by the release (SPUBLISH stays on the slot's shard, the
 // subscriber link goes to the slot's master), not by its long backoff or the holder's lease.
 TEST_F(ClusterConnection, WaitersAreWokenByTheReleaseOnEveryMaster) {

@@ -831,6 +831,94 @@ TEST(Mutex, VerifyAsksTheServer) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Queries: is_locked() and holder_ttl() ask the server about the name, whoever holds it
+
+TEST(Mutex, QueriesSeeAFreeNameAsHeldByNoOne) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const auto m = client.mutex("k");
+    EXPECT_FALSE(m.is_locked());
+    EXPECT_EQ(m.holder_ttl(), 0ms);
+    EXPECT_EQ(srv.cli({"EXISTS", "k"}), "0") << "a query writes nothing";
+}
+
+TEST(Mutex, QueriesSeeTheHolderWhoeverItIs) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client elsewhere{srv.uri()};  // another process, as far as the server knows
+    auto m = client.mutex("k", {.lease = 5s});
+    const auto same_client = client.mutex("k");
+    const auto other = elsewhere.mutex("k");
+    m.lock();
+    for (const redislock::mutex* q :
+         std::array<const redislock::mutex*, 3>{&m, &same_client, &other}) {
+        EXPECT_TRUE(q->is_locked());
+        const auto ttl = q->holder_ttl();
+        EXPECT_GT(ttl, 0ms);
+        EXPECT_LE(ttl, 5s);
+    }
+    std::thread{[&] { EXPECT_TRUE(m.is_locked()) << "any thread may ask"; }}.join();
+    m.unlock();
+    EXPECT_FALSE(m.is_locked());
+    EXPECT_FALSE(other.is_locked());
+    EXPECT_EQ(other.holder_ttl(), 0ms);
+}
+
+TEST(Mutex, QueriesSeeAnotherProgramsKeyAsHeld) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const auto m = client.mutex("k");
+    // redis-py's Lock speaks the same protocol: SET NX PX, or no expiry at all without a timeout.
+    ASSERT_EQ(srv.cli({"SET", "k", "their-token", "PX", "3000"}), "OK");
+    EXPECT_TRUE(m.is_locked());
+    EXPECT_GT(m.holder_ttl(), 0ms);
+    EXPECT_LE(m.holder_ttl(), 3s);
+    ASSERT_EQ(srv.cli({"SET", "k", "their-token"}), "OK");
+    EXPECT_TRUE(m.is_locked());
+    EXPECT_EQ(m.holder_ttl(), std::chrono::milliseconds::max());
+}
+
+TEST(Mutex, QueriesSeeAnExpiredLockAsFree) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.mutex("k", {.lease = 200ms});
+    m.lock();
+    EXPECT_TRUE(m.is_locked());
+    std::this_thread::sleep_for(400ms);
+    EXPECT_FALSE(m.is_locked());
+    EXPECT_EQ(m.holder_ttl(), 0ms);
+}
+
+// A release that hands the lock on keeps the key as 'queued:<waiter id>' for a waiter told it
+// may go (lua/_queue.lua): no one holds it meanwhile.
+TEST(Mutex, QueriesSeeAKeyKeptFreeForAWaiterAsHeldByNoOne) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const auto m = client.mutex("k");
+    ASSERT_EQ(srv.cli({"SET", "k", "queued:w1234", "PX", "5000"}), "OK");
+    EXPECT_FALSE(m.is_locked());
+    EXPECT_EQ(m.holder_ttl(), 0ms);
+    EXPECT_EQ(srv.cli({"GET", "k"}), "queued:w1234");
+}
+
+TEST(Mutex, QueriesOnANameHoldingAHashThrowWrongtypeAndOnAMovedFromLockInvalidArgument) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(srv.cli({"HSET", "k", "field", "value"}), "1");
+    auto m = client.mutex("k");
+    try {
+        (void)m.is_locked();
+        ADD_FAILURE() << "a query on a name that holds a hash must throw";
+    } catch (const redislock::server_error& e) {
+        EXPECT_NE(std::string{e.what()}.find("WRONGTYPE"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW((void)m.holder_ttl(), redislock::server_error);
+    auto taken = std::move(m);
+    EXPECT_THROW((void)m.is_locked(), redislock::invalid_argument);
+    EXPECT_THROW((void)m.holder_ttl(), redislock::invalid_argument);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Fencing
 
 TEST(Mutex, FencingTokensStrictlyIncreaseAcrossAcquisitionsAndObjects) {

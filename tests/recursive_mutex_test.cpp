@@ -1918,6 +1918,148 @@ TEST(RecursiveMutex, TryLockForTimesOutWhileHeldAndSucceedsOnceReleased) {
     EXPECT_EQ(exists(srv, "x"), "0");
 }
 
+// ---- queries: is_locked(), holder_ttl() and hold_count() ask the server ----
+
+TEST(RecursiveMutex, QueriesSeeAFreeNameAsHeldByNoOne) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const auto m = client.recursive_mutex("x");
+    EXPECT_FALSE(m.is_locked());
+    EXPECT_EQ(m.holder_ttl(), 0ms);
+    EXPECT_EQ(m.hold_count(), 0U);
+    EXPECT_EQ(exists(srv, "x"), "0") << "a query writes nothing";
+}
+
+TEST(RecursiveMutex, HoldCountFollowsNestedEntriesAndReleasesOfTheOwnerThroughEveryObject) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.recursive_mutex("x", {.lease = 5s});
+    auto same_owner = client.recursive_mutex("x", {.lease = 5s});
+    m.lock();
+    EXPECT_EQ(m.hold_count(), 1U);
+    m.lock();
+    m.lock();
+    EXPECT_EQ(m.hold_count(), 3U);
+    same_owner.lock();  // the same thread through another object: a re-entry
+    EXPECT_EQ(m.hold_count(), 4U);
+    EXPECT_EQ(same_owner.hold_count(), 4U);
+    EXPECT_EQ(m.depth(), 3U) << "depth() counts this object's entries only";
+    EXPECT_TRUE(m.is_locked());
+    EXPECT_GT(m.holder_ttl(), 0ms);
+    EXPECT_LE(m.holder_ttl(), 5s);
+    same_owner.unlock();
+    m.unlock();
+    EXPECT_EQ(m.hold_count(), 2U);
+    m.unlock();
+    EXPECT_EQ(m.hold_count(), 1U);
+    EXPECT_TRUE(m.is_locked());
+    m.unlock();
+    EXPECT_EQ(m.hold_count(), 0U);
+    EXPECT_FALSE(m.is_locked());
+    EXPECT_EQ(m.holder_ttl(), 0ms);
+}
+
+TEST(RecursiveMutex, QueriesSeeAnotherOwnersHoldButCountOnlyTheCallingOwnersEntries) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client elsewhere{srv.uri()};  // another process, as far as the server knows
+    auto m = client.recursive_mutex("x", {.lease = 5s});
+    const auto other = elsewhere.recursive_mutex("x");
+    m.lock();
+    m.lock();
+    EXPECT_TRUE(other.is_locked());
+    EXPECT_GT(other.holder_ttl(), 0ms);
+    EXPECT_LE(other.holder_ttl(), 5s);
+    EXPECT_EQ(other.hold_count(), 0U);
+    // Another thread is another owner, through the very object that holds.
+    std::size_t other_thread_count = 99;
+    bool other_thread_sees_it = false;
+    std::thread{[&] {
+        other_thread_count = m.hold_count();
+        other_thread_sees_it = m.is_locked();
+    }}.join();
+    EXPECT_EQ(other_thread_count, 0U);
+    EXPECT_TRUE(other_thread_sees_it);
+    EXPECT_EQ(m.hold_count(), 2U);
+    m.unlock();
+    m.unlock();
+}
+
+TEST(RecursiveMutex, HoldCountOfAnExplicitOwnerIsTheSameOnEveryThread) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.recursive_mutex("x", {.lease = 5s, .owner = "job-7"});
+    m.lock();
+    m.lock();
+    std::size_t seen = 0;
+    std::thread{[&] { seen = m.hold_count(); }}.join();
+    EXPECT_EQ(seen, 2U);
+    const auto another_job = client.recursive_mutex("x", {.owner = "job-8"});
+    EXPECT_EQ(another_job.hold_count(), 0U);
+    EXPECT_TRUE(another_job.is_locked());
+    m.unlock();
+    m.unlock();
+}
+
+TEST(RecursiveMutex, QueriesSeeAnExpiredLockAsFree) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.recursive_mutex("x", {.lease = 200ms});
+    m.lock();
+    m.lock();
+    EXPECT_EQ(m.hold_count(), 2U);
+    std::this_thread::sleep_for(400ms);
+    EXPECT_FALSE(m.is_locked());
+    EXPECT_EQ(m.holder_ttl(), 0ms);
+    EXPECT_EQ(m.hold_count(), 0U);
+}
+
+// The books kept beside entries (the fencing token, handed:, gone: and id: fields) hold nothing
+// by themselves; an owner holds once its field counts entries of the acquisition id:<owner> names.
+TEST(RecursiveMutex, QueriesDoNotCountAHashHoldingOnlyBooksAsHeld) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const auto m = client.recursive_mutex("x", {.owner = "job"});
+    const std::string owner = redislock::detail::owner_id(client.instance_id(), "job");
+    ASSERT_EQ(srv.cli({"HSET", "x", "gone:" + owner, "a1 a2", "fence", "17", "handed:" + owner,
+                       "a3", "gone:someone", "b1"}),
+              "4");
+    ASSERT_EQ(srv.cli({"PEXPIRE", "x", "5000"}), "1");
+    EXPECT_FALSE(m.is_locked());
+    EXPECT_EQ(m.holder_ttl(), 0ms);
+    EXPECT_EQ(m.hold_count(), 0U);
+    // An id without a count, and a count without an id, are books too.
+    ASSERT_EQ(srv.cli({"HSET", "x", "id:" + owner, "a3", "someone", "2"}), "2");
+    EXPECT_FALSE(m.is_locked());
+    EXPECT_EQ(m.hold_count(), 0U);
+    ASSERT_EQ(srv.cli({"HSET", "x", owner, "3"}), "1");
+    EXPECT_TRUE(m.is_locked());
+    EXPECT_GT(m.holder_ttl(), 0ms);
+    EXPECT_LE(m.holder_ttl(), 5s);
+    EXPECT_EQ(m.hold_count(), 3U);
+    ASSERT_EQ(srv.cli({"HSET", "x", owner, "0"}), "0");
+    EXPECT_FALSE(m.is_locked());
+    EXPECT_EQ(m.hold_count(), 0U);
+}
+
+TEST(RecursiveMutex, QueriesOnAReadWriteLockOrAStringThrowWrongtype) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rw = client.shared_mutex("x", {.lease = 5s});
+    rw.lock_shared();
+    const auto m = client.recursive_mutex("x");
+    try {
+        (void)m.is_locked();
+        ADD_FAILURE() << "a query on a read-write lock's name must throw";
+    } catch (const redislock::server_error& e) {
+        EXPECT_NE(std::string{e.what()}.find("WRONGTYPE"), std::string::npos) << e.what();
+    }
+    rw.unlock_shared();
+    ASSERT_EQ(srv.cli({"SET", "x", "token"}), "OK");
+    EXPECT_THROW((void)m.hold_count(), redislock::server_error);
+    EXPECT_THROW((void)m.holder_ttl(), redislock::server_error);
+}
+
 // ---- mutual exclusion under load ----
 
 // One process of the stress test: its client, a lock object all its threads share, and how

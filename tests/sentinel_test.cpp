@@ -291,6 +291,48 @@ TEST(Sentinel, AllThreeLockKindsWorkThroughTheSentinels) {
     EXPECT_EQ(client.connection().switches(), 0U);
 }
 
+// The queries of every lock kind read the master the sentinels name.
+TEST(Sentinel, QueriesOfEveryLockKindReadTheMaster) {
+    redis_sentinel topo;
+    redislock::sentinel_client client{topo.uri()};
+    redislock::sentinel_client asker{topo.uri()};
+    auto& node = topo.node(topo.master_port());
+
+    auto m = client.mutex("s:mutex", {.lease = 10s});
+    const auto seen = asker.mutex("s:mutex");
+    EXPECT_FALSE(seen.is_locked());
+    m.lock();
+    EXPECT_TRUE(seen.is_locked());
+    EXPECT_GT(seen.holder_ttl(), 0ms);
+    EXPECT_LE(seen.holder_ttl(), 10s);
+    m.unlock();
+    EXPECT_FALSE(seen.is_locked());
+
+    auto rm = client.recursive_mutex("s:recursive", {.lease = 10s});
+    const auto rseen = asker.recursive_mutex("s:recursive");
+    rm.lock();
+    rm.lock();
+    EXPECT_EQ(rm.hold_count(), 2U);
+    EXPECT_TRUE(rseen.is_locked());
+    EXPECT_EQ(rseen.hold_count(), 0U);
+    rm.unlock();
+    rm.unlock();
+    EXPECT_FALSE(rseen.is_locked());
+
+    // An entry past its own expiry, written on the master: held by no one until a reader enters.
+    ASSERT_EQ(node.cli({"HSET", "s:rw", "mode", "read", "r:gone", "1 1000 a1"}), "2");
+    const auto rwseen = asker.shared_mutex("s:rw");
+    EXPECT_FALSE(rwseen.is_locked());
+    auto rw = client.shared_mutex("s:rw", {.lease = 10s});
+    rw.lock_shared();
+    EXPECT_TRUE(rwseen.is_locked());
+    EXPECT_GT(rwseen.holder_ttl(), 0ms);
+    EXPECT_LE(rwseen.holder_ttl(), 10s);
+    rw.unlock_shared();
+    EXPECT_FALSE(rwseen.is_locked());
+    EXPECT_EQ(client.connection().switches(), 0U);
+}
+
 TEST(Sentinel, UnknownMasterNameIsAClearError) {
     redis_sentinel topo;
     std::string uri = topo.uri();

@@ -2115,6 +2115,117 @@ TEST(SharedMutex, LastReleasePublishesOnTheReleaseChannelOnlyWhenSomeoneWaits) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Queries: is_locked() and holder_ttl() ask the server about the name, whoever holds it
+
+TEST(SharedMutex, QueriesSeeAFreeNameAsHeldByNoOne) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const auto rw = client.shared_mutex("catalog");
+    EXPECT_FALSE(rw.is_locked());
+    EXPECT_EQ(rw.holder_ttl(), 0ms);
+    EXPECT_FALSE(exists(srv, "catalog")) << "a query writes nothing";
+}
+
+TEST(SharedMutex, QueriesSeeAWriterWhoeverItIs) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    redislock::client elsewhere{srv.uri()};  // another process, as far as the server knows
+    auto rw = client.shared_mutex("catalog", {.lease = 5s});
+    const auto other = elsewhere.shared_mutex("catalog");
+    rw.lock();
+    EXPECT_TRUE(rw.is_locked());
+    EXPECT_TRUE(other.is_locked());
+    EXPECT_GT(other.holder_ttl(), 0ms);
+    EXPECT_LE(other.holder_ttl(), 5s);
+    rw.unlock();
+    EXPECT_FALSE(other.is_locked());
+    EXPECT_EQ(other.holder_ttl(), 0ms);
+}
+
+// Each reader has its own lease: the lock stays held as long as the longest of them.
+TEST(SharedMutex, HolderTtlOfSeveralReadersIsTheLongestLease) {
+    redis_server srv;
+    redislock::client a{srv.uri()};
+    redislock::client b{srv.uri()};
+    auto long_reader = a.shared_mutex("catalog", {.lease = 30s});
+    auto short_reader = b.shared_mutex("catalog", {.lease = 2s});
+    long_reader.lock_shared();
+    short_reader.lock_shared();  // the last entry, not the longest
+    EXPECT_TRUE(short_reader.is_locked());
+    EXPECT_GT(short_reader.holder_ttl(), 2s);
+    EXPECT_LE(short_reader.holder_ttl(), 30s);
+    long_reader.unlock_shared();
+    EXPECT_TRUE(long_reader.is_locked());
+    EXPECT_GT(long_reader.holder_ttl(), 0ms);
+    EXPECT_LE(long_reader.holder_ttl(), 2s);
+    short_reader.unlock_shared();
+    EXPECT_FALSE(long_reader.is_locked());
+    EXPECT_EQ(long_reader.holder_ttl(), 0ms);
+}
+
+TEST(SharedMutex, QueriesSeeAnExpiredLockAsFree) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto rw = client.shared_mutex("catalog", {.lease = 200ms});
+    rw.lock_shared();
+    EXPECT_TRUE(rw.is_locked());
+    std::this_thread::sleep_for(400ms);
+    EXPECT_FALSE(rw.is_locked());
+    EXPECT_EQ(rw.holder_ttl(), 0ms);
+}
+
+// An entry past its own expiry holds nothing, though it stays in the hash until a script prunes
+// it and the key lives on (as long as the longest lease it was given); the key's TTL still
+// bounds what an entry has left.
+TEST(SharedMutex, QueriesReadEachEntrysOwnExpiryNotTheKeys) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const auto rw = client.shared_mutex("catalog");
+    // A reader's entry that expired a second after the epoch, in a key with 30 s left.
+    ASSERT_EQ(srv.cli({"HSET", "catalog", "mode", "read", "r:someone", "1 1000 a1"}), "2");
+    ASSERT_EQ(srv.cli({"PEXPIRE", "catalog", "30000"}), "1");
+    EXPECT_FALSE(rw.is_locked());
+    EXPECT_EQ(rw.holder_ttl(), 0ms);
+
+    // A writer's entry whose expiry is far away, in a key with 3 s left: 3 s at most.
+    ASSERT_EQ(srv.cli({"HSET", "catalog", "w:someone", "1 99999999999999 a1", "mode", "write"}),
+              "1");
+    ASSERT_EQ(srv.cli({"PEXPIRE", "catalog", "3000"}), "1");
+    EXPECT_TRUE(rw.is_locked());
+    EXPECT_GT(rw.holder_ttl(), 0ms);
+    EXPECT_LE(rw.holder_ttl(), 3s);
+}
+
+TEST(SharedMutex, QueriesDoNotCountAHashHoldingOnlyBooksAsHeld) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const auto rw = client.shared_mutex("catalog");
+    ASSERT_EQ(srv.cli({"HSET", "catalog", "mode", "read", "fence", "12", "r:gone",
+                       "0 99999999999999 a1"}),
+              "3");
+    ASSERT_EQ(srv.cli({"PEXPIRE", "catalog", "5000"}), "1");
+    EXPECT_FALSE(rw.is_locked());
+    EXPECT_EQ(rw.holder_ttl(), 0ms);
+}
+
+TEST(SharedMutex, QueriesOnAReentrantLockOrAStringThrowWrongtype) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.recursive_mutex("catalog", {.lease = 5s});
+    m.lock();
+    const auto rw = client.shared_mutex("catalog");
+    try {
+        (void)rw.is_locked();
+        ADD_FAILURE() << "a query on a reentrant lock's name must throw";
+    } catch (const redislock::server_error& e) {
+        EXPECT_NE(std::string{e.what()}.find("WRONGTYPE"), std::string::npos) << e.what();
+    }
+    m.unlock();
+    ASSERT_EQ(srv.cli({"SET", "catalog", "token"}), "OK");
+    EXPECT_THROW((void)rw.holder_ttl(), redislock::server_error);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Bad input
 
 TEST(SharedMutex, RejectsBadNamesLeasesAndBackoffBounds) {

@@ -22,6 +22,11 @@
 // in the background (by the client's reaper): renewals or an extend() that never counted (too
 // few replicas acknowledged them, their answer was lost) may have kept the key past the deadline
 // the holder was told of, and must not keep rivals out longer.
+// Queries: is_locked() and holder_ttl() ask Redis about the name, whoever holds it (this object,
+// another one, another process): snapshots, which may be stale by the time the caller looks, so
+// they never decide whether to take the lock (try_lock() does that in one step). Any thread may
+// call them at any time, concurrently with the object's other calls: they read one key, in one
+// round trip routed as the lock's other calls are, and change nothing, locally or in Redis.
 // Events: with a client event hook (client_options::on_event) a lock call that takes the lock
 // reports acquired, each attempt that finds it held contended, unlock() released, and a loss
 // lost with its reason (see events.hpp).
@@ -59,6 +64,7 @@
 #include <redislock/detail/blocking/mutex_release.hpp>
 #include <redislock/detail/blocking/timed_lockable.hpp>
 #include <redislock/detail/engine/client_core.hpp>
+#include <redislock/detail/kinds/holder_query.hpp>
 #include <redislock/detail/kinds/lock_identity.hpp>
 #include <redislock/detail/kinds/mutex_state.hpp>
 #include <redislock/detail/kinds/reply_meaning.hpp>
@@ -169,6 +175,27 @@ public:
         tracker().lose(*token,
                        r.is_string() && !ours ? loss_reason::taken : loss_reason::server_lost);
         return false;
+    }
+
+    /// Asks Redis whether anyone holds the lock: this object, another object or process, or a
+    /// waiter a release handed it to. A lock a release keeps free for a waiter told it may go is
+    /// held by no one. A snapshot (see the top of this header). One round trip: a script that
+    /// reads only (lua/mutex_query.lua).
+    /// @throws redislock::invalid_argument on a moved-from object; redislock::connection_error;
+    ///         redislock::server_error when the server answers with an error (WRONGTYPE: the key
+    ///         holds something other than a simple lock).
+    bool is_locked() const { return holder_ttl() != std::chrono::milliseconds::zero(); }
+
+    /// Asks Redis how long the holder, whoever it is, keeps the lock: the key's time to live
+    /// (PTTL), at least 1 ms while held; zero when no one holds it (as is_locked() tells);
+    /// milliseconds::max() when another program set the key with no expiry. A snapshot in the
+    /// server's time, with no allowance for clock drift or the round trip: it does not tell this
+    /// object how long it may act as the holder (remaining() does). One round trip, as
+    /// is_locked(); throws as it does.
+    std::chrono::milliseconds holder_ttl() const {
+        return detail::query_holder(state_.get(), detail::scripts::mutex_query,
+                                    std::array<std::string_view, 0>{})
+            .ttl;
     }
 
     /// The fencing token of the current acquisition (lock_options::fencing); 0 when fencing is

@@ -44,6 +44,10 @@
 // object keeps the deadline it had. A wait with time left rides out transient failures.
 // With lock_options::watchdog the lease is renewed from the first entry through this object
 // until the last one is left (see watchdog.hpp).
+// Queries: is_locked(), holder_ttl() and hold_count() ask Redis about the name, whoever holds
+// it: snapshots, which may be stale by the time the caller looks (see basic_mutex). Any thread
+// may call them at any time, concurrently with the object's other calls: they read one key, in
+// one round trip routed as the lock's other calls are, and change nothing, locally or in Redis.
 // Events (client_options::on_event): acquired for a first entry through this object, released
 // when its last entry is left; re-entries and inner releases report nothing (see events.hpp).
 // Lifetime: independent of the client's (the connection is shared). Movable, not copyable; a
@@ -76,6 +80,7 @@
 #include <redislock/detail/blocking/recursive_release.hpp>
 #include <redislock/detail/blocking/timed_lockable.hpp>
 #include <redislock/detail/engine/client_core.hpp>
+#include <redislock/detail/kinds/holder_query.hpp>
 #include <redislock/detail/kinds/lock_identity.hpp>
 #include <redislock/detail/kinds/owner_id.hpp>
 #include <redislock/detail/kinds/recursive_state.hpp>
@@ -215,6 +220,33 @@ public:
         return false;
     }
 
+    /// Asks Redis whether any owner holds the lock (this one included): whether some owner's
+    /// field counts entries of an acquisition its `id:<owner>` field names. A hash holding only
+    /// the books kept beside entries (fence, handed:, gone: fields) is held by no one; an entry a
+    /// release handed to a waiter is held. A snapshot (see the top of this header). One round
+    /// trip: a script that reads only (lua/recursive_query.lua).
+    /// @throws redislock::invalid_argument on a moved-from object; redislock::connection_error;
+    ///         redislock::server_error when the server answers with an error (WRONGTYPE: the key
+    ///         holds something other than a reentrant lock).
+    bool is_locked() const { return query({}).ttl != std::chrono::milliseconds::zero(); }
+
+    /// Asks Redis how long the holder keeps the lock: the hash's time to live (PTTL; every entry
+    /// of the holder shares it), at least 1 ms while held; zero when no one holds it;
+    /// milliseconds::max() when another program wrote it with no expiry. A snapshot in the
+    /// server's time, with no allowance for clock drift or the round trip: it does not tell this
+    /// object how long it may act as the holder (remaining() does). One round trip, as
+    /// is_locked(); throws as it does.
+    std::chrono::milliseconds holder_ttl() const { return query({}).ttl; }
+
+    /// Asks Redis how many entries the calling owner (the calling thread, or lock_options::owner:
+    /// the owner lock() enters as) holds, through any of its objects for this name; 0 when it
+    /// holds none. depth() counts only this object's, locally. A snapshot (see the top of this
+    /// header), in one round trip, as is_locked(); throws as it does.
+    std::size_t hold_count() const {
+        const std::string owner = checked().caller_owner();
+        return static_cast<std::size_t>(std::max<std::int64_t>(query(owner).count, 0));
+    }
+
     /// The fencing token of the outermost acquisition; 0 when fencing is off or not held.
     std::int64_t fencing_token() const { return handle::held_fence(); }
 
@@ -232,6 +264,12 @@ private:
 
     using held = detail::recursive_entry;
     using release = detail::recursive_release<C>;
+
+    // Runs lua/recursive_query.lua, counting the entries of `owner` ('' for none).
+    detail::holder_snapshot query(std::string_view owner) const {
+        return detail::query_holder(state_.get(), detail::scripts::recursive_query,
+                                    std::array{owner});
+    }
 
     std::uint64_t epoch_now() const {
         std::lock_guard guard{state_->mutex};

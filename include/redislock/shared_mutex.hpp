@@ -45,6 +45,10 @@
 // acknowledged is refused).
 // With lock_options::watchdog each held mode of each owner is renewed from its first entry
 // through this object until its last one is left (see watchdog.hpp).
+// Queries: is_locked() and holder_ttl() ask Redis about the name, whoever holds it, in either
+// mode: snapshots, which may be stale by the time the caller looks (see basic_mutex). Any thread
+// may call them at any time, concurrently with the object's other calls: they read one key, in
+// one round trip routed as the lock's other calls are, and change nothing, locally or in Redis.
 // Events (client_options::on_event): acquired for each mode's first entry through this object
 // (lock_kind::shared_mutex_write or shared_mutex_read), released when its last entry is left;
 // re-entries and inner releases report nothing (see events.hpp).
@@ -81,6 +85,7 @@
 #include <redislock/detail/blocking/shared_release.hpp>
 #include <redislock/detail/blocking/timed_lockable.hpp>
 #include <redislock/detail/engine/client_core.hpp>
+#include <redislock/detail/kinds/holder_query.hpp>
 #include <redislock/detail/kinds/lock_identity.hpp>
 #include <redislock/detail/kinds/owner_id.hpp>
 #include <redislock/detail/kinds/reply_meaning.hpp>
@@ -175,6 +180,28 @@ public:
 
     /// Local: true while the caller holds the lock in some mode and remaining() > 0.
     bool owned() const { return remaining() > std::chrono::milliseconds::zero(); }
+
+    /// Asks Redis whether any owner holds the lock, reading or writing (the caller included):
+    /// whether some `r:<owner>` or `w:<owner>` entry is still within its own lease. Entries past
+    /// theirs stay in the hash until a script prunes them, and hold nothing; a hash holding only
+    /// those and the books kept beside them (mode, fence) is held by no one. A snapshot (see the
+    /// top of this header). One round trip: a script that reads only (lua/shared_query.lua).
+    /// @throws redislock::invalid_argument on a moved-from object; redislock::connection_error;
+    ///         redislock::server_error when the server answers with an error (WRONGTYPE: the key
+    ///         holds something other than a read-write lock).
+    bool is_locked() const { return holder_ttl() != std::chrono::milliseconds::zero(); }
+
+    /// Asks Redis how long the lock stays held: the time left of the holder whose lease ends
+    /// last (several readers each have their own lease: the longest), read from the entries' own
+    /// expiries in server time and never more than the hash's time to live; at least 1 ms while
+    /// held, zero when no one holds it. A snapshot in the server's time, with no allowance for
+    /// clock drift or the round trip: it does not tell the caller how long it may act as a holder
+    /// (remaining() does). One round trip, as is_locked(); throws as it does.
+    std::chrono::milliseconds holder_ttl() const {
+        return detail::query_holder(state_.get(), detail::scripts::shared_query,
+                                    std::array<std::string_view, 0>{})
+            .ttl;
+    }
 
     /// The fencing token of the caller's write acquisition; 0 when fencing is off or the caller
     /// does not hold the write lock.

@@ -411,6 +411,33 @@ return 0
 )lua",
     "fc9516b8fd14fd2a540c248ef4621887a52a33cf"};
 
+inline constexpr script mutex_query{
+    "mutex_query",
+    R"lua(-- Whether anyone holds a simple lock, and for how long: basic_mutex::is_locked() and
+-- holder_ttl(). Reads only. A key holding 'queued:<id>' is a free lock kept for waiter <id>, told
+-- it may go (see mutex_acquire.lua): no one holds it. One holding a waiter's token was handed to
+-- that waiter, whose attempt takes it as it is: held.
+-- KEYS[1]  the lock's key
+-- Returns  the holder's time left, ms: 0 when no one holds it; -1 when held with no expiry (a key
+--          another program set without one)
+-- Errors   WRONGTYPE when KEYS[1] holds a key that is not a simple lock; any other refusal to
+--          read it (an ACL) as the server gave it.
+local holder = redis.pcall('GET', KEYS[1])
+if type(holder) == 'table' then
+    if string.find(holder.err or '', '^WRONGTYPE') then
+        return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a simple lock')
+    end
+    return holder
+end
+if not holder or string.sub(holder, 1, 7) == 'queued:' then
+    return 0
+end
+-- A key with under a millisecond left reads 0: still held, for at most 1 ms.
+local ttl = redis.call('PTTL', KEYS[1])
+return ttl == -1 and -1 or math.max(ttl, 1)
+)lua",
+    "76e401e39b6cb8b0f784776486133b2661fb38fe"};
+
 inline constexpr script mutex_release{
     "mutex_release",
     R"lua(-- Releases a simple lock if it still holds our token. When someone waits, the lock goes to the
@@ -1501,6 +1528,51 @@ return 0
 )lua",
     "91d2cfd8ceaa435fe58f7885d126e9d219182551"};
 
+inline constexpr script recursive_query{
+    "recursive_query",
+    R"lua(-- Whether anyone holds a reentrant lock, for how long, and how many entries one owner holds in
+-- it: basic_recursive_mutex::is_locked(), holder_ttl() and hold_count(). Reads only.
+-- Layout: see recursive_acquire.lua. An owner holds the lock when its field counts entries and
+-- its field id:<owner> names the acquisition they belong to (an entry a release handed to the
+-- owner's waiter included). The other fields (fence, handed:<owner>, gone:<owner>) are books kept
+-- beside the entries: a hash holding only those is held by no one.
+-- KEYS[1]  the lock's hash
+-- ARGV[1]  the owner whose entries to count, or ''
+-- Returns  {time left, count}: the holders' time left, ms (the key's: all of a holder's entries
+--          share it), 0 when no one holds it, -1 when held with no expiry (a hash another program
+--          wrote); the entries ARGV[1] holds
+-- Errors   WRONGTYPE when KEYS[1] holds a key that is not a reentrant lock
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+    return {0, 0}
+end
+if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1 then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
+end
+local fields = redis.call('HGETALL', KEYS[1])
+local values = {}
+for i = 1, #fields, 2 do
+    values[fields[i]] = fields[i + 1]
+end
+local held, mine = false, 0
+for field, value in pairs(values) do
+    local count = tonumber(string.match(value, '^%d+$'))
+    if count and count > 0 and values['id:' .. field] then
+        held = true
+        if field == ARGV[1] then
+            mine = count
+        end
+    end
+end
+if not held then
+    return {0, 0}
+end
+-- A key with under a millisecond left reads 0: still held, for at most 1 ms.
+local ttl = redis.call('PTTL', KEYS[1])
+return {ttl == -1 and -1 or math.max(ttl, 1), mine}
+)lua",
+    "51ccb93308349580690456fcd17c100ce5b9f84e"};
+
 inline constexpr script recursive_release{
     "recursive_release",
     R"lua(-- Leaves a reentrant lock ARGV[2] times; when the count reaches 0, deletes it or, if someone
@@ -2272,6 +2344,50 @@ end
 return 1
 )lua",
     "e00da2ec2dc7feecd45b5f21112d9b15cacdc278"};
+
+inline constexpr script shared_query{
+    "shared_query",
+    R"lua(-- Whether anyone holds a read-write lock, and for how long: basic_shared_mutex::is_locked() and
+-- holder_ttl(). Reads only.
+-- Layout: see shared_acquire.lua. Each holder's entry, r:<owner> or w:<owner>, carries its own
+-- expiry in server time; an entry past it holds nothing, though it stays in the hash until a
+-- script prunes it, and the key lives as long as the longest lease it was given. The other fields
+-- (mode, fence) are books: a hash holding only those, or only entries past their expiry, is held
+-- by no one.
+-- KEYS[1]  the lock's hash
+-- Returns  the time left of the holder whose lease ends last, ms (no more than the key's own
+--          TTL); 0 when no one holds it
+-- Errors   WRONGTYPE when KEYS[1] holds a key that is not a read-write lock
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+    return 0
+end
+if kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0 then
+    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a read-write lock')
+end
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local fields = redis.call('HGETALL', KEYS[1])
+local latest = now
+for i = 1, #fields, 2 do
+    local tag = string.sub(fields[i], 1, 2)
+    local count, expiry = string.match(fields[i + 1], '^(%d+) (%d+)')
+    if (tag == 'r:' or tag == 'w:') and count and tonumber(count) > 0 then
+        -- At most the longest lease (2^40 ms) from now: see shared_acquire.lua.
+        latest = math.max(latest, math.min(tonumber(expiry), now + 1099511627776))
+    end
+end
+if latest == now then
+    return 0
+end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl == -1 then
+    return latest - now
+end
+-- A key with under a millisecond left reads 0: still held, for at most 1 ms.
+return math.min(latest - now, math.max(ttl, 1))
+)lua",
+    "cd930023d55264e1d1bd15fe80e4d5bdb0189f27"};
 
 inline constexpr script shared_release{
     "shared_release",
