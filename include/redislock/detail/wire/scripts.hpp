@@ -1534,8 +1534,8 @@ inline constexpr script recursive_query{
 -- it: basic_recursive_mutex::is_locked(), holder_ttl() and hold_count(). Reads only.
 -- Layout: see recursive_acquire.lua. An owner holds the lock when its field counts entries and
 -- its field id:<owner> names the acquisition they belong to (an entry a release handed to the
--- owner's waiter included). The other fields (fence, handed:<owner>, gone:<owner>) are books kept
--- beside the entries: a hash holding only those is held by no one.
+-- owner's waiter included). The other fields (fence, handed:<owner>, gone:<owner>, left:<owner>)
+-- are books kept beside the entries: a hash holding only those is held by no one.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner whose entries to count, or ''
 -- Returns  {time left, count}: the holders' time left, ms (the key's: all of a holder's entries
@@ -1571,7 +1571,7 @@ end
 local ttl = redis.call('PTTL', KEYS[1])
 return {ttl == -1 and -1 or math.max(ttl, 1), mine}
 )lua",
-    "51ccb93308349580690456fcd17c100ce5b9f84e"};
+    "28cd0b9fe8e90e5827a2bdabeba65012eedbc952"};
 
 inline constexpr script recursive_release{
     "recursive_release",
