@@ -3,8 +3,8 @@
 // Layout (see lua/shared_acquire.lua): field r:<owner> or w:<owner> =
 // "<count> <expiry ms> <acquisition id>" for every holder, each with its own lease in server
 // time, so one reader's release or expiry never frees another, and a release or renewal names
-// its acquisition, so one made for a lost acquisition never acts on a later one; q:<owner>
-// marks a waiting writer, which makes new readers wait (no writer starvation); `mode` marks the
+// its acquisition, so one made for a lost acquisition never acts on a later one; a waiting
+// writer in the queue makes new readers wait (no writer starvation); `mode` marks the
 // hash as a read-write lock; `fence` holds the writer's fencing token. The key's own TTL is the
 // longest lease in it; no re-entry, release or renewal shortens an entry's expiry that another
 // object of the same owner counts on. The waiting queue lives beside it, in {name}:queue and
