@@ -132,13 +132,25 @@ public:
         }
         const detail::decimal lease_text{lease.count()};
         const auto sent = detail::steady::now();
-        tracker().extend_sending(*token, sent, lease);
-        const reply r = detail::run_script(*state_->conn, detail::scripts::mutex_extend,
-                                           std::array{std::string_view{state_->name}},
-                                           std::array{token->view(), lease_text.view()},
-                                           call_context{{}, state_->core->untimed_deadline()},
-                                           &state_->core->events);
-        return tracker().extend_replied(*token, r, sent, lease);
+        const bool shortening = tracker().extend_sending(*token, sent, lease);
+        bool ours = false;
+        try {
+            const reply r = detail::run_script(*state_->conn, detail::scripts::mutex_extend,
+                                               std::array{std::string_view{state_->name}},
+                                               std::array{token->view(), lease_text.view()},
+                                               call_context{{}, state_->core->untimed_deadline()},
+                                               &state_->core->events);
+            ours = tracker().extend_replied(*token, r, sent, lease);
+        } catch (...) {
+            if (shortening) {
+                tracker().extend_returned(*token);
+            }
+            throw;
+        }
+        if (shortening) {
+            tracker().extend_returned(*token);
+        }
+        return ours;
     }
 
     /// Local, conservative estimate of how long the lock stays ours: the lease counted from when

@@ -26,13 +26,13 @@
 // on another thread); it never touches the holder's count.
 // Faults: every operation is safe to retry. Each attempt of a lock() call draws a fresh id and
 // names the earlier ones as given up, so a retry whose first reply was lost takes its own entry
-// over instead of re-entering it; an acquisition abandoned mid-flight makes the object remember
-// it as given up (its next outermost lock() takes the entry over, and so does the owner's next
-// outermost lock() through any object of the client, which would otherwise join an entry the
-// reaper is about to drop) and has the client's reaper drop it in the background; a last release
-// that could not be finished is sent again by the reaper as the same release, which leaves its
-// entries once however often it lands (entries another object of the owner joined stay its
-// own, and the object's next lock() joins what is left); a re-entry whose
+// over instead of re-entering it; a release that could not be finished, or an acquisition abandoned
+// mid-flight, makes the object remember that acquisition as given up (its next outermost lock()
+// takes the entry over; for one abandoned mid-flight, so does the owner's next outermost lock()
+// through any object of the client, which would otherwise join an entry the reaper is about to
+// drop) and has the client's reaper drop it in the background; a last release is sent again as
+// the same release, which leaves its entries once however often it lands (the script keeps the
+// owner's last 8 such releases); a re-entry whose
 // reply was lost makes the outermost unlock() drop the whole acquisition rather than trust the
 // count. Loss is told at the local conservative deadline (see basic_mutex), through owned(),
 // lost_token() and on_lost. Once a loss by expiry is told, the entries made through this object
@@ -222,9 +222,9 @@ public:
 
     /// Asks Redis whether any owner holds the lock (this one included): whether some owner's
     /// field counts entries of an acquisition its `id:<owner>` field names. A hash holding only
-    /// the books kept beside entries (fence, handed:, gone: fields) is held by no one; an entry a
-    /// release handed to a waiter is held. A snapshot (see the top of this header). One round
-    /// trip: a script that reads only (lua/recursive_query.lua).
+    /// the books kept beside entries (fence, handed:, gone:, left: fields) is held by no one; an
+    /// entry a release handed to a waiter is held. A snapshot (see the top of this header). One
+    /// round trip: a script that reads only (lua/recursive_query.lua).
     /// @throws redislock::invalid_argument on a moved-from object; redislock::connection_error;
     ///         redislock::server_error when the server answers with an error (WRONGTYPE: the key
     ///         holds something other than a reentrant lock).

@@ -151,15 +151,26 @@ public:
         }
         const detail::decimal lease_text{lease.count()};
         const auto sent = detail::steady::now();
-        tracker().extend_sending(acq->tok, sent, lease);
-        const auto outcomes =
-            core().round(detail::node_op::extend, *acq, sent + core().options().node_timeout, {},
-                         lease_text.view());
-        if (!quorum_holds(*acq, outcomes, "extend")) {
-            return false;
+        const bool shortening = tracker().extend_sending(acq->tok, sent, lease);
+        bool held = false;
+        try {
+            const auto outcomes =
+                core().round(detail::node_op::extend, *acq, sent + core().options().node_timeout,
+                             {}, lease_text.view());
+            held = quorum_holds(*acq, outcomes, "extend");
+            if (held) {
+                tracker().extended(acq->tok, sent, lease);
+            }
+        } catch (...) {
+            if (shortening) {
+                tracker().extend_returned(acq->tok);
+            }
+            throw;
         }
-        tracker().extended(acq->tok, sent, lease);
-        return true;
+        if (shortening) {
+            tracker().extend_returned(acq->tok);
+        }
+        return held;
     }
 
     /// Local, conservative estimate of how long the lock stays ours: the lease counted from when

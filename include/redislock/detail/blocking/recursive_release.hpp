@@ -159,7 +159,7 @@ struct recursive_release {
                                   st->core->untimed_deadline(), id_text(release));
             },
             [](const reply& r) { return r.is_integer(); },
-            [&] { not_finished(st, entry, entries, last, ended.valid_until, release); },
+            [&] { not_finished(st, std::move(entry), entries, last, ended.valid_until, release); },
             [&](const reply&) {
                 // The entries were gone: every entry of that acquisition is lost.
                 if (!last) {
@@ -176,14 +176,29 @@ struct recursive_release {
     }
 
     // A release whose outcome is unknown: an inner entry makes the count uncertain; the last one
-    // is sent again in the background, as the same release (it leaves entries once). The
-    // object's next lock() joins what is left rather than take it over: another object of the
-    // owner may have joined the acquisition, and a take-over would reset its count.
-    static void not_finished(const std::shared_ptr<state>& st, const held& entry,
-                             std::size_t entries, bool last, steady::time_point valid_until,
+    // is sent again in the background, as the same release (it leaves entries once), and the
+    // object's next lock() takes its entry over (joining it instead would let that release,
+    // which may also leave uncertain entries, land on the new hold). Never throws: when its id
+    // cannot be copied into the object's books before the reaper gets it (out of memory), it is
+    // moved there after.
+    static void not_finished(const std::shared_ptr<state>& st, held entry, std::size_t entries,
+                             bool last, steady::time_point valid_until,
                              const token& release) noexcept {
         if (last) {
+            bool noted = false;
+            {
+                std::lock_guard guard{st->mutex};
+                try {
+                    st->given_up = entry.acquisition;
+                    noted = true;
+                } catch (...) {
+                }
+            }
             hand_to_reaper(st, entry, entries, valid_until + st->options.lease, release);
+            if (!noted) {
+                std::lock_guard guard{st->mutex};
+                st->given_up = std::move(entry.acquisition);
+            }
             return;
         }
         std::lock_guard guard{st->mutex};

@@ -175,24 +175,44 @@ public:
     /// shorten the server's expiry, a lease ending before the local deadline may land even when
     /// the call then fails (a lost or late reply, a quorum not reached), so the deadline is cut
     /// to it first: otherwise the holder would count on time the server no longer gives it.
-    void extend_sending(const key_type& key, steady::time_point sent,
+    /// Returns true for a shortening one (shorter than the deadline held, or than the lease the
+    /// renewals give): the caller then calls extend_returned() once the call is over.
+    bool extend_sending(const key_type& key, steady::time_point sent,
                         std::chrono::milliseconds lease) {
-        if constexpr (!deadline_never_earlier<State>) {
+        if constexpr (deadline_never_earlier<State>) {
+            return false;
+        } else {
             std::lock_guard guard{st_->mutex};
-            if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
-                const auto until = valid_until(sent, lease);
-                if (until < t->valid_until) {
-                    t->valid_until = until;
-                    t->shortened_at = sent;
-                    core().timer->move(t->timer, until);
-                }
+            tracked* t = State::find_lease(*st_, key);
+            if (t == nullptr || t->lost) {
+                return false;
             }
+            const auto until = valid_until(sent, lease);
+            if (until >= t->valid_until && lease >= st_->options.lease) {
+                return false;
+            }
+            t->shortened_at = sent;
+            if (until < t->valid_until) {
+                t->valid_until = until;
+                core().timer->move(t->timer, until);
+            }
+            return true;
+        }
+    }
+
+    /// A shortening extend() (see extend_sending()) is over, whatever its outcome: a renewal
+    /// sent while it was in flight may have run before it on the server, so its reply no longer
+    /// moves the deadline either.
+    void extend_returned(const key_type& key) noexcept {
+        std::lock_guard guard{st_->mutex};
+        if (tracked* t = State::find_lease(*st_, key); t != nullptr) {
+            t->shortened_at = steady::now();
         }
     }
 
     /// An extend() of `lease` sent at `sent` succeeded.
     void extended(const key_type& key, steady::time_point sent, std::chrono::milliseconds lease) {
-        renewed_for(key, sent, lease);
+        renewed_for(key, sent, lease, true);
     }
 
     /// What an extend() (or, with a zero `lease`, a check) of `key` sent at `sent` learns from
@@ -443,12 +463,13 @@ private:
         }
     }
 
-    void renewed_for(const key_type& key, steady::time_point sent,
-                     std::chrono::milliseconds lease) {
+    // `extend`: the reply of an extend() itself, which the gate for renewals does not hold back.
+    void renewed_for(const key_type& key, steady::time_point sent, std::chrono::milliseconds lease,
+                     bool extend = false) {
         std::lock_guard guard{st_->mutex};
         if (tracked* t = State::find_lease(*st_, key); t && !t->lost) {
-            if (sent < t->shortened_at) {
-                return;  // sent before a shorter lease, which may have landed after it
+            if (!extend && sent < t->shortened_at) {
+                return;  // sent before a shorter lease was over, which may have landed after it
             }
             auto until = valid_until(sent, lease);
             if constexpr (deadline_never_earlier<State>) {

@@ -38,8 +38,9 @@ template <connection C>
 struct tracked_lease {
     steady::time_point valid_until{};
     steady::time_point acquired_at{};  // held since then: hold times count from it
-    // When the last extend() to a shorter lease was sent: a renewal sent before it may have
-    // run before it on the server, so its reply no longer moves the deadline.
+    // When the last extend() to a shorter lease returned (while in flight: when it was sent): a
+    // renewal sent before that may have run before it on the server, so its reply no longer
+    // moves the deadline.
     steady::time_point shortened_at{};
     lock_kind kind = lock_kind::none;  // what its events say it is
     bool lost = false;                 // told through on_lost and the stop source
