@@ -458,9 +458,10 @@ public:
         rec.blocks = false;
         describe_effects(rec, spec.kind);
         rec.masters = std::clamp(spec.count, 1, 3);
-        // With one or two of the five masters faulted, three still answer: a quorum is in
-        // reach, so the fault holds no waiter back (only three faulted masters block a name).
-        rec.blocks = rec.blocks && rec.masters >= 3;
+        // With one or two of the five masters faulted a quorum is still in reach, but
+        // contenders then split the votes of the masters left (two of four each, or any one of
+        // three) and every round fails until randomized retries part them: Redlock promises no
+        // bound on the wait then, so the fault holds waiters back as it would on one node.
         const int duration =
             fault_duration(spec.kind, spec.duration_ms, ctx.the_plan.max_lease_ms());
         std::vector<std::unique_ptr<server_fault>> faults;
