@@ -31,6 +31,7 @@
 #include <redislock/redislock.hpp>
 
 #include "support/exclusion.hpp"
+#include "support/faulty_connection.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_util.hpp"
 
@@ -2394,6 +2395,144 @@ TEST(SharedMutex, ReadEntriesFoundGoneAtUnlockStopTheirRenewal) {
     }
     std::this_thread::sleep_for(400ms);  // past a renewal period, with the object gone
     EXPECT_LE(lost.calls.load(), 1);
+}
+
+// The entry `owner` holds in `name` in mode `kind` ('r' or 'w'), as the server has it.
+entry entry_of(const redis_server& srv, const std::string& name, std::string_view kind,
+               const std::string& owner) {
+    const hash fields = hash_of(srv, name);
+    const auto it = fields.find(std::string{kind} + ":" + owner);
+    return it == fields.end() ? entry{} : parse_entry(it->second);
+}
+
+using faulty_hiredis = redislock::test::faulty_connection<redislock::hiredis_connection>;
+
+// Locks `m` in `kind` ('r' or 'w').
+void enter(redislock::basic_shared_mutex<faulty_hiredis>& m, std::string_view kind) {
+    kind == "w" ? m.lock() : m.lock_shared();
+}
+
+void leave(redislock::basic_shared_mutex<faulty_hiredis>& m, std::string_view kind,
+           std::error_code& ec) {
+    kind == "w" ? m.unlock(ec) : m.unlock_shared(ec);
+}
+
+bool owns(const redislock::basic_shared_mutex<faulty_hiredis>& m, std::string_view) {
+    return m.owned();
+}
+
+// Whether a writer of another client gets `name` now.
+bool a_rival_writer_gets_in(const redis_server& srv, const std::string& name) {
+    redislock::client rival_client{srv.uri()};
+    auto rival = rival_client.shared_mutex(name);
+    if (!rival.try_lock()) {
+        return false;
+    }
+    rival.unlock();
+    return true;
+}
+
+// Two objects of one owner share its entry; the release of the second one's last entry is sent
+// again after its reply was lost, in the background: it must leave that entry once, never the
+// first object's.
+TEST(SharedMutex, AReleaseSentAgainAfterALostReplyNeverTakesAnotherObjectsEntry) {
+    for (const std::string_view kind : {"w", "r"}) {
+        SCOPED_TRACE(kind);
+        redis_server srv;
+        faulty_hiredis conn{srv.uri()};
+        redislock::basic_client<faulty_hiredis> client{conn};
+        const redislock::lock_options task{.lease = 30s, .owner = "task-9"};
+        const std::string owner = redislock::detail::owner_id(client.instance_id(), "task-9");
+        auto first = client.shared_mutex("x", task);
+        auto joined = client.shared_mutex("x", task);
+        enter(first, kind);
+        enter(first, kind);
+        std::error_code ec;
+        leave(first, kind, ec);  // the release script is loaded: a dropped reply is its answer's
+        ASSERT_FALSE(ec);
+        enter(joined, kind);
+        ASSERT_EQ(entry_of(srv, "x", kind, owner).count, 2);
+        const auto before = conn.count("EVALSHA", "shared_release");
+        conn.add({.command = "EVALSHA",
+                  .script = "shared_release",
+                  .action = redislock::test::fault_action::drop_reply});
+        leave(joined, kind, ec);
+        EXPECT_TRUE(ec) << "the reply was dropped";
+        ASSERT_TRUE(redislock::test::eventually(
+            [&] { return conn.count("EVALSHA", "shared_release") >= before + 2; }, 10s));
+        std::this_thread::sleep_for(200ms);
+        EXPECT_EQ(entry_of(srv, "x", kind, owner).count, 1);
+        EXPECT_TRUE(owns(first, kind));
+        EXPECT_FALSE(a_rival_writer_gets_in(srv, "x"));
+        leave(first, kind, ec);
+        EXPECT_FALSE(ec);
+        EXPECT_FALSE(exists(srv, "x"));
+    }
+}
+
+// The same, with every send of that release unanswered: the object's next lock() settles it
+// and must leave the first object's entry in place.
+TEST(SharedMutex, ANextLockAfterAnUnansweredReleaseKeepsAnotherObjectsEntry) {
+    for (const std::string_view kind : {"w", "r"}) {
+        SCOPED_TRACE(kind);
+        redis_server srv;
+        faulty_hiredis conn{srv.uri()};
+        redislock::basic_client<faulty_hiredis> client{conn};
+        const redislock::lock_options task{.lease = 30s, .owner = "task-9"};
+        const std::string owner = redislock::detail::owner_id(client.instance_id(), "task-9");
+        auto first = client.shared_mutex("x", task);
+        auto joined = client.shared_mutex("x", task);
+        enter(first, kind);
+        enter(first, kind);
+        std::error_code ec;
+        leave(first, kind, ec);
+        enter(joined, kind);
+        conn.add({.command = "EVALSHA",
+                  .script = "shared_release",
+                  .action = redislock::test::fault_action::drop_reply,
+                  .times = -1});
+        leave(joined, kind, ec);
+        EXPECT_TRUE(ec) << "the reply was dropped";
+        enter(joined, kind);
+        conn.clear_rules();
+        leave(joined, kind, ec);
+        EXPECT_FALSE(ec);
+        std::this_thread::sleep_for(200ms);
+        EXPECT_EQ(entry_of(srv, "x", kind, owner).count, 1);
+        EXPECT_TRUE(owns(first, kind));
+        EXPECT_FALSE(a_rival_writer_gets_in(srv, "x"));
+        leave(first, kind, ec);
+        EXPECT_FALSE(ec);
+        EXPECT_FALSE(exists(srv, "x"));
+    }
+}
+
+// An object of the owner whose own lease ran out locally, while another object of the owner
+// still holds the entry they share, locks again: the first object's entry must stay.
+TEST(SharedMutex, AnObjectLostByItsLeaseKeepsAnotherObjectsEntryOnItsNextLock) {
+    for (const std::string_view kind : {"w", "r"}) {
+        SCOPED_TRACE(kind);
+        redis_server srv;
+        faulty_hiredis conn{srv.uri()};
+        redislock::basic_client<faulty_hiredis> client{conn};
+        const std::string owner = redislock::detail::owner_id(client.instance_id(), "task-9");
+        auto first = client.shared_mutex("x", {.lease = 30s, .owner = "task-9"});
+        auto brief = client.shared_mutex("x", {.lease = 1s, .owner = "task-9"});
+        enter(first, kind);
+        enter(brief, kind);
+        ASSERT_TRUE(redislock::test::eventually([&] { return !owns(brief, kind); }, 10s));
+        std::this_thread::sleep_for(200ms);  // its entry is taken back in the background
+        enter(brief, kind);
+        std::error_code ec;
+        leave(brief, kind, ec);
+        EXPECT_FALSE(ec);
+        EXPECT_TRUE(owns(first, kind));
+        EXPECT_EQ(entry_of(srv, "x", kind, owner).count, 1);
+        EXPECT_FALSE(a_rival_writer_gets_in(srv, "x"));
+        leave(first, kind, ec);
+        EXPECT_FALSE(ec);
+        EXPECT_FALSE(exists(srv, "x"));
+    }
 }
 
 }  // namespace

@@ -34,11 +34,15 @@
 // (unless lock_options::owner is set), so several threads may read through one object at once.
 // owned(), remaining(), extend(), verify() and fencing_token() concern the calling owner.
 // Faults: every operation is safe to retry, as for basic_recursive_mutex: each attempt of a
-// lock() call draws a fresh id and names the earlier ones as given up; a release that could not be
-// finished, or an acquisition abandoned mid-flight, is remembered as given up (the owner's next
-// acquisition through this object drops its entry, so a lost release never makes lock() refuse as
-// an upgrade; for one abandoned mid-flight, so does its next acquisition through any object of
-// the client) and dropped in the background by the client's reaper. Loss is told at the local
+// lock() call draws a fresh id and names the earlier ones as given up; an acquisition abandoned
+// mid-flight is remembered as given up (the owner's next acquisition through any object of the
+// client drops its entry) and dropped in the background by the client's reaper. Each release
+// carries its own id (field left:<owner> lists the owner's last 8 that left entries in place),
+// so a release whose reply was lost is sent again by the reaper, and settled by the owner's next
+// acquisition through this object (so it never makes lock() refuse as an upgrade), leaving its
+// entries once: never those of another object of the owner that shares the entry. A re-entry
+// whose reply was lost may have counted one entry more in Redis; that one is never left (it may
+// not be there), and goes with the entry's expiry. Loss is told at the local
 // conservative deadline through owned(), lost_token() and on_lost; once a loss by expiry is told,
 // the hold's entries are left in the background, and its next release sends nothing and reports
 // errc::lock_lost (see basic_recursive_mutex, which also says how a re-entry too few replicas
@@ -286,14 +290,12 @@ private:
             how, outermost, fenced, "redislock: unexpected reply to a read-write acquisition", [&] {
                 // The entry may have landed. A new acquisition is given up (the next attempt of
                 // this call takes it over by its id; the reaper drops it otherwise); a re-entry
-                // whose count is now unknown is dropped with the hold's last release.
+                // that may have counted one more goes with the entry's expiry (see
+                // shared_hold::depth).
                 if (outermost) {
                     release::abandon_attempt(state_,
                                              hold_ref{owner, kind, 0, candidate.str(), false},
                                              sent + state_->options.lease);
-                } else {
-                    std::lock_guard guard{state_->mutex};
-                    state_->count_uncertain(owner, kind);
                 }
             });
         const detail::entry_reply& got = grant.got;
@@ -336,11 +338,14 @@ private:
         return std::nullopt;
     }
 
-    // Leaves one entry of `ref` now, within the call's time; false when that went unanswered.
-    bool leave_one_entry(const hold_ref& ref, const call_context& how) noexcept {
+    // Leaves one entry of `ref` now, within the call's time, as release `id`; false when that
+    // went unanswered.
+    bool leave_one_entry(const hold_ref& ref, const call_context& how,
+                         const detail::token& id) noexcept {
         try {
             return release::leave_once(*state_, ref, 1,
-                                       std::min(how.deadline, state_->core->untimed_deadline()))
+                                       std::min(how.deadline, state_->core->untimed_deadline()),
+                                       id)
                 .is_integer();
         } catch (...) {
             return false;
@@ -350,25 +355,33 @@ private:
     // A new acquisition that cannot stand (too few replicas acknowledged it, or its reply came
     // after its lease) is left before the call returns, and only its one entry: the owner's next
     // acquisition, through another object, may join what is still there and must keep it. Should
-    // that leave go unanswered, the acquisition is given up whole, as after a lost reply.
+    // that leave go unanswered, it is given up as a release is (sent again, settled by this
+    // object's next acquisition: it leaves the entry once).
     void give_back(const hold_ref& ref, detail::steady::time_point sent, const call_context& how) {
-        if (!leave_one_entry(ref, how)) {
-            release::abandon_attempt(state_, ref, sent + state_->options.lease);
+        const detail::token id = release::release_id();
+        if (!leave_one_entry(ref, how, id)) {
+            release::abandon(state_, ref, 1, sent + state_->options.lease, id);
         }
     }
 
     // A re-entry too few replicas acknowledged does not count, as an acquisition would not: its
     // entry is left again (the expiry it pushed out on the master goes with the hold's other
     // entries, at their release or at their loss by expiry), and the call is told why. Should
-    // that leave go unanswered, the hold's count is uncertain.
+    // that leave go unanswered, it is given up as a release is.
     [[noreturn]] void refuse_reentry(const std::string& owner, mode kind,
                                      const std::string& acquisition, std::int64_t replicas,
                                      const call_context& how) {
-        if (!leave_one_entry(hold_ref{owner, kind, 0, acquisition, false}, how)) {
-            std::lock_guard guard{state_->mutex};
-            if (hold* h = state_->find(owner, kind); h && h->acquisition == acquisition) {
-                ++h->uncertain;
+        const hold_ref ref{owner, kind, 0, acquisition, false};
+        const detail::token id = release::release_id();
+        if (!leave_one_entry(ref, how, id)) {
+            detail::steady::time_point valid_until = detail::steady::now();
+            {
+                std::lock_guard guard{state_->mutex};
+                if (const hold* h = state_->find(owner, kind); h && h->acquisition == acquisition) {
+                    valid_until = h->lease.valid_until;
+                }
             }
+            release::abandon(state_, ref, 1, valid_until + state_->options.lease, id);
         }
         detail::throw_unacknowledged(state_->name, replicas, state_->options);
     }
@@ -397,8 +410,8 @@ private:
             return errc::lock_lost;  // told already; its entries were left after the loss
         }
         if (out.entries == 0) {
-            return {};  // an inner entry left locally only (out of memory): the last release drops
-                        // it
+            return {};  // an inner entry left locally only (out of memory): it goes with the
+                        // entry's expiry
         }
         return release::leave(state_, out.ref, out.entries, out.last, out.ended);
     }

@@ -18,8 +18,10 @@
 -- ARGV[7]  '1' when the calling object holds no entry in this mode: an entry of this owner in
 --          this mode named ARGV[6] (a retry whose first reply was lost) is taken over, not
 --          re-entered
--- ARGV[8]  ids of acquisitions the calling object gave up whose release may not have landed,
---          separated by spaces, or '': entries of this owner with these ids are dropped
+-- ARGV[8]  what the calling object left unsettled, separated by spaces, or '': an id alone names
+--          an acquisition it made and gave up, whose entries of this owner are dropped;
+--          '<id>/<count>/<release id>' a release of <count> entries of acquisition <id> whose
+--          reply was lost, left now unless it landed (see ARGV[7] of shared_release.lua)
 -- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[10] the release channel; ARGV[11] the grace, ms, a told waiter has to come: when no one
@@ -74,9 +76,15 @@ if refused then
     return refused
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
-local given_up = {}
-for id in string.gmatch(ARGV[8] or '', '%S+') do
-    given_up[id] = true
+local given_up, unsettled = {}, {}
+for item in string.gmatch(ARGV[8] or '', '%S+') do
+    local id, count, release = string.match(item, '^([^/]+)/(%d+)/(%S+)$')
+    if id then
+        unsettled[id] = unsettled[id] or {}
+        table.insert(unsettled[id], {tonumber(count), release})
+    else
+        given_up[item] = true
+    end
 end
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is not a read-write lock')
@@ -84,7 +92,16 @@ end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
--- Drop expired entries; note ours (count, id, expiry), and who else holds or waits.
+-- Releases of ours that landed: see shared_release.lua.
+local landed, settled = {}, {}
+for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. me) or '', '%S+') do
+    landed[release] = true
+    settled[#settled + 1] = release
+end
+local kept = #settled
+
+-- Drop expired entries and settle ours; note ours (count, id, expiry), and who else holds or
+-- waits.
 local mine, ids, ends, others, latest, longest = {}, {}, {}, {}, now, 0
 local fields = redis.call('HGETALL', KEYS[1])
 for i = 1, #fields, 2 do
@@ -94,12 +111,23 @@ for i = 1, #fields, 2 do
         -- At most the longest lease (2^40 ms) from now: a later one is no lock's, and the cap
         -- keeps every number an exact integer here and in the waiter's clock arithmetic.
         expiry = math.min(tonumber(expiry), now + 1099511627776)
-        if expiry <= now or (owner == me and given_up[id]) then
+        count = tonumber(count)
+        for _, release in ipairs(owner == me and unsettled[id] or {}) do
+            if not landed[release[2]] then
+                landed[release[2]] = true
+                table.insert(settled, 1, release[2])
+                count = count - release[1]
+            end
+        end
+        if expiry <= now or count <= 0 or (owner == me and given_up[id]) then
             redis.call('HDEL', KEYS[1], fields[i])
         else
+            if count < tonumber(string.match(fields[i + 1], '^%d+')) then
+                redis.call('HSET', KEYS[1], fields[i], count .. ' ' .. expiry .. ' ' .. id)
+            end
             latest = math.max(latest, expiry)
             if owner == me then
-                mine[tag], ids[tag], ends[tag] = tonumber(count), id, expiry
+                mine[tag], ids[tag], ends[tag] = count, id, expiry
             else
                 others[tag] = true
                 longest = math.max(longest, expiry - now)
@@ -107,11 +135,17 @@ for i = 1, #fields, 2 do
         end
     end
 end
+if #settled > kept and (mine.r or mine.w) then
+    redis.call('HSET', KEYS[1], 'left:' .. me, table.concat(settled, ' ', 1, math.min(#settled, 8)))
+end
 
+-- Our own retried acquisition: taken over, whoever queued since, as this call's one entry
+-- (another object of the owner may have joined it since: its entries stay counted).
 local retried = mine[want] and ARGV[7] == '1' and ids[want] == ARGV[6]
+local joined = 0
 if retried then
-    mine[want] = nil  -- our own retried acquisition: take it over with a count of 1, whoever
-end                   -- queued since
+    joined, mine[want] = mine[want] - 1, nil
+end
 local result
 local id = ids[want] or ARGV[6]
 if want == 'w' and mine.r and not mine.w then
@@ -169,7 +203,7 @@ end
 -- An entry we keep keeps its expiry if that is later: every object of the owner that entered it
 -- counts on its own lease, and none may lose it to a shorter one.
 redis.call('HSET', KEYS[1], want .. ':' .. me,
-           ((mine[want] or 0) + 1) .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,
+           ((mine[want] or joined) + 1) .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,
            'mode', (want == 'w' or mine.w) and 'write' or 'read')
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result

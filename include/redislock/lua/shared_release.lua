@@ -12,21 +12,30 @@
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
+-- ARGV[7]  this release's id, or '' (absent too): the client sends a release again when its
+--          reply was lost, and the owner's next acquisition through that object settles it (see
+--          shared_acquire.lua): one whose id field left:<owner> lists (the owner's last 8 named
+--          releases that left entries in place) had landed and leaves nothing more, as it would
+--          take an entry another object of the owner joined
 -- Returns  2 released and waiters told; 1 released (the key is deleted when no one else holds);
---          0 still held by outer entries; -1 not held (expired, never, or a later acquisition's)
+--          0 still held by outer entries, or this release had landed already; -1 not held
+--          (expired, never, or a later acquisition's)
 -- Errors   ERR when a queue key is not a sorted set; nothing is written then.
 local queue, lapses = KEYS[2], KEYS[3]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local field = ARGV[2] .. ':' .. ARGV[1]
+local release = ARGV[7] or ''
 
 -- One read for our entry and for what the others hold: holders set the mode and the key's lease
 -- once we are out; with no one left, the key goes.
 local fields = redis.call('HGETALL', KEYS[1])
-local entry, writer, holders, latest = nil, false, false, now
+local entry, landed_text, writer, holders, latest = nil, '', false, false, now
 for i = 1, #fields, 2 do
     if fields[i] == field then
         entry = fields[i + 1]
+    elseif fields[i] == 'left:' .. ARGV[1] then
+        landed_text = fields[i + 1]
     else
         local tag = string.sub(fields[i], 1, 2)
         -- At most the longest lease (2^40 ms) from now: see shared_acquire.lua.
@@ -43,11 +52,22 @@ local count, expiry, id = string.match(entry or '', '^(%d+) (%d+) (%S+)$')
 if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
     return -1
 end
+local landed = {}
+for seen in string.gmatch(landed_text, '%S+') do
+    if seen == release then
+        return 0
+    end
+    landed[#landed + 1] = seen
+end
 count = tonumber(count) - tonumber(ARGV[3])
 if count > 0 then
     local ttl = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
     redis.call('PEXPIRE', KEYS[1], math.max(ttl, 1))
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
+    if release ~= '' then
+        redis.call('HSET', KEYS[1], 'left:' .. ARGV[1],
+                   release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 7)))
+    end
     return 0
 end
 -- Our entry goes; with no one left, the key goes.

@@ -36,23 +36,36 @@ struct shared_release {
     using hold = shared_hold<C>;
     using hold_ref = shared_hold_ref;
 
-    // Remembers an acquisition whose entry may be in Redis though this object does not hold it
-    // (the owner's next acquisition through this object drops it), and has the reaper leave
-    // `entries` of its entries (drop_all for one this object created and abandoned).
+    // Remembers entries that may be in Redis though this object does not count them, for the
+    // owner's next acquisition through this object to settle, and has the reaper leave them
+    // until the server answers: `entries` of `ref` sent as release `release` (its reply was
+    // lost; leaving it again is a no-op once it landed), or, with drop_all, every entry of an
+    // acquisition this object made and abandoned.
     static void abandon(const std::shared_ptr<state>& st, const hold_ref& ref, std::size_t entries,
-                        steady::time_point lease_end) noexcept {
+                        steady::time_point lease_end, const token& release = {}) noexcept {
         try {
             std::lock_guard guard{st->mutex};
-            st->remember_given_up(ref.acquisition);
+            st->remember_given_up(entries == drop_all
+                                      ? ref.acquisition
+                                      : unsettled_item(ref.acquisition, entries, release.view()));
         } catch (...) {
-            return;  // Out of memory: the entry expires with its lease.
+            // Out of memory: the reaper still leaves them, or they expire with their lease.
         }
-
         detail::leave_to_reaper(
             st, ref, lease_end,
-            [entries](const state& s, const hold_ref& r, steady::time_point deadline) {
-                return leave_once(s, r, entries, deadline).is_integer();
+            [entries, release](const state& s, const hold_ref& r, steady::time_point deadline) {
+                return leave_once(s, r, entries, deadline, release).is_integer();
             });
+    }
+
+    // A release's id; none (all zero) when no random value could be drawn (a thread's first
+    // draw builds its source, which may fail): that release is then sent without one.
+    static token release_id() noexcept {
+        try {
+            return token::random();
+        } catch (...) {
+            return token{};
+        }
     }
 
     // Gives up a new acquisition, made by an attempt of this object whose outcome is unknown or
@@ -70,65 +83,66 @@ struct shared_release {
         abandon(st, ref, drop_all, lease_end);
     }
 
-    // Sends one release; one that lets waiters in tells them.
+    // Sends one release, named `release` (none: all zero) so that it leaves entries at most once
+    // however often it is sent; one that lets waiters in tells them.
     static reply leave_once(const state& st, const hold_ref& ref, std::size_t entries,
-                            steady::time_point deadline) {
+                            steady::time_point deadline, const token& release) {
         const decimal count{static_cast<long long>(entries)};
         return detail::send_release(
             st, scripts::shared_release,
-            std::array<std::string_view, 6>{ref.owner, shared_mode_text(ref.kind), count.view(),
-                                            st.channel, ref.acquisition, st.grace_text.view()},
+            std::array<std::string_view, 7>{
+                ref.owner, shared_mode_text(ref.kind), count.view(), st.channel, ref.acquisition,
+                st.grace_text.view(), release == token{} ? std::string_view{} : release.view()},
             entries, deadline);
     }
 
     // After the loss of the hold `ref` names by expiry, once told: leaves, in the background, the
-    // entries this object surely holds in it (its depth; an uncertain one, whose reply was lost,
-    // may not be there, and leaving it could take another object's entry). Renewals or a
-    // re-entry whose WAIT saw too few replicas still extended the entry and the key on the
-    // master; with our entries gone the entry goes, and the key keeps only the other holders'
-    // leases, another object of the owner's included: that one keeps what it was told it has, and
-    // its own loss or release ends it. Named by the acquisition id, it never touches a later
-    // acquisition. Sent once: a count left twice would take another object's entry, so a lost
-    // answer leaves the entry to expire with what the renewals gave it.
+    // entries this object counts in it (see shared_hold::depth). Renewals or a re-entry whose
+    // WAIT saw too few replicas still extended the entry and the key on the master; with our
+    // entries gone the entry goes, and the key keeps only the other holders' leases, another
+    // object of the owner's included: that one keeps what it was told it has, and its own loss
+    // or release ends it. Named by the acquisition id, it never touches a later acquisition; sent
+    // as one release until answered (it leaves entries once), and settled by the owner's next
+    // acquisition through this object if that comes first (shared_state::take_back()).
     static void take_back(const std::shared_ptr<state>& st, const hold_ref& ref) noexcept {
         std::size_t entries = 0;
+        token release;
         {
             std::lock_guard guard{st->mutex};
             hold* h = st->find(ref);
             if (h == nullptr || !h->lease.lost || h->taken_back) {
-                return;  // left by its release, or a later acquisition
+                return;  // left by its release, settled by an acquisition, or a later one's
             }
-            entries = h->depth;  // the uncertain ones may not be there: they expire with the key
-            h->uncertain = 0;
-            h->taken_back = true;
+            try {
+                entries = h->depth;
+                release = st->take_back(*h);
+            } catch (...) {
+                return;  // Out of memory: the entries expire with what the renewals gave them.
+            }
         }
         detail::leave_to_reaper(
             st, ref, steady::now() + st->options.lease,
-            [entries](const state& s, const hold_ref& r, steady::time_point deadline) {
-                try {
-                    (void)leave_once(s, r, entries, deadline);
-                } catch (...) {
-                    // Its outcome is unknown: not sent again (see above).
-                }
-                return true;
+            [entries, release](const state& s, const hold_ref& r, steady::time_point deadline) {
+                return leave_once(s, r, entries, deadline, release).is_integer();
             });
     }
 
-    // Leaves `entries` entries, already counted out locally, of the hold `ref` in Redis. A
-    // hold's last release drops every entry of its acquisition, so a re-entry whose reply was
-    // lost cannot keep it alive. A release whose outcome is unknown is given up: the reaper
-    // finishes it (an inner entry stays counted until the hold's last release). `last_lease` is
-    // the hold's lease when these are its last entries (else unused).
+    // Leaves `entries` entries, already counted out locally, of the hold `ref` in Redis, as one
+    // release with its own id. A release whose outcome is unknown is given up: the reaper sends
+    // it again, and the owner's next acquisition through this object settles it, each leaving
+    // its entries only if it had not landed. `last_lease` is the hold's lease when these are its
+    // last entries (else unused).
     static std::error_code leave(const std::shared_ptr<state>& st, const hold_ref& ref,
                                  std::size_t entries, bool last,
                                  const tracked_lease<C>& last_lease) noexcept {
         // An error reply says nothing about ownership, except WRONGTYPE: the name now holds
         // another type, so our entries are gone.
+        const token release = release_id();
         return leave_entries(
             *st, last_lease, last,
-            [&] { return leave_once(*st, ref, entries, st->core->untimed_deadline()); },
+            [&] { return leave_once(*st, ref, entries, st->core->untimed_deadline(), release); },
             [](const reply& r) { return !r.is_error() || r.is_error_code("WRONGTYPE"); },
-            [&] { not_finished(st, ref, entries, last, last_lease.valid_until); },
+            [&] { not_finished(st, ref, entries, last, last_lease.valid_until, release); },
             [&](const reply& r) { return gone(st, ref, last, last_lease, r); });
     }
 
@@ -160,19 +174,19 @@ struct shared_release {
         return errc::lock_lost;
     }
 
-    // A release whose outcome is unknown: an inner entry makes the hold's count uncertain; the
-    // last one is given up (retried in the background, dropped by the owner's next acquisition).
+    // A release whose outcome is unknown is given up (sent again in the background, settled by
+    // the owner's next acquisition through this object), until the lease of what it leaves
+    // surely ended: the hold's, or for an inner release of a hold still counted, its current
+    // one's.
     static void not_finished(const std::shared_ptr<state>& st, const hold_ref& ref,
-                             std::size_t entries, bool last,
-                             steady::time_point valid_until) noexcept {
-        if (last) {
-            abandon(st, ref, entries, valid_until + st->options.lease);
-            return;
+                             std::size_t entries, bool last, steady::time_point valid_until,
+                             const token& release) noexcept {
+        if (!last) {
+            std::lock_guard guard{st->mutex};
+            const hold* h = st->find(ref);
+            valid_until = h != nullptr ? h->lease.valid_until : steady::now();
         }
-        std::lock_guard guard{st->mutex};
-        if (hold* h = st->find(ref)) {
-            ++h->uncertain;
-        }
+        abandon(st, ref, entries, valid_until + st->options.lease, release);
     }
 
     // Leaves every hold (the object is going away), but the parent's this process was forked

@@ -49,15 +49,16 @@ template <connection C>
 struct shared_hold {
     std::string owner;
     shared_mode kind = shared_mode::read;
+    // Entries this object counts. A re-entry whose reply was lost may have added one more in
+    // Redis: that one is never left (another object of the owner may share the entry, and a
+    // count left that did not land would take that object's), and goes with the entry's expiry.
     std::size_t depth = 0;
-    // Re-entries and releases whose outcome is unknown (a lost reply): the server's count
-    // may hold this many entries more than depth says; the last release leaves them too.
-    std::size_t uncertain = 0;
     std::int64_t fence = 0;
     tracked_lease<C> lease;
-    // Told lost by expiry, its entries (depth, uncertain) handed to the take-back: its next
-    // release sends nothing and reports the loss.
+    // Told lost by expiry, its entries handed to the take-back: its next release sends nothing
+    // and reports the loss.
     bool taken_back = false;
+    token take_back_release{};  // the id the take-back's release is sent as
     std::uint64_t generation = 0;  // fork generation of the first entry
     std::uint64_t epoch = 0;       // which acquisition: renewals and releases name it
     std::string acquisition{};     // the acquisition's id in Redis
@@ -79,6 +80,15 @@ struct shared_hold_ref {
 
 template <connection C>
 struct shared_release;
+
+// How an acquisition names a release of `entries` entries of `acquisition`, sent as `release`,
+// whose reply was lost, so that it settles it (see ARGV[8] of shared_acquire.lua).
+inline std::string unsettled_item(std::string_view acquisition, std::size_t entries,
+                                  std::string_view release) {
+    std::string item{acquisition};
+    item.append(1, '/').append(std::to_string(entries)).append(1, '/').append(release);
+    return item;
+}
 
 // What a read-write lock object shares with its timer and watchdog callbacks.
 template <connection C>
@@ -142,15 +152,15 @@ struct shared_state : lock_identity<C> {
     // names as given up (space-separated) in `given_up_ids`: this object's, and those of the
     // owner any object of the client gave up (see given_up_registry.hpp).
     bool outermost(const std::string& owner, shared_mode kind, std::string& given_up_ids) {
-        const shared_hold<C>* h = find(owner, kind);
-        for (const std::string& id : given_up) {
-            given_up_ids.append(given_up_ids.empty() ? "" : " ").append(id);
-        }
+        shared_hold<C>* h = find(owner, kind);
         if (h != nullptr && h->depth > 0 && h->lease.lost) {
-            // Lost here: its entries are dropped and the acquisition made anew, taken back or
-            // not (a take-back leaves only the entries it is sure of, and its answer may be lost:
-            // an entry of ours left in the other mode would refuse this one as an upgrade).
-            given_up_ids.append(given_up_ids.empty() ? "" : " ").append(h->acquisition);
+            // Lost here: its entries are left by this acquisition if the take-back has not left
+            // them yet (an entry of ours left in the other mode would refuse this one as an
+            // upgrade). Only ours: another object of the owner may share the entry.
+            (void)take_back(*h);
+        }
+        for (const std::string& item : given_up) {
+            given_up_ids.append(given_up_ids.empty() ? "" : " ").append(item);
         }
         const bool first = h == nullptr || h->depth == 0 || h->lease.lost;
         if (first) {
@@ -192,7 +202,6 @@ struct shared_state : lock_identity<C> {
             h->lease.acquired_at = sent;
             h->lease.kind = shared_lock_kind(kind);
             h->depth = 0;
-            h->uncertain = 0;
             h->taken_back = false;
             h->fence = got.value;
             h->generation = current_fork_generation();
@@ -224,8 +233,8 @@ struct shared_state : lock_identity<C> {
     // building it) in `kind` into `out`, or says why it cannot; for errc::not_holder because
     // another thread of this process holds that mode through this object, `other` is set to it.
     // Never throws: an inner entry whose names cannot be copied for its release (out of memory)
-    // is counted out with no entries to send, as one whose release had an unknown outcome (the
-    // hold's last release leaves it); a hold's last entry moves its names out.
+    // is counted out with no entries to send (it stays in Redis until the entry's expiry); a
+    // hold's last entry moves its names out.
     std::error_code count_out_caller(shared_mode kind, left& out, std::thread::id& other) noexcept {
         shared_hold<C>* h = nullptr;
         for (shared_hold<C>& candidate : holds) {
@@ -250,7 +259,6 @@ struct shared_state : lock_identity<C> {
         if (h->taken_back) {
             // Every entry was left by the take-back: nothing to send, all of them are gone.
             h->depth = 0;
-            h->uncertain = 0;
             out.entries = 0;
             out.last = true;
             out.taken_back = true;
@@ -265,7 +273,6 @@ struct shared_state : lock_identity<C> {
                 out.ref = {h->owner, kind, h->epoch, h->acquisition, h->lease.lost};
             } catch (...) {
                 out.entries = 0;
-                ++h->uncertain;
             }
             --h->depth;
             return {};
@@ -273,7 +280,6 @@ struct shared_state : lock_identity<C> {
         out.ref = {std::move(h->owner), kind, h->epoch, std::move(h->acquisition), h->lease.lost};
         h->depth = 0;
         out.last = true;
-        out.entries += std::exchange(h->uncertain, 0);
         out.ended = std::exchange(h->lease, {});
         erase_released();
         return {};
@@ -287,14 +293,6 @@ struct shared_state : lock_identity<C> {
         return it != holds.end() ? &*it : nullptr;
     }
 
-    // A re-entry of `owner` in `kind` whose outcome is unknown: the server's count may hold one
-    // entry more than depth says.
-    void count_uncertain(const std::string& owner, shared_mode kind) {
-        if (shared_hold<C>* h = find(owner, kind)) {
-            ++h->uncertain;
-        }
-    }
-
     // Drops holds with no entries left.
     void erase_released() noexcept {
         for (shared_hold<C>& h : holds) {
@@ -305,13 +303,27 @@ struct shared_state : lock_identity<C> {
         std::erase_if(holds, [](const shared_hold<C>& h) { return h.depth == 0; });
     }
 
-    // Remembers an acquisition whose entry may be in Redis though this object does not hold it
-    // (the owner's next acquisition through this object drops it).
-    void remember_given_up(const std::string& acquisition) {
-        if (given_up.size() >= 4) {
-            given_up.erase(given_up.begin());  // the oldest is surely gone by now or reaped
+    // Remembers what the owner's next acquisition through this object settles: an acquisition
+    // id (one it made and gave up: its entries are dropped) or an unsettled_item() (a release
+    // whose reply was lost: left unless it landed).
+    void remember_given_up(std::string item) {
+        if (given_up.size() >= 8) {
+            given_up.erase(given_up.begin());  // the oldest is surely settled by now or reaped
         }
-        given_up.push_back(acquisition);
+        given_up.push_back(std::move(item));
+    }
+
+    // Hands the entries `h` counts, lost by expiry, to the take-back, once (the owner's next
+    // acquisition through this object settles it too), and returns the id its release is sent
+    // as. Throws when no id can be drawn or the item cannot be built (out of memory).
+    token take_back(shared_hold<C>& h) {
+        if (!h.taken_back) {
+            const token release = token::random();
+            remember_given_up(unsettled_item(h.acquisition, h.depth, release.view()));
+            h.take_back_release = release;
+            h.taken_back = true;
+        }
+        return h.take_back_release;
     }
 
     // Every hold `owner` has.
@@ -333,7 +345,7 @@ struct shared_state : lock_identity<C> {
     static left give_up(shared_hold<C>& h) noexcept {
         left out;
         out.ref = {std::move(h.owner), h.kind, h.epoch, std::move(h.acquisition), h.lease.lost};
-        out.entries = h.taken_back ? 0 : h.depth + std::exchange(h.uncertain, 0);
+        out.entries = h.taken_back ? 0 : h.depth;
         out.last = true;
         out.ended = std::exchange(h.lease, {});
         h.depth = 0;
@@ -343,7 +355,7 @@ struct shared_state : lock_identity<C> {
     mutable std::mutex mutex;  // guards the members below; never held across a round trip
     std::vector<shared_hold<C>> holds;
     std::uint64_t last_epoch = 0;
-    // Acquisitions this object gave up whose entries may still be in Redis (see the script).
+    // What the owner's next acquisition through this object settles (see remember_given_up()).
     std::vector<std::string> given_up;
 };
 
