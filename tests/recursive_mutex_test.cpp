@@ -1584,17 +1584,25 @@ TEST(RecursiveMutex, FailedReleaseIsReportedButIsNoLoss) {
     rm.lock();
     const std::string owner = sole_owner(srv, "x");
 
-    // An error reply (here a replica's refusal) leaves the entry in Redis: not a lost lock.
+    // An error reply (here a replica's refusal) is not a lost lock: the release is finished in
+    // the background, once.
     client.connection().inject(redislock::test::fault::answer_error, "EVALSHA", 1,
                                redislock::detail::scripts::recursive_release,
                                "READONLY You can't write against a read only replica.");
     std::error_code ec;
     rm.unlock(ec);
     EXPECT_EQ(ec, errc::server_failed) << ec.message();
-    EXPECT_EQ(srv.cli({"HGET", "x", owner}), "2");
+    EXPECT_TRUE(redislock::test::eventually(
+        [&] {
+            return srv.cli({"HGET", "x", owner}) == "1";
+        },
+        3s));
+    std::this_thread::sleep_for(100ms);
+    EXPECT_EQ(srv.cli({"HGET", "x", owner}), "1");
+    EXPECT_TRUE(rm.owned());
 
     // Nor is a release that never reached the server. The last one is finished in the
-    // background: the whole acquisition is dropped, since the count is no longer certain.
+    // background too.
     client.connection().inject(redislock::test::fault::throw_before_send, "EVALSHA", 1,
                                redislock::detail::scripts::recursive_release);
     rm.unlock(ec);
@@ -2373,6 +2381,64 @@ TEST(RecursiveMutex, AnAttemptGivenUpMidFlightThatLandsAfterTheNextAcquisitionAd
     EXPECT_TRUE(other.try_lock());
     other.unlock();
 }
+// The same, with every send of that release unanswered: the object's next lock() settles it and
+// must leave the first object's entry in place.
+TEST(RecursiveMutex, ANextLockAfterAnUnansweredReleaseKeepsAnotherObjectsEntry) {
+    redis_server srv;
+    using faulty = redislock::test::faulty_connection<redislock::hiredis_connection>;
+    faulty conn{srv.uri()};
+    redislock::basic_client<faulty> client{conn};
+    const redislock::lock_options task{.lease = 30s, .owner = "task-9"};
+    auto first = client.recursive_mutex("x", task);
+    auto joined = client.recursive_mutex("x", task);
+    first.lock();
+    first.lock();
+    first.unlock();
+    joined.lock();
+    ASSERT_EQ(sole_count(srv, "x"), "2");
+    conn.add({.command = "EVALSHA",
+              .script = "recursive_release",
+              .action = redislock::test::fault_action::drop_reply,
+              .times = -1});
+    std::error_code ec;
+    joined.unlock(ec);
+    EXPECT_TRUE(ec) << "the reply was dropped";
+    joined.lock();
+    conn.clear_rules();
+    joined.unlock(ec);
+    EXPECT_FALSE(ec);
+    std::this_thread::sleep_for(200ms);
+    EXPECT_EQ(sole_count(srv, "x"), "1");
+    EXPECT_TRUE(first.owned());
+    redislock::client rival_client{srv.uri()};
+    auto rival = rival_client.recursive_mutex("x");
+    EXPECT_FALSE(rival.try_lock());
+    first.unlock();
+    EXPECT_EQ(srv.cli({"EXISTS", "x"}), "0");
+}
+
+// An object of the owner whose own lease ran out locally, while another object of the owner
+// still holds the entry they share, locks again: the first object's entry must stay.
+TEST(RecursiveMutex, AnObjectLostByItsLeaseKeepsAnotherObjectsEntryOnItsNextLock) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto first = client.recursive_mutex("x", {.lease = 30s, .owner = "task-9"});
+    auto brief = client.recursive_mutex("x", {.lease = 1s, .owner = "task-9"});
+    first.lock();
+    brief.lock();
+    ASSERT_TRUE(redislock::test::eventually([&] { return !brief.owned(); }, 10s));
+    brief.lock();
+    brief.unlock();
+    std::this_thread::sleep_for(200ms);
+    EXPECT_TRUE(first.owned());
+    EXPECT_EQ(sole_count(srv, "x"), "1");
+    redislock::client rival_client{srv.uri()};
+    auto rival = rival_client.recursive_mutex("x");
+    EXPECT_FALSE(rival.try_lock());
+    first.unlock();
+    EXPECT_EQ(srv.cli({"EXISTS", "x"}), "0");
+}
+
 }  // namespace
 
 // A release whose reply was lost is sent again in the background: when the first send had

@@ -2535,4 +2535,98 @@ TEST(SharedMutex, AnObjectLostByItsLeaseKeepsAnotherObjectsEntryOnItsNextLock) {
     }
 }
 
+// A release whose reply was lost is settled once: after it landed, eight more releases of the
+// owner that push its id out of left:<owner> never let the object's next lock() leave it again.
+TEST(SharedMutex, ASettledReleaseIsNeverLeftAgain) {
+    for (const std::string_view kind : {"r", "w"}) {
+        SCOPED_TRACE(kind);
+        redis_server srv;
+        faulty_hiredis conn{srv.uri()};
+        redislock::basic_client<faulty_hiredis> client{conn};
+        const redislock::lock_options task{.lease = 30s, .owner = "task-9"};
+        const std::string owner = redislock::detail::owner_id(client.instance_id(), "task-9");
+        auto first = client.shared_mutex("x", task);
+        auto joined = client.shared_mutex("x", task);
+        std::error_code ec;
+        enter(first, kind);
+        enter(first, kind);
+        leave(first, kind, ec);  // the release script is loaded: a dropped reply is its answer's
+        enter(joined, kind);
+        enter(joined, kind);
+        ASSERT_EQ(entry_of(srv, "x", kind, owner).count, 3);
+        const auto before = conn.count("EVALSHA", "shared_release");
+        conn.add({.command = "EVALSHA",
+                  .script = "shared_release",
+                  .action = redislock::test::fault_action::drop_reply});
+        leave(joined, kind, ec);  // an inner release: it lands, its reply is lost
+        EXPECT_TRUE(ec);
+        ASSERT_TRUE(redislock::test::eventually(
+            [&] { return conn.count("EVALSHA", "shared_release") >= before + 2; }, 10s));
+        std::this_thread::sleep_for(200ms);
+        ASSERT_EQ(entry_of(srv, "x", kind, owner).count, 2);
+        for (int i = 0; i < 8; ++i) {
+            enter(first, kind);
+            leave(first, kind, ec);
+            ASSERT_FALSE(ec);
+        }
+        leave(joined, kind, ec);
+        ASSERT_FALSE(ec);
+        ASSERT_EQ(entry_of(srv, "x", kind, owner).count, 1);
+        enter(joined, kind);
+        leave(joined, kind, ec);
+        EXPECT_FALSE(ec);
+        EXPECT_TRUE(owns(first, kind));
+        EXPECT_EQ(entry_of(srv, "x", kind, owner).count, 1);
+        EXPECT_FALSE(a_rival_writer_gets_in(srv, "x"));
+        leave(first, kind, ec);
+        EXPECT_FALSE(ec);
+        EXPECT_FALSE(exists(srv, "x"));
+    }
+}
+
+// A re-entry whose reply was lost (it landed) is left with the hold's last release: the lock is
+// free after it, even while the owner comes back within a lease.
+TEST(SharedMutex, AReentryWhoseReplyWasLostIsLeftWithTheLastRelease) {
+    redis_server srv;
+    faulty_hiredis conn{srv.uri()};
+    redislock::basic_client<faulty_hiredis> client{conn};
+    auto m = client.shared_mutex("x", {.lease = 2s, .owner = "task-9"});
+    m.lock();
+    conn.add({.command = "EVALSHA",
+              .script = "shared_acquire",
+              .action = redislock::test::fault_action::drop_reply});
+    try {
+        m.lock();  // its reply is lost; a retry may re-enter again
+    } catch (const redislock::error&) {
+    }
+    std::error_code ec;
+    while (!ec) {
+        m.unlock(ec);
+    }
+    EXPECT_EQ(ec, redislock::errc::not_held);
+    EXPECT_FALSE(exists(srv, "x"));
+    m.lock();
+    m.unlock();
+    EXPECT_TRUE(a_rival_writer_gets_in(srv, "x"));
+}
+
+// Releases of an owner that left keep no books in a hash other holders keep alive.
+TEST(SharedMutex, AnOwnerThatLeftKeepsNoReleaseIdsInTheHash) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto reader = client.shared_mutex("x", {.lease = 30s, .owner = "stays"});
+    reader.lock_shared();
+    for (int i = 0; i < 5; ++i) {
+        auto passing =
+            client.shared_mutex("x", {.lease = 30s, .owner = "passing-" + std::to_string(i)});
+        passing.lock_shared();
+        passing.lock_shared();
+        passing.unlock_shared();
+        passing.unlock_shared();
+    }
+    EXPECT_EQ(count_prefixed(hash_of(srv, "x"), "left:"), 0U);
+    reader.unlock_shared();
+    EXPECT_FALSE(exists(srv, "x"));
+}
+
 }  // namespace

@@ -26,22 +26,22 @@
 // on another thread); it never touches the holder's count.
 // Faults: every operation is safe to retry. Each attempt of a lock() call draws a fresh id and
 // names the earlier ones as given up, so a retry whose first reply was lost takes its own entry
-// over instead of re-entering it; a release that could not be finished, or an acquisition abandoned
-// mid-flight, makes the object remember that acquisition as given up (its next outermost lock()
-// takes the entry over; for one abandoned mid-flight, so does the owner's next outermost lock()
-// through any object of the client, which would otherwise join an entry the reaper is about to
-// drop) and has the client's reaper drop it in the background; a last release is sent again as
-// the same release, which leaves its entries once however often it lands (the script keeps the
-// owner's last 8 such releases); a re-entry whose
-// reply was lost makes the outermost unlock() drop the whole acquisition rather than trust the
-// count. Loss is told at the local conservative deadline (see basic_mutex), through owned(),
-// lost_token() and on_lost. Once a loss by expiry is told, the entries made through this object
-// are left in the background (renewals or a re-entry that too few replicas acknowledged still
-// extended the hash on the master, and must not keep rivals out past the loss); the entries of
-// another object of the same owner, and what it was told it has, stay. The next unlock() then
-// sends nothing and reports errc::lock_lost. A re-entry too few replicas acknowledged
-// (lock_options::min_replicas) is refused like an acquisition: its entry is left again and the
-// object keeps the deadline it had. A wait with time left rides out transient failures.
+// over instead of re-entering it; an acquisition abandoned mid-flight makes the object remember
+// it as given up (its next outermost lock() takes the entry over, and so does the owner's next
+// outermost lock() through any object of the client, which would otherwise join an entry the
+// reaper is about to drop) and has the client's reaper drop it in the background. Every release
+// carries its own id and leaves its entries once however often it lands (the script keeps the
+// owner's last 8 that left entries in place): one whose reply was lost is sent again by the
+// reaper, and the object's next lock() joins what is left, never taking over entries another
+// object of the owner counts on. A re-entry whose reply was lost makes the outermost unlock()
+// leave one entry more (the count may hold it). Loss is told at the local conservative deadline
+// (see basic_mutex), through owned(), lost_token() and on_lost. Once a loss by expiry is told, the
+// entries made through this object are left in the background (renewals or a re-entry that too few
+// replicas acknowledged still extended the hash on the master, and must not keep rivals out past
+// the loss); the entries of another object of the same owner, and what it was told it has, stay.
+// The next unlock() then sends nothing and reports errc::lock_lost. A re-entry too few replicas
+// acknowledged (lock_options::min_replicas) is refused like an acquisition: its entry is left again
+// and the object keeps the deadline it had. A wait with time left rides out transient failures.
 // With lock_options::watchdog the lease is renewed from the first entry through this object
 // until the last one is left (see watchdog.hpp).
 // Queries: is_locked(), holder_ttl() and hold_count() ask Redis about the name, whoever holds
@@ -315,6 +315,12 @@ private:
                                               const detail::queue_place& place) {
         bool outermost = false;
         std::string given_up;
+        std::uint64_t epoch = 0;
+        {
+            std::lock_guard guard{state_->mutex};
+            epoch = state_->epoch;
+        }
+        release::take_back(state_, epoch);  // if lost here and not taken back yet
         {
             std::lock_guard guard{state_->mutex};
             outermost = state_->outermost(owner, given_up);
@@ -330,7 +336,7 @@ private:
             "redislock: unexpected reply to a reentrant acquisition", [&] {
                 // The entry may have landed: a new acquisition is given up (the next attempt of
                 // this call takes it over by its id; the reaper drops it otherwise), a re-entry
-                // makes the count uncertain.
+                // makes the count uncertain (the last release leaves it too).
                 if (outermost) {
                     release::abandon(state_, owner, candidate.str(), sent + state_->options.lease);
                 } else {
@@ -363,12 +369,14 @@ private:
     }
 
     // Leaves one entry of `acquisition` now, with lease "0" (a leave never extends what
-    // remains), within the call's time; false when that went unanswered.
+    // remains), within the call's time, as release `id` (none: all zero); false when that went
+    // unanswered.
     bool leave_one_entry(const std::string& owner, const std::string& acquisition,
-                         const call_context& how) noexcept {
+                         const call_context& how, const detail::token& id = {}) noexcept {
         try {
             return release::leave_once(*state_, "0", held{owner, 0, acquisition}, 1,
-                                       std::min(how.deadline, state_->core->untimed_deadline()), {})
+                                       std::min(how.deadline, state_->core->untimed_deadline()),
+                                       release::id_text(id))
                 .is_integer();
         } catch (...) {
             return false;
@@ -389,15 +397,21 @@ private:
     // A re-entry too few replicas acknowledged does not count, as an acquisition would not: its
     // entry is left again, with lease "0" (the expiry it pushed out on the master goes with the
     // acquisition's other entries, at their release or at their loss by expiry), and the call
-    // is told why. Should that leave go unanswered, an entry this object holds is uncertain.
+    // is told why. Should that leave go unanswered, the reaper sends it again as the same
+    // release (it leaves the entry once).
     [[noreturn]] void refuse_reentry(const std::string& owner, const std::string& acquisition,
                                      std::int64_t replicas, const call_context& how) {
-        if (!leave_one_entry(owner, acquisition, how)) {
-            std::lock_guard guard{state_->mutex};
-            if (state_->depth > 0 && state_->holder_owner == owner &&
-                state_->acquisition == acquisition) {
-                ++state_->uncertain;
+        const detail::token id = release::release_id();
+        if (!leave_one_entry(owner, acquisition, how, id)) {
+            detail::steady::time_point valid_until = detail::steady::now();
+            {
+                std::lock_guard guard{state_->mutex};
+                if (state_->depth > 0 && state_->acquisition == acquisition) {
+                    valid_until = state_->lease.valid_until;
+                }
             }
+            release::hand_to_reaper(state_, held{owner, 0, acquisition}, 1,
+                                    valid_until + state_->options.lease, id);
         }
         detail::throw_unacknowledged(state_->name, replicas, state_->options);
     }

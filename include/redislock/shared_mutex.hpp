@@ -41,8 +41,8 @@
 // so a release whose reply was lost is sent again by the reaper, and settled by the owner's next
 // acquisition through this object (so it never makes lock() refuse as an upgrade), leaving its
 // entries once: never those of another object of the owner that shares the entry. A re-entry
-// whose reply was lost may have counted one entry more in Redis; that one is never left (it may
-// not be there), and goes with the entry's expiry. Loss is told at the local
+// whose reply was lost makes the hold's last release leave one entry more (the count may hold
+// it). Loss is told at the local
 // conservative deadline through owned(), lost_token() and on_lost; once a loss by expiry is told,
 // the hold's entries are left in the background, and its next release sends nothing and reports
 // errc::lock_lost (see basic_recursive_mutex, which also says how a re-entry too few replicas
@@ -275,9 +275,22 @@ private:
                                               const detail::queue_place& place) {
         bool outermost = false;
         std::string given_up;
+        std::vector<std::string> carried;  // the object's items this attempt settles
+        std::optional<hold_ref> lost_here;
+        {
+            std::lock_guard guard{state_->mutex};
+            if (hold* h = state_->find(owner, kind);
+                h != nullptr && h->depth > 0 && h->lease.lost && !h->taken_back) {
+                lost_here = hold_ref{h->owner, kind, h->epoch, h->acquisition, true};
+            }
+        }
+        if (lost_here) {
+            release::take_back(state_, *lost_here);  // not waiting for the loss timer to run it
+        }
         {
             std::lock_guard guard{state_->mutex};
             outermost = state_->outermost(owner, kind, given_up);
+            carried = state_->given_up;
         }
         const auto sent = detail::steady::now();
         const bool fenced = kind == mode::write && state_->options.fencing;
@@ -290,14 +303,20 @@ private:
             how, outermost, fenced, "redislock: unexpected reply to a read-write acquisition", [&] {
                 // The entry may have landed. A new acquisition is given up (the next attempt of
                 // this call takes it over by its id; the reaper drops it otherwise); a re-entry
-                // that may have counted one more goes with the entry's expiry (see
-                // shared_hold::depth).
+                // whose count is now unknown is left with the hold's last release.
                 if (outermost) {
                     release::abandon_attempt(state_,
                                              hold_ref{owner, kind, 0, candidate.str(), false},
                                              sent + state_->options.lease);
+                } else {
+                    std::lock_guard guard{state_->mutex};
+                    state_->count_uncertain(owner, kind);
                 }
             });
+        {
+            std::lock_guard guard{state_->mutex};
+            state_->forget_settled(carried);  // the script ran: it settled them
+        }
         const detail::entry_reply& got = grant.got;
         if (got.status == -1) {
             throw_upgrade();
@@ -344,8 +363,7 @@ private:
                          const detail::token& id) noexcept {
         try {
             return release::leave_once(*state_, ref, 1,
-                                       std::min(how.deadline, state_->core->untimed_deadline()),
-                                       id)
+                                       std::min(how.deadline, state_->core->untimed_deadline()), id)
                 .is_integer();
         } catch (...) {
             return false;

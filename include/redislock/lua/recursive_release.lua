@@ -13,8 +13,8 @@
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
--- ARGV[7]  this release's id, or '' (absent too); the client names the last release through an
---          object, which it sends again should the reply be lost: one whose id field
+-- ARGV[7]  this release's id, or '' (absent too); the client sends a release again should its
+--          reply be lost: one whose id field
 --          left:<owner> lists (the owner's last 8 named releases that left entries in place) had
 --          landed and leaves nothing more, as it would take an entry another object of the owner
 --          joined

@@ -135,7 +135,12 @@ for i = 1, #fields, 2 do
         end
     end
 end
-if #settled > kept and (mine.r or mine.w) then
+if not (mine.r or mine.w) then
+    -- No entry of ours left for a release sent again to find: the ids go too.
+    if kept > 0 then
+        redis.call('HDEL', KEYS[1], 'left:' .. me)
+    end
+elseif #settled > kept then
     redis.call('HSET', KEYS[1], 'left:' .. me, table.concat(settled, ' ', 1, math.min(#settled, 8)))
 end
 
@@ -202,8 +207,9 @@ elseif not result then
 end
 -- An entry we keep keeps its expiry if that is later: every object of the owner that entered it
 -- counts on its own lease, and none may lose it to a shorter one.
+local count = (mine[want] or joined) + 1
 redis.call('HSET', KEYS[1], want .. ':' .. me,
-           ((mine[want] or joined) + 1) .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,
+           count .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,
            'mode', (want == 'w' or mine.w) and 'write' or 'read')
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result

@@ -31,6 +31,7 @@ local release = ARGV[7] or ''
 -- once we are out; with no one left, the key goes.
 local fields = redis.call('HGETALL', KEYS[1])
 local entry, landed_text, writer, holders, latest = nil, '', false, false, now
+local ours_in_other_mode = false
 for i = 1, #fields, 2 do
     if fields[i] == field then
         entry = fields[i + 1]
@@ -45,6 +46,7 @@ for i = 1, #fields, 2 do
             latest = math.max(latest, left)
             writer = writer or tag == 'w:'
             holders = true
+            ours_in_other_mode = ours_in_other_mode or string.sub(fields[i], 3) == ARGV[1]
         end
     end
 end
@@ -77,6 +79,10 @@ local function leave()
         return
     end
     redis.call('HDEL', KEYS[1], field)
+    if not ours_in_other_mode then
+        -- No entry of ours left for a release sent again to find: the ids go too.
+        redis.call('HDEL', KEYS[1], 'left:' .. ARGV[1])
+    end
     if ARGV[2] == 'w' then
         redis.call('HDEL', KEYS[1], 'fence')
     end

@@ -94,10 +94,14 @@ struct recursive_release {
     // Retries leaving `entries` entries of `entry` (drop_all: the whole acquisition, for one this
     // object created and abandoned) until the server answers or the lease surely ended; as
     // release `release` (empty for drop_all): if an earlier send of it landed, leaving them
-    // again would take entries another object of the owner joined.
+    // again would take entries another object of the owner joined (so one without an id, when
+    // none could be drawn, is not sent again: its entries expire with the key).
     static void hand_to_reaper(const std::shared_ptr<state>& st, const held& entry,
                                std::size_t entries, steady::time_point lease_end,
                                const token& release) noexcept {
+        if (entries != drop_all && release == token{}) {
+            return;  // no id could be drawn: sent again, it might leave entries twice
+        }
         detail::leave_to_reaper(
             st, entry, lease_end,
             [entries, release](const state& s, const held& e, steady::time_point deadline) {
@@ -108,15 +112,15 @@ struct recursive_release {
             });
     }
 
-    // After the loss of acquisition `epoch` by expiry, once told: leaves, in the background, the
-    // entries this object surely holds (its depth; an uncertain one, whose reply was lost, may
-    // not be there, and leaving it could take another object's entry), with lease "0" so that
-    // what remains keeps its TTL. Renewals or a re-entry whose WAIT saw too few replicas still
-    // extended the hash on the master; with our entries gone it is deleted, unless another
-    // object of the owner still holds entries there: that one keeps what it was told it has, and
-    // its own loss or release ends it. Named by the acquisition id, it never touches a later
-    // acquisition. Sent once: a count left twice would take another object's entry, so a lost
-    // answer leaves the hash to expire with what the renewals gave it.
+    // After the loss of acquisition `epoch` by expiry, once told (or before the object's next
+    // lock(), whichever comes first): leaves, in the background, the entries this object counts
+    // (its depth; an uncertain one may not be there, and leaving it could take another
+    // object's entry), with lease "0" so that what remains keeps its TTL. Renewals
+    // or a re-entry whose WAIT saw too few replicas still extended the hash on the master; with
+    // our entries gone it is deleted, unless another object of the owner still holds entries
+    // there: that one keeps what it was told it has, and its own loss or release ends it. Named
+    // by the acquisition id, it never touches a later acquisition; sent as one release until
+    // answered (it leaves entries once).
     static void take_back(const std::shared_ptr<state>& st, std::uint64_t epoch) noexcept {
         held entry;
         std::size_t entries = 0;
@@ -134,24 +138,14 @@ struct recursive_release {
             st->uncertain = 0;
             st->taken_back = true;
         }
-        detail::leave_to_reaper(
-            st, entry, steady::now() + st->options.lease,
-            [entries](const state& s, const held& e, steady::time_point deadline) {
-                try {
-                    (void)leave_once(s, "0", e, entries, deadline, {});
-                } catch (...) {
-                    // Its outcome is unknown: not sent again (see above).
-                }
-                return true;
-            });
+        hand_to_reaper(st, entry, entries, steady::now() + st->options.lease, release_id());
     }
 
     // Leaves `entries` entries of `entry` in Redis; the caller has already counted them out.
     // `ended` is the acquisition's lease when these are its last entries (else unused).
     static std::error_code leave(const std::shared_ptr<state>& st, held entry, std::size_t entries,
                                  bool last, const tracked_lease<C>& ended) noexcept {
-        // Only a last release is sent again (by the reaper): it alone needs an id.
-        const token release = last ? release_id() : token{};
+        const token release = release_id();
         return leave_entries(
             *st, ended, last,
             [&] {
@@ -159,7 +153,7 @@ struct recursive_release {
                                   st->core->untimed_deadline(), id_text(release));
             },
             [](const reply& r) { return r.is_integer(); },
-            [&] { not_finished(st, std::move(entry), entries, last, ended.valid_until, release); },
+            [&] { not_finished(st, entry, entries, last, ended.valid_until, release); },
             [&](const reply&) {
                 // The entries were gone: every entry of that acquisition is lost.
                 if (!last) {
@@ -175,36 +169,20 @@ struct recursive_release {
             });
     }
 
-    // A release whose outcome is unknown: an inner entry makes the count uncertain; the last one
-    // is sent again in the background, as the same release (it leaves entries once), and the
-    // object's next lock() takes its entry over (joining it instead would let that release,
-    // which may also leave uncertain entries, land on the new hold). Never throws: when its id
-    // cannot be copied into the object's books before the reaper gets it (out of memory), it is
-    // moved there after.
-    static void not_finished(const std::shared_ptr<state>& st, held entry, std::size_t entries,
-                             bool last, steady::time_point valid_until,
+    // A release whose outcome is unknown is sent again in the background, as the same release
+    // (it leaves entries once), until the lease of what it leaves surely ended: the
+    // acquisition's, or for an inner release of one still held, its current one's. The object's
+    // next lock() joins what is left, as any object of the owner would: whichever lands first,
+    // each leaves its own entries.
+    static void not_finished(const std::shared_ptr<state>& st, const held& entry,
+                             std::size_t entries, bool last, steady::time_point valid_until,
                              const token& release) noexcept {
-        if (last) {
-            bool noted = false;
-            {
-                std::lock_guard guard{st->mutex};
-                try {
-                    st->given_up = entry.acquisition;
-                    noted = true;
-                } catch (...) {
-                }
-            }
-            hand_to_reaper(st, entry, entries, valid_until + st->options.lease, release);
-            if (!noted) {
-                std::lock_guard guard{st->mutex};
-                st->given_up = std::move(entry.acquisition);
-            }
-            return;
+        if (!last) {
+            std::lock_guard guard{st->mutex};
+            valid_until =
+                st->epoch == entry.epoch && st->depth > 0 ? st->lease.valid_until : steady::now();
         }
-        std::lock_guard guard{st->mutex};
-        if (st->epoch == entry.epoch) {
-            ++st->uncertain;
-        }
+        hand_to_reaper(st, entry, entries, valid_until + st->options.lease, release);
     }
 
     // Leaves every entry (the object is going away), but the parent's this process was forked

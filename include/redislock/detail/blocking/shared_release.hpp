@@ -40,21 +40,32 @@ struct shared_release {
     // owner's next acquisition through this object to settle, and has the reaper leave them
     // until the server answers: `entries` of `ref` sent as release `release` (its reply was
     // lost; leaving it again is a no-op once it landed), or, with drop_all, every entry of an
-    // acquisition this object made and abandoned.
+    // acquisition this object made and abandoned. A release sent without an id (none could be
+    // drawn) is not sent again: it might leave its entries twice; they expire with their lease.
     static void abandon(const std::shared_ptr<state>& st, const hold_ref& ref, std::size_t entries,
                         steady::time_point lease_end, const token& release = {}) noexcept {
+        if (entries != drop_all && release == token{}) {
+            return;
+        }
+        std::string item;
         try {
+            item = entries == drop_all ? ref.acquisition
+                                       : unsettled_item(ref.acquisition, entries, release.view());
             std::lock_guard guard{st->mutex};
-            st->remember_given_up(entries == drop_all
-                                      ? ref.acquisition
-                                      : unsettled_item(ref.acquisition, entries, release.view()));
+            st->remember_given_up(item);
         } catch (...) {
             // Out of memory: the reaper still leaves them, or they expire with their lease.
         }
         detail::leave_to_reaper(
             st, ref, lease_end,
-            [entries, release](const state& s, const hold_ref& r, steady::time_point deadline) {
-                return leave_once(s, r, entries, deadline, release).is_integer();
+            [entries, release, item = std::move(item)](state& s, const hold_ref& r,
+                                                       steady::time_point deadline) {
+                if (!leave_once(s, r, entries, deadline, release).is_integer()) {
+                    return false;
+                }
+                std::lock_guard guard{s.mutex};
+                s.forget_settled({item});
+                return true;
             });
     }
 
@@ -96,35 +107,28 @@ struct shared_release {
             entries, deadline);
     }
 
-    // After the loss of the hold `ref` names by expiry, once told: leaves, in the background, the
-    // entries this object counts in it (see shared_hold::depth). Renewals or a re-entry whose
-    // WAIT saw too few replicas still extended the entry and the key on the master; with our
-    // entries gone the entry goes, and the key keeps only the other holders' leases, another
-    // object of the owner's included: that one keeps what it was told it has, and its own loss
-    // or release ends it. Named by the acquisition id, it never touches a later acquisition; sent
-    // as one release until answered (it leaves entries once), and settled by the owner's next
-    // acquisition through this object if that comes first (shared_state::take_back()).
+    // After the loss of the hold `ref` names by expiry, once told (or before the object's next
+    // acquisition in that mode, whichever comes first): leaves, in the background, the entries
+    // this object surely holds in it (its depth; an uncertain one may not be there, and leaving
+    // it could take another object's entry). Renewals or a re-entry whose WAIT saw too few
+    // replicas still extended the entry and the key on the master; with our entries gone the
+    // entry goes, and the key keeps only the other holders' leases, another object of the
+    // owner's included: that one keeps what it was told it has, and its own loss or release ends
+    // it. Named by the acquisition id, it never touches a later acquisition; given up as a
+    // release whose reply was lost is (see abandon()): it leaves entries once.
     static void take_back(const std::shared_ptr<state>& st, const hold_ref& ref) noexcept {
         std::size_t entries = 0;
-        token release;
         {
             std::lock_guard guard{st->mutex};
             hold* h = st->find(ref);
             if (h == nullptr || !h->lease.lost || h->taken_back) {
-                return;  // left by its release, settled by an acquisition, or a later one's
+                return;  // left by its release, or a later acquisition
             }
-            try {
-                entries = h->depth;
-                release = st->take_back(*h);
-            } catch (...) {
-                return;  // Out of memory: the entries expire with what the renewals gave them.
-            }
+            entries = h->depth;  // the uncertain ones may not be there: they expire with the key
+            h->uncertain = 0;
+            h->taken_back = true;
         }
-        detail::leave_to_reaper(
-            st, ref, steady::now() + st->options.lease,
-            [entries, release](const state& s, const hold_ref& r, steady::time_point deadline) {
-                return leave_once(s, r, entries, deadline, release).is_integer();
-            });
+        abandon(st, ref, entries, steady::now() + st->options.lease, release_id());
     }
 
     // Leaves `entries` entries, already counted out locally, of the hold `ref` in Redis, as one

@@ -1,8 +1,8 @@
 // detail::recursive_state: what a reentrant lock object (basic_recursive_mutex) keeps about its
 // acquisition and shares with its timer and watchdog callbacks: the holder's entry count, owner,
-// acquisition id, lease and fencing token, the entries whose count is uncertain, and the
-// acquisition it last gave up. Its books are kept under its own mutex, which is never held across
-// a round trip; lease_tracker finds the lease through find_lease().
+// acquisition id, lease and fencing token, and the acquisition it last gave up. Its books are kept
+// under its own mutex, which is never held across a round trip; lease_tracker finds the lease
+// through find_lease().
 #pragma once
 
 #include <cstddef>
@@ -75,11 +75,11 @@ struct recursive_state : lock_identity<C> {
     // Whether `owner`'s next entry is an outermost one, with the acquisitions it names as given
     // up, space-separated, in `given_up_ids`: this object's, and those of the owner any object
     // of the client gave up (see given_up_registry.hpp).
+    // An acquisition lost here by expiry is joined, not taken over (another object of the owner
+    // may count on it): its take-back leaves only this object's entries (see
+    // recursive_release::take_back, which the caller runs first).
     bool outermost(const std::string& owner, std::string& given_up_ids) const {
         given_up_ids = given_up;
-        if (depth > 0 && lease.lost && !taken_back && holder_owner == owner) {
-            given_up_ids = acquisition;  // lost here: its entries are taken over, not kept
-        }
         const bool first = depth == 0 || holder_owner != owner || lease.lost;
         if (first) {
             this->core->given_up->append_to(this->name, owner, given_up_ids);
@@ -109,6 +109,7 @@ struct recursive_state : lock_identity<C> {
         // own deadline and renewals (the lost one has neither).
         if (depth == 0 || lease.lost) {
             depth = 0;
+            uncertain = 0;
             taken_back = false;
             if (got.status == 1) {
                 given_up.clear();  // taken over or created anew: nothing left behind
@@ -120,7 +121,6 @@ struct recursive_state : lock_identity<C> {
             generation = current_fork_generation();
             holder_owner = owner;
             acquisition = got.acquisition;
-            uncertain = 0;
             fence = got.value;
             lease.valid_until = valid_until(sent, this->options.lease);
             lease.acquired_at = sent;
@@ -143,9 +143,9 @@ struct recursive_state : lock_identity<C> {
     };
 
     // Counts one entry out (unlock). Never throws: an inner entry whose names cannot be copied
-    // for its release (out of memory) is counted out as one whose release had an unknown
-    // outcome, with no entries to send (the last release leaves it); the last entry's names are
-    // moved out, as nothing reads them once depth is zero.
+    // for its release (out of memory) is counted out with no entries to send (it stays in Redis
+    // until the key's expiry); the last entry's names are moved out, as nothing reads them once
+    // depth is zero.
     left count_out() noexcept {
         left out;
         if (taken_back) {
@@ -167,7 +167,6 @@ struct recursive_state : lock_identity<C> {
                 out.entry = current();
             } catch (...) {
                 out.entries = 0;
-                ++uncertain;
             }
             --depth;
             return out;
@@ -177,9 +176,6 @@ struct recursive_state : lock_identity<C> {
         out.last = true;
         out.entry = taken_entry();
         out.ended = std::exchange(lease, {});
-        // Entries whose re-entry or release had an unknown outcome are left too: without a fault
-        // the count is then exact; after one, the key goes rather than outlive its holder (only
-        // a re-entry through another object could lose an entry).
         out.entries += std::exchange(uncertain, 0);
         return out;
     }
@@ -210,11 +206,11 @@ struct recursive_state : lock_identity<C> {
     std::string holder_owner;
     std::string acquisition;  // id of the acquisition the entries belong to, in Redis
     std::string given_up;     // the last acquisition this object gave up (see the script)
-    // Re-entries and releases through this object whose outcome is unknown (a lost reply):
-    // the server's count may hold this many entries more than depth says.
+    // Re-entries through this object whose reply was lost: the server's count may hold this
+    // many entries more than depth says; the last release leaves them too.
     std::size_t uncertain = 0;
-    // The acquisition was told lost by expiry and its entries (depth, uncertain) handed to the
-    // take-back: the next unlock() sends nothing and reports the loss.
+    // The acquisition was told lost by expiry and its entries handed to the take-back: the next
+    // unlock() sends nothing and reports the loss.
     bool taken_back = false;
     std::int64_t fence = 0;
     tracked_lease<C> lease;

@@ -49,16 +49,15 @@ template <connection C>
 struct shared_hold {
     std::string owner;
     shared_mode kind = shared_mode::read;
-    // Entries this object counts. A re-entry whose reply was lost may have added one more in
-    // Redis: that one is never left (another object of the owner may share the entry, and a
-    // count left that did not land would take that object's), and goes with the entry's expiry.
     std::size_t depth = 0;
+    // Re-entries whose reply was lost: the server's count may hold this many entries more than
+    // depth says; the hold's last release leaves them too.
+    std::size_t uncertain = 0;
     std::int64_t fence = 0;
     tracked_lease<C> lease;
     // Told lost by expiry, its entries handed to the take-back: its next release sends nothing
     // and reports the loss.
     bool taken_back = false;
-    token take_back_release{};  // the id the take-back's release is sent as
     std::uint64_t generation = 0;  // fork generation of the first entry
     std::uint64_t epoch = 0;       // which acquisition: renewals and releases name it
     std::string acquisition{};     // the acquisition's id in Redis
@@ -152,13 +151,10 @@ struct shared_state : lock_identity<C> {
     // names as given up (space-separated) in `given_up_ids`: this object's, and those of the
     // owner any object of the client gave up (see given_up_registry.hpp).
     bool outermost(const std::string& owner, shared_mode kind, std::string& given_up_ids) {
-        shared_hold<C>* h = find(owner, kind);
-        if (h != nullptr && h->depth > 0 && h->lease.lost) {
-            // Lost here: its entries are left by this acquisition if the take-back has not left
-            // them yet (an entry of ours left in the other mode would refuse this one as an
-            // upgrade). Only ours: another object of the owner may share the entry.
-            (void)take_back(*h);
-        }
+        // A hold lost here was handed to the take-back first (see shared_mutex::attempt): this
+        // acquisition settles it too, so that an entry of ours left in the other mode never
+        // refuses this one as an upgrade.
+        const shared_hold<C>* h = find(owner, kind);
         for (const std::string& item : given_up) {
             given_up_ids.append(given_up_ids.empty() ? "" : " ").append(item);
         }
@@ -202,6 +198,7 @@ struct shared_state : lock_identity<C> {
             h->lease.acquired_at = sent;
             h->lease.kind = shared_lock_kind(kind);
             h->depth = 0;
+            h->uncertain = 0;
             h->taken_back = false;
             h->fence = got.value;
             h->generation = current_fork_generation();
@@ -259,6 +256,7 @@ struct shared_state : lock_identity<C> {
         if (h->taken_back) {
             // Every entry was left by the take-back: nothing to send, all of them are gone.
             h->depth = 0;
+            h->uncertain = 0;
             out.entries = 0;
             out.last = true;
             out.taken_back = true;
@@ -280,6 +278,7 @@ struct shared_state : lock_identity<C> {
         out.ref = {std::move(h->owner), kind, h->epoch, std::move(h->acquisition), h->lease.lost};
         h->depth = 0;
         out.last = true;
+        out.entries += std::exchange(h->uncertain, 0);
         out.ended = std::exchange(h->lease, {});
         erase_released();
         return {};
@@ -291,6 +290,14 @@ struct shared_state : lock_identity<C> {
             return h.kind == kind && h.depth > 0;
         });
         return it != holds.end() ? &*it : nullptr;
+    }
+
+    // A re-entry of `owner` in `kind` whose outcome is unknown: the server's count may hold one
+    // entry more than depth says.
+    void count_uncertain(const std::string& owner, shared_mode kind) {
+        if (shared_hold<C>* h = find(owner, kind)) {
+            ++h->uncertain;
+        }
     }
 
     // Drops holds with no entries left.
@@ -313,17 +320,13 @@ struct shared_state : lock_identity<C> {
         given_up.push_back(std::move(item));
     }
 
-    // Hands the entries `h` counts, lost by expiry, to the take-back, once (the owner's next
-    // acquisition through this object settles it too), and returns the id its release is sent
-    // as. Throws when no id can be drawn or the item cannot be built (out of memory).
-    token take_back(shared_hold<C>& h) {
-        if (!h.taken_back) {
-            const token release = token::random();
-            remember_given_up(unsettled_item(h.acquisition, h.depth, release.view()));
-            h.take_back_release = release;
-            h.taken_back = true;
-        }
-        return h.take_back_release;
+    // Forgets the items in `settled` (unsettled_item()s a script has settled or left); bare
+    // acquisition ids stay (one that lands late is dropped by a later acquisition).
+    void forget_settled(const std::vector<std::string>& settled) noexcept {
+        std::erase_if(given_up, [&](const std::string& item) {
+            return item.find('/') != std::string::npos &&
+                   std::find(settled.begin(), settled.end(), item) != settled.end();
+        });
     }
 
     // Every hold `owner` has.
@@ -345,7 +348,7 @@ struct shared_state : lock_identity<C> {
     static left give_up(shared_hold<C>& h) noexcept {
         left out;
         out.ref = {std::move(h.owner), h.kind, h.epoch, std::move(h.acquisition), h.lease.lost};
-        out.entries = h.taken_back ? 0 : h.depth;
+        out.entries = h.taken_back ? 0 : h.depth + std::exchange(h.uncertain, 0);
         out.last = true;
         out.ended = std::exchange(h.lease, {});
         h.depth = 0;

@@ -1590,8 +1590,8 @@ inline constexpr script recursive_release{
 -- ARGV[4]  the release channel
 -- ARGV[5]  the acquisition id the entries belong to
 -- ARGV[6]  the grace, ms, a told waiter has to come
--- ARGV[7]  this release's id, or '' (absent too); the client names the last release through an
---          object, which it sends again should the reply be lost: one whose id field
+-- ARGV[7]  this release's id, or '' (absent too); the client sends a release again should its
+--          reply be lost: one whose id field
 --          left:<owner> lists (the owner's last 8 named releases that left entries in place) had
 --          landed and leaves nothing more, as it would take an entry another object of the owner
 --          joined
@@ -1886,7 +1886,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "23278883a009c4d701fbac8cf630e621f45356af"};
+    "8a3d8f3a885c98ead4833d6515f28eafa082d5da"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -2273,7 +2273,12 @@ for i = 1, #fields, 2 do
         end
     end
 end
-if #settled > kept and (mine.r or mine.w) then
+if not (mine.r or mine.w) then
+    -- No entry of ours left for a release sent again to find: the ids go too.
+    if kept > 0 then
+        redis.call('HDEL', KEYS[1], 'left:' .. me)
+    end
+elseif #settled > kept then
     redis.call('HSET', KEYS[1], 'left:' .. me, table.concat(settled, ' ', 1, math.min(#settled, 8)))
 end
 
@@ -2340,13 +2345,14 @@ elseif not result then
 end
 -- An entry we keep keeps its expiry if that is later: every object of the owner that entered it
 -- counts on its own lease, and none may lose it to a shorter one.
+local count = (mine[want] or joined) + 1
 redis.call('HSET', KEYS[1], want .. ':' .. me,
-           ((mine[want] or joined) + 1) .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,
+           count .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,
            'mode', (want == 'w' or mine.w) and 'write' or 'read')
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "c24d9f99c5ecacf2b5cdbd66cdcaa6482e5e9c18"};
+    "1db2efbae37d7f6ae7afb9ee7bc53b1810cab2f3"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -2458,6 +2464,7 @@ local release = ARGV[7] or ''
 -- once we are out; with no one left, the key goes.
 local fields = redis.call('HGETALL', KEYS[1])
 local entry, landed_text, writer, holders, latest = nil, '', false, false, now
+local ours_in_other_mode = false
 for i = 1, #fields, 2 do
     if fields[i] == field then
         entry = fields[i + 1]
@@ -2472,6 +2479,7 @@ for i = 1, #fields, 2 do
             latest = math.max(latest, left)
             writer = writer or tag == 'w:'
             holders = true
+            ours_in_other_mode = ours_in_other_mode or string.sub(fields[i], 3) == ARGV[1]
         end
     end
 end
@@ -2504,6 +2512,10 @@ local function leave()
         return
     end
     redis.call('HDEL', KEYS[1], field)
+    if not ours_in_other_mode then
+        -- No entry of ours left for a release sent again to find: the ids go too.
+        redis.call('HDEL', KEYS[1], 'left:' .. ARGV[1])
+    end
     if ARGV[2] == 'w' then
         redis.call('HDEL', KEYS[1], 'fence')
     end
@@ -2777,7 +2789,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "f9c3318d092bea54eb288588c00cf7a92f5e0eb9"};
+    "fb543ea031a0e16618e22d31294da62318c21575"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
