@@ -31,7 +31,7 @@
 // outermost lock() through any object of the client, which would otherwise join an entry the
 // reaper is about to drop) and has the client's reaper drop it in the background. Every release
 // carries its own id and leaves its entries once however often it lands (the script keeps the
-// owner's last 8 that left entries in place): one whose reply was lost is sent again by the
+// owner's last 32 that left entries in place): one whose reply was lost is sent again by the
 // reaper, and the object's next lock() joins what is left, never taking over entries another
 // object of the owner counts on. A re-entry whose reply was lost makes the outermost unlock()
 // leave one entry more (the count may hold it). Loss is told at the local conservative deadline
@@ -321,6 +321,7 @@ private:
             epoch = state_->epoch;
         }
         release::take_back(state_, epoch);  // if lost here and not taken back yet
+        release::settle(state_, std::min(how.deadline, state_->core->untimed_deadline()));
         {
             std::lock_guard guard{state_->mutex};
             outermost = state_->outermost(owner, given_up);

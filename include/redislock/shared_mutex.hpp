@@ -37,7 +37,7 @@
 // lock() call draws a fresh id and names the earlier ones as given up; an acquisition abandoned
 // mid-flight is remembered as given up (the owner's next acquisition through any object of the
 // client drops its entry) and dropped in the background by the client's reaper. Each release
-// carries its own id (field left:<owner> lists the owner's last 8 that left entries in place),
+// carries its own id (field left:<owner> lists the owner's last 32 that left entries in place),
 // so a release whose reply was lost is sent again by the reaper, and settled by the owner's next
 // acquisition through this object (so it never makes lock() refuse as an upgrade), leaving its
 // entries once: never those of another object of the owner that shares the entry. A re-entry
@@ -276,16 +276,17 @@ private:
         bool outermost = false;
         std::string given_up;
         std::vector<std::string> carried;  // the object's items this attempt settles
-        std::optional<hold_ref> lost_here;
+        std::vector<hold_ref> lost_here;   // in either mode: a read entry left would refuse a write
         {
             std::lock_guard guard{state_->mutex};
-            if (hold* h = state_->find(owner, kind);
-                h != nullptr && h->depth > 0 && h->lease.lost && !h->taken_back) {
-                lost_here = hold_ref{h->owner, kind, h->epoch, h->acquisition, true};
+            for (const hold& h : state_->holds) {
+                if (h.owner == owner && h.depth > 0 && h.lease.lost && !h.taken_back) {
+                    lost_here.push_back(hold_ref{h.owner, h.kind, h.epoch, h.acquisition, true});
+                }
             }
         }
-        if (lost_here) {
-            release::take_back(state_, *lost_here);  // not waiting for the loss timer to run it
+        for (const hold_ref& ref : lost_here) {
+            release::take_back(state_, ref);  // not waiting for the loss timer to run it
         }
         {
             std::lock_guard guard{state_->mutex};

@@ -15,7 +15,7 @@
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  this release's id, or '' (absent too); the client sends a release again should its
 --          reply be lost: one whose id field
---          left:<owner> lists (the owner's last 8 named releases that left entries in place) had
+--          left:<owner> lists (the owner's last 32 named releases that left entries in place) had
 --          landed and leaves nothing more, as it would take an entry another object of the owner
 --          joined
 -- Returns  2 released (key deleted or handed on) and a waiter told; 1 released, no one waits;
@@ -45,7 +45,7 @@ if left > 0 then
     redis.call('HSET', KEYS[1], ARGV[1], left)
     if release ~= '' then
         redis.call('HSET', KEYS[1], 'left:' .. ARGV[1],
-                   release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 7)))
+                   release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 31)))
     end
     return 0
 end

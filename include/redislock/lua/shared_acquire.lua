@@ -141,7 +141,8 @@ if not (mine.r or mine.w) then
         redis.call('HDEL', KEYS[1], 'left:' .. me)
     end
 elseif #settled > kept then
-    redis.call('HSET', KEYS[1], 'left:' .. me, table.concat(settled, ' ', 1, math.min(#settled, 8)))
+    redis.call('HSET', KEYS[1], 'left:' .. me,
+               table.concat(settled, ' ', 1, math.min(#settled, 32)))
 end
 
 -- Our own retried acquisition: taken over, whoever queued since, as this call's one entry

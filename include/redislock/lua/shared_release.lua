@@ -14,7 +14,7 @@
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  this release's id, or '' (absent too): the client sends a release again when its
 --          reply was lost, and the owner's next acquisition through that object settles it (see
---          shared_acquire.lua): one whose id field left:<owner> lists (the owner's last 8 named
+--          shared_acquire.lua): one whose id field left:<owner> lists (the owner's last 32 named
 --          releases that left entries in place) had landed and leaves nothing more, as it would
 --          take an entry another object of the owner joined
 -- Returns  2 released and waiters told; 1 released (the key is deleted when no one else holds);
@@ -68,7 +68,7 @@ if count > 0 then
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     if release ~= '' then
         redis.call('HSET', KEYS[1], 'left:' .. ARGV[1],
-                   release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 7)))
+                   release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 31)))
     end
     return 0
 end

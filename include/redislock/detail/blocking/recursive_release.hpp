@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -104,12 +105,40 @@ struct recursive_release {
         }
         detail::leave_to_reaper(
             st, entry, lease_end,
-            [entries, release](const state& s, const held& e, steady::time_point deadline) {
+            [entries, release](state& s, const held& e, steady::time_point deadline) {
                 // Lease "0": a background release never extends what remains.
-                return leave_once(s, "0", e, entries, deadline,
-                                  entries == drop_all ? std::string_view{} : id_text(release))
-                    .is_integer();
+                if (!leave_once(s, "0", e, entries, deadline,
+                                entries == drop_all ? std::string_view{} : id_text(release))
+                         .is_integer()) {
+                    return false;
+                }
+                settled(s, release);
+                return true;
             });
+    }
+
+    // The release named `release` was answered: the object's next lock() need not send it.
+    static void settled(state& s, const token& release) noexcept {
+        std::lock_guard guard{s.mutex};
+        if (s.unsettled && s.unsettled->release == release) {
+            s.unsettled.reset();
+        }
+    }
+
+    // Sends the object's last release whose reply was lost, if any, again now, by `deadline`:
+    // the next lock() then starts from what Redis really holds. Throws as a round trip does;
+    // an error reply leaves it to the reaper.
+    static void settle(const std::shared_ptr<state>& st, steady::time_point deadline) {
+        std::optional<recursive_unsettled> pending;
+        {
+            std::lock_guard guard{st->mutex};
+            pending = st->unsettled;
+        }
+        if (pending && leave_once(*st, "0", pending->entry, pending->entries, deadline,
+                                  id_text(pending->release))
+                           .is_integer()) {
+            settled(*st, pending->release);
+        }
     }
 
     // After the loss of acquisition `epoch` by expiry, once told (or before the object's next
@@ -171,16 +200,23 @@ struct recursive_release {
 
     // A release whose outcome is unknown is sent again in the background, as the same release
     // (it leaves entries once), until the lease of what it leaves surely ended: the
-    // acquisition's, or for an inner release of one still held, its current one's. The object's
-    // next lock() joins what is left, as any object of the owner would: whichever lands first,
-    // each leaves its own entries.
+    // acquisition's, or for an inner release of one still held, its current one's. A last one is
+    // sent by the object's next lock() too, before its attempt (see recursive_state::unsettled).
     static void not_finished(const std::shared_ptr<state>& st, const held& entry,
                              std::size_t entries, bool last, steady::time_point valid_until,
                              const token& release) noexcept {
-        if (!last) {
+        {
             std::lock_guard guard{st->mutex};
-            valid_until =
-                st->epoch == entry.epoch && st->depth > 0 ? st->lease.valid_until : steady::now();
+            if (!last) {
+                valid_until = st->epoch == entry.epoch && st->depth > 0 ? st->lease.valid_until
+                                                                        : steady::now();
+            } else if (release != token{}) {
+                try {
+                    st->unsettled = recursive_unsettled{entry, entries, release};
+                } catch (...) {
+                    // Out of memory: the reaper alone sends it again.
+                }
+            }
         }
         hand_to_reaper(st, entry, entries, valid_until + st->options.lease, release);
     }

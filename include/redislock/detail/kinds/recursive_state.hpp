@@ -36,6 +36,13 @@ struct recursive_entry {
     std::string acquisition;
 };
 
+// A release through a reentrant lock object whose reply was lost: what it leaves, as which release.
+struct recursive_unsettled {
+    recursive_entry entry;
+    std::size_t entries = 0;
+    token release{};
+};
+
 // What a reentrant lock object shares with its timer and watchdog callbacks.
 template <connection C>
 struct recursive_state : lock_identity<C> {
@@ -206,6 +213,10 @@ struct recursive_state : lock_identity<C> {
     std::string holder_owner;
     std::string acquisition;  // id of the acquisition the entries belong to, in Redis
     std::string given_up;     // the last acquisition this object gave up (see the script)
+    // The last release through this object whose reply was lost, until an answer settles it: the
+    // object's next outermost lock() sends it first (joined instead, a lost reply of that lock()
+    // would leave a count no one leaves).
+    std::optional<recursive_unsettled> unsettled;
     // Re-entries through this object whose reply was lost: the server's count may hold this
     // many entries more than depth says; the last release leaves them too.
     std::size_t uncertain = 0;

@@ -1592,7 +1592,7 @@ inline constexpr script recursive_release{
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  this release's id, or '' (absent too); the client sends a release again should its
 --          reply be lost: one whose id field
---          left:<owner> lists (the owner's last 8 named releases that left entries in place) had
+--          left:<owner> lists (the owner's last 32 named releases that left entries in place) had
 --          landed and leaves nothing more, as it would take an entry another object of the owner
 --          joined
 -- Returns  2 released (key deleted or handed on) and a waiter told; 1 released, no one waits;
@@ -1622,7 +1622,7 @@ if left > 0 then
     redis.call('HSET', KEYS[1], ARGV[1], left)
     if release ~= '' then
         redis.call('HSET', KEYS[1], 'left:' .. ARGV[1],
-                   release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 7)))
+                   release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 31)))
     end
     return 0
 end
@@ -1886,7 +1886,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "8a3d8f3a885c98ead4833d6515f28eafa082d5da"};
+    "3cbfb62bc9f228d889d64271d63f24ccdc84ea4e"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -2279,7 +2279,8 @@ if not (mine.r or mine.w) then
         redis.call('HDEL', KEYS[1], 'left:' .. me)
     end
 elseif #settled > kept then
-    redis.call('HSET', KEYS[1], 'left:' .. me, table.concat(settled, ' ', 1, math.min(#settled, 8)))
+    redis.call('HSET', KEYS[1], 'left:' .. me,
+               table.concat(settled, ' ', 1, math.min(#settled, 32)))
 end
 
 -- Our own retried acquisition: taken over, whoever queued since, as this call's one entry
@@ -2352,7 +2353,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "1db2efbae37d7f6ae7afb9ee7bc53b1810cab2f3"};
+    "fb8394a8b9e9fa9df4a3940f819c4411df584733"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -2447,7 +2448,7 @@ inline constexpr script shared_release{
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  this release's id, or '' (absent too): the client sends a release again when its
 --          reply was lost, and the owner's next acquisition through that object settles it (see
---          shared_acquire.lua): one whose id field left:<owner> lists (the owner's last 8 named
+--          shared_acquire.lua): one whose id field left:<owner> lists (the owner's last 32 named
 --          releases that left entries in place) had landed and leaves nothing more, as it would
 --          take an entry another object of the owner joined
 -- Returns  2 released and waiters told; 1 released (the key is deleted when no one else holds);
@@ -2501,7 +2502,7 @@ if count > 0 then
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
     if release ~= '' then
         redis.call('HSET', KEYS[1], 'left:' .. ARGV[1],
-                   release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 7)))
+                   release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 31)))
     end
     return 0
 end
@@ -2789,7 +2790,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "fb543ea031a0e16618e22d31294da62318c21575"};
+    "3fca4e5669d4c7a40c3c896d50e7a9156844220f"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
