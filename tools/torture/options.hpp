@@ -52,7 +52,8 @@ nothing left in Redis but fencing counters, no leaked descriptor or thread.
                   expire, and each thread replays its episodes until the time is up.
   --verbose       also print each fault as it happened.
   --trace N       at the end, print everything logged about name N (0, 1, ...) in time order;
-                  `--trace violations`: about each of the first three names a violation names.
+                  `--trace violations`: about each of the first three names a violation names
+                  (exclusion and error findings first).
   --no-faults     draw the plan as usual but cause none of its faults (a finding without faults
                   is not theirs).
   --print-plan    print every episode and fault of the plan, then exit (nothing runs).

@@ -494,14 +494,22 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
     if (o.trace >= 0 && o.trace < static_cast<int>(names.size())) {
         print_trace(out, check, data, o.trace);
     } else if (o.trace == trace_violations) {
-        int traced = 0;
-        for (std::size_t n = 0; n < names.size() && traced < 3; ++n) {
-            const std::string quoted = "'" + names[n] + "'";
-            if (std::any_of(
-                    found.violations.begin(), found.violations.end(),
-                    [&](const violation& v) { return v.text.find(quoted) != v.text.npos; })) {
-                print_trace(out, check, data, static_cast<int>(n));
-                ++traced;
+        // Exclusion and error findings first: they are the rare ones, liveness the common.
+        std::vector<bool> traced(names.size(), false);
+        int count = 0;
+        for (const bool rare : {true, false}) {
+            for (std::size_t n = 0; n < names.size() && count < 3; ++n) {
+                const std::string quoted = "'" + names[n] + "'";
+                if (!traced[n] && std::any_of(found.violations.begin(), found.violations.end(),
+                                              [&](const violation& v) {
+                                                  return (!rare || v.check == "exclusion" ||
+                                                          v.check == "error") &&
+                                                         v.text.find(quoted) != v.text.npos;
+                                              })) {
+                    print_trace(out, check, data, static_cast<int>(n));
+                    traced[n] = true;
+                    ++count;
+                }
             }
         }
     }
