@@ -2434,6 +2434,8 @@ TEST(RecursiveMutex, AnObjectLostByItsLeaseKeepsAnotherObjectsEntryOnItsNextLock
     first.lock();
     brief.lock();
     ASSERT_TRUE(redislock::test::eventually([&] { return !brief.owned(); }, 10s));
+    // Its loss is told and its entry taken back in the background.
+    ASSERT_TRUE(redislock::test::eventually([&] { return sole_count(srv, "x") == "1"; }, 10s));
     brief.lock();
     brief.unlock();
     std::this_thread::sleep_for(200ms);
