@@ -197,7 +197,7 @@ reply run_acquire(redislock::client& client, std::string_view name, std::string_
 std::int64_t run_release(redislock::client& client, std::string_view name, std::string_view owner,
                          std::string_view kind, std::string_view entries = "1",
                          std::optional<std::string> id = std::nullopt,
-                         std::string_view grace = "2000") {
+                         std::string_view release_id = "", std::string_view grace = "2000") {
     const std::string channel = redislock::detail::derived_key(name, "released");
     const std::string queue_key = redislock::detail::derived_key(name, "queue");
     const std::string lapse_key = redislock::detail::derived_key(name, "waiting");
@@ -205,7 +205,8 @@ std::int64_t run_release(redislock::client& client, std::string_view name, std::
     const reply r = redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::shared_release,
         std::array<std::string_view, 3>{name, queue_key, lapse_key},
-        std::array<std::string_view, 6>{owner, kind, entries, channel, acquisition, grace});
+        std::array<std::string_view, 7>{owner, kind, entries, channel, acquisition, grace,
+                                        release_id});
     EXPECT_TRUE(r.is_integer()) << r.text();
     return r.as_integer();
 }
@@ -679,7 +680,7 @@ TEST(SharedAcquireScript, RetryWhoseReplyWasLostTakesItsEntryOverDespiteLaterWai
 
 // Entries of the owner named in the given-up list (acquisitions the object gave up whose release
 // may not have landed) are dropped before the owner enters; other owners' entries stay.
-TEST(SharedAcquireScript, GivenUpIdsDropTheOwnersEntriesWithThoseIdsOnly) {
+TEST(SharedAcquireScript, UnsettledItemsLeaveTheOwnersEntriesOnceAndNoMore) {
     redis_server srv;
     redislock::client client{srv.uri()};
     const std::int64_t old_fence =
@@ -688,30 +689,32 @@ TEST(SharedAcquireScript, GivenUpIdsDropTheOwnersEntriesWithThoseIdsOnly) {
     ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000", "0", "0", "gr", "1")),
               verdict(1, 0));  // a writer may read
 
-    // Without the list, a new id from an object that holds nothing joins the old acquisition.
+    // Another object of the owner joins the write; bare ids name nothing to settle.
     const reply joined =
-        run_acquire(client, "doc", "A", "w", "30000", "1", "0", "other", "1", "unrelated ids");
+        run_acquire(client, "doc", "A", "w", "30000", "1", "0", "other", "1", "gw gr");
     EXPECT_EQ(verdict_of(joined), verdict(2, old_fence));
     EXPECT_EQ(acquisition_id(joined), "gw");
     ASSERT_EQ(parse_entry(hash_of(srv, "doc")["w:A"]).count, 2);
 
-    // Naming both drops both, whatever their counts; the write is entered anew.
-    const reply fresh =
-        run_acquire(client, "doc", "A", "w", "30000", "1", "0", "new", "1", "gr gw");
-    const std::int64_t fence = fence_of(fresh);
-    EXPECT_GT(fence, old_fence);
-    EXPECT_EQ(acquisition_id(fresh), "new");
+    // Naming both leaves one entry of each, not the joiner's: the read goes, the write is
+    // re-entered by this call.
+    const reply settled =
+        run_acquire(client, "doc", "A", "w", "30000", "1", "0", "new", "1", "gr/1/r1 gw/1/r2");
+    EXPECT_EQ(verdict_of(settled), verdict(2, old_fence));
+    EXPECT_EQ(acquisition_id(settled), "gw");
     hash fields = hash_of(srv, "doc");
     EXPECT_EQ(fields.count("r:A"), 0U);
-    EXPECT_EQ(parse_entry(fields["w:A"]).count, 1);
-    EXPECT_EQ(parse_entry(fields["w:A"]).id, "new");
+    EXPECT_EQ(parse_entry(fields["w:A"]).count, 2);
     EXPECT_EQ(fields["mode"], "write");
-    EXPECT_EQ(fields["fence"], std::to_string(fence));
-    // The given-up acquisitions' releases, if they land now, leave the new one alone.
-    EXPECT_EQ(run_release(client, "doc", "A", "w", "1", std::string{"gw"}), -1);
-    EXPECT_EQ(run_release(client, "doc", "A", "r", "1", std::string{"gr"}), -1);
-    EXPECT_EQ(hash_of(srv, "doc"), fields);
-    ASSERT_EQ(run_release(client, "doc", "A", "w", "1", std::string{"new"}), 1);
+    // Named again, they leave nothing more.
+    EXPECT_EQ(verdict_of(run_acquire(client, "doc", "A", "w", "30000", "1", "0", "again", "0",
+                                     "gr/1/r1 gw/1/r2")),
+              verdict(2, old_fence));
+    EXPECT_EQ(parse_entry(hash_of(srv, "doc")["w:A"]).count, 3);
+    // Nor does the release the reaper sends with the same id.
+    EXPECT_EQ(run_release(client, "doc", "A", "w", "1", std::string{"gw"}, "r2"), 0);
+    EXPECT_EQ(parse_entry(hash_of(srv, "doc")["w:A"]).count, 3);
+    ASSERT_EQ(run_release(client, "doc", "A", "w", "3", std::string{"gw"}), 1);
     ASSERT_FALSE(exists(srv, "doc"));
 
     // Another owner's entry with a listed id stays, and still counts.
@@ -730,8 +733,8 @@ TEST(SharedAcquireScript, GivenUpIdsDropTheOwnersEntriesWithThoseIdsOnly) {
     EXPECT_EQ(b_after.id, "shared-id");
     EXPECT_EQ(b_after.expiry, b_before.expiry);
     EXPECT_EQ(parse_entry(fields["r:A"]).id, "a1");
-    const auto [status, wait] =
-        verdict_of(run_acquire(client, "doc", "C", "w", "30000", "1", "0", "c1", "1", "shared-id"));
+    const auto [status, wait] = verdict_of(
+        run_acquire(client, "doc", "C", "w", "30000", "1", "0", "c1", "1", "shared-id/1/r4"));
     EXPECT_EQ(status, 0);  // B (and A) still hold the read lock
     EXPECT_GT(wait, 25'000);
 }
@@ -760,7 +763,7 @@ TEST(SharedReleaseScript, LastReleaseWithAWaiterQueuedPublishesTheWaitersId) {
     ASSERT_EQ(verdict_of(run_acquire(client, "doc", "B", "w", "30000", "0", "1000")).first, 0);
 
     const long long before = server_ms(srv);
-    EXPECT_EQ(run_release(client, "doc", "A", "w", "1", std::nullopt, "3000"), 2);
+    EXPECT_EQ(run_release(client, "doc", "A", "w", "1", std::nullopt, "", "3000"), 2);
     EXPECT_FALSE(exists(srv, "doc"));  // nothing kept in the hash for the waiter
     EXPECT_EQ(released.next(), "wB");
     // The told waiter's entry now lapses with the grace.
@@ -2626,6 +2629,58 @@ TEST(SharedMutex, AnOwnerThatLeftKeepsNoReleaseIdsInTheHash) {
     }
     EXPECT_EQ(count_prefixed(hash_of(srv, "x"), "left:"), 0U);
     reader.unlock_shared();
+    EXPECT_FALSE(exists(srv, "x"));
+}
+
+// An attempt that timed out lands late (the server slept) and its entry is joined by another
+// object of the owner once the client no longer names it as given up; the first object's next
+// lock() must leave only that attempt's own entry, never the joiner's.
+TEST(SharedMutex, AnAttemptGivenUpAndJoinedLaterKeepsTheJoinersEntry) {
+    redis_server srv{{.extra_args = {"--enable-debug-command", "yes"}}};
+    faulty_hiredis conn{srv.uri()};
+    redislock::basic_client<faulty_hiredis> client{conn};
+    const std::string owner = redislock::detail::owner_id(client.instance_id(), "task-9");
+    auto brief = client.shared_mutex("x", {.lease = 300ms, .owner = "task-9"});
+    auto joiner = client.shared_mutex("x", {.lease = 30s, .owner = "task-9"});
+    brief.lock();
+    brief.lock();
+    brief.unlock();
+    brief.unlock();  // both scripts are loaded
+    conn.add({.command = "EVALSHA",
+              .script = "shared_release",
+              .action = redislock::test::fault_action::throw_before_send,
+              .times = -1});
+    // The server sleeps: the attempt waits in its socket and runs when it wakes, after its
+    // caller gave it up (a paused client's command would be dropped with its connection).
+    std::thread sleeper{[&] { EXPECT_EQ(srv.cli({"DEBUG", "SLEEP", "0.5"}), "OK"); }};
+    std::this_thread::sleep_for(50ms);
+    bool acquired = false;
+    try {
+        acquired = brief.try_lock_for(50ms);
+    } catch (const redislock::error&) {
+    }
+    ASSERT_FALSE(acquired);
+    sleeper.join();
+    std::this_thread::sleep_for(50ms);
+    ASSERT_EQ(entry_of(srv, "x", "w", owner).count, 1) << srv.cli({"HGETALL", "x"});
+    joiner.lock();
+    ASSERT_EQ(entry_of(srv, "x", "w", owner).count, 2);
+    conn.clear_rules();
+    const std::string before = srv.cli({"HGETALL", "x"});
+    conn.clear_log();
+    brief.lock();
+    const std::string during = srv.cli({"HGETALL", "x"});
+    brief.unlock();
+    ASSERT_TRUE(redislock::detail::background_reaper().wait_idle(5s));
+    std::cerr << "before: " << before << "\nduring: " << during << "\nafter: "
+              << srv.cli({"HGETALL", "x"}) << "\n";
+    for (const auto& e : conn.log()) {
+        std::cerr << "  sent " << e.name << " " << e.script << "\n";
+    }
+    EXPECT_TRUE(joiner.owned());
+    EXPECT_EQ(entry_of(srv, "x", "w", owner).count, 1);
+    EXPECT_FALSE(a_rival_writer_gets_in(srv, "x"));
+    joiner.unlock();
     EXPECT_FALSE(exists(srv, "x"));
 }
 

@@ -34,9 +34,10 @@
 // (unless lock_options::owner is set), so several threads may read through one object at once.
 // owned(), remaining(), extend(), verify() and fencing_token() concern the calling owner.
 // Faults: every operation is safe to retry, as for basic_recursive_mutex: each attempt of a
-// lock() call draws a fresh id and names the earlier ones as given up; an acquisition abandoned
-// mid-flight is remembered as given up (the owner's next acquisition through any object of the
-// client drops its entry) and dropped in the background by the client's reaper. Each release
+// lock() call draws a fresh id; an acquisition abandoned mid-flight is given up as a release of
+// its one entry (below), which may land even after the attempt does: the reaper sends it, and the
+// owner's next acquisitions through this object, and through any object of the client within
+// the attempt's lease, settle it, leaving that one entry once. Each release
 // carries its own id (field left:<owner> lists the owner's last 32 that left entries in place),
 // so a release whose reply was lost is sent again by the reaper, and settled by the owner's next
 // acquisition through this object (so it never makes lock() refuse as an upgrade), leaving its
@@ -291,7 +292,9 @@ private:
         {
             std::lock_guard guard{state_->mutex};
             outermost = state_->outermost(owner, kind, given_up);
-            carried = state_->given_up;
+            for (const auto& u : state_->given_up) {
+                carried.push_back(u.item);
+            }
         }
         const auto sent = detail::steady::now();
         const bool fenced = kind == mode::write && state_->options.fencing;
@@ -302,8 +305,8 @@ private:
                 fenced ? "1" : "0", place.waiter, candidate.view(), outermost ? "1" : "0", given_up,
                 place.keep(), state_->channel, state_->grace_text.view()},
             how, outermost, fenced, "redislock: unexpected reply to a read-write acquisition", [&] {
-                // The entry may have landed. A new acquisition is given up (the next attempt of
-                // this call takes it over by its id; the reaper drops it otherwise); a re-entry
+                // The entry may have landed, or may land later. A new acquisition's one entry
+                // is given up (the reaper and the next acquisitions leave it once); a re-entry
                 // whose count is now unknown is left with the hold's last release.
                 if (outermost) {
                     release::abandon_attempt(state_,

@@ -38,21 +38,23 @@ struct shared_release {
 
     // Remembers entries that may be in Redis though this object does not count them, for the
     // owner's next acquisition through this object to settle, and has the reaper leave them
-    // until the server answers: `entries` of `ref` sent as release `release` (its reply was
-    // lost; leaving it again is a no-op once it landed), or, with drop_all, every entry of an
-    // acquisition this object made and abandoned. A release sent without an id (none could be
-    // drawn) is not sent again: it might leave its entries twice; they expire with their lease.
+    // until the server answers: `entries` of `ref` sent as release `release`, leaving them at
+    // most once however often it is sent. For a release whose reply was lost the item is
+    // forgotten once a script answered it; for an abandoned attempt (`attempt`) it is kept: the
+    // attempt may land after any answer, and the item leaves its one entry whenever it finds
+    // it. Without an id (none could be drawn) nothing is sent again, as it might leave entries
+    // twice: they expire with their lease.
     static void abandon(const std::shared_ptr<state>& st, const hold_ref& ref, std::size_t entries,
-                        steady::time_point lease_end, const token& release = {}) noexcept {
-        if (entries != drop_all && release == token{}) {
+                        steady::time_point lease_end, const token& release,
+                        bool attempt = false) noexcept {
+        if (release == token{}) {
             return;
         }
         std::string item;
         try {
-            item = entries == drop_all ? ref.acquisition
-                                       : unsettled_item(ref.acquisition, entries, release.view());
+            item = unsettled_item(ref.acquisition, entries, release.view());
             std::lock_guard guard{st->mutex};
-            st->remember_given_up(item);
+            st->remember_unsettled(item, attempt);
         } catch (...) {
             // Out of memory: the reaper still leaves them, or they expire with their lease.
         }
@@ -80,18 +82,25 @@ struct shared_release {
     }
 
     // Gives up a new acquisition, made by an attempt of this object whose outcome is unknown or
-    // that could not stand: its entry may be in Redis though no object holds it. Every object of
-    // the client names it as given up (see given_up_registry.hpp; not for a release that could
-    // not be finished, whose entries another object of the owner may have joined), and the
-    // reaper drops it.
+    // that could not stand: its one entry may be in Redis, or land there later, though no
+    // object holds it, and another object of the owner may join it. It is given up as a
+    // release of that one entry is (see abandon()), never as the whole acquisition: what others
+    // joined stays theirs. Every object of the client names it in its next first entry until
+    // the attempt's lease ends (see given_up_registry.hpp).
     static void abandon_attempt(const std::shared_ptr<state>& st, const hold_ref& ref,
                                 steady::time_point lease_end) noexcept {
+        const token release = release_id();
+        if (release == token{}) {
+            return;  // no id could be drawn: the entry, if it landed, expires with its lease
+        }
         try {
-            st->core->given_up->remember(st->name, ref.owner, ref.acquisition, lease_end);
+            st->core->given_up->remember(st->name, ref.owner,
+                                         unsettled_item(ref.acquisition, 1, release.view()),
+                                         lease_end);
         } catch (...) {
             // This process's registry could not be built: the object still names it.
         }
-        abandon(st, ref, drop_all, lease_end);
+        abandon(st, ref, 1, lease_end, release, true);
     }
 
     // Sends one release, named `release` (none: all zero) so that it leaves entries at most once

@@ -155,8 +155,8 @@ struct shared_state : lock_identity<C> {
         // acquisition settles it too, so that an entry of ours left in the other mode never
         // refuses this one as an upgrade.
         const shared_hold<C>* h = find(owner, kind);
-        for (const std::string& item : given_up) {
-            given_up_ids.append(given_up_ids.empty() ? "" : " ").append(item);
+        for (const unsettled& u : given_up) {
+            given_up_ids.append(given_up_ids.empty() ? "" : " ").append(u.item);
         }
         const bool first = h == nullptr || h->depth == 0 || h->lease.lost;
         if (first) {
@@ -310,22 +310,23 @@ struct shared_state : lock_identity<C> {
         std::erase_if(holds, [](const shared_hold<C>& h) { return h.depth == 0; });
     }
 
-    // Remembers what the owner's next acquisition through this object settles: an acquisition
-    // id (one it made and gave up: its entries are dropped) or an unsettled_item() (a release
-    // whose reply was lost: left unless it landed).
-    void remember_given_up(std::string item) {
+    // Remembers an unsettled_item() for the owner's next acquisition through this object to
+    // settle: a release whose reply was lost, forgotten once a script answered it, or, with
+    // `attempt`, an abandoned attempt's one entry, kept until newer ones push it out (its
+    // entry may land after any answer; settling it again leaves nothing: see
+    // shared_release::abandon).
+    void remember_unsettled(std::string item, bool attempt) {
         if (given_up.size() >= 8) {
             given_up.erase(given_up.begin());  // the oldest is surely settled by now or reaped
         }
-        given_up.push_back(std::move(item));
+        given_up.push_back({std::move(item), attempt});
     }
 
-    // Forgets the items in `settled` (unsettled_item()s a script has settled or left); bare
-    // acquisition ids stay (one that lands late is dropped by a later acquisition).
+    // Forgets the release items in `settled`, which a script has answered; an abandoned
+    // attempt's stay (see remember_unsettled()).
     void forget_settled(const std::vector<std::string>& settled) noexcept {
-        std::erase_if(given_up, [&](const std::string& item) {
-            return item.find('/') != std::string::npos &&
-                   std::find(settled.begin(), settled.end(), item) != settled.end();
+        std::erase_if(given_up, [&](const unsettled& u) {
+            return !u.attempt && std::find(settled.begin(), settled.end(), u.item) != settled.end();
         });
     }
 
@@ -358,8 +359,12 @@ struct shared_state : lock_identity<C> {
     mutable std::mutex mutex;  // guards the members below; never held across a round trip
     std::vector<shared_hold<C>> holds;
     std::uint64_t last_epoch = 0;
-    // What the owner's next acquisition through this object settles (see remember_given_up()).
-    std::vector<std::string> given_up;
+    // What the owner's next acquisition through this object settles (see remember_unsettled()).
+    struct unsettled {
+        std::string item;
+        bool attempt = false;
+    };
+    std::vector<unsettled> given_up;
 };
 
 }  // namespace redislock::detail

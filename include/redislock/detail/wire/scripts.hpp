@@ -1906,14 +1906,15 @@ inline constexpr script shared_acquire{
 -- ARGV[3]  the lease, ms
 -- ARGV[4]  '1' to draw a fencing token (writers)
 -- ARGV[5]  the waiter id of this lock() call: 'r...' for a reader, 'w...' for a writer
--- ARGV[6]  the id for a new acquisition; the same on every retry of one lock() call
+-- ARGV[6]  the id for a new acquisition (each attempt draws its own)
 -- ARGV[7]  '1' when the calling object holds no entry in this mode: an entry of this owner in
 --          this mode named ARGV[6] (a retry whose first reply was lost) is taken over, not
 --          re-entered
--- ARGV[8]  what the calling object left unsettled, separated by spaces, or '': an id alone names
---          an acquisition it made and gave up, whose entries of this owner are dropped;
---          '<id>/<count>/<release id>' a release of <count> entries of acquisition <id> whose
---          reply was lost, left now unless it landed (see ARGV[7] of shared_release.lua)
+-- ARGV[8]  what the owner left unsettled, separated by spaces, or '': '<id>/<count>/<release id>'
+--          names a release of <count> entries of acquisition <id> whose reply was lost, or the
+--          one entry of an attempt the client gave up (which may land after this); each is left
+--          now unless it landed (see ARGV[7] of shared_release.lua), and never more: entries
+--          another object of the owner joined stay
 -- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[10] the release channel; ARGV[11] the grace, ms, a told waiter has to come: when no one
@@ -2214,14 +2215,12 @@ if refused then
     return refused
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
-local given_up, unsettled = {}, {}
+local unsettled = {}
 for item in string.gmatch(ARGV[8] or '', '%S+') do
     local id, count, release = string.match(item, '^([^/]+)/(%d+)/(%S+)$')
     if id then
         unsettled[id] = unsettled[id] or {}
         table.insert(unsettled[id], {tonumber(count), release})
-    else
-        given_up[item] = true
     end
 end
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
@@ -2257,7 +2256,7 @@ for i = 1, #fields, 2 do
                 count = count - release[1]
             end
         end
-        if expiry <= now or count <= 0 or (owner == me and given_up[id]) then
+        if expiry <= now or count <= 0 then
             redis.call('HDEL', KEYS[1], fields[i])
         else
             if count < tonumber(string.match(fields[i + 1], '^%d+')) then
@@ -2353,7 +2352,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "fb8394a8b9e9fa9df4a3940f819c4411df584733"};
+    "05e4b9b6c958c88e2ae7ffd1ecf965efd059e3f9"};
 
 inline constexpr script shared_extend{
     "shared_extend",
