@@ -48,15 +48,15 @@ using redislock::test::subscriber;
 // ---- Probes that read Redis through redis-cli, never through the code under test ----
 
 // The owner fields of the reentrant lock `key`: every field but the fencing token, the
-// acquisition ids, the marks of handed entries and the lists of given-up acquisitions and of
-// releases that landed.
+// acquisition ids, the marks of handed entries and the lists of given-up attempts, of releases
+// that landed and of attempts that joined.
 std::vector<std::string> owners_of(const redis_server& srv, const std::string& key) {
     std::vector<std::string> owners;
     std::istringstream lines{srv.cli({"HKEYS", key})};
     for (std::string line; std::getline(lines, line);) {
         if (!line.empty() && line != "fence" && !line.starts_with("id:") &&
             !line.starts_with("handed:") && !line.starts_with("gone:") &&
-            !line.starts_with("left:")) {
+            !line.starts_with("left:") && !line.starts_with("joins:")) {
             owners.push_back(line);
         }
     }
@@ -117,7 +117,8 @@ std::string waiter_for(std::string_view owner) {
 }
 
 // Without `id`, offers the owner's id_for(). `holds_none` ('1': the calling object holds no
-// entry) and `given_up` (the object's last given-up acquisition) default to an object that holds
+// entry) and `given_up` (the attempts the client gave up, as '<id>/1/<release id>' items) default
+// to an object that holds
 // an entry and gave up nothing, so an owner's entry is re-entered. `keep` '0' is a try that does
 // not join the waiting queue; otherwise a refused attempt queues waiter_for(owner). A free lock
 // the queue keeps from the caller goes to the head for `grace` ms.
@@ -222,14 +223,15 @@ redislock::reply run_release(redislock::client& client, std::string_view key,
                              std::string_view owner, std::string_view entries,
                              std::string_view lease_ms, std::string_view channel,
                              std::optional<std::string> id = std::nullopt,
-                             std::string_view grace = "2000") {
+                             std::string_view grace = "2000", std::string_view release_id = "") {
     const std::string acquisition = id.value_or(id_for(owner));
     const std::string queue_key = redislock::detail::derived_key(key, "queue");
     const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
     return redislock::detail::run_script(
         client.connection(), redislock::detail::scripts::recursive_release,
         std::array<std::string_view, 3>{key, queue_key, lapse_key},
-        std::array<std::string_view, 6>{owner, entries, lease_ms, channel, acquisition, grace});
+        std::array<std::string_view, 7>{owner, entries, lease_ms, channel, acquisition, grace,
+                                        release_id});
 }
 
 // o1 takes "s", the waiters (owner, waiter id) queue in this order, and o1's release hands the
@@ -709,16 +711,16 @@ TEST(RecursiveQueueLeaveScript, WaiterThatCountedItsHandedEntryTakesNothingBack)
 }
 
 // The object gave up the acquisition handed to its call (its grant came too late): the call's
-// next attempt takes the entry over under a new id, as for any given-up acquisition, rather than
-// claim it.
-TEST(RecursiveAcquireScript, HandedEntryTheObjectGaveUpIsTakenOverNotClaimed) {
+// next attempt leaves that entry, as for any given-up attempt, and enters the free lock under a
+// new id, rather than claim it.
+TEST(RecursiveAcquireScript, HandedEntryTheObjectGaveUpIsLeftNotClaimed) {
     redis_server srv;
     redislock::client client{srv.uri()};
     const std::string o2 = handed_waiter("00d2", "o2");
     ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
 
-    const auto again =
-        run_acquire(client, "s", "o2", "60000", "0", std::string{"c9"}, "1", "00d2", "5000", o2);
+    const auto again = run_acquire(client, "s", "o2", "60000", "0", std::string{"c9"}, "1",
+                                   "00d2/1/r1", "5000", o2);
     EXPECT_EQ(integers(again), (std::vector<std::int64_t>{1, 0}));
     EXPECT_EQ(acquisition_id(again), "c9");
     EXPECT_EQ(sole_count(srv, "s"), "1");
@@ -733,8 +735,8 @@ TEST(RecursiveAcquireScript, GivenUpAttemptLandingAfterTheClaimOfAHandedEntryAdd
     const std::string o2 = handed_waiter("00e2", "o2");
     ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
 
-    const auto claimed =
-        run_acquire(client, "s", "o2", "60000", "0", std::string{"c1"}, "1", "x1", "5000", o2);
+    const auto claimed = run_acquire(client, "s", "o2", "60000", "0", std::string{"c1"}, "1",
+                                     "x1/1/r1", "5000", o2);
     ASSERT_EQ(integers(claimed).at(0), 1);
     ASSERT_EQ(acquisition_id(claimed), "00e2");
 
@@ -889,44 +891,46 @@ TEST(RecursiveAcquireScript, ReentryReturnsTheFirstEntrysAcquisitionId) {
 
 // ---- takeovers: an entry of the owner that the calling object does not hold ----
 
-// A lock() whose first reply was lost retries with the same id: its own entry, which did land,
-// is taken over (count 1, a fresh fence and lease), not re-entered. An object that holds an
-// entry re-enters as before.
-TEST(RecursiveAcquireScript, RetryOfANewAcquisitionWhoseReplyWasLostTakesItsEntryOver) {
+// An attempt whose first reply was lost is sent again as it was: its own entry, which did land,
+// is claimed as it is (its fence, its count, which may hold entries another object of the owner
+// joined since), not re-entered. An object that holds an entry re-enters as before.
+TEST(RecursiveAcquireScript, AttemptSentAgainAfterALostReplyClaimsItsEntryAsItIs) {
     redis_server srv;
     redislock::client client{srv.uri()};
     const std::int64_t first =
         fence_of(run_acquire(client, "s", "o1", "1000", "1", std::string{"cand"}, "1"));
     ASSERT_GT(first, 0);
+    const auto joiner = run_acquire(client, "s", "o1", "1000", "1", std::string{"j"}, "1");
+    ASSERT_EQ(integers(joiner), (std::vector<std::int64_t>{2, first}));
+    ASSERT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
 
     const auto retry = run_acquire(client, "s", "o1", "60000", "1", std::string{"cand"}, "1");
-    const std::int64_t again = fence_of(retry);
-    EXPECT_GT(again, first);  // a fresh acquisition draws a fresh token
+    EXPECT_EQ(integers(retry), (std::vector<std::int64_t>{1, first}));
     EXPECT_EQ(acquisition_id(retry), "cand");
     EXPECT_EQ(owners_of(srv, "s"), std::vector<std::string>{"o1"});
-    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");  // not 2: the lost entry is this one
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "2");  // the lost entry is this one; the joiner's stays
     EXPECT_EQ(srv.cli({"HGET", "s", "id:o1"}), "cand");
-    EXPECT_EQ(srv.cli({"HGET", "s", "fence"}), std::to_string(again));
-    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(again));
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(first));
     EXPECT_GT(pttl(srv, "s"), 50'000);
 
     // The same id from an object that holds an entry is a re-entry, as is another id from an
     // object that holds none (a second object of the same owner).
     const auto reentry = run_acquire(client, "s", "o1", "60000", "1", std::string{"cand"}, "0");
-    EXPECT_EQ(integers(reentry), (std::vector<std::int64_t>{2, again}));
+    EXPECT_EQ(integers(reentry), (std::vector<std::int64_t>{2, first}));
     EXPECT_EQ(acquisition_id(reentry), "cand");
     const auto joined = run_acquire(client, "s", "o1", "60000", "1", std::string{"fresh"}, "1");
-    EXPECT_EQ(integers(joined), (std::vector<std::int64_t>{2, again}));
+    EXPECT_EQ(integers(joined), (std::vector<std::int64_t>{2, first}));
     EXPECT_EQ(acquisition_id(joined), "cand");
-    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "3");
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "4");
     EXPECT_EQ(srv.cli({"HGET", "s", "id:o1"}), "cand");
-    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(again));
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(first));
 }
 
-// An acquisition the object gave up (its release may not have landed) is taken over by the
-// object's next lock(), whatever its count, with the new id; with fencing off, the old
-// acquisition's fence goes.
-TEST(RecursiveAcquireScript, AcquisitionTheObjectGaveUpIsTakenOverWithTheNewId) {
+// An attempt the client gave up ('<id>/1/<release id>') is left by the owner's next first entry,
+// its one entry only and only once, whichever of that entry and the reaper's release with the
+// same id comes first; the caller then joins what other objects of the owner hold, or, with
+// nothing left, enters anew (with fencing off, the old acquisition's fence goes with the key).
+TEST(RecursiveAcquireScript, AttemptTheClientGaveUpIsLeftOnceAndTheRestJoined) {
     redis_server srv;
     redislock::client client{srv.uri()};
     const std::int64_t old_fence =
@@ -936,29 +940,86 @@ TEST(RecursiveAcquireScript, AcquisitionTheObjectGaveUpIsTakenOverWithTheNewId) 
               old_fence);
     ASSERT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
 
-    // Naming another given-up acquisition joins "old" instead.
-    const auto joined =
-        run_acquire(client, "s", "o1", "1000", "0", std::string{"new"}, "1", "unrelated");
+    // Items naming another acquisition, or not items at all, leave nothing: "old" is joined.
+    const auto joined = run_acquire(client, "s", "o1", "1000", "0", std::string{"new"}, "1",
+                                    "unrelated other/1/r0");
     EXPECT_EQ(integers(joined), (std::vector<std::int64_t>{2, old_fence}));
     EXPECT_EQ(acquisition_id(joined), "old");
     ASSERT_EQ(srv.cli({"HGET", "s", "o1"}), "3");
 
-    const auto taken = run_acquire(client, "s", "o1", "60000", "0", std::string{"new"}, "1", "old");
-    EXPECT_EQ(integers(taken), (std::vector<std::int64_t>{1, 0}));
-    EXPECT_EQ(acquisition_id(taken), "new");
-    EXPECT_EQ(owners_of(srv, "s"), std::vector<std::string>{"o1"});
-    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
-    EXPECT_EQ(srv.cli({"HGET", "s", "id:o1"}), "new");
-    EXPECT_EQ(srv.cli({"HEXISTS", "s", "fence"}), "0");  // not the old acquisition's token
-    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(old_fence));  // none drawn
+    const auto settled = run_acquire(client, "s", "o1", "60000", "0", std::string{"new2"}, "1",
+                                     "old/1/r1 old/1/r1");  // named twice: left once
+    EXPECT_EQ(integers(settled), (std::vector<std::int64_t>{2, old_fence}));
+    EXPECT_EQ(acquisition_id(settled), "old");
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "3");  // one left, one joined
     EXPECT_GT(pttl(srv, "s"), 50'000);
-
-    // The given-up acquisition's release, if it lands now, leaves the new one alone.
-    EXPECT_EQ(integers(run_release(client, "s", "o1", "1099511627776", "1000", "{s}:released",
+    // Named again, or sent by the reaper, the same release leaves nothing more.
+    EXPECT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0", std::string{"new3"}, "1",
+                                   "old/1/r1")),
+              (std::vector<std::int64_t>{2, old_fence}));
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "4");
+    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "0", "{s}:released",
+                                   std::string{"old"}, "2000", "r1")),
+              std::vector<std::int64_t>{0});
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "4");
+    ASSERT_EQ(integers(run_release(client, "s", "o1", "4", "0", "{s}:released",
                                    std::string{"old"})),
+              std::vector<std::int64_t>{1});
+    ASSERT_EQ(exists(srv, "s"), "0");
+
+    // Its one entry the only one: the lock is free, and entered anew.
+    const std::int64_t lone_fence =
+        fence_of(run_acquire(client, "s", "o1", "1000", "1", std::string{"lone"}, "1"));
+    ASSERT_GT(lone_fence, old_fence);
+    const auto fresh =
+        run_acquire(client, "s", "o1", "60000", "0", std::string{"next"}, "1", "lone/1/r2");
+    EXPECT_EQ(integers(fresh), (std::vector<std::int64_t>{1, 0}));
+    EXPECT_EQ(acquisition_id(fresh), "next");
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o1"}), "next");
+    EXPECT_EQ(srv.cli({"HEXISTS", "s", "fence"}), "0");  // not the old acquisition's token
+    EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(lone_fence));  // none drawn
+    // The given-up attempt's release, if it lands now, leaves the new one alone.
+    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "0", "{s}:released",
+                                   std::string{"lone"}, "2000", "r2")),
               std::vector<std::int64_t>{-1});
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
-    EXPECT_EQ(srv.cli({"HGET", "s", "id:o1"}), "new");
+}
+
+// An attempt through an object holding none that joins the owner's entry is counted once however
+// often it lands, and its id names that entry for a release or a given-up item, which leave it
+// once.
+TEST(RecursiveAcquireScript, AJoinIsCountedOnceAndLeftByItsAttemptsId) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0", std::string{"a"}, "1")).at(0),
+              1);
+    for (int landing = 0; landing < 2; ++landing) {
+        const auto joined = run_acquire(client, "s", "o1", "60000", "0", std::string{"j1"}, "1");
+        EXPECT_EQ(integers(joined), (std::vector<std::int64_t>{2, 0}));
+        EXPECT_EQ(acquisition_id(joined), "a");
+        EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
+    }
+    ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0", std::string{"j2"}, "1")).at(0),
+              2);
+    ASSERT_EQ(srv.cli({"HGET", "s", "o1"}), "3");
+    // The release named by the first join's id, sent twice, leaves one entry.
+    for (int landing = 0; landing < 2; ++landing) {
+        EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "0", "{s}:released",
+                                       std::string{"j1"}, "2000", "r1")),
+                  std::vector<std::int64_t>{0});
+        EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
+    }
+    // A given-up item naming the second join leaves its entry; the caller joins.
+    const auto next =
+        run_acquire(client, "s", "o1", "60000", "0", std::string{"j3"}, "1", "j2/1/r2");
+    EXPECT_EQ(integers(next), (std::vector<std::int64_t>{2, 0}));
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
+    // An id that never joined names nothing.
+    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "0", "{s}:released",
+                                   std::string{"never"}, "2000", "r3")),
+              std::vector<std::int64_t>{-1});
+    EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
 }
 
 // Neither rule ever takes over another owner's entry, even one named by the ids offered.
@@ -974,7 +1035,7 @@ TEST(RecursiveAcquireScript, AnotherOwnersEntryIsNeverTakenOver) {
 
     // As a retry of a lost reply, and as a given-up acquisition.
     for (const auto& [offered, given_up] :
-         {std::pair<std::string, std::string>{"shared-id", ""}, {"other", "shared-id"}}) {
+         {std::pair<std::string, std::string>{"shared-id", ""}, {"other", "shared-id/1/r1"}}) {
         SCOPED_TRACE(offered + " / " + given_up);
         const auto r = run_acquire(client, "s", "o2", "1000", "1", offered, "1", given_up);
         const auto values = integers(r);
@@ -2422,6 +2483,83 @@ TEST(RecursiveMutex, ANextLockAfterAnUnansweredReleaseKeepsAnotherObjectsEntry) 
     EXPECT_FALSE(rival.try_lock());
     first.unlock();
     EXPECT_EQ(srv.cli({"EXISTS", "x"}), "0");
+}
+
+// An attempt that timed out lands late (the server slept), after its lease and the client's
+// record of it, and its entry is joined by another object of the owner; the first object's next
+// lock() must leave only that attempt's own entry, never take the joiner's with it.
+TEST(RecursiveMutex, AnAttemptGivenUpAndJoinedLaterKeepsTheJoinersEntry) {
+    redis_server srv{{.extra_args = {"--enable-debug-command", "yes"}}};
+    using faulty = redislock::test::faulty_connection<redislock::hiredis_connection>;
+    faulty conn{srv.uri()};
+    redislock::basic_client<faulty> client{conn};
+    auto brief = client.recursive_mutex("x", {.lease = 300ms, .owner = "task-9"});
+    auto joiner = client.recursive_mutex("x", {.lease = 30s, .owner = "task-9"});
+    brief.lock();
+    brief.unlock();  // both scripts are loaded
+    // The reaper's leave of the given-up attempt never goes out: the next lock() settles it.
+    conn.add({.command = "EVALSHA",
+              .script = "recursive_release",
+              .action = redislock::test::fault_action::throw_before_send,
+              .times = -1});
+    // The server sleeps: the attempt waits in its socket and runs when it wakes, after its
+    // caller gave it up.
+    std::thread sleeper{[&] { EXPECT_EQ(srv.cli({"DEBUG", "SLEEP", "0.5"}), "OK"); }};
+    std::this_thread::sleep_for(50ms);
+    bool acquired = false;
+    try {
+        acquired = brief.try_lock_for(50ms);
+    } catch (const redislock::error&) {
+    }
+    ASSERT_FALSE(acquired);
+    sleeper.join();
+    std::this_thread::sleep_for(50ms);
+    ASSERT_EQ(sole_count(srv, "x"), "1") << srv.cli({"HGETALL", "x"});
+    joiner.lock();
+    ASSERT_EQ(sole_count(srv, "x"), "2");
+    conn.clear_rules();
+    brief.lock();
+    EXPECT_EQ(sole_count(srv, "x"), "2");
+    brief.unlock();
+    ASSERT_TRUE(redislock::detail::background_reaper().wait_idle(5s));
+    EXPECT_TRUE(joiner.owned());
+    EXPECT_EQ(sole_count(srv, "x"), "1");
+    redislock::client rival_client{srv.uri()};
+    auto rival = rival_client.recursive_mutex("x");
+    EXPECT_FALSE(rival.try_lock());
+    joiner.unlock();
+    EXPECT_EQ(srv.cli({"EXISTS", "x"}), "0");
+}
+
+// An attempt that joined the owner's entry through another object, whose reply was lost, is given
+// up, and the object locks again: the lost join must be left once, so that nothing is held once
+// every object let go.
+TEST(RecursiveMutex, AJoinWhoseReplyWasLostIsLeftOnce) {
+    redis_server srv;
+    using faulty = redislock::test::faulty_connection<redislock::hiredis_connection>;
+    faulty conn{srv.uri()};
+    redislock::basic_client<faulty> client{conn};
+    const redislock::lock_options task{.lease = 30s, .owner = "task-9"};
+    auto first = client.recursive_mutex("x", task);
+    auto joiner = client.recursive_mutex("x", task);
+    first.lock();
+    conn.add({.command = "EVALSHA",
+              .script = "recursive_acquire",
+              .action = redislock::test::fault_action::drop_reply});
+    try {
+        joiner.lock();  // the reply is lost
+    } catch (const redislock::error&) {
+    }
+    if (!joiner.owned()) {
+        joiner.lock();
+    }
+    std::error_code ec;
+    joiner.unlock(ec);
+    EXPECT_FALSE(ec);
+    first.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    ASSERT_TRUE(redislock::detail::background_reaper().wait_idle(5s));
+    EXPECT_EQ(srv.cli({"EXISTS", "x"}), "0") << srv.cli({"HGETALL", "x"});
 }
 
 // An object of the owner whose own lease ran out locally, while another object of the owner

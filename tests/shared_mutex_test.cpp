@@ -739,6 +739,43 @@ TEST(SharedAcquireScript, UnsettledItemsLeaveTheOwnersEntriesOnceAndNoMore) {
     EXPECT_GT(wait, 25'000);
 }
 
+// An attempt through an object holding none that joins the owner's entry is counted once however
+// often it lands, and its id names that entry for a release or an unsettled item, which leave
+// it once.
+TEST(SharedAcquireScript, AJoinIsCountedOnceAndLeftByItsAttemptsId) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::string owner = "A";
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", owner, "r", "30000", "0", "0", "a", "1")),
+              verdict(1, 0));
+    for (int landing = 0; landing < 2; ++landing) {
+        const reply joined = run_acquire(client, "doc", owner, "r", "30000", "0", "0", "j1", "1");
+        EXPECT_EQ(verdict_of(joined), verdict(2, 0));
+        EXPECT_EQ(acquisition_id(joined), "a");
+        EXPECT_EQ(parse_entry(hash_of(srv, "doc")["r:A"]).count, 2);
+    }
+    ASSERT_EQ(verdict_of(run_acquire(client, "doc", owner, "r", "30000", "0", "0", "j2", "1")),
+              verdict(2, 0));
+    ASSERT_EQ(parse_entry(hash_of(srv, "doc")["r:A"]).count, 3);
+    // The release named by the first join's id, sent twice, leaves one entry; in the other mode
+    // it names nothing.
+    EXPECT_EQ(run_release(client, "doc", owner, "w", "1", std::string{"j1"}, "r0"), -1);
+    for (int landing = 0; landing < 2; ++landing) {
+        EXPECT_EQ(run_release(client, "doc", owner, "r", "1", std::string{"j1"}, "r1"), 0);
+        EXPECT_EQ(parse_entry(hash_of(srv, "doc")["r:A"]).count, 2);
+    }
+    // An unsettled item naming the second join leaves its entry: the owner's write is then no
+    // upgrade once the first entry goes too.
+    ASSERT_EQ(run_release(client, "doc", owner, "r", "1", std::string{"a"}), 0);
+    const reply write =
+        run_acquire(client, "doc", owner, "w", "30000", "0", "0", "w1", "1", "j2/1/r2");
+    EXPECT_EQ(verdict_of(write), verdict(1, 0));
+    const hash fields = hash_of(srv, "doc");
+    EXPECT_EQ(fields.count("r:A"), 0U);
+    EXPECT_EQ(fields.count("joins:A"), 0U);  // no entry of the owner left to name
+    EXPECT_EQ(parse_entry(fields.at("w:A")).count, 1);
+}
+
 // ---------------------------------------------------------------------------------------------
 // shared_release.lua
 
@@ -2506,6 +2543,44 @@ TEST(SharedMutex, ANextLockAfterAnUnansweredReleaseKeepsAnotherObjectsEntry) {
         EXPECT_FALSE(a_rival_writer_gets_in(srv, "x"));
         leave(first, kind, ec);
         EXPECT_FALSE(ec);
+        EXPECT_FALSE(exists(srv, "x"));
+    }
+}
+
+// An attempt that joined the owner's entry through another object, whose reply was lost, is given
+// up, and the object locks again: the lost join must be left once, so that nothing is held once
+// every object let go, and the owner's next write is no upgrade.
+TEST(SharedMutex, AJoinWhoseReplyWasLostIsLeftOnce) {
+    for (const std::string_view kind : {"w", "r"}) {
+        SCOPED_TRACE(kind);
+        redis_server srv;
+        faulty_hiredis conn{srv.uri()};
+        redislock::basic_client<faulty_hiredis> client{conn};
+        const redislock::lock_options task{.lease = 30s, .owner = "task-9"};
+        const std::string owner = redislock::detail::owner_id(client.instance_id(), "task-9");
+        auto first = client.shared_mutex("x", task);
+        auto joiner = client.shared_mutex("x", task);
+        enter(first, kind);
+        conn.add({.command = "EVALSHA",
+                  .script = "shared_acquire",
+                  .action = redislock::test::fault_action::drop_reply});
+        try {
+            enter(joiner, kind);  // the reply is lost
+        } catch (const redislock::error&) {
+        }
+        if (!owns(joiner, kind)) {
+            enter(joiner, kind);
+        }
+        std::error_code ec;
+        leave(joiner, kind, ec);
+        EXPECT_FALSE(ec);
+        leave(first, kind, ec);
+        EXPECT_FALSE(ec);
+        ASSERT_TRUE(redislock::detail::background_reaper().wait_idle(5s));
+        EXPECT_FALSE(exists(srv, "x")) << srv.cli({"HGETALL", "x"});
+        first.lock();  // no read entry of the owner is left to make this an upgrade
+        EXPECT_EQ(entry_of(srv, "x", "w", owner).count, 1);
+        first.unlock();
         EXPECT_FALSE(exists(srv, "x"));
     }
 }

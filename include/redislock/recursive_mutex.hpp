@@ -24,12 +24,13 @@
 // through this object sends nothing, reports errc::not_holder through
 // unlock(std::error_code&) and tells unlock_refused to the client's event hook (a guard released
 // on another thread); it never touches the holder's count.
-// Faults: every operation is safe to retry. Each attempt of a lock() call draws a fresh id and
-// names the earlier ones as given up, so a retry whose first reply was lost takes its own entry
-// over instead of re-entering it; an acquisition abandoned mid-flight makes the object remember
-// it as given up (its next outermost lock() takes the entry over, and so does the owner's next
-// outermost lock() through any object of the client, which would otherwise join an entry the
-// reaper is about to drop) and has the client's reaper drop it in the background. Every release
+// Faults: every operation is safe to retry. Each attempt of a lock() call draws a fresh id; one
+// sent again after a lost reply claims its own entry instead of re-entering it. An acquisition
+// abandoned mid-flight is given up as a release of its one entry, which may land even after the
+// attempt does: the client's reaper sends it, and the owner's next outermost lock() through this
+// object, and through any object of the client within the attempt's lease, settles it (leaves
+// that one entry unless it was left, then joins what remains, never taking an entry another
+// object of the owner joined); an attempt that lands after that writes nothing. Every release
 // carries its own id and leaves its entries once however often it lands (the script keeps the
 // owner's last 32 that left entries in place): one whose reply was lost is sent again by the
 // reaper, and the object's next lock() joins what is left, never taking over entries another
@@ -335,8 +336,8 @@ private:
                 state_->channel, state_->grace_text.view()},
             how, outermost, state_->options.fencing,
             "redislock: unexpected reply to a reentrant acquisition", [&] {
-                // The entry may have landed: a new acquisition is given up (the next attempt of
-                // this call takes it over by its id; the reaper drops it otherwise), a re-entry
+                // The entry may have landed, or may land later: a new acquisition's one entry is
+                // given up (the reaper and the next first entries leave it once), a re-entry
                 // makes the count uncertain (the last release leaves it too).
                 if (outermost) {
                     release::abandon(state_, owner, candidate.str(), sent + state_->options.lease);
@@ -387,11 +388,13 @@ private:
     // A new acquisition that cannot stand (too few replicas acknowledged it, or its reply came
     // after its lease) is left before the call returns, and only its one entry: the owner's next
     // acquisition, through another object, may join what is still there and must keep it.
-    // Should that leave go unanswered, the acquisition is given up whole, as after a lost reply.
+    // Should that leave go unanswered, the entry is given up as after a lost reply, by the same
+    // release id: it is left once, whichever send lands.
     void give_back(const std::string& owner, const std::string& acquisition,
                    detail::steady::time_point sent, const call_context& how) {
-        if (!leave_one_entry(owner, acquisition, how)) {
-            release::abandon(state_, owner, acquisition, sent + state_->options.lease);
+        const detail::token id = release::release_id();
+        if (!leave_one_entry(owner, acquisition, how, id)) {
+            release::abandon(state_, owner, acquisition, sent + state_->options.lease, id);
         }
     }
 

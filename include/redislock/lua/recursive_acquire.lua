@@ -1,7 +1,10 @@
 -- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries, and whose
 -- field id:<owner> names the acquisition those entries belong to (handed:<owner> marks one a
--- release handed to a waiter, see _queue.lua; gone:<owner> lists acquisitions the client gave
--- up, see ARGV[6]).
+-- release handed to a waiter, see _queue.lua; gone:<owner> lists attempts the client gave up,
+-- see ARGV[6]; left:<owner> the owner's last releases that left entries in place, see
+-- recursive_release.lua; joins:<owner> the owner's last attempts that joined its entries through
+-- an object holding none: one that lands again counts no further entry, and a release or a
+-- given-up item naming it leaves its entry).
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
@@ -12,12 +15,14 @@
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
 -- ARGV[4]  the id for a new acquisition (each attempt of a lock() call draws its own)
 -- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
---          (a retry whose first reply was lost) or in ARGV[6] (an acquisition the client already
---          gave up, whose release may not have landed) is then taken over, not re-entered
--- ARGV[6]  the ids of the acquisitions of this owner the client gave up, space-separated, or '';
---          a first entry through an object (ARGV[5] '1') keeps them in field gone:<owner>, so
---          that one of them whose script lands only now, late, writes nothing: it would add an
---          entry no unlock() counts, holding the lock, for no one, to the end of the lease
+--          (this very attempt, sent again after a lost reply) is then claimed as it is, not
+--          re-entered
+-- ARGV[6]  the attempts of this owner the client gave up, space-separated, or '', each as
+--          '<id>/1/<release id>': its one entry, if it landed, is left now unless that release
+--          landed (see ARGV[7] of recursive_release.lua), and never more (entries another object
+--          of the owner joined stay); a first entry through an object (ARGV[5] '1') keeps their
+--          ids in field gone:<owner>, so that one of them whose script lands only now, late,
+--          writes nothing: it would add an entry no unlock() counts
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
 --          is claimed as it is, with any re-entries other calls of the owner made since,
 --          whatever ARGV[5] says, unless the client gave it up (ARGV[6]); the call then leaves
@@ -32,7 +37,7 @@
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, ms, ''} not acquired: wait at most ms for a message before trying again
 --          (the holder's PTTL, or how long the waiter told to go has to come); {0, 0, ''} too,
---          nothing written, for an acquisition the client gave up that lands late (ARGV[6]).
+--          nothing written, for an attempt the client gave up that lands late (ARGV[6]).
 --          fence is 0 when none was drawn.
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[4] not a fencing counter; ERR
 --          when a queue key is not a sorted set, or ARGV[9] or ARGV[10] is missing; nothing is
@@ -53,12 +58,17 @@ local function lease_key()
     local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
     redis.call('PEXPIRE', KEYS[1], math.max(left, tonumber(ARGV[2])))
 end
--- A new acquisition's entry. `taken_over`: the hash exists (an entry of ours being taken over),
--- so a stale fence goes.
-local function fresh(taken_over)
-    if taken_over then
-        redis.call('HDEL', KEYS[1], 'handed:' .. ARGV[1])
+-- The ids of the given-up attempts, and what each leaves: {count, release id} by id.
+local gone_ids, gone_items = {}, {}
+for item in string.gmatch(ARGV[6], '%S+') do
+    local gone, count, release = string.match(item, '^([^/]+)/(%d+)/(%S+)$')
+    if gone then
+        gone_ids[#gone_ids + 1] = gone
+        gone_items[#gone_items + 1] = {gone, tonumber(count), release}
     end
+end
+-- A new acquisition's entry, on a free lock.
+local function fresh()
     local fence = 0
     if ARGV[3] == '1' then
         -- Never below the server's clock in microseconds, so tokens keep growing after a
@@ -68,20 +78,12 @@ local function fresh(taken_over)
         fence = math.max((tonumber(redis.call('GET', KEYS[4])) or 0) + 1, floor)
         redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', 86400000)
         redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
-    elseif taken_over then
-        redis.call('HDEL', KEYS[1], 'fence')
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
-    if ARGV[6] ~= '' then
-        redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], ARGV[6])
-    elseif taken_over then
-        redis.call('HDEL', KEYS[1], 'gone:' .. ARGV[1])
+    if #gone_ids > 0 then
+        redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], table.concat(gone_ids, ' '))
     end
-    if taken_over then
-        lease_key()
-    else
-        redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    end
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, fence, ARGV[4]}
 end
 if ARGV[3] == '1' then
@@ -91,16 +93,42 @@ if ARGV[3] == '1' then
     end
 end
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
-    return fresh(false)  -- free, and no queue to leave (its lapse times go with it)
+    return fresh()  -- free, and no queue to leave (its lapse times go with it)
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-local given_up = false
-for gone in string.gmatch(ARGV[6], '%S+') do
-    given_up = given_up or gone == id
+local joins, joined_before = {}, {}
+if id then
+    for token in string.gmatch(redis.call('HGET', KEYS[1], 'joins:' .. ARGV[1]) or '', '%S+') do
+        joins[#joins + 1] = token
+        joined_before[token] = true
+    end
+end
+-- The given-up attempts whose entry is the owner's (made or joined), to leave unless they
+-- landed.
+local given_up, settles = false, {}
+for _, item in ipairs(gone_items) do
+    if item[1] == id or joined_before[item[1]] then
+        given_up = true
+        settles[#settles + 1] = {item[2], item[3]}
+    end
+end
+if #settles > 0 then
+    local landed = {}
+    for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. ARGV[1]) or '', '%S+') do
+        landed[release] = true
+    end
+    local pending = {}
+    for _, s in ipairs(settles) do
+        if not landed[s[2]] then
+            landed[s[2]] = true  -- an item named twice leaves its entry once
+            pending[#pending + 1] = s
+        end
+    end
+    settles = pending
 end
 -- The owner's entry was handed to this call's waiter (and not given up since): claimed.
 local claim = id and not given_up and id == string.match(ARGV[7], '^h(%x+)%.')
@@ -116,28 +144,41 @@ end
 -- A first entry that joins or claims the owner's entries names what the client gave up, as
 -- fresh() does.
 local function note_given_up()
-    if ARGV[5] == '1' and ARGV[6] ~= '' then
-        redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], ARGV[6])
+    if ARGV[5] == '1' and #gone_ids > 0 then
+        redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], table.concat(gone_ids, ' '))
     end
 end
-local taken_over = id and not claim and ARGV[5] == '1' and (id == ARGV[4] or given_up)
+-- Joins the owner's entries: a re-entry, or, through an object holding none, a join counted once
+-- per attempt however often it lands.
+local function join()
+    if ARGV[5] ~= '1' then
+        redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    elseif not joined_before[ARGV[4]] then
+        redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+        redis.call('HSET', KEYS[1], 'joins:' .. ARGV[1],
+                   ARGV[4] .. ' ' .. table.concat(joins, ' ', 1, math.min(#joins, 31)))
+    end
+    note_given_up()
+    lease_key()
+    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+end
+-- This attempt landed before, its reply lost: its entry is this call's, as counted then (others
+-- of the owner may have joined it since).
+local retried = id and not claim and ARGV[5] == '1' and id == ARGV[4]
 -- An entry handed to a waiter of the owner is a reservation until that waiter claims it, and
 -- leaves the queue: while it still heads it, the entry is not claimed. (A queue key of another
 -- type is refused below, unless this is a re-entry that need not touch it.)
 local reserved = false
-if id and not claim and not taken_over and
+if id and not claim and not retried and
     redis.call('HGET', KEYS[1], 'handed:' .. ARGV[1]) == id then
     local head = redis.pcall('ZRANGE', queue, 0, 0)
     reserved = not head.err and head[1] ~= nil and
         string.sub(head[1], 1, #id + 2) == 'h' .. id .. '.'
 end
-if id and not claim and not taken_over and not reserved and ARGV[8] == '0' then
+if id and not claim and not retried and not reserved and #settles == 0 and ARGV[8] == '0' then
     -- A re-entry with no place in the queue to leave: the common case, before the queue's
     -- helpers are defined.
-    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    note_given_up()
-    lease_key()
-    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+    return join()
 end
 -- Only now are the queue's helpers defined (see mutex_release.lua).
 --#include _queue.lua
@@ -145,10 +186,28 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
+-- The given-up attempt's entry is left, as its release would leave it; with none left the lock
+-- is free, and taken as a free one is (the queue first).
+for _, s in ipairs(settles) do
+    local left = (tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0) - s[1]
+    if left > 0 then
+        local landed = {}
+        for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. ARGV[1]) or '',
+                                     '%S+') do
+            landed[#landed + 1] = release
+        end
+        redis.call('HSET', KEYS[1], ARGV[1], left, 'left:' .. ARGV[1],
+                   s[2] .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 31)))
+    else
+        redis.call('DEL', KEYS[1])
+        kind, id, reserved = 'none', false, false
+        break
+    end
+end
 
 -- A new acquisition that leaves the queue, if it was in it.
-local function enter(over)
-    local entered = fresh(over)
+local function enter()
+    local entered = fresh()
     if ARGV[8] ~= '0' then
         queue_leave(queue, lapses, ARGV[7])
     end
@@ -174,28 +233,30 @@ if claim then
     queue_leave(queue, lapses, ARGV[7])
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
-if taken_over then
-    return enter(true)
+if retried then
+    lease_key()
+    note_given_up()
+    if ARGV[8] ~= '0' then
+        queue_leave(queue, lapses, ARGV[7])
+    end
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if reserved then
     return wait(redis.call('PTTL', KEYS[1]), now, time)
 elseif id then
-    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    note_given_up()
-    lease_key()
     if ARGV[8] ~= '0' then
         queue_leave(queue, lapses, ARGV[7])
     end
-    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+    return join()
 end
 if kind == 'none' then
     if not queue_prune(queue, lapses, now, channel) then
-        return fresh(false)  -- no one waits any more, and the queue is gone
+        return fresh()  -- no one waits any more, and the queue is gone
     end
     if queue_allows(queue, ARGV[7]) then
-        return enter(false)
+        return enter()
     end
     -- Another waiter heads the queue. One whose entry lapses within the grace was told its turn
     -- already, or soon lapses: wait for that. Any other is handed the lock as a release would

@@ -11,7 +11,8 @@
 --          object of the owner may count on that); '0' keeps the key's TTL (a release finished
 --          in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
--- ARGV[5]  the acquisition id the entries belong to
+-- ARGV[5]  the acquisition id the entries belong to, or the id of an attempt that joined them
+--          (see joins:<owner> in recursive_acquire.lua)
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  this release's id, or '' (absent too); the client sends a release again should its
 --          reply be lost: one whose id field
@@ -25,8 +26,16 @@
 local queue, lapses = KEYS[2], KEYS[3]
 -- A key of another type answers with an error: not ours either.
 local release = ARGV[7] or ''
-local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1], 'left:' .. ARGV[1])
-if entry.err or entry[1] ~= ARGV[5] then
+local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1], 'left:' .. ARGV[1],
+                          'joins:' .. ARGV[1])
+if entry.err or not entry[1] then
+    return -1
+end
+local ours = entry[1] == ARGV[5]
+for token in string.gmatch(entry[4] or '', '%S+') do
+    ours = ours or token == ARGV[5]
+end
+if not ours then
     return -1
 end
 local landed = {}

@@ -3,7 +3,10 @@
 -- and no writer waits before it (so neither readers nor writers starve).
 -- Hash fields: mode = 'read' | 'write' | 'free' (marks the hash as a read-write lock);
 --   r:<owner>, w:<owner> = '<count> <expiry ms> <acquisition id>', each holder with its own
---   lease in server time; fence.
+--   lease in server time; fence; left:<owner>, the owner's last releases that left entries in
+--   place (see shared_release.lua); joins:<owner>, the owner's last attempts (mode and id,
+--   '<r|w><id>') that joined its entry through an object holding none: one that lands again
+--   counts no further entry, and a release or an unsettled item naming it leaves its entry.
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
@@ -81,8 +84,7 @@ local unsettled = {}
 for item in string.gmatch(ARGV[8] or '', '%S+') do
     local id, count, release = string.match(item, '^([^/]+)/(%d+)/(%S+)$')
     if id then
-        unsettled[id] = unsettled[id] or {}
-        table.insert(unsettled[id], {tonumber(count), release})
+        unsettled[#unsettled + 1] = {id, tonumber(count), release}
     end
 end
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
@@ -98,6 +100,11 @@ for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. me) or '', '
     settled[#settled + 1] = release
 end
 local kept = #settled
+local joins, joined_before = {}, {}
+for token in string.gmatch(redis.call('HGET', KEYS[1], 'joins:' .. me) or '', '%S+') do
+    joins[#joins + 1] = token
+    joined_before[token] = true
+end
 
 -- Drop expired entries and settle ours; note ours (count, id, expiry), and who else holds or
 -- waits.
@@ -111,11 +118,11 @@ for i = 1, #fields, 2 do
         -- keeps every number an exact integer here and in the waiter's clock arithmetic.
         expiry = math.min(tonumber(expiry), now + 1099511627776)
         count = tonumber(count)
-        for _, release in ipairs(owner == me and unsettled[id] or {}) do
-            if not landed[release[2]] then
-                landed[release[2]] = true
-                table.insert(settled, 1, release[2])
-                count = count - release[1]
+        for _, item in ipairs(owner == me and unsettled or {}) do
+            if (item[1] == id or joined_before[tag .. item[1]]) and not landed[item[3]] then
+                landed[item[3]] = true
+                table.insert(settled, 1, item[3])
+                count = count - item[2]
             end
         end
         if expiry <= now or count <= 0 then
@@ -136,8 +143,9 @@ for i = 1, #fields, 2 do
 end
 if not (mine.r or mine.w) then
     -- No entry of ours left for a release sent again to find: the ids go too.
-    if kept > 0 then
-        redis.call('HDEL', KEYS[1], 'left:' .. me)
+    if kept > 0 or #joins > 0 then
+        redis.call('HDEL', KEYS[1], 'left:' .. me, 'joins:' .. me)
+        joins = {}
     end
 elseif #settled > kept then
     redis.call('HSET', KEYS[1], 'left:' .. me,
@@ -151,6 +159,10 @@ local joined = 0
 if retried then
     joined, mine[want] = mine[want] - 1, nil
 end
+-- An object holding none joins the owner's entry: once per attempt, however often it lands.
+local join_token = want .. ARGV[6]
+local joining = mine[want] and ARGV[7] == '1' and not retried
+local rejoined = joining and joined_before[join_token]
 local result
 local id = ids[want] or ARGV[6]
 if want == 'w' and mine.r and not mine.w then
@@ -207,7 +219,11 @@ elseif not result then
 end
 -- An entry we keep keeps its expiry if that is later: every object of the owner that entered it
 -- counts on its own lease, and none may lose it to a shorter one.
-local count = (mine[want] or joined) + 1
+local count = (mine[want] or joined) + (rejoined and 0 or 1)
+if joining and not rejoined then
+    redis.call('HSET', KEYS[1], 'joins:' .. me,
+               join_token .. ' ' .. table.concat(joins, ' ', 1, math.min(#joins, 31)))
+end
 redis.call('HSET', KEYS[1], want .. ':' .. me,
            count .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,
            'mode', (want == 'w' or mine.w) and 'write' or 'read')

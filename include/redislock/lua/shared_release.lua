@@ -10,7 +10,8 @@
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  how many entries to leave (1 for unlock)
 -- ARGV[4]  the release channel
--- ARGV[5]  the acquisition id the entries belong to
+-- ARGV[5]  the acquisition id the entries belong to, or the id of an attempt that joined them
+--          (see joins:<owner> in shared_acquire.lua)
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  this release's id, or '' (absent too): the client sends a release again when its
 --          reply was lost, and the owner's next acquisition through that object settles it (see
@@ -30,13 +31,15 @@ local release = ARGV[7] or ''
 -- One read for our entry and for what the others hold: holders set the mode and the key's lease
 -- once we are out; with no one left, the key goes.
 local fields = redis.call('HGETALL', KEYS[1])
-local entry, landed_text, writer, holders, latest = nil, '', false, false, now
+local entry, landed_text, joins, writer, holders, latest = nil, '', '', false, false, now
 local ours_in_other_mode = false
 for i = 1, #fields, 2 do
     if fields[i] == field then
         entry = fields[i + 1]
     elseif fields[i] == 'left:' .. ARGV[1] then
         landed_text = fields[i + 1]
+    elseif fields[i] == 'joins:' .. ARGV[1] then
+        joins = fields[i + 1]
     else
         local tag = string.sub(fields[i], 1, 2)
         -- At most the longest lease (2^40 ms) from now: see shared_acquire.lua.
@@ -51,7 +54,11 @@ for i = 1, #fields, 2 do
     end
 end
 local count, expiry, id = string.match(entry or '', '^(%d+) (%d+) (%S+)$')
-if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
+local joined = false
+for token in string.gmatch(joins, '%S+') do
+    joined = joined or token == ARGV[2] .. ARGV[5]
+end
+if not count or tonumber(expiry) <= now or (id ~= ARGV[5] and not joined) then
     return -1
 end
 local landed = {}
@@ -81,7 +88,7 @@ local function leave()
     redis.call('HDEL', KEYS[1], field)
     if not ours_in_other_mode then
         -- No entry of ours left for a release sent again to find: the ids go too.
-        redis.call('HDEL', KEYS[1], 'left:' .. ARGV[1])
+        redis.call('HDEL', KEYS[1], 'left:' .. ARGV[1], 'joins:' .. ARGV[1])
     end
     if ARGV[2] == 'w' then
         redis.call('HDEL', KEYS[1], 'fence')

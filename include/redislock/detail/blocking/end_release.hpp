@@ -19,9 +19,6 @@
 
 namespace redislock::detail {
 
-/// Leaving this many entries of a reentrant or read-write lock drops the whole acquisition.
-inline constexpr std::size_t drop_all = std::size_t{1} << 40;
-
 /// How the release of an acquisition ended.
 enum class release_end {
     released,    // the server let it go (or handed it on)

@@ -17,15 +17,14 @@
 
 namespace redislock::detail {
 
-/// Sends `s`, the release script of `st`, over its keys (name, queue, lapse times) and `args`
-/// (which name the count of `entries` to leave), ending by `deadline`; a release that lets
-/// waiters in tells them.
+/// Sends `s`, the release script of `st`, over its keys (name, queue, lapse times) and `args`,
+/// ending by `deadline`; a release that lets waiters in tells them.
 template <class State, std::size_t ArgCount>
 reply send_release(const State& st, const script& s,
-                   const std::array<std::string_view, ArgCount>& args, std::size_t entries,
+                   const std::array<std::string_view, ArgCount>& args,
                    steady::time_point deadline) {
     call_context how{{}, deadline};
-    how.repeatable = entries == drop_all;  // a count change must not run twice
+    how.repeatable = false;  // a count change must not run twice (the reaper resends by id)
     reply r =
         detail::run_script(st.core->connection, s, st.queue_keys(), args, how, &st.core->events);
     if (r.is_integer() && r.as_integer() >= 1) {

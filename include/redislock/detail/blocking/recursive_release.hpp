@@ -37,31 +37,29 @@ struct recursive_release {
     using state = recursive_state<C>;
     using held = recursive_entry;
 
-    // Remembers a new acquisition, made by an attempt of this object whose outcome is unknown
-    // or that could not stand, whose entry may be in Redis though no object holds it (also for
-    // the client's other objects: see given_up_registry.hpp), and has the reaper drop it.
+    // Gives up a new acquisition, made by an attempt of this object whose outcome is unknown or
+    // that could not stand: its one entry may be in Redis, or land there later, though no
+    // object holds it, and another object of the owner may join it. It is given up as a
+    // release of that one entry, named `release`: the reaper sends it, and the owner's next
+    // first entries through this object, and through any object of the client until `lease_end`
+    // (see given_up_registry.hpp), settle it; each leaves the entry only if none of the others
+    // had. Never the whole acquisition: what others joined stays theirs. Without an id (none
+    // could be drawn) nothing is sent: the entry, if it landed, expires with its lease.
     static void abandon(const std::shared_ptr<state>& st, const std::string& owner,
-                        const std::string& acquisition, steady::time_point lease_end) {
-        {
-            std::lock_guard guard{st->mutex};
-            st->given_up = acquisition;
+                        const std::string& acquisition, steady::time_point lease_end,
+                        const token& release = release_id()) noexcept {
+        if (release == token{}) {
+            return;
         }
-        remember_given_up(*st, owner, acquisition, lease_end);
-        hand_to_reaper(st, held{owner, 0, acquisition}, drop_all, lease_end, {});
-    }
-
-    // Tells every object of the client that the owner gave `acquisition` up (see
-    // given_up_registry.hpp), until `lease_end`, when no entry of it can be left. Only for a
-    // new acquisition given up by the attempt that made it: a release that could not be finished
-    // may leave entries another object of the owner joined, which must stay that object's.
-    static void remember_given_up(const state& st, std::string_view owner,
-                                  std::string_view acquisition,
-                                  steady::time_point lease_end) noexcept {
         try {
-            st.core->given_up->remember(st.name, owner, acquisition, lease_end);
+            std::string item = unsettled_item(acquisition, 1, release.view());
+            st->core->given_up->remember(st->name, owner, item, lease_end);
+            std::lock_guard guard{st->mutex};
+            st->remember_given_up(std::move(item));
         } catch (...) {
-            // This process's registry could not be built: the object still names it.
+            // Out of memory: the reaper still leaves it, or it expires with its lease.
         }
+        hand_to_reaper(st, held{owner, 0, acquisition}, 1, lease_end, release);
     }
 
     // A release's id; none (all zero) when no random value could be drawn (a thread's first
@@ -89,27 +87,24 @@ struct recursive_release {
             st, scripts::recursive_release,
             std::array<std::string_view, 7>{entry.owner, count.view(), lease_text, st.channel,
                                             entry.acquisition, st.grace_text.view(), release},
-            entries, deadline);
+            deadline);
     }
 
-    // Retries leaving `entries` entries of `entry` (drop_all: the whole acquisition, for one this
-    // object created and abandoned) until the server answers or the lease surely ended; as
-    // release `release` (empty for drop_all): if an earlier send of it landed, leaving them
-    // again would take entries another object of the owner joined (so one without an id, when
-    // none could be drawn, is not sent again: its entries expire with the key).
+    // Retries leaving `entries` entries of `entry` until the server answers or the lease surely
+    // ended, as release `release`: if an earlier send of it landed, leaving them again would
+    // take entries another object of the owner joined (so one without an id, when none could be
+    // drawn, is not sent again: its entries expire with the key).
     static void hand_to_reaper(const std::shared_ptr<state>& st, const held& entry,
                                std::size_t entries, steady::time_point lease_end,
                                const token& release) noexcept {
-        if (entries != drop_all && release == token{}) {
+        if (release == token{}) {
             return;  // no id could be drawn: sent again, it might leave entries twice
         }
         detail::leave_to_reaper(
             st, entry, lease_end,
             [entries, release](state& s, const held& e, steady::time_point deadline) {
                 // Lease "0": a background release never extends what remains.
-                if (!leave_once(s, "0", e, entries, deadline,
-                                entries == drop_all ? std::string_view{} : id_text(release))
-                         .is_integer()) {
+                if (!leave_once(s, "0", e, entries, deadline, id_text(release)).is_integer()) {
                     return false;
                 }
                 settled(s, release);

@@ -113,7 +113,7 @@ struct shared_release {
             std::array<std::string_view, 7>{
                 ref.owner, shared_mode_text(ref.kind), count.view(), st.channel, ref.acquisition,
                 st.grace_text.view(), release == token{} ? std::string_view{} : release.view()},
-            entries, deadline);
+            deadline);
     }
 
     // After the loss of the hold `ref` names by expiry, once told (or before the object's next

@@ -1,23 +1,23 @@
-// detail::given_up_registry: the acquisitions of reentrant and read-write locks that an object of
-// this client gave up with their outcome unknown (an attempt whose reply was lost or came after
-// the caller's deadline, a release that could not be finished). Their entry may be in Redis, held
-// by no object, until the reaper leaves it or its lease ends. Every object of the client names
-// them in its next outermost acquisition of that name for that owner, which then takes such an
-// entry over instead of joining it: joined, the reaper's leave of the given-up acquisition would
-// take the new hold with it, and the new hold's release would leave the given-up entries behind.
+// detail::given_up_registry: the attempts of reentrant and read-write locks that an object of
+// this client gave up with their outcome unknown (a reply lost, or come after the caller's
+// deadline). Each attempt's one entry may be in Redis, or land there later, held by no object,
+// and another object of the owner may join it. The reaper sends its leave; until the attempt's
+// lease ends every object of the client also names it, as an unsettled_item(), in its next
+// outermost acquisition of that name for that owner, which leaves that one entry unless the
+// leave landed, and joins what remains: what other objects joined stays theirs. (Left whole, or
+// taken over, the entry would take their holds with it.)
 //
 // Owner ids are the client's own (instance id and thread, or lock_options::owner), so only this
-// client's objects can meet these entries as their own. An owner shared by several threads
-// (lock_options::owner) may have joined such an entry from another thread before it was given
-// up: that hold is lost to the take-over as it would be to the reaper's leave (see
-// recursive_mutex.hpp). Each id is kept until the lease of its acquisition ends, after which no
-// entry of it can be in Redis; none is dropped before, however many an outage gives up (a
-// dropped one could be joined again). Thread-safe; one per process (see per_process.hpp), so a
+// client's objects can meet these entries as their own. Leaving an item twice leaves nothing
+// more (its release id), so an item is kept until the attempt's lease ends, however many an
+// outage gives up; one that lands after that joins the entries it finds and is left with them
+// at the latest when their lease ends. Thread-safe; one per process (see per_process.hpp), so a
 // child after fork() starts with none, and its owners are its own.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -25,24 +25,35 @@
 
 namespace redislock::detail {
 
+// How an acquisition names `entries` entries of `acquisition` to leave once, as release
+// `release` leaves them (a release whose reply was lost, or the one entry of an attempt given
+// up): see ARGV[8] of shared_acquire.lua and ARGV[6] of recursive_acquire.lua.
+inline std::string unsettled_item(std::string_view acquisition, std::size_t entries,
+                                  std::string_view release) {
+    std::string item{acquisition};
+    item.append(1, '/').append(std::to_string(entries)).append(1, '/').append(release);
+    return item;
+}
+
 class given_up_registry {
     using steady = std::chrono::steady_clock;
 
 public:
-    /// Remembers `acquisition` of `owner` on `name` until `until`. Never throws: out of memory,
-    /// the id is not remembered (the object that gave it up still names it).
-    void remember(std::string_view name, std::string_view owner, std::string_view acquisition,
+    /// Remembers `item` (an unsettled_item()) of `owner` on `name` until `until`. Never throws:
+    /// out of memory, it is not remembered (the object that gave it up still names it).
+    void remember(std::string_view name, std::string_view owner, std::string_view item,
                   steady::time_point until) noexcept {
         try {
             std::lock_guard guard{mutex_};
             prune(steady::now());
-            ids_.push_back({key_of(name, owner), std::string{acquisition}, until});
+            items_.push_back({key_of(name, owner), std::string{item}, until});
             empty_.store(false, std::memory_order_release);
         } catch (...) {
         }
     }
 
-    /// Appends the ids remembered for `owner` on `name` to `out`, space-separated.
+    /// Appends the items remembered for `owner` on `name` to `out`, space-separated, but those
+    /// `out` names already (the object's own).
     void append_to(std::string_view name, std::string_view owner, std::string& out) {
         if (empty_.load(std::memory_order_acquire)) {
             return;  // the common case: nothing given up, no lock taken
@@ -50,9 +61,9 @@ public:
         std::lock_guard guard{mutex_};
         prune(steady::now());
         const std::string key = key_of(name, owner);
-        for (const given_up& g : ids_) {
-            if (g.key == key) {
-                out.append(out.empty() ? "" : " ").append(g.acquisition);
+        for (const given_up& g : items_) {
+            if (g.key == key && out.find(g.item) == std::string::npos) {
+                out.append(out.empty() ? "" : " ").append(g.item);
             }
         }
     }
@@ -60,7 +71,7 @@ public:
 private:
     struct given_up {
         std::string key;  // name and owner
-        std::string acquisition;
+        std::string item;
         steady::time_point until;
     };
 
@@ -72,12 +83,12 @@ private:
     }
 
     void prune(steady::time_point now) noexcept {
-        std::erase_if(ids_, [now](const given_up& g) { return g.until <= now; });
-        empty_.store(ids_.empty(), std::memory_order_release);
+        std::erase_if(items_, [now](const given_up& g) { return g.until <= now; });
+        empty_.store(items_.empty(), std::memory_order_release);
     }
 
     std::mutex mutex_;
-    std::vector<given_up> ids_;
+    std::vector<given_up> items_;
     std::atomic<bool> empty_{true};
 };
 

@@ -13,8 +13,10 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/engine/given_up_registry.hpp>
 #include <redislock/detail/kinds/lease_tracker.hpp>
 #include <redislock/detail/kinds/lock_identity.hpp>
 #include <redislock/detail/kinds/reply_meaning.hpp>
@@ -79,19 +81,31 @@ struct recursive_state : lock_identity<C> {
         return {std::move(holder_owner), epoch, std::move(acquisition)};
     }
 
-    // Whether `owner`'s next entry is an outermost one, with the acquisitions it names as given
-    // up, space-separated, in `given_up_ids`: this object's, and those of the owner any object
-    // of the client gave up (see given_up_registry.hpp).
+    // Whether `owner`'s next entry is an outermost one, with the attempts it names as given up
+    // (unsettled_item()s, space-separated) in `given_up_ids`: this object's, and those of the
+    // owner any object of the client gave up (see given_up_registry.hpp).
     // An acquisition lost here by expiry is joined, not taken over (another object of the owner
     // may count on it): its take-back leaves only this object's entries (see
     // recursive_release::take_back, which the caller runs first).
     bool outermost(const std::string& owner, std::string& given_up_ids) const {
-        given_up_ids = given_up;
+        for (const std::string& item : given_up) {
+            given_up_ids.append(given_up_ids.empty() ? "" : " ").append(item);
+        }
         const bool first = depth == 0 || holder_owner != owner || lease.lost;
         if (first) {
             this->core->given_up->append_to(this->name, owner, given_up_ids);
         }
         return first;
+    }
+
+    // Remembers an attempt this object gave up, as an unsettled_item(), for its next first entry
+    // to settle; the newest few only (an older one is surely settled by the reaper by then, or
+    // named by the client's registry).
+    void remember_given_up(std::string item) {
+        if (given_up.size() >= 8) {
+            given_up.erase(given_up.begin());
+        }
+        given_up.push_back(std::move(item));
     }
 
     // What counting an entry in found.
@@ -118,9 +132,7 @@ struct recursive_state : lock_identity<C> {
             depth = 0;
             uncertain = 0;
             taken_back = false;
-            if (got.status == 1) {
-                given_up.clear();  // taken over or created anew: nothing left behind
-            }
+            given_up.clear();  // settled by the script that made this first entry
             e.first_entry = ++epoch;
             e.previous = std::exchange(lease, {});
             holder = thread_number();
@@ -212,7 +224,7 @@ struct recursive_state : lock_identity<C> {
     std::uint64_t generation = 0;   // fork generation of the first entry
     std::string holder_owner;
     std::string acquisition;  // id of the acquisition the entries belong to, in Redis
-    std::string given_up;     // the last acquisition this object gave up (see the script)
+    std::vector<std::string> given_up;  // the attempts this object gave up (remember_given_up())
     // The last release through this object whose reply was lost, until an answer settles it: the
     // object's next outermost lock() sends it first (joined instead, a lost reply of that lock()
     // would leave a count no one leaves).

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
+#include <redislock/detail/engine/given_up_registry.hpp>
 #include <redislock/detail/kinds/lease_tracker.hpp>
 #include <redislock/detail/kinds/lock_identity.hpp>
 #include <redislock/detail/kinds/owner_id.hpp>
@@ -79,15 +80,6 @@ struct shared_hold_ref {
 
 template <connection C>
 struct shared_release;
-
-// How an acquisition names a release of `entries` entries of `acquisition`, sent as `release`,
-// whose reply was lost, so that it settles it (see ARGV[8] of shared_acquire.lua).
-inline std::string unsettled_item(std::string_view acquisition, std::size_t entries,
-                                  std::string_view release) {
-    std::string item{acquisition};
-    item.append(1, '/').append(std::to_string(entries)).append(1, '/').append(release);
-    return item;
-}
 
 // What a read-write lock object shares with its timer and watchdog callbacks.
 template <connection C>

@@ -1049,8 +1049,11 @@ inline constexpr script recursive_acquire{
     "recursive_acquire",
     R"lua(-- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries, and whose
 -- field id:<owner> names the acquisition those entries belong to (handed:<owner> marks one a
--- release handed to a waiter, see _queue.lua; gone:<owner> lists acquisitions the client gave
--- up, see ARGV[6]).
+-- release handed to a waiter, see _queue.lua; gone:<owner> lists attempts the client gave up,
+-- see ARGV[6]; left:<owner> the owner's last releases that left entries in place, see
+-- recursive_release.lua; joins:<owner> the owner's last attempts that joined its entries through
+-- an object holding none: one that lands again counts no further entry, and a release or a
+-- given-up item naming it leaves its entry).
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
@@ -1061,12 +1064,14 @@ inline constexpr script recursive_acquire{
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
 -- ARGV[4]  the id for a new acquisition (each attempt of a lock() call draws its own)
 -- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
---          (a retry whose first reply was lost) or in ARGV[6] (an acquisition the client already
---          gave up, whose release may not have landed) is then taken over, not re-entered
--- ARGV[6]  the ids of the acquisitions of this owner the client gave up, space-separated, or '';
---          a first entry through an object (ARGV[5] '1') keeps them in field gone:<owner>, so
---          that one of them whose script lands only now, late, writes nothing: it would add an
---          entry no unlock() counts, holding the lock, for no one, to the end of the lease
+--          (this very attempt, sent again after a lost reply) is then claimed as it is, not
+--          re-entered
+-- ARGV[6]  the attempts of this owner the client gave up, space-separated, or '', each as
+--          '<id>/1/<release id>': its one entry, if it landed, is left now unless that release
+--          landed (see ARGV[7] of recursive_release.lua), and never more (entries another object
+--          of the owner joined stay); a first entry through an object (ARGV[5] '1') keeps their
+--          ids in field gone:<owner>, so that one of them whose script lands only now, late,
+--          writes nothing: it would add an entry no unlock() counts
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
 --          is claimed as it is, with any re-entries other calls of the owner made since,
 --          whatever ARGV[5] says, unless the client gave it up (ARGV[6]); the call then leaves
@@ -1081,7 +1086,7 @@ inline constexpr script recursive_acquire{
 -- Returns  {1, fence, id} acquired; {2, fence, id} re-entered (fence and id of the first
 --          entry); {0, ms, ''} not acquired: wait at most ms for a message before trying again
 --          (the holder's PTTL, or how long the waiter told to go has to come); {0, 0, ''} too,
---          nothing written, for an acquisition the client gave up that lands late (ARGV[6]).
+--          nothing written, for an attempt the client gave up that lands late (ARGV[6]).
 --          fence is 0 when none was drawn.
 -- Errors   WRONGTYPE when KEYS[1] is not a reentrant lock or KEYS[4] not a fencing counter; ERR
 --          when a queue key is not a sorted set, or ARGV[9] or ARGV[10] is missing; nothing is
@@ -1102,12 +1107,17 @@ local function lease_key()
     local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
     redis.call('PEXPIRE', KEYS[1], math.max(left, tonumber(ARGV[2])))
 end
--- A new acquisition's entry. `taken_over`: the hash exists (an entry of ours being taken over),
--- so a stale fence goes.
-local function fresh(taken_over)
-    if taken_over then
-        redis.call('HDEL', KEYS[1], 'handed:' .. ARGV[1])
+-- The ids of the given-up attempts, and what each leaves: {count, release id} by id.
+local gone_ids, gone_items = {}, {}
+for item in string.gmatch(ARGV[6], '%S+') do
+    local gone, count, release = string.match(item, '^([^/]+)/(%d+)/(%S+)$')
+    if gone then
+        gone_ids[#gone_ids + 1] = gone
+        gone_items[#gone_items + 1] = {gone, tonumber(count), release}
     end
+end
+-- A new acquisition's entry, on a free lock.
+local function fresh()
     local fence = 0
     if ARGV[3] == '1' then
         -- Never below the server's clock in microseconds, so tokens keep growing after a
@@ -1117,20 +1127,12 @@ local function fresh(taken_over)
         fence = math.max((tonumber(redis.call('GET', KEYS[4])) or 0) + 1, floor)
         redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', 86400000)
         redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
-    elseif taken_over then
-        redis.call('HDEL', KEYS[1], 'fence')
     end
     redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
-    if ARGV[6] ~= '' then
-        redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], ARGV[6])
-    elseif taken_over then
-        redis.call('HDEL', KEYS[1], 'gone:' .. ARGV[1])
+    if #gone_ids > 0 then
+        redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], table.concat(gone_ids, ' '))
     end
-    if taken_over then
-        lease_key()
-    else
-        redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    end
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, fence, ARGV[4]}
 end
 if ARGV[3] == '1' then
@@ -1140,16 +1142,42 @@ if ARGV[3] == '1' then
     end
 end
 if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
-    return fresh(false)  -- free, and no queue to leave (its lapse times go with it)
+    return fresh()  -- free, and no queue to leave (its lapse times go with it)
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 1) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-local given_up = false
-for gone in string.gmatch(ARGV[6], '%S+') do
-    given_up = given_up or gone == id
+local joins, joined_before = {}, {}
+if id then
+    for token in string.gmatch(redis.call('HGET', KEYS[1], 'joins:' .. ARGV[1]) or '', '%S+') do
+        joins[#joins + 1] = token
+        joined_before[token] = true
+    end
+end
+-- The given-up attempts whose entry is the owner's (made or joined), to leave unless they
+-- landed.
+local given_up, settles = false, {}
+for _, item in ipairs(gone_items) do
+    if item[1] == id or joined_before[item[1]] then
+        given_up = true
+        settles[#settles + 1] = {item[2], item[3]}
+    end
+end
+if #settles > 0 then
+    local landed = {}
+    for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. ARGV[1]) or '', '%S+') do
+        landed[release] = true
+    end
+    local pending = {}
+    for _, s in ipairs(settles) do
+        if not landed[s[2]] then
+            landed[s[2]] = true  -- an item named twice leaves its entry once
+            pending[#pending + 1] = s
+        end
+    end
+    settles = pending
 end
 -- The owner's entry was handed to this call's waiter (and not given up since): claimed.
 local claim = id and not given_up and id == string.match(ARGV[7], '^h(%x+)%.')
@@ -1165,28 +1193,41 @@ end
 -- A first entry that joins or claims the owner's entries names what the client gave up, as
 -- fresh() does.
 local function note_given_up()
-    if ARGV[5] == '1' and ARGV[6] ~= '' then
-        redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], ARGV[6])
+    if ARGV[5] == '1' and #gone_ids > 0 then
+        redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], table.concat(gone_ids, ' '))
     end
 end
-local taken_over = id and not claim and ARGV[5] == '1' and (id == ARGV[4] or given_up)
+-- Joins the owner's entries: a re-entry, or, through an object holding none, a join counted once
+-- per attempt however often it lands.
+local function join()
+    if ARGV[5] ~= '1' then
+        redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    elseif not joined_before[ARGV[4]] then
+        redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+        redis.call('HSET', KEYS[1], 'joins:' .. ARGV[1],
+                   ARGV[4] .. ' ' .. table.concat(joins, ' ', 1, math.min(#joins, 31)))
+    end
+    note_given_up()
+    lease_key()
+    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+end
+-- This attempt landed before, its reply lost: its entry is this call's, as counted then (others
+-- of the owner may have joined it since).
+local retried = id and not claim and ARGV[5] == '1' and id == ARGV[4]
 -- An entry handed to a waiter of the owner is a reservation until that waiter claims it, and
 -- leaves the queue: while it still heads it, the entry is not claimed. (A queue key of another
 -- type is refused below, unless this is a re-entry that need not touch it.)
 local reserved = false
-if id and not claim and not taken_over and
+if id and not claim and not retried and
     redis.call('HGET', KEYS[1], 'handed:' .. ARGV[1]) == id then
     local head = redis.pcall('ZRANGE', queue, 0, 0)
     reserved = not head.err and head[1] ~= nil and
         string.sub(head[1], 1, #id + 2) == 'h' .. id .. '.'
 end
-if id and not claim and not taken_over and not reserved and ARGV[8] == '0' then
+if id and not claim and not retried and not reserved and #settles == 0 and ARGV[8] == '0' then
     -- A re-entry with no place in the queue to leave: the common case, before the queue's
     -- helpers are defined.
-    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    note_given_up()
-    lease_key()
-    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+    return join()
 end
 -- Only now are the queue's helpers defined (see mutex_release.lua).
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -1440,10 +1481,28 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
+-- The given-up attempt's entry is left, as its release would leave it; with none left the lock
+-- is free, and taken as a free one is (the queue first).
+for _, s in ipairs(settles) do
+    local left = (tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0) - s[1]
+    if left > 0 then
+        local landed = {}
+        for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. ARGV[1]) or '',
+                                     '%S+') do
+            landed[#landed + 1] = release
+        end
+        redis.call('HSET', KEYS[1], ARGV[1], left, 'left:' .. ARGV[1],
+                   s[2] .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 31)))
+    else
+        redis.call('DEL', KEYS[1])
+        kind, id, reserved = 'none', false, false
+        break
+    end
+end
 
 -- A new acquisition that leaves the queue, if it was in it.
-local function enter(over)
-    local entered = fresh(over)
+local function enter()
+    local entered = fresh()
     if ARGV[8] ~= '0' then
         queue_leave(queue, lapses, ARGV[7])
     end
@@ -1469,28 +1528,30 @@ if claim then
     queue_leave(queue, lapses, ARGV[7])
     return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
-if taken_over then
-    return enter(true)
+if retried then
+    lease_key()
+    note_given_up()
+    if ARGV[8] ~= '0' then
+        queue_leave(queue, lapses, ARGV[7])
+    end
+    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 if reserved then
     return wait(redis.call('PTTL', KEYS[1]), now, time)
 elseif id then
-    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    note_given_up()
-    lease_key()
     if ARGV[8] ~= '0' then
         queue_leave(queue, lapses, ARGV[7])
     end
-    return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+    return join()
 end
 if kind == 'none' then
     if not queue_prune(queue, lapses, now, channel) then
-        return fresh(false)  -- no one waits any more, and the queue is gone
+        return fresh()  -- no one waits any more, and the queue is gone
     end
     if queue_allows(queue, ARGV[7]) then
-        return enter(false)
+        return enter()
     end
     -- Another waiter heads the queue. One whose entry lapses within the grace was told its turn
     -- already, or soon lapses: wait for that. Any other is handed the lock as a release would
@@ -1508,7 +1569,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "de12e333502119503a84e54448c697411cd5a64f"};
+    "df9fb30f18d3cd3206bfd3ced29f2fcc04cfdef6"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1534,8 +1595,8 @@ inline constexpr script recursive_query{
 -- it: basic_recursive_mutex::is_locked(), holder_ttl() and hold_count(). Reads only.
 -- Layout: see recursive_acquire.lua. An owner holds the lock when its field counts entries and
 -- its field id:<owner> names the acquisition they belong to (an entry a release handed to the
--- owner's waiter included). The other fields (fence, handed:<owner>, gone:<owner>, left:<owner>)
--- are books kept beside the entries: a hash holding only those is held by no one.
+-- owner's waiter included). The other fields (fence, handed:<owner>, gone:<owner>, left:<owner>,
+-- joins:<owner>) are books kept beside the entries: a hash holding only those is held by no one.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner whose entries to count, or ''
 -- Returns  {time left, count}: the holders' time left, ms (the key's: all of a holder's entries
@@ -1571,7 +1632,7 @@ end
 local ttl = redis.call('PTTL', KEYS[1])
 return {ttl == -1 and -1 or math.max(ttl, 1), mine}
 )lua",
-    "28cd0b9fe8e90e5827a2bdabeba65012eedbc952"};
+    "c913810b8a2fd16dd4f1a5fa73af737e746e7142"};
 
 inline constexpr script recursive_release{
     "recursive_release",
@@ -1588,7 +1649,8 @@ inline constexpr script recursive_release{
 --          object of the owner may count on that); '0' keeps the key's TTL (a release finished
 --          in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
--- ARGV[5]  the acquisition id the entries belong to
+-- ARGV[5]  the acquisition id the entries belong to, or the id of an attempt that joined them
+--          (see joins:<owner> in recursive_acquire.lua)
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  this release's id, or '' (absent too); the client sends a release again should its
 --          reply be lost: one whose id field
@@ -1602,8 +1664,16 @@ inline constexpr script recursive_release{
 local queue, lapses = KEYS[2], KEYS[3]
 -- A key of another type answers with an error: not ours either.
 local release = ARGV[7] or ''
-local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1], 'left:' .. ARGV[1])
-if entry.err or entry[1] ~= ARGV[5] then
+local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1], 'left:' .. ARGV[1],
+                          'joins:' .. ARGV[1])
+if entry.err or not entry[1] then
+    return -1
+end
+local ours = entry[1] == ARGV[5]
+for token in string.gmatch(entry[4] or '', '%S+') do
+    ours = ours or token == ARGV[5]
+end
+if not ours then
     return -1
 end
 local landed = {}
@@ -1886,7 +1956,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "3cbfb62bc9f228d889d64271d63f24ccdc84ea4e"};
+    "53e86eb3f986f1d26785dd7e61eca16349a2346e"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1895,7 +1965,10 @@ inline constexpr script shared_acquire{
 -- and no writer waits before it (so neither readers nor writers starve).
 -- Hash fields: mode = 'read' | 'write' | 'free' (marks the hash as a read-write lock);
 --   r:<owner>, w:<owner> = '<count> <expiry ms> <acquisition id>', each holder with its own
---   lease in server time; fence.
+--   lease in server time; fence; left:<owner>, the owner's last releases that left entries in
+--   place (see shared_release.lua); joins:<owner>, the owner's last attempts (mode and id,
+--   '<r|w><id>') that joined its entry through an object holding none: one that lands again
+--   counts no further entry, and a release or an unsettled item naming it leaves its entry.
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
@@ -2219,8 +2292,7 @@ local unsettled = {}
 for item in string.gmatch(ARGV[8] or '', '%S+') do
     local id, count, release = string.match(item, '^([^/]+)/(%d+)/(%S+)$')
     if id then
-        unsettled[id] = unsettled[id] or {}
-        table.insert(unsettled[id], {tonumber(count), release})
+        unsettled[#unsettled + 1] = {id, tonumber(count), release}
     end
 end
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
@@ -2236,6 +2308,11 @@ for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. me) or '', '
     settled[#settled + 1] = release
 end
 local kept = #settled
+local joins, joined_before = {}, {}
+for token in string.gmatch(redis.call('HGET', KEYS[1], 'joins:' .. me) or '', '%S+') do
+    joins[#joins + 1] = token
+    joined_before[token] = true
+end
 
 -- Drop expired entries and settle ours; note ours (count, id, expiry), and who else holds or
 -- waits.
@@ -2249,11 +2326,11 @@ for i = 1, #fields, 2 do
         -- keeps every number an exact integer here and in the waiter's clock arithmetic.
         expiry = math.min(tonumber(expiry), now + 1099511627776)
         count = tonumber(count)
-        for _, release in ipairs(owner == me and unsettled[id] or {}) do
-            if not landed[release[2]] then
-                landed[release[2]] = true
-                table.insert(settled, 1, release[2])
-                count = count - release[1]
+        for _, item in ipairs(owner == me and unsettled or {}) do
+            if (item[1] == id or joined_before[tag .. item[1]]) and not landed[item[3]] then
+                landed[item[3]] = true
+                table.insert(settled, 1, item[3])
+                count = count - item[2]
             end
         end
         if expiry <= now or count <= 0 then
@@ -2274,8 +2351,9 @@ for i = 1, #fields, 2 do
 end
 if not (mine.r or mine.w) then
     -- No entry of ours left for a release sent again to find: the ids go too.
-    if kept > 0 then
-        redis.call('HDEL', KEYS[1], 'left:' .. me)
+    if kept > 0 or #joins > 0 then
+        redis.call('HDEL', KEYS[1], 'left:' .. me, 'joins:' .. me)
+        joins = {}
     end
 elseif #settled > kept then
     redis.call('HSET', KEYS[1], 'left:' .. me,
@@ -2289,6 +2367,10 @@ local joined = 0
 if retried then
     joined, mine[want] = mine[want] - 1, nil
 end
+-- An object holding none joins the owner's entry: once per attempt, however often it lands.
+local join_token = want .. ARGV[6]
+local joining = mine[want] and ARGV[7] == '1' and not retried
+local rejoined = joining and joined_before[join_token]
 local result
 local id = ids[want] or ARGV[6]
 if want == 'w' and mine.r and not mine.w then
@@ -2345,14 +2427,18 @@ elseif not result then
 end
 -- An entry we keep keeps its expiry if that is later: every object of the owner that entered it
 -- counts on its own lease, and none may lose it to a shorter one.
-local count = (mine[want] or joined) + 1
+local count = (mine[want] or joined) + (rejoined and 0 or 1)
+if joining and not rejoined then
+    redis.call('HSET', KEYS[1], 'joins:' .. me,
+               join_token .. ' ' .. table.concat(joins, ' ', 1, math.min(#joins, 31)))
+end
 redis.call('HSET', KEYS[1], want .. ':' .. me,
            count .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,
            'mode', (want == 'w' or mine.w) and 'write' or 'read')
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "05e4b9b6c958c88e2ae7ffd1ecf965efd059e3f9"};
+    "f45346b585692f5b0d24c4cabc2b5bd4959ab25c"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -2443,7 +2529,8 @@ inline constexpr script shared_release{
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  how many entries to leave (1 for unlock)
 -- ARGV[4]  the release channel
--- ARGV[5]  the acquisition id the entries belong to
+-- ARGV[5]  the acquisition id the entries belong to, or the id of an attempt that joined them
+--          (see joins:<owner> in shared_acquire.lua)
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  this release's id, or '' (absent too): the client sends a release again when its
 --          reply was lost, and the owner's next acquisition through that object settles it (see
@@ -2463,13 +2550,15 @@ local release = ARGV[7] or ''
 -- One read for our entry and for what the others hold: holders set the mode and the key's lease
 -- once we are out; with no one left, the key goes.
 local fields = redis.call('HGETALL', KEYS[1])
-local entry, landed_text, writer, holders, latest = nil, '', false, false, now
+local entry, landed_text, joins, writer, holders, latest = nil, '', '', false, false, now
 local ours_in_other_mode = false
 for i = 1, #fields, 2 do
     if fields[i] == field then
         entry = fields[i + 1]
     elseif fields[i] == 'left:' .. ARGV[1] then
         landed_text = fields[i + 1]
+    elseif fields[i] == 'joins:' .. ARGV[1] then
+        joins = fields[i + 1]
     else
         local tag = string.sub(fields[i], 1, 2)
         -- At most the longest lease (2^40 ms) from now: see shared_acquire.lua.
@@ -2484,7 +2573,11 @@ for i = 1, #fields, 2 do
     end
 end
 local count, expiry, id = string.match(entry or '', '^(%d+) (%d+) (%S+)$')
-if not count or tonumber(expiry) <= now or id ~= ARGV[5] then
+local joined = false
+for token in string.gmatch(joins, '%S+') do
+    joined = joined or token == ARGV[2] .. ARGV[5]
+end
+if not count or tonumber(expiry) <= now or (id ~= ARGV[5] and not joined) then
     return -1
 end
 local landed = {}
@@ -2514,7 +2607,7 @@ local function leave()
     redis.call('HDEL', KEYS[1], field)
     if not ours_in_other_mode then
         -- No entry of ours left for a release sent again to find: the ids go too.
-        redis.call('HDEL', KEYS[1], 'left:' .. ARGV[1])
+        redis.call('HDEL', KEYS[1], 'left:' .. ARGV[1], 'joins:' .. ARGV[1])
     end
     if ARGV[2] == 'w' then
         redis.call('HDEL', KEYS[1], 'fence')
@@ -2789,7 +2882,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "3fca4e5669d4c7a40c3c896d50e7a9156844220f"};
+    "39f339e8b0dda64088f7000ef17319c7cc0dde2f"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
