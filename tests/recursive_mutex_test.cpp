@@ -49,14 +49,14 @@ using redislock::test::subscriber;
 
 // The owner fields of the reentrant lock `key`: every field but the fencing token, the
 // acquisition ids, the marks of handed entries and the lists of given-up attempts, of releases
-// that landed and of attempts that joined.
+// that landed and of the first entries counted.
 std::vector<std::string> owners_of(const redis_server& srv, const std::string& key) {
     std::vector<std::string> owners;
     std::istringstream lines{srv.cli({"HKEYS", key})};
     for (std::string line; std::getline(lines, line);) {
         if (!line.empty() && line != "fence" && !line.starts_with("id:") &&
             !line.starts_with("handed:") && !line.starts_with("gone:") &&
-            !line.starts_with("left:") && !line.starts_with("joins:")) {
+            !line.starts_with("left:") && !line.starts_with("firsts:")) {
             owners.push_back(line);
         }
     }
@@ -710,21 +710,52 @@ TEST(RecursiveQueueLeaveScript, WaiterThatCountedItsHandedEntryTakesNothingBack)
     EXPECT_EQ(srv.cli({"HGET", "s", "handed:o2"}), "00c2");
 }
 
-// The object gave up the acquisition handed to its call (its grant came too late): the call's
-// next attempt leaves that entry, as for any given-up attempt, and enters the free lock under a
-// new id, rather than claim it.
-TEST(RecursiveAcquireScript, HandedEntryTheObjectGaveUpIsLeftNotClaimed) {
+// The call's attempt that claimed the entry handed to it was given up (its reply lost, or its
+// grant came too late): the call's next attempt leaves that claim's entry, the owner's only one,
+// and enters the lock, now free, anew under its own id; it claims nothing twice.
+TEST(RecursiveAcquireScript, HandedEntryWhoseClaimWasGivenUpIsLeftNotClaimedAgain) {
     redis_server srv;
     redislock::client client{srv.uri()};
     const std::string o2 = handed_waiter("00d2", "o2");
     ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
+    const auto claimed =
+        run_acquire(client, "s", "o2", "60000", "0", std::string{"c1"}, "1", "", "5000", o2);
+    ASSERT_EQ(integers(claimed).at(0), 1);
+    ASSERT_EQ(acquisition_id(claimed), "00d2");
 
-    const auto again = run_acquire(client, "s", "o2", "60000", "0", std::string{"c9"}, "1",
-                                   "00d2/1/r1", "5000", o2);
+    const auto again =
+        run_acquire(client, "s", "o2", "60000", "0", std::string{"c9"}, "1", "c1", "5000", o2);
     EXPECT_EQ(integers(again), (std::vector<std::int64_t>{1, 0}));
     EXPECT_EQ(acquisition_id(again), "c9");
     EXPECT_EQ(sole_count(srv, "s"), "1");
     EXPECT_EQ(srv.cli({"HEXISTS", "s", "handed:o2"}), "0");
+    EXPECT_EQ(srv.cli({"HGET", "s", "id:o2"}), "c9");
+}
+
+// A claim's attempt was given back (its grant came too late), while another object of the owner
+// had joined the claimed entry: the call's next attempt joins what is left, it never claims the
+// entry again (two objects would then count one entry).
+TEST(RecursiveAcquireScript, HandedEntryGivenBackIsJoinedNotClaimedAgain) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    const std::string o2 = handed_waiter("00d3", "o2");
+    ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
+    ASSERT_EQ(integers(run_acquire(client, "s", "o2", "60000", "0", std::string{"c1"}, "1", "",
+                                   "5000", o2))
+                  .at(0),
+              1);
+    ASSERT_EQ(integers(run_acquire(client, "s", "o2", "60000", "0", std::string{"j1"}, "1")).at(0),
+              2);
+    ASSERT_EQ(srv.cli({"EVALSHA", std::string{redislock::detail::scripts::recursive_release.sha1},
+                       "3", "s", "{s}:queue", "{s}:waiting", "o2", "1", "0", "{s}:released", "c1",
+                       "2000", "", "1"}),
+              "0");
+    ASSERT_EQ(sole_count(srv, "s"), "1");
+
+    const auto next =
+        run_acquire(client, "s", "o2", "60000", "0", std::string{"c2"}, "1", "", "5000", o2);
+    EXPECT_EQ(integers(next), (std::vector<std::int64_t>{2, 0}));
+    EXPECT_EQ(sole_count(srv, "s"), "2");
 }
 
 // A call whose attempt "x1" was given up mid-flight claims the entry handed to it, naming "x1":
@@ -735,8 +766,8 @@ TEST(RecursiveAcquireScript, GivenUpAttemptLandingAfterTheClaimOfAHandedEntryAdd
     const std::string o2 = handed_waiter("00e2", "o2");
     ASSERT_NO_FATAL_FAILURE(release_to(client, {{"o2", o2}}));
 
-    const auto claimed = run_acquire(client, "s", "o2", "60000", "0", std::string{"c1"}, "1",
-                                     "x1/1/r1", "5000", o2);
+    const auto claimed =
+        run_acquire(client, "s", "o2", "60000", "0", std::string{"c1"}, "1", "x1", "5000", o2);
     ASSERT_EQ(integers(claimed).at(0), 1);
     ASSERT_EQ(acquisition_id(claimed), "00e2");
 
@@ -926,10 +957,23 @@ TEST(RecursiveAcquireScript, AttemptSentAgainAfterALostReplyClaimsItsEntryAsItIs
     EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(first));
 }
 
-// An attempt the client gave up ('<id>/1/<release id>') is left by the owner's next first entry,
-// its one entry only and only once, whichever of that entry and the reaper's release with the
-// same id comes first; the caller then joins what other objects of the owner hold, or, with
-// nothing left, enters anew (with fencing off, the old acquisition's fence goes with the key).
+// The release the reaper sends for an attempt the client gave up (ARGV[8] '1'): it leaves the
+// attempt's first entry while it is counted.
+redislock::reply run_attempt_release(redislock::client& client, std::string_view key,
+                                     std::string_view owner, std::string_view attempt) {
+    const std::string queue_key = redislock::detail::derived_key(key, "queue");
+    const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
+    const std::string channel = redislock::detail::derived_key(key, "released");
+    return redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::recursive_release,
+        std::array<std::string_view, 3>{key, queue_key, lapse_key},
+        std::array<std::string_view, 8>{owner, "1", "0", channel, attempt, "2000", "", "1"});
+}
+
+// An attempt the client gave up is left by the owner's next first entry naming it, its one entry
+// only and only once, whichever of that entry and the reaper's release comes first; the caller
+// then joins what other objects of the owner hold, or, with nothing left, enters anew, the hash
+// rewritten in place (with fencing off, the old acquisition's fence goes).
 TEST(RecursiveAcquireScript, AttemptTheClientGaveUpIsLeftOnceAndTheRestJoined) {
     redis_server srv;
     redislock::client client{srv.uri()};
@@ -940,55 +984,54 @@ TEST(RecursiveAcquireScript, AttemptTheClientGaveUpIsLeftOnceAndTheRestJoined) {
               old_fence);
     ASSERT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
 
-    // Items naming another acquisition, or not items at all, leave nothing: "old" is joined.
-    const auto joined = run_acquire(client, "s", "o1", "1000", "0", std::string{"new"}, "1",
-                                    "unrelated other/1/r0");
+    // Ids of no first entry counted here leave nothing: "old" is joined.
+    const auto joined =
+        run_acquire(client, "s", "o1", "1000", "0", std::string{"new"}, "1", "unrelated x");
     EXPECT_EQ(integers(joined), (std::vector<std::int64_t>{2, old_fence}));
     EXPECT_EQ(acquisition_id(joined), "old");
     ASSERT_EQ(srv.cli({"HGET", "s", "o1"}), "3");
 
     const auto settled = run_acquire(client, "s", "o1", "60000", "0", std::string{"new2"}, "1",
-                                     "old/1/r1 old/1/r1");  // named twice: left once
+                                     "old old");  // named twice: left once
     EXPECT_EQ(integers(settled), (std::vector<std::int64_t>{2, old_fence}));
     EXPECT_EQ(acquisition_id(settled), "old");
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "3");  // one left, one joined
     EXPECT_GT(pttl(srv, "s"), 50'000);
-    // Named again, or sent by the reaper, the same release leaves nothing more.
-    EXPECT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0", std::string{"new3"}, "1",
-                                   "old/1/r1")),
-              (std::vector<std::int64_t>{2, old_fence}));
+    // Named again, or sent by the reaper, it leaves nothing more.
+    EXPECT_EQ(
+        integers(run_acquire(client, "s", "o1", "60000", "0", std::string{"new3"}, "1", "old")),
+        (std::vector<std::int64_t>{2, old_fence}));
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "4");
-    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "0", "{s}:released",
-                                   std::string{"old"}, "2000", "r1")),
-              std::vector<std::int64_t>{0});
+    EXPECT_EQ(integers(run_attempt_release(client, "s", "o1", "old")),
+              std::vector<std::int64_t>{-1});
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "4");
     ASSERT_EQ(integers(run_release(client, "s", "o1", "4", "0", "{s}:released",
                                    std::string{"old"})),
               std::vector<std::int64_t>{1});
     ASSERT_EQ(exists(srv, "s"), "0");
 
-    // Its one entry the only one: the lock is free, and entered anew.
+    // Its one entry the only one: the lock is free, and entered anew in place.
     const std::int64_t lone_fence =
         fence_of(run_acquire(client, "s", "o1", "1000", "1", std::string{"lone"}, "1"));
     ASSERT_GT(lone_fence, old_fence);
     const auto fresh =
-        run_acquire(client, "s", "o1", "60000", "0", std::string{"next"}, "1", "lone/1/r2");
+        run_acquire(client, "s", "o1", "60000", "0", std::string{"next"}, "1", "lone");
     EXPECT_EQ(integers(fresh), (std::vector<std::int64_t>{1, 0}));
     EXPECT_EQ(acquisition_id(fresh), "next");
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
     EXPECT_EQ(srv.cli({"HGET", "s", "id:o1"}), "next");
     EXPECT_EQ(srv.cli({"HEXISTS", "s", "fence"}), "0");  // not the old acquisition's token
     EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(lone_fence));  // none drawn
+    EXPECT_GT(pttl(srv, "s"), 50'000);
     // The given-up attempt's release, if it lands now, leaves the new one alone.
-    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "0", "{s}:released",
-                                   std::string{"lone"}, "2000", "r2")),
+    EXPECT_EQ(integers(run_attempt_release(client, "s", "o1", "lone")),
               std::vector<std::int64_t>{-1});
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "1");
 }
 
 // An attempt through an object holding none that joins the owner's entry is counted once however
-// often it lands, and its id names that entry for a release or a given-up item, which leave it
-// once.
+// often it lands, and its id names that entry for the reaper's release or a given-up item, which
+// leave it once; a release by acquisition leaves entries as before.
 TEST(RecursiveAcquireScript, AJoinIsCountedOnceAndLeftByItsAttemptsId) {
     redis_server srv;
     redislock::client client{srv.uri()};
@@ -1003,21 +1046,22 @@ TEST(RecursiveAcquireScript, AJoinIsCountedOnceAndLeftByItsAttemptsId) {
     ASSERT_EQ(integers(run_acquire(client, "s", "o1", "60000", "0", std::string{"j2"}, "1")).at(0),
               2);
     ASSERT_EQ(srv.cli({"HGET", "s", "o1"}), "3");
-    // The release named by the first join's id, sent twice, leaves one entry.
+    // The reaper's release of the first join, sent twice, leaves one entry.
     for (int landing = 0; landing < 2; ++landing) {
-        EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "0", "{s}:released",
-                                       std::string{"j1"}, "2000", "r1")),
-                  std::vector<std::int64_t>{0});
+        EXPECT_EQ(integers(run_attempt_release(client, "s", "o1", "j1")),
+                  std::vector<std::int64_t>{landing == 0 ? 0 : -1});
         EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
     }
-    // A given-up item naming the second join leaves its entry; the caller joins.
-    const auto next =
-        run_acquire(client, "s", "o1", "60000", "0", std::string{"j3"}, "1", "j2/1/r2");
+    // A given-up attempt named by the next first entry leaves its entry; the caller joins.
+    const auto next = run_acquire(client, "s", "o1", "60000", "0", std::string{"j3"}, "1", "j2");
     EXPECT_EQ(integers(next), (std::vector<std::int64_t>{2, 0}));
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
-    // An id that never joined names nothing.
+    // An id no first entry had names nothing; nor does a release by an attempt's id without
+    // ARGV[8].
+    EXPECT_EQ(integers(run_attempt_release(client, "s", "o1", "never")),
+              std::vector<std::int64_t>{-1});
     EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "0", "{s}:released",
-                                   std::string{"never"}, "2000", "r3")),
+                                   std::string{"j3"})),
               std::vector<std::int64_t>{-1});
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
 }
@@ -1035,7 +1079,7 @@ TEST(RecursiveAcquireScript, AnotherOwnersEntryIsNeverTakenOver) {
 
     // As a retry of a lost reply, and as a given-up acquisition.
     for (const auto& [offered, given_up] :
-         {std::pair<std::string, std::string>{"shared-id", ""}, {"other", "shared-id/1/r1"}}) {
+         {std::pair<std::string, std::string>{"shared-id", ""}, {"other", "shared-id"}}) {
         SCOPED_TRACE(offered + " / " + given_up);
         const auto r = run_acquire(client, "s", "o2", "1000", "1", offered, "1", given_up);
         const auto values = integers(r);
@@ -2560,6 +2604,36 @@ TEST(RecursiveMutex, AJoinWhoseReplyWasLostIsLeftOnce) {
     EXPECT_FALSE(ec) << ec.message();
     ASSERT_TRUE(redislock::detail::background_reaper().wait_idle(5s));
     EXPECT_EQ(srv.cli({"EXISTS", "x"}), "0") << srv.cli({"HGETALL", "x"});
+}
+
+// The local deadline has passed (owned() is false) but the loss timer has not told it yet (its
+// thread is busy telling another loss): lock() must be a first entry with a lease of its own,
+// never a re-entry into the expired hold.
+TEST(RecursiveMutex, ALockAfterTheLocalDeadlineIsAFirstEntryBeforeTheTimerTellsTheLoss) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    std::atomic<bool> telling{false};
+    std::atomic<bool> let_timer_go{false};
+    auto blocker = client.mutex("blocker", {.lease = 300ms, .on_lost = [&] {
+                                                telling = true;
+                                                for (int i = 0; i < 400 && !let_timer_go; ++i) {
+                                                    std::this_thread::sleep_for(5ms);
+                                                }
+                                            }});
+    auto m = client.recursive_mutex("x", {.lease = 1s});
+    blocker.lock();
+    m.lock();
+    ASSERT_TRUE(redislock::test::eventually([&] { return telling.load(); }, 2s));
+    ASSERT_TRUE(redislock::test::eventually([&] { return !m.owned(); }, 2s));
+    m.lock();
+    EXPECT_TRUE(m.owned());
+    EXPECT_EQ(m.depth(), 1U);
+    EXPECT_FALSE(m.lost_token().stop_requested());
+    let_timer_go = true;
+    std::error_code ec;
+    m.unlock(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_TRUE(redislock::test::eventually([&] { return exists(srv, "x") == "0"; }, 2s));
 }
 
 // An object of the owner whose own lease ran out locally, while another object of the owner

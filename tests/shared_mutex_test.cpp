@@ -211,6 +211,22 @@ std::int64_t run_release(redislock::client& client, std::string_view name, std::
     return r.as_integer();
 }
 
+// The release the reaper sends for an attempt the client gave up (ARGV[8] '1'): it leaves the
+// attempt's first entry in mode `kind` while it is counted.
+std::int64_t run_attempt_release(redislock::client& client, std::string_view name,
+                                 std::string_view owner, std::string_view kind,
+                                 std::string_view attempt) {
+    const std::string queue_key = redislock::detail::derived_key(name, "queue");
+    const std::string lapse_key = redislock::detail::derived_key(name, "waiting");
+    const std::string channel = redislock::detail::derived_key(name, "released");
+    const reply r = redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::shared_release,
+        std::array<std::string_view, 3>{name, queue_key, lapse_key},
+        std::array<std::string_view, 8>{owner, kind, "1", channel, attempt, "2000", "", "1"});
+    EXPECT_TRUE(r.is_integer()) << r.text();
+    return r.as_integer();
+}
+
 std::int64_t run_extend(redislock::client& client, std::string_view name, std::string_view owner,
                         std::string_view kind, std::string_view lease,
                         std::optional<std::string> id = std::nullopt) {
@@ -594,9 +610,10 @@ TEST(SharedAcquireScript, WaiterGetsNoAcquisitionId) {
     EXPECT_EQ(fields.count("w:X"), 0U);
 }
 
-// A lock() whose first reply was lost retries with the same id: its own entry in that mode,
-// which did land, is taken over (count 1, a fresh lease, a writer a fresh fence), not re-entered.
-TEST(SharedAcquireScript, RetryWhoseReplyWasLostTakesItsOwnEntryOverInThatMode) {
+// An attempt whose first reply was lost is sent again as it was: its own entry in that mode,
+// which did land, is this call's as it is (its count, its fence; the later lease), not
+// re-entered.
+TEST(SharedAcquireScript, AttemptSentAgainAfterALostReplyClaimsItsOwnEntryInThatMode) {
     redis_server srv;
     redislock::client client{srv.uri()};
     ASSERT_EQ(verdict_of(run_acquire(client, "doc", "R", "r", "1000", "0", "0", "rc", "1")),
@@ -617,7 +634,7 @@ TEST(SharedAcquireScript, RetryWhoseReplyWasLostTakesItsOwnEntryOverInThatMode) 
     ASSERT_GT(first, 0);
     const reply write_retry = run_acquire(client, "doc", "W", "w", "30000", "1", "0", "wc", "1");
     const std::int64_t again = fence_of(write_retry);
-    EXPECT_GT(again, first);
+    EXPECT_EQ(again, first);  // the acquisition's own token
     EXPECT_EQ(acquisition_id(write_retry), "wc");
     hash fields = hash_of(srv, "doc");
     EXPECT_EQ(parse_entry(fields["w:W"]).count, 1);
@@ -647,12 +664,9 @@ TEST(SharedAcquireScript, RetryWhoseReplyWasLostTakesItsOwnEntryOverInThatMode) 
 }
 
 // As above, when others joined the waiting queue between the first attempt and its retry (as they
-// do while the entry they wait for is held): the retry still takes its own entry over rather than
+// do while the entry they wait for is held): the retry still claims its own entry rather than
 // queueing behind waiters who wait for that very entry.
-// DISABLED: shared_acquire.lua refuses such a retry (queue_allows() is asked once the takeover has
-// set mine[want] to nil), so until the entry's lease runs out the retry waits for the queue and
-// the queue for the entry. Enable once the script lets a takeover pass the queue.
-TEST(SharedAcquireScript, RetryWhoseReplyWasLostTakesItsEntryOverDespiteLaterWaiters) {
+TEST(SharedAcquireScript, AttemptSentAgainClaimsItsEntryDespiteLaterWaiters) {
     redis_server srv;
     redislock::client client{srv.uri()};
     const std::int64_t first = fence_of(
@@ -662,7 +676,7 @@ TEST(SharedAcquireScript, RetryWhoseReplyWasLostTakesItsEntryOverDespiteLaterWai
     ASSERT_EQ(queue_of(srv, "doc"), std::vector<std::string>{"rX"});
     const reply write_retry =
         run_acquire(client, "doc", "W", "w", "30000", "1", "1000", std::string{"wc"}, "1");
-    EXPECT_GT(fence_of(write_retry), first);
+    EXPECT_EQ(fence_of(write_retry), first);
     EXPECT_EQ(acquisition_id(write_retry), "wc");
     EXPECT_EQ(queue_of(srv, "doc"), std::vector<std::string>{"rX"});
 
@@ -689,9 +703,10 @@ TEST(SharedAcquireScript, UnsettledItemsLeaveTheOwnersEntriesOnceAndNoMore) {
     ASSERT_EQ(verdict_of(run_acquire(client, "doc", "A", "r", "30000", "0", "0", "gr", "1")),
               verdict(1, 0));  // a writer may read
 
-    // Another object of the owner joins the write; bare ids name nothing to settle.
-    const reply joined =
-        run_acquire(client, "doc", "A", "w", "30000", "1", "0", "other", "1", "gw gr");
+    // Another object of the owner joins the write; ids of no first entry counted here, and
+    // releases of another acquisition, leave nothing.
+    const reply joined = run_acquire(client, "doc", "A", "w", "30000", "1", "0", "other", "1",
+                                     "unrelated x/1/r0");
     EXPECT_EQ(verdict_of(joined), verdict(2, old_fence));
     EXPECT_EQ(acquisition_id(joined), "gw");
     ASSERT_EQ(parse_entry(hash_of(srv, "doc")["w:A"]).count, 2);
@@ -757,22 +772,23 @@ TEST(SharedAcquireScript, AJoinIsCountedOnceAndLeftByItsAttemptsId) {
     ASSERT_EQ(verdict_of(run_acquire(client, "doc", owner, "r", "30000", "0", "0", "j2", "1")),
               verdict(2, 0));
     ASSERT_EQ(parse_entry(hash_of(srv, "doc")["r:A"]).count, 3);
-    // The release named by the first join's id, sent twice, leaves one entry; in the other mode
-    // it names nothing.
-    EXPECT_EQ(run_release(client, "doc", owner, "w", "1", std::string{"j1"}, "r0"), -1);
+    // The reaper's release of the first join, sent twice, leaves one entry; in the other mode,
+    // or as a release of an acquisition, that id names nothing.
+    EXPECT_EQ(run_attempt_release(client, "doc", owner, "w", "j1"), -1);
+    EXPECT_EQ(run_release(client, "doc", owner, "r", "1", std::string{"j1"}, "r0"), -1);
     for (int landing = 0; landing < 2; ++landing) {
-        EXPECT_EQ(run_release(client, "doc", owner, "r", "1", std::string{"j1"}, "r1"), 0);
+        EXPECT_EQ(run_attempt_release(client, "doc", owner, "r", "j1"), landing == 0 ? 0 : -1);
         EXPECT_EQ(parse_entry(hash_of(srv, "doc")["r:A"]).count, 2);
     }
-    // An unsettled item naming the second join leaves its entry: the owner's write is then no
-    // upgrade once the first entry goes too.
+    // A given-up attempt named by the next first entry leaves its entry: the owner's write is
+    // then no upgrade once the first entry goes too.
     ASSERT_EQ(run_release(client, "doc", owner, "r", "1", std::string{"a"}), 0);
-    const reply write =
-        run_acquire(client, "doc", owner, "w", "30000", "0", "0", "w1", "1", "j2/1/r2");
+    const reply write = run_acquire(client, "doc", owner, "w", "30000", "0", "0", "w1", "1", "j2");
     EXPECT_EQ(verdict_of(write), verdict(1, 0));
     const hash fields = hash_of(srv, "doc");
     EXPECT_EQ(fields.count("r:A"), 0U);
-    EXPECT_EQ(fields.count("joins:A"), 0U);  // no entry of the owner left to name
+    EXPECT_EQ(fields.count("firsts:r:A"), 0U);  // gone with the read entry
+    EXPECT_EQ(fields.at("firsts:w:A"), "w1");
     EXPECT_EQ(parse_entry(fields.at("w:A")).count, 1);
 }
 
@@ -2582,6 +2598,40 @@ TEST(SharedMutex, AJoinWhoseReplyWasLostIsLeftOnce) {
         EXPECT_EQ(entry_of(srv, "x", "w", owner).count, 1);
         first.unlock();
         EXPECT_FALSE(exists(srv, "x"));
+    }
+}
+
+// The local deadline has passed (owned() is false) but the loss timer has not told it yet (its
+// thread is busy telling another loss): the next lock must be a first entry with a lease of its
+// own, never a re-entry into the expired hold.
+TEST(SharedMutex, ALockAfterTheLocalDeadlineIsAFirstEntryBeforeTheTimerTellsTheLoss) {
+    for (const std::string_view kind : {"w", "r"}) {
+        SCOPED_TRACE(kind);
+        redis_server srv;
+        faulty_hiredis conn{srv.uri()};
+        redislock::basic_client<faulty_hiredis> client{conn};
+        std::atomic<bool> telling{false};
+        std::atomic<bool> let_timer_go{false};
+        auto blocker =
+            client.mutex("blocker", {.lease = 300ms, .on_lost = [&] {
+                                         telling = true;
+                                         for (int i = 0; i < 400 && !let_timer_go; ++i) {
+                                             std::this_thread::sleep_for(5ms);
+                                         }
+                                     }});
+        auto m = client.shared_mutex("x", {.lease = 1s});
+        blocker.lock();
+        enter(m, kind);
+        ASSERT_TRUE(redislock::test::eventually([&] { return telling.load(); }, 2s));
+        ASSERT_TRUE(redislock::test::eventually([&] { return !owns(m, kind); }, 2s));
+        enter(m, kind);
+        EXPECT_TRUE(owns(m, kind));
+        EXPECT_FALSE(m.lost_token().stop_requested());
+        let_timer_go = true;
+        std::error_code ec;
+        leave(m, kind, ec);
+        EXPECT_FALSE(ec) << ec.message();
+        EXPECT_TRUE(redislock::test::eventually([&] { return !exists(srv, "x"); }, 2s));
     }
 }
 

@@ -321,6 +321,7 @@ private:
             std::lock_guard guard{state_->mutex};
             epoch = state_->epoch;
         }
+        tracker().expire_if_due(epoch);      // its deadline passed: lost, as the timer would say
         release::take_back(state_, epoch);  // if lost here and not taken back yet
         release::settle(state_, std::min(how.deadline, state_->core->untimed_deadline()));
         {
@@ -350,13 +351,12 @@ private:
         if (got.status == 0) {
             return detail::holder_ttl{got.value};
         }
-        // Status 1 is a new acquisition for this object. One handed to this call and claimed by
-        // this attempt may already hold re-entries of other threads sharing an explicit owner:
-        // giving it back below leaves only this call's entry, but giving it up after a lost
-        // answer drops those too, as for any acquisition such threads share.
+        // Status 1 is a new acquisition for this object (made, or handed to this call and
+        // claimed): giving it back leaves only this attempt's first entry, never the re-entries
+        // other threads sharing an explicit owner made since.
         if (got.status == 1) {  // a new acquisition (a re-entry's entry is not given up)
             if (auto refused = detail::refuse_grant(*state_, sent, grant.replicas, [&] {
-                    give_back(owner, got.acquisition, sent, how);
+                    give_back(owner, candidate.str(), sent, how);
                 })) {
                 return refused;
             }
@@ -386,15 +386,22 @@ private:
     }
 
     // A new acquisition that cannot stand (too few replicas acknowledged it, or its reply came
-    // after its lease) is left before the call returns, and only its one entry: the owner's next
-    // acquisition, through another object, may join what is still there and must keep it.
-    // Should that leave go unanswered, the entry is given up as after a lost reply, by the same
-    // release id: it is left once, whichever send lands.
-    void give_back(const std::string& owner, const std::string& acquisition,
+    // after its lease) is left before the call returns, and only the first entry of `attempt`:
+    // the owner's next acquisition, through another object, may join what is still there and
+    // must keep it. Should that leave go unanswered, the attempt is given up as after a lost
+    // reply (its entry is left once, whichever send lands).
+    void give_back(const std::string& owner, const std::string& attempt,
                    detail::steady::time_point sent, const call_context& how) {
-        const detail::token id = release::release_id();
-        if (!leave_one_entry(owner, acquisition, how, id)) {
-            release::abandon(state_, owner, acquisition, sent + state_->options.lease, id);
+        bool answered = false;
+        try {
+            answered = release::leave_attempt_once(
+                           *state_, held{owner, 0, attempt},
+                           std::min(how.deadline, state_->core->untimed_deadline()))
+                           .is_integer();
+        } catch (...) {
+        }
+        if (!answered) {
+            release::abandon(state_, owner, attempt, sent + state_->options.lease);
         }
     }
 

@@ -278,6 +278,14 @@ private:
         std::string given_up;
         std::vector<std::string> carried;  // the object's items this attempt settles
         std::vector<hold_ref> lost_here;   // in either mode: a read entry left would refuse a write
+        std::vector<hold_ref> held_here;
+        {
+            std::lock_guard guard{state_->mutex};
+            held_here = state_->refs_of(owner);
+        }
+        for (const hold_ref& ref : held_here) {
+            tracker().expire_if_due(ref);  // its deadline passed: lost, as the timer would say
+        }
         {
             std::lock_guard guard{state_->mutex};
             for (const hold& h : state_->holds) {
@@ -375,14 +383,20 @@ private:
     }
 
     // A new acquisition that cannot stand (too few replicas acknowledged it, or its reply came
-    // after its lease) is left before the call returns, and only its one entry: the owner's next
-    // acquisition, through another object, may join what is still there and must keep it. Should
-    // that leave go unanswered, it is given up as a release is (sent again, settled by this
-    // object's next acquisition: it leaves the entry once).
+    // after its lease) is left before the call returns, and only its one entry, named by the
+    // attempt (`ref`'s acquisition is the attempt's id): the owner's next acquisition, through
+    // another object, may join what is still there and must keep it. Should that leave go
+    // unanswered, the attempt is given up as after a lost reply (its entry is left once).
     void give_back(const hold_ref& ref, detail::steady::time_point sent, const call_context& how) {
-        const detail::token id = release::release_id();
-        if (!leave_one_entry(ref, how, id)) {
-            release::abandon(state_, ref, 1, sent + state_->options.lease, id);
+        bool answered = false;
+        try {
+            answered = release::leave_attempt_once(
+                           *state_, ref, std::min(how.deadline, state_->core->untimed_deadline()))
+                           .is_integer();
+        } catch (...) {
+        }
+        if (!answered) {
+            release::abandon_attempt(state_, ref, sent + state_->options.lease);
         }
     }
 

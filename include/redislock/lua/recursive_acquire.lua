@@ -1,10 +1,11 @@
 -- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries, and whose
--- field id:<owner> names the acquisition those entries belong to (handed:<owner> marks one a
--- release handed to a waiter, see _queue.lua; gone:<owner> lists attempts the client gave up,
--- see ARGV[6]; left:<owner> the owner's last releases that left entries in place, see
--- recursive_release.lua; joins:<owner> the owner's last attempts that joined its entries through
--- an object holding none: one that lands again counts no further entry, and a release or a
--- given-up item naming it leaves its entry).
+-- field id:<owner> names the acquisition those entries belong to. Books beside them:
+-- firsts:<owner> the attempts whose first entries the count holds (the one that made or claimed
+-- the acquisition, marked '=<id>', and those that joined it through another object of the
+-- owner), newest first, the last 32: an attempt that lands again counts nothing more, and one
+-- the client gave up leaves its entry once (its id is taken out); handed:<owner> marks an entry a release handed to a waiter (_queue.lua);
+-- gone:<owner> the attempts the client gave up (ARGV[6]); left:<owner> the owner's last
+-- releases that left entries in place (recursive_release.lua).
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
@@ -13,22 +14,20 @@
 -- ARGV[2]  the lease, ms (set again on every entry, unless the key has more left: another
 --          object of the owner may count on that)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
--- ARGV[4]  the id for a new acquisition (each attempt of a lock() call draws its own)
--- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
---          (this very attempt, sent again after a lost reply) is then claimed as it is, not
---          re-entered
--- ARGV[6]  the attempts of this owner the client gave up, space-separated, or '', each as
---          '<id>/1/<release id>': its one entry, if it landed, is left now unless that release
---          landed (see ARGV[7] of recursive_release.lua), and never more (entries another object
---          of the owner joined stay); a first entry through an object (ARGV[5] '1') keeps their
---          ids in field gone:<owner>, so that one of them whose script lands only now, late,
---          writes nothing: it would add an entry no unlock() counts
+-- ARGV[4]  this attempt's id (each attempt of a lock() call draws its own), and the id of the
+--          acquisition it makes, if it makes one
+-- ARGV[5]  '1' when the calling object holds no entry (a first entry): one this attempt made
+--          already (it was sent again after a lost reply) is then claimed as it is
+-- ARGV[6]  the ids of the owner's attempts the client gave up, space-separated, or '': the entry
+--          each of them counted (firsts:<owner>) is left now, once; a first entry keeps their
+--          ids in gone:<owner>, so that one of them whose script lands only now, late, writes
+--          nothing (while the owner holds the lock: else it leaves its entry to its lease)
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
---          is claimed as it is, with any re-entries other calls of the owner made since,
---          whatever ARGV[5] says, unless the client gave it up (ARGV[6]); the call then leaves
---          the queue. Until that claim the entry is the waiter's reservation, kept for the grace
---          only: other calls of the owner wait for the claim rather than enter it (their entry
---          would make it a lease, held for a waiter that may never come).
+--          and claimed by no attempt yet is claimed as it is, with any re-entries other calls of
+--          the owner made since, whatever ARGV[5] says; the call then leaves the queue. Until
+--          that claim the entry is the waiter's reservation, kept for the grace only: other
+--          calls of the owner wait for the claim rather than enter it (their entry would make it
+--          a lease, held for a waiter that may never come).
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[9]  the release channel; ARGV[10] the grace, ms, a told waiter has to come: a free lock
@@ -58,18 +57,16 @@ local function lease_key()
     local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
     redis.call('PEXPIRE', KEYS[1], math.max(left, tonumber(ARGV[2])))
 end
--- The ids of the given-up attempts, and what each leaves: {count, release id} by id.
-local gone_ids, gone_items = {}, {}
-for item in string.gmatch(ARGV[6], '%S+') do
-    local gone, count, release = string.match(item, '^([^/]+)/(%d+)/(%S+)$')
-    if gone then
-        gone_ids[#gone_ids + 1] = gone
-        gone_items[#gone_items + 1] = {gone, tonumber(count), release}
-    end
+local gone_ids = {}
+for gone in string.gmatch(ARGV[6], '%S+') do
+    gone_ids[#gone_ids + 1] = gone
 end
--- A new acquisition's entry, on a free lock.
-local function fresh()
+-- A new acquisition's entry, under this attempt's id: on a free lock, or (`in_place`) rewriting
+-- the hash of one that was freed here, whose other fields go (see _queue.lua: a key is never
+-- deleted and then written by one script).
+local function fresh(in_place)
     local fence = 0
+    local fields = {ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4], 'firsts:' .. ARGV[1], '=' .. ARGV[4]}
     if ARGV[3] == '1' then
         -- Never below the server's clock in microseconds, so tokens keep growing after a
         -- FLUSHALL or a restart without persistence.
@@ -77,11 +74,28 @@ local function fresh()
         local floor = tonumber(time[1]) * 1000000 + tonumber(time[2])
         fence = math.max((tonumber(redis.call('GET', KEYS[4])) or 0) + 1, floor)
         redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', 86400000)
-        redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
+        table.insert(fields, 'fence')
+        table.insert(fields, string.format('%d', fence))
     end
-    redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     if #gone_ids > 0 then
-        redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], table.concat(gone_ids, ' '))
+        table.insert(fields, 'gone:' .. ARGV[1])
+        table.insert(fields, table.concat(gone_ids, ' '))
+    end
+    local stale = {}
+    if in_place then
+        local kept = {}
+        for i = 1, #fields, 2 do
+            kept[fields[i]] = true
+        end
+        for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+            if not kept[field] then
+                stale[#stale + 1] = field
+            end
+        end
+    end
+    redis.call('HSET', KEYS[1], unpack(fields))
+    if #stale > 0 then
+        redis.call('HDEL', KEYS[1], unpack(stale))
     end
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, fence, ARGV[4]}
@@ -100,38 +114,26 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-local joins, joined_before = {}, {}
+-- The first entries the owner's count holds, and those of given-up attempts among them: each
+-- is left once, here.
+local firsts, counted, settles = {}, {}, {}
 if id then
-    for token in string.gmatch(redis.call('HGET', KEYS[1], 'joins:' .. ARGV[1]) or '', '%S+') do
-        joins[#joins + 1] = token
-        joined_before[token] = true
+    for maker, first in string.gmatch(redis.call('HGET', KEYS[1], 'firsts:' .. ARGV[1]) or '',
+                                      '(=?)(%S+)') do
+        firsts[#firsts + 1] = maker .. first
+        counted[first] = maker == '=' and 'made' or 'joined'
     end
-end
--- The given-up attempts whose entry is the owner's (made or joined), to leave unless they
--- landed.
-local given_up, settles = false, {}
-for _, item in ipairs(gone_items) do
-    if item[1] == id or joined_before[item[1]] then
-        given_up = true
-        settles[#settles + 1] = {item[2], item[3]}
-    end
-end
-if #settles > 0 then
-    local landed = {}
-    for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. ARGV[1]) or '', '%S+') do
-        landed[release] = true
-    end
-    local pending = {}
-    for _, s in ipairs(settles) do
-        if not landed[s[2]] then
-            landed[s[2]] = true  -- an item named twice leaves its entry once
-            pending[#pending + 1] = s
+    for _, gone in ipairs(gone_ids) do
+        if counted[gone] then
+            counted[gone] = nil  -- named twice, left once
+            settles[#settles + 1] = gone
         end
     end
-    settles = pending
 end
--- The owner's entry was handed to this call's waiter (and not given up since): claimed.
-local claim = id and not given_up and id == string.match(ARGV[7], '^h(%x+)%.')
+-- The owner's entry was handed to this call's waiter and no other attempt has claimed it:
+-- claimed (again, by an attempt sent again after a lost reply).
+local claim = id and (#firsts == 0 or counted[ARGV[4]] == 'made') and
+                  id == string.match(ARGV[7], '^h(%x+)%.')
 -- An acquisition the client gave up, landing after the owner's next first entry named it so:
 -- nothing to do (see ARGV[6]).
 if id and not claim and ARGV[5] == '1' then
@@ -148,23 +150,32 @@ local function note_given_up()
         redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], table.concat(gone_ids, ' '))
     end
 end
--- Joins the owner's entries: a re-entry, or, through an object holding none, a join counted once
--- per attempt however often it lands.
+-- Counts this attempt's first entry among firsts:<owner> (the newest 32 are kept); `maker` for
+-- a claim.
+local function count_first(maker)
+    for i = #firsts, 1, -1 do
+        local first = string.match(firsts[i], '^=?(%S+)')
+        if not counted[first] or first == ARGV[4] then
+            table.remove(firsts, i)  -- left here, or counted again below
+        end
+    end
+    table.insert(firsts, 1, (maker and '=' or '') .. ARGV[4])
+    redis.call('HSET', KEYS[1], 'firsts:' .. ARGV[1],
+               table.concat(firsts, ' ', 1, math.min(#firsts, 32)))
+end
+-- Joins the owner's entries: a re-entry, or, through an object holding none, a first entry.
 local function join()
-    if ARGV[5] ~= '1' then
-        redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    elseif not joined_before[ARGV[4]] then
-        redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-        redis.call('HSET', KEYS[1], 'joins:' .. ARGV[1],
-                   ARGV[4] .. ' ' .. table.concat(joins, ' ', 1, math.min(#joins, 31)))
+    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    if ARGV[5] == '1' then
+        count_first(false)
     end
     note_given_up()
     lease_key()
     return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
--- This attempt landed before, its reply lost: its entry is this call's, as counted then (others
--- of the owner may have joined it since).
-local retried = id and not claim and ARGV[5] == '1' and id == ARGV[4]
+-- This attempt's first entry is counted already (it landed before, its reply lost): it is this
+-- call's as it is; the maker's is a new acquisition, a join's a re-entry.
+local retried = id and not claim and ARGV[5] == '1' and counted[ARGV[4]]
 -- An entry handed to a waiter of the owner is a reservation until that waiter claims it, and
 -- leaves the queue: while it still heads it, the entry is not claimed. (A queue key of another
 -- type is refused below, unless this is a re-entry that need not touch it.)
@@ -186,28 +197,28 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
--- The given-up attempt's entry is left, as its release would leave it; with none left the lock
--- is free, and taken as a free one is (the queue first).
-for _, s in ipairs(settles) do
-    local left = (tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0) - s[1]
+-- The given-up attempts' entries are left; with none left the lock is free, and taken as a free
+-- one is (the queue first), its hash still there to rewrite.
+local freed = false
+if #settles > 0 then
+    local left = (tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0) - #settles
     if left > 0 then
-        local landed = {}
-        for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. ARGV[1]) or '',
-                                     '%S+') do
-            landed[#landed + 1] = release
+        local kept = {}
+        for _, first in ipairs(firsts) do
+            if counted[string.match(first, '^=?(%S+)')] then
+                kept[#kept + 1] = first
+            end
         end
-        redis.call('HSET', KEYS[1], ARGV[1], left, 'left:' .. ARGV[1],
-                   s[2] .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 31)))
+        firsts = kept
+        redis.call('HSET', KEYS[1], ARGV[1], left, 'firsts:' .. ARGV[1], table.concat(kept, ' '))
     else
-        redis.call('DEL', KEYS[1])
-        kind, id, reserved = 'none', false, false
-        break
+        freed, id, reserved = true, false, false
     end
 end
 
 -- A new acquisition that leaves the queue, if it was in it.
 local function enter()
-    local entered = fresh()
+    local entered = fresh(freed)
     if ARGV[8] ~= '0' then
         queue_leave(queue, lapses, ARGV[7])
     end
@@ -228,6 +239,7 @@ if claim then
     -- The call leaves the queue, where its place was kept until it came. The mark stays: a call
     -- that acquires never leaves the queue itself, and one whose reply is lost and that gives up
     -- then still takes back its one entry.
+    count_first(true)
     lease_key()
     note_given_up()
     queue_leave(queue, lapses, ARGV[7])
@@ -239,7 +251,7 @@ if retried then
     if ARGV[8] ~= '0' then
         queue_leave(queue, lapses, ARGV[7])
     end
-    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+    return {retried == 'made' and 1 or 2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -251,9 +263,9 @@ elseif id then
     end
     return join()
 end
-if kind == 'none' then
+if kind == 'none' or freed then
     if not queue_prune(queue, lapses, now, channel) then
-        return fresh()  -- no one waits any more, and the queue is gone
+        return fresh(freed)  -- no one waits any more, and the queue is gone
     end
     if queue_allows(queue, ARGV[7]) then
         return enter()
@@ -264,6 +276,9 @@ if kind == 'none' then
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
     local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
     if left <= grace then
+        if freed then
+            redis.call('DEL', KEYS[1])
+        end
         return wait(left, now, time)
     end
     -- Its own prune finds nothing more to remove (this one just ran, at the same time): the queue

@@ -6,19 +6,20 @@
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  the owner id
--- ARGV[2]  how many entries to leave (1 for unlock; a huge count drops the acquisition)
+-- ARGV[2]  how many entries to leave (1 for unlock)
 -- ARGV[3]  the lease, ms, set again while entries remain unless the key has more left (another
 --          object of the owner may count on that); '0' keeps the key's TTL (a release finished
 --          in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
--- ARGV[5]  the acquisition id the entries belong to, or the id of an attempt that joined them
---          (see joins:<owner> in recursive_acquire.lua)
+-- ARGV[5]  the acquisition id the entries belong to; with ARGV[8] '1', the id of an attempt the
+--          client gave up instead, whose one first entry (see firsts:<owner> in
+--          recursive_acquire.lua) is left if it is still counted (ARGV[2] is then 1)
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  this release's id, or '' (absent too); the client sends a release again should its
---          reply be lost: one whose id field
---          left:<owner> lists (the owner's last 32 named releases that left entries in place) had
---          landed and leaves nothing more, as it would take an entry another object of the owner
---          joined
+--          reply be lost: one whose id field left:<owner> lists (the owner's last 32 named
+--          releases that left entries in place) had landed and leaves nothing more, as it would
+--          take an entry another object of the owner joined
+-- ARGV[8]  '1' for a given-up attempt's entry (ARGV[5]); absent or '' otherwise
 -- Returns  2 released (key deleted or handed on) and a waiter told; 1 released, no one waits;
 --          0 still held (lease refreshed), or this release had landed already;
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
@@ -27,15 +28,26 @@ local queue, lapses = KEYS[2], KEYS[3]
 -- A key of another type answers with an error: not ours either.
 local release = ARGV[7] or ''
 local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1], 'left:' .. ARGV[1],
-                          'joins:' .. ARGV[1])
+                          'firsts:' .. ARGV[1])
 if entry.err or not entry[1] then
     return -1
 end
-local ours = entry[1] == ARGV[5]
-for token in string.gmatch(entry[4] or '', '%S+') do
-    ours = ours or token == ARGV[5]
-end
-if not ours then
+-- A given-up attempt's entry is left once: its id leaves firsts:<owner> with it.
+local firsts
+if ARGV[8] == '1' then
+    local kept, found = {}, false
+    for first in string.gmatch(entry[4] or '', '%S+') do
+        if first == ARGV[5] or first == '=' .. ARGV[5] then
+            found = true
+        else
+            kept[#kept + 1] = first
+        end
+    end
+    if not found then
+        return -1
+    end
+    firsts, release = table.concat(kept, ' '), ''
+elseif entry[1] ~= ARGV[5] then
     return -1
 end
 local landed = {}
@@ -52,6 +64,11 @@ if left > 0 then
     local ttl = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
     redis.call('PEXPIRE', KEYS[1], math.max(ttl, tonumber(ARGV[3]), 1))
     redis.call('HSET', KEYS[1], ARGV[1], left)
+    if firsts == '' then
+        redis.call('HDEL', KEYS[1], 'firsts:' .. ARGV[1])
+    elseif firsts then
+        redis.call('HSET', KEYS[1], 'firsts:' .. ARGV[1], firsts)
+    end
     if release ~= '' then
         redis.call('HSET', KEYS[1], 'left:' .. ARGV[1],
                    release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 31)))

@@ -3,10 +3,12 @@
 -- and no writer waits before it (so neither readers nor writers starve).
 -- Hash fields: mode = 'read' | 'write' | 'free' (marks the hash as a read-write lock);
 --   r:<owner>, w:<owner> = '<count> <expiry ms> <acquisition id>', each holder with its own
---   lease in server time; fence; left:<owner>, the owner's last releases that left entries in
---   place (see shared_release.lua); joins:<owner>, the owner's last attempts (mode and id,
---   '<r|w><id>') that joined its entry through an object holding none: one that lands again
---   counts no further entry, and a release or an unsettled item naming it leaves its entry.
+--   lease in server time; fence. Books beside them: firsts:r:<owner>, firsts:w:<owner>, the
+--   attempts whose first entries the entry's count holds (the creator's, and those that joined
+--   it through another object of the owner), newest first, the last 32, gone with the entry: an
+--   attempt that lands again counts nothing more, and one the client gave up leaves its entry
+--   once (its id is taken out); left:<owner>, the owner's last releases that left entries in
+--   place (see shared_release.lua).
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
@@ -17,15 +19,15 @@
 -- ARGV[3]  the lease, ms
 -- ARGV[4]  '1' to draw a fencing token (writers)
 -- ARGV[5]  the waiter id of this lock() call: 'r...' for a reader, 'w...' for a writer
--- ARGV[6]  the id for a new acquisition (each attempt draws its own)
--- ARGV[7]  '1' when the calling object holds no entry in this mode: an entry of this owner in
---          this mode named ARGV[6] (a retry whose first reply was lost) is taken over, not
---          re-entered
+-- ARGV[6]  this attempt's id (each attempt draws its own), and the id of the acquisition it
+--          makes, if it makes one
+-- ARGV[7]  '1' when the calling object holds no entry in this mode (a first entry): one this
+--          attempt made already (it was sent again after a lost reply) is then this call's as
+--          it is
 -- ARGV[8]  what the owner left unsettled, separated by spaces, or '': '<id>/<count>/<release id>'
---          names a release of <count> entries of acquisition <id> whose reply was lost, or the
---          one entry of an attempt the client gave up (which may land after this); each is left
---          now unless it landed (see ARGV[7] of shared_release.lua), and never more: entries
---          another object of the owner joined stay
+--          a release of <count> entries of acquisition <id> whose reply was lost, left now unless
+--          it landed (see ARGV[7] of shared_release.lua); an attempt id alone, an attempt the
+--          client gave up, whose first entry is left if it is still counted (firsts:), once
 -- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[10] the release channel; ARGV[11] the grace, ms, a told waiter has to come: when no one
@@ -69,7 +71,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
     local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
     local fence = fenced and draw_fence(time) or 0
     redis.call('HSET', KEYS[1], want .. ':' .. me, '1 ' .. (now + lease) .. ' ' .. ARGV[6],
-               'mode', want == 'w' and 'write' or 'read')
+               'firsts:' .. want .. ':' .. me, ARGV[6], 'mode', want == 'w' and 'write' or 'read')
     redis.call('PEXPIRE', KEYS[1], lease)
     return {1, fence, ARGV[6]}
 end
@@ -80,11 +82,14 @@ if refused then
     return refused
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
-local unsettled = {}
+local unsettled, gone = {}, {}
 for item in string.gmatch(ARGV[8] or '', '%S+') do
     local id, count, release = string.match(item, '^([^/]+)/(%d+)/(%S+)$')
     if id then
-        unsettled[#unsettled + 1] = {id, tonumber(count), release}
+        unsettled[id] = unsettled[id] or {}
+        table.insert(unsettled[id], {tonumber(count), release})
+    elseif not string.find(item, '/', 1, true) then
+        gone[#gone + 1] = item
     end
 end
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
@@ -100,10 +105,30 @@ for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. me) or '', '
     settled[#settled + 1] = release
 end
 local kept = #settled
-local joins, joined_before = {}, {}
-for token in string.gmatch(redis.call('HGET', KEYS[1], 'joins:' .. me) or '', '%S+') do
-    joins[#joins + 1] = token
-    joined_before[token] = true
+-- Our first entries in each mode, by id (firsts:), in order.
+local firsts, counted = {}, {}
+local books = redis.call('HMGET', KEYS[1], 'firsts:r:' .. me, 'firsts:w:' .. me)
+for i, tag in ipairs({'r', 'w'}) do
+    firsts[tag], counted[tag] = {}, {}
+    for first in string.gmatch(books[i] or '', '%S+') do
+        firsts[tag][#firsts[tag] + 1] = first
+        counted[tag][first] = true
+    end
+end
+-- Writes the first entries still counted in mode `tag`, with `newest` first if given.
+local function write_firsts(tag, newest)
+    local list = {newest}
+    for _, first in ipairs(firsts[tag]) do
+        if counted[tag][first] and first ~= newest then
+            list[#list + 1] = first
+        end
+    end
+    if #list > 0 then
+        redis.call('HSET', KEYS[1], 'firsts:' .. tag .. ':' .. me,
+                   table.concat(list, ' ', 1, math.min(#list, 32)))
+    elseif #firsts[tag] > 0 then
+        redis.call('HDEL', KEYS[1], 'firsts:' .. tag .. ':' .. me)
+    end
 end
 
 -- Drop expired entries and settle ours; note ours (count, id, expiry), and who else holds or
@@ -118,18 +143,35 @@ for i = 1, #fields, 2 do
         -- keeps every number an exact integer here and in the waiter's clock arithmetic.
         expiry = math.min(tonumber(expiry), now + 1099511627776)
         count = tonumber(count)
-        for _, item in ipairs(owner == me and unsettled or {}) do
-            if (item[1] == id or joined_before[tag .. item[1]]) and not landed[item[3]] then
-                landed[item[3]] = true
-                table.insert(settled, 1, item[3])
-                count = count - item[2]
+        local left_firsts = false
+        if owner == me and (tag == 'r' or tag == 'w') then
+            for _, release in ipairs(unsettled[id] or {}) do
+                if not landed[release[2]] then
+                    landed[release[2]] = true
+                    table.insert(settled, 1, release[2])
+                    count = count - release[1]
+                end
+            end
+            for _, attempt in ipairs(gone) do
+                if counted[tag][attempt] then
+                    counted[tag][attempt] = nil  -- named twice, left once
+                    left_firsts = true
+                    count = count - 1
+                end
             end
         end
         if expiry <= now or count <= 0 then
             redis.call('HDEL', KEYS[1], fields[i])
+            if owner == me and firsts[tag] and #firsts[tag] > 0 then
+                redis.call('HDEL', KEYS[1], 'firsts:' .. tag .. ':' .. me)
+                firsts[tag], counted[tag] = {}, {}
+            end
         else
             if count < tonumber(string.match(fields[i + 1], '^%d+')) then
                 redis.call('HSET', KEYS[1], fields[i], count .. ' ' .. expiry .. ' ' .. id)
+            end
+            if left_firsts then
+                write_firsts(tag)
             end
             latest = math.max(latest, expiry)
             if owner == me then
@@ -143,38 +185,30 @@ for i = 1, #fields, 2 do
 end
 if not (mine.r or mine.w) then
     -- No entry of ours left for a release sent again to find: the ids go too.
-    if kept > 0 or #joins > 0 then
-        redis.call('HDEL', KEYS[1], 'left:' .. me, 'joins:' .. me)
-        joins = {}
+    if kept > 0 then
+        redis.call('HDEL', KEYS[1], 'left:' .. me)
     end
 elseif #settled > kept then
     redis.call('HSET', KEYS[1], 'left:' .. me,
                table.concat(settled, ' ', 1, math.min(#settled, 32)))
 end
 
--- Our own retried acquisition: taken over, whoever queued since, as this call's one entry
--- (another object of the owner may have joined it since: its entries stay counted).
-local retried = mine[want] and ARGV[7] == '1' and ids[want] == ARGV[6]
-local joined = 0
-if retried then
-    joined, mine[want] = mine[want] - 1, nil
-end
--- An object holding none joins the owner's entry: once per attempt, however often it lands.
-local join_token = want .. ARGV[6]
-local joining = mine[want] and ARGV[7] == '1' and not retried
-local rejoined = joining and joined_before[join_token]
+-- This attempt's first entry is counted already (it landed before, its reply lost): this call's
+-- as it is, whoever queued since; the creator's is a new acquisition, a join's a re-entry.
+local again = mine[want] and ARGV[7] == '1' and counted[want][ARGV[6]]
 local result
 local id = ids[want] or ARGV[6]
 if want == 'w' and mine.r and not mine.w then
     return {-1, 0, ''}
 elseif mine[want] then
-    result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+    result = {again and id == ARGV[6] and 1 or 2,
+              tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 -- Kept out by the holders, whatever the queue says: a waiter then joins before the queue is
 -- pruned, so that a prune that empties it never leaves the join writing keys it removed (see
 -- _queue.lua).
 local ticket, join = tonumber(time[1]) * 1000000 + tonumber(time[2]), ARGV[9] ~= '0'
-local blocked = not result and not retried and (others.w or (want == 'w' and others.r))
+local blocked = not result and (others.w or (want == 'w' and others.r))
 local queued = redis.call('EXISTS', queue) == 1
 if blocked and join then
     queue_join(queue, lapses, ARGV[5], now, ticket, longest + tonumber(ARGV[9]))
@@ -183,7 +217,7 @@ end
 if queued then
     queued = queue_prune(queue, lapses, now, channel)
 end
-if blocked or (not result and not retried and
+if blocked or (not result and
                not (want == 'r' and mine.w or not queued or queue_allows(queue, ARGV[5]))) then
     if latest > now then
         redis.call('PEXPIRE', KEYS[1], latest - now)
@@ -219,10 +253,12 @@ elseif not result then
 end
 -- An entry we keep keeps its expiry if that is later: every object of the owner that entered it
 -- counts on its own lease, and none may lose it to a shorter one.
-local count = (mine[want] or joined) + (rejoined and 0 or 1)
-if joining and not rejoined then
-    redis.call('HSET', KEYS[1], 'joins:' .. me,
-               join_token .. ' ' .. table.concat(joins, ' ', 1, math.min(#joins, 31)))
+local count = (mine[want] or 0) + (again and 0 or 1)
+if not mine[want] then
+    firsts[want] = {}  -- a new entry: its books start with it
+    write_firsts(want, ARGV[6])
+elseif ARGV[7] == '1' and not again then
+    write_firsts(want, ARGV[6])
 end
 redis.call('HSET', KEYS[1], want .. ':' .. me,
            count .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,

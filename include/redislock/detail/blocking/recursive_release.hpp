@@ -37,29 +37,27 @@ struct recursive_release {
     using state = recursive_state<C>;
     using held = recursive_entry;
 
-    // Gives up a new acquisition, made by an attempt of this object whose outcome is unknown or
-    // that could not stand: its one entry may be in Redis, or land there later, though no
-    // object holds it, and another object of the owner may join it. It is given up as a
-    // release of that one entry, named `release`: the reaper sends it, and the owner's next
-    // first entries through this object, and through any object of the client until `lease_end`
-    // (see given_up_registry.hpp), settle it; each leaves the entry only if none of the others
-    // had. Never the whole acquisition: what others joined stays theirs. Without an id (none
-    // could be drawn) nothing is sent: the entry, if it landed, expires with its lease.
+    // Gives up the first entry of `attempt`, made by this object, whose outcome is unknown or
+    // that could not stand: it may be in Redis, or land there later, though no object holds it,
+    // and another object of the owner may join it. Only that entry is left, once (the script
+    // takes the attempt's id out of firsts:<owner> with it), never the whole acquisition: what
+    // others joined stays theirs. The reaper sends it until answered; the owner's next first
+    // entries through this object, and through any object of the client until `lease_end` (see
+    // given_up_registry.hpp), name it too.
     static void abandon(const std::shared_ptr<state>& st, const std::string& owner,
-                        const std::string& acquisition, steady::time_point lease_end,
-                        const token& release = release_id()) noexcept {
-        if (release == token{}) {
-            return;
-        }
+                        const std::string& attempt, steady::time_point lease_end) noexcept {
         try {
-            std::string item = unsettled_item(acquisition, 1, release.view());
-            st->core->given_up->remember(st->name, owner, item, lease_end);
+            st->core->given_up->remember(st->name, owner, attempt, lease_end);
             std::lock_guard guard{st->mutex};
-            st->remember_given_up(std::move(item));
+            st->remember_given_up(attempt);
         } catch (...) {
             // Out of memory: the reaper still leaves it, or it expires with its lease.
         }
-        hand_to_reaper(st, held{owner, 0, acquisition}, 1, lease_end, release);
+        detail::leave_to_reaper(
+            st, held{owner, 0, attempt}, lease_end,
+            [](state& s, const held& e, steady::time_point deadline) {
+                return leave_attempt_once(s, e, deadline).is_integer();
+            });
     }
 
     // A release's id; none (all zero) when no random value could be drawn (a thread's first
@@ -87,6 +85,18 @@ struct recursive_release {
             st, scripts::recursive_release,
             std::array<std::string_view, 7>{entry.owner, count.view(), lease_text, st.channel,
                                             entry.acquisition, st.grace_text.view(), release},
+            deadline);
+    }
+
+    // Sends the release of the first entry of the given-up attempt `entry` names (its
+    // acquisition: the attempt's id), which leaves it only while it is counted (see ARGV[8] of
+    // recursive_release.lua): at most once. Lease "0": it never extends what remains.
+    static reply leave_attempt_once(const state& st, const held& entry,
+                                    steady::time_point deadline) {
+        return detail::send_release(
+            st, scripts::recursive_release,
+            std::array<std::string_view, 8>{entry.owner, "1", "0", st.channel, entry.acquisition,
+                                            st.grace_text.view(), "", "1"},
             deadline);
     }
 

@@ -39,14 +39,11 @@ struct shared_release {
     // Remembers entries that may be in Redis though this object does not count them, for the
     // owner's next acquisition through this object to settle, and has the reaper leave them
     // until the server answers: `entries` of `ref` sent as release `release`, leaving them at
-    // most once however often it is sent. For a release whose reply was lost the item is
-    // forgotten once a script answered it; for an abandoned attempt (`attempt`) it is kept: the
-    // attempt may land after any answer, and the item leaves its one entry whenever it finds
-    // it. Without an id (none could be drawn) nothing is sent again, as it might leave entries
+    // most once however often it is sent (the item is forgotten once a script answered it).
+    // Without an id (none could be drawn) nothing is sent again, as it might leave entries
     // twice: they expire with their lease.
     static void abandon(const std::shared_ptr<state>& st, const hold_ref& ref, std::size_t entries,
-                        steady::time_point lease_end, const token& release,
-                        bool attempt = false) noexcept {
+                        steady::time_point lease_end, const token& release) noexcept {
         if (release == token{}) {
             return;
         }
@@ -54,7 +51,7 @@ struct shared_release {
         try {
             item = unsettled_item(ref.acquisition, entries, release.view());
             std::lock_guard guard{st->mutex};
-            st->remember_unsettled(item, attempt);
+            st->remember_unsettled(item, false);
         } catch (...) {
             // Out of memory: the reaper still leaves them, or they expire with their lease.
         }
@@ -81,26 +78,27 @@ struct shared_release {
         }
     }
 
-    // Gives up a new acquisition, made by an attempt of this object whose outcome is unknown or
-    // that could not stand: its one entry may be in Redis, or land there later, though no
-    // object holds it, and another object of the owner may join it. It is given up as a
-    // release of that one entry is (see abandon()), never as the whole acquisition: what others
-    // joined stays theirs. Every object of the client names it in its next first entry until
-    // the attempt's lease ends (see given_up_registry.hpp).
+    // Gives up the first entry of the attempt `ref` names (its acquisition: the attempt's id),
+    // made by this object, whose outcome is unknown or that could not stand: it may be in
+    // Redis, or land there later, though no object holds it, and another object of the owner
+    // may join it. Only that entry is left, once (the script takes the attempt's id out of
+    // firsts: with it), never the whole acquisition: what others joined stays theirs. The
+    // reaper sends it until answered; the object's next acquisitions name it until newer ones
+    // push it out (it may land after any answer), and every object of the client names it in
+    // its next first entry until the attempt's lease ends (see given_up_registry.hpp).
     static void abandon_attempt(const std::shared_ptr<state>& st, const hold_ref& ref,
                                 steady::time_point lease_end) noexcept {
-        const token release = release_id();
-        if (release == token{}) {
-            return;  // no id could be drawn: the entry, if it landed, expires with its lease
-        }
         try {
-            st->core->given_up->remember(st->name, ref.owner,
-                                         unsettled_item(ref.acquisition, 1, release.view()),
-                                         lease_end);
+            st->core->given_up->remember(st->name, ref.owner, ref.acquisition, lease_end);
+            std::lock_guard guard{st->mutex};
+            st->remember_unsettled(ref.acquisition, true);
         } catch (...) {
-            // This process's registry could not be built: the object still names it.
+            // Out of memory: the reaper still leaves it, or it expires with its lease.
         }
-        abandon(st, ref, 1, lease_end, release, true);
+        detail::leave_to_reaper(
+            st, ref, lease_end, [](state& s, const hold_ref& r, steady::time_point deadline) {
+                return leave_attempt_once(s, r, deadline).is_integer();
+            });
     }
 
     // Sends one release, named `release` (none: all zero) so that it leaves entries at most once
@@ -113,6 +111,18 @@ struct shared_release {
             std::array<std::string_view, 7>{
                 ref.owner, shared_mode_text(ref.kind), count.view(), st.channel, ref.acquisition,
                 st.grace_text.view(), release == token{} ? std::string_view{} : release.view()},
+            deadline);
+    }
+
+    // Sends the release of the first entry of the given-up attempt `ref` names, which leaves it
+    // only while it is counted (see ARGV[8] of shared_release.lua): at most once.
+    static reply leave_attempt_once(const state& st, const hold_ref& ref,
+                                    steady::time_point deadline) {
+        return detail::send_release(
+            st, scripts::shared_release,
+            std::array<std::string_view, 8>{ref.owner, shared_mode_text(ref.kind), "1",
+                                            st.channel, ref.acquisition, st.grace_text.view(), "",
+                                            "1"},
             deadline);
     }
 

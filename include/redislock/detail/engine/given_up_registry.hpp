@@ -1,23 +1,23 @@
 // detail::given_up_registry: the attempts of reentrant and read-write locks that an object of
 // this client gave up with their outcome unknown (a reply lost, or come after the caller's
-// deadline). Each attempt's one entry may be in Redis, or land there later, held by no object,
+// deadline). Each attempt's first entry may be in Redis, or land there later, held by no object,
 // and another object of the owner may join it. The reaper sends its leave; until the attempt's
-// lease ends every object of the client also names it, as an unsettled_item(), in its next
-// outermost acquisition of that name for that owner, which leaves that one entry unless the
-// leave landed, and joins what remains: what other objects joined stays theirs. (Left whole, or
-// taken over, the entry would take their holds with it.)
+// lease ends every object of the client also names it, by the attempt's id, in its next
+// outermost acquisition of that name for that owner, which leaves that one entry if it is still
+// counted (the scripts keep the ids of the first entries an entry counts, and take an id out
+// with its entry), then joins what remains: what other objects joined stays theirs. (Left
+// whole, or taken over, the entry would take their holds with it.)
 //
 // Owner ids are the client's own (instance id and thread, or lock_options::owner), so only this
-// client's objects can meet these entries as their own. Leaving an item twice leaves nothing
-// more (its release id), so an item is kept until the attempt's lease ends, however many an
-// outage gives up; one that lands after that joins the entries it finds and is left with them
-// at the latest when their lease ends. Thread-safe; one per process (see per_process.hpp), so a
-// child after fork() starts with none, and its owners are its own.
+// client's objects can meet these entries as their own. Naming an attempt twice leaves nothing
+// more, so each is kept until its lease ends, however many an outage gives up; one that lands
+// after that joins the entries it finds and is left with them at the latest when their lease
+// ends. Thread-safe; one per process (see per_process.hpp), so a child after fork() starts with
+// none, and its owners are its own.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <cstddef>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -25,22 +25,12 @@
 
 namespace redislock::detail {
 
-// How an acquisition names `entries` entries of `acquisition` to leave once, as release
-// `release` leaves them (a release whose reply was lost, or the one entry of an attempt given
-// up): see ARGV[8] of shared_acquire.lua and ARGV[6] of recursive_acquire.lua.
-inline std::string unsettled_item(std::string_view acquisition, std::size_t entries,
-                                  std::string_view release) {
-    std::string item{acquisition};
-    item.append(1, '/').append(std::to_string(entries)).append(1, '/').append(release);
-    return item;
-}
-
 class given_up_registry {
     using steady = std::chrono::steady_clock;
 
 public:
-    /// Remembers `item` (an unsettled_item()) of `owner` on `name` until `until`. Never throws:
-    /// out of memory, it is not remembered (the object that gave it up still names it).
+    /// Remembers the attempt `item` of `owner` on `name` until `until`. Never throws: out of
+    /// memory, it is not remembered (the object that gave it up still names it).
     void remember(std::string_view name, std::string_view owner, std::string_view item,
                   steady::time_point until) noexcept {
         try {

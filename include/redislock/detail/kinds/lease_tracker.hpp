@@ -242,6 +242,16 @@ public:
         }
     }
 
+    /// Marks and tells the loss by expiry of the acquisition `key` names when its local deadline
+    /// has passed and the loss timer has not told it yet: a lock() that follows owned() == false
+    /// must meet the hold as lost (a first entry, after the take-back), never re-enter it.
+    void expire_if_due(const key_type& key) {
+        if (auto m = mark_only(key, true)) {
+            m->source.request_stop();
+            report_marked(*st_, *m);
+        }
+    }
+
     /// What marking a loss found: the source to stop and what the report needs.
     struct marked {
         std::stop_source source;
@@ -253,16 +263,19 @@ public:
     };
 
     /// Marks the acquisition lost and leaves the stop and the report to the caller, or returns
-    /// nothing when it was already lost or gone. Its renewals stop: renewing a lost lease could
-    /// only revive it behind a rival's back. Runs no user code and allocates nothing (a
-    /// default-made std::stop_source would: it runs on the loss timer's thread and in unlock()).
-    std::optional<marked> mark_only(const key_type& key) noexcept {
+    /// nothing when it was already lost or gone (or, with `only_if_due`, has time left as
+    /// remaining() counts it, which owned() reads). Its renewals
+    /// stop: renewing a lost lease could only revive it behind a rival's back. Runs no user code
+    /// and allocates nothing (a default-made std::stop_source would: it runs on the loss timer's
+    /// thread and in unlock()).
+    std::optional<marked> mark_only(const key_type& key, bool only_if_due = false) noexcept {
         decltype(tracked::renewal) renewal = 0;
         std::optional<marked> m;
         {
             std::lock_guard guard{st_->mutex};
             tracked* t = State::find_lease(*st_, key);
-            if (t == nullptr || t->lost) {
+            if (t == nullptr || t->lost ||
+                (only_if_due && t->remaining() > std::chrono::milliseconds::zero())) {
                 return std::nullopt;
             }
             t->lost = true;

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include <redislock/connection.hpp>
-#include <redislock/detail/engine/given_up_registry.hpp>
 #include <redislock/detail/kinds/lease_tracker.hpp>
 #include <redislock/detail/kinds/lock_identity.hpp>
 #include <redislock/detail/kinds/reply_meaning.hpp>
@@ -81,9 +80,9 @@ struct recursive_state : lock_identity<C> {
         return {std::move(holder_owner), epoch, std::move(acquisition)};
     }
 
-    // Whether `owner`'s next entry is an outermost one, with the attempts it names as given up
-    // (unsettled_item()s, space-separated) in `given_up_ids`: this object's, and those of the
-    // owner any object of the client gave up (see given_up_registry.hpp).
+    // Whether `owner`'s next entry is an outermost one, with the ids of the attempts it names as
+    // given up (space-separated) in `given_up_ids`: this object's, and those of the owner any
+    // object of the client gave up (see given_up_registry.hpp).
     // An acquisition lost here by expiry is joined, not taken over (another object of the owner
     // may count on it): its take-back leaves only this object's entries (see
     // recursive_release::take_back, which the caller runs first).
@@ -98,9 +97,9 @@ struct recursive_state : lock_identity<C> {
         return first;
     }
 
-    // Remembers an attempt this object gave up, as an unsettled_item(), for its next first entry
-    // to settle; the newest few only (an older one is surely settled by the reaper by then, or
-    // named by the client's registry).
+    // Remembers the id of an attempt this object gave up, for its next first entry to settle;
+    // the newest few only (an older one is surely settled by the reaper by then, or named by
+    // the client's registry).
     void remember_given_up(std::string item) {
         if (given_up.size() >= 8) {
             given_up.erase(given_up.begin());

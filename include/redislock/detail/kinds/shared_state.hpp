@@ -1,7 +1,7 @@
 // detail::shared_state: what a read-write lock object (basic_shared_mutex) keeps about its
 // holders and shares with its timer and watchdog callbacks: one shared_hold per owner and mode
-// held through the object, with its entry count, lease, fencing token and acquisition id, and the
-// acquisitions it gave up. Its books are kept under its own mutex, which is never held across a
+// held through the object, with its entry count, lease, fencing token and acquisition id, and what
+// it left unsettled (releases whose reply was lost, attempts it gave up). Its books are kept under its own mutex, which is never held across a
 // round trip; lease_tracker finds a hold's lease through find_lease().
 #pragma once
 
@@ -81,6 +81,15 @@ struct shared_hold_ref {
 template <connection C>
 struct shared_release;
 
+// How an acquisition names a release of `entries` entries of `acquisition`, sent as `release`,
+// whose reply was lost, so that it leaves them once (see ARGV[8] of shared_acquire.lua).
+inline std::string unsettled_item(std::string_view acquisition, std::size_t entries,
+                                  std::string_view release) {
+    std::string item{acquisition};
+    item.append(1, '/').append(std::to_string(entries)).append(1, '/').append(release);
+    return item;
+}
+
 // What a read-write lock object shares with its timer and watchdog callbacks.
 template <connection C>
 struct shared_state : lock_identity<C> {
@@ -139,9 +148,11 @@ struct shared_state : lock_identity<C> {
         return shortest.value_or(std::chrono::milliseconds::zero());
     }
 
-    // Whether `owner`'s next entry in `kind` is an outermost one, with the acquisitions it
-    // names as given up (space-separated) in `given_up_ids`: this object's, and those of the
-    // owner any object of the client gave up (see given_up_registry.hpp).
+    // Whether `owner`'s next entry in `kind` is an outermost one, with what it settles
+    // (space-separated) in `given_up_ids`: this object's items (see remember_unsettled()), and
+    // for a first entry the attempts of the owner any object of the client gave up (see
+    // given_up_registry.hpp). Each leaves only what is still counted, once: naming one that
+    // is not the owner's changes nothing.
     bool outermost(const std::string& owner, shared_mode kind, std::string& given_up_ids) {
         // A hold lost here was handed to the take-back first (see shared_mutex::attempt): this
         // acquisition settles it too, so that an entry of ours left in the other mode never
@@ -152,8 +163,6 @@ struct shared_state : lock_identity<C> {
         }
         const bool first = h == nullptr || h->depth == 0 || h->lease.lost;
         if (first) {
-            // Not for a re-entry: the script drops an entry of ours whatever the call is, and
-            // this object's hold may have joined a given-up one (an owner shared by threads).
             this->core->given_up->append_to(this->name, owner, given_up_ids);
         }
         return first;
@@ -302,11 +311,10 @@ struct shared_state : lock_identity<C> {
         std::erase_if(holds, [](const shared_hold<C>& h) { return h.depth == 0; });
     }
 
-    // Remembers an unsettled_item() for the owner's next acquisition through this object to
-    // settle: a release whose reply was lost, forgotten once a script answered it, or, with
-    // `attempt`, an abandoned attempt's one entry, kept until newer ones push it out (its
-    // entry may land after any answer; settling it again leaves nothing: see
-    // shared_release::abandon).
+    // Remembers what the owner's next acquisition through this object settles: an
+    // unsettled_item() (a release whose reply was lost, forgotten once a script answered it) or,
+    // with `attempt`, the id of an attempt it gave up, kept until newer ones push it out (its
+    // entry may land after any answer; the script leaves it only while it is counted).
     void remember_unsettled(std::string item, bool attempt) {
         if (given_up.size() >= 8) {
             given_up.erase(given_up.begin());  // the oldest is surely settled by now or reaped

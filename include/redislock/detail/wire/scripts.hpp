@@ -1048,12 +1048,13 @@ return 1
 inline constexpr script recursive_acquire{
     "recursive_acquire",
     R"lua(-- Enters a reentrant lock: a hash whose field <owner> counts that owner's entries, and whose
--- field id:<owner> names the acquisition those entries belong to (handed:<owner> marks one a
--- release handed to a waiter, see _queue.lua; gone:<owner> lists attempts the client gave up,
--- see ARGV[6]; left:<owner> the owner's last releases that left entries in place, see
--- recursive_release.lua; joins:<owner> the owner's last attempts that joined its entries through
--- an object holding none: one that lands again counts no further entry, and a release or a
--- given-up item naming it leaves its entry).
+-- field id:<owner> names the acquisition those entries belong to. Books beside them:
+-- firsts:<owner> the attempts whose first entries the count holds (the one that made or claimed
+-- the acquisition, marked '=<id>', and those that joined it through another object of the
+-- owner), newest first, the last 32: an attempt that lands again counts nothing more, and one
+-- the client gave up leaves its entry once (its id is taken out); handed:<owner> marks an entry a release handed to a waiter (_queue.lua);
+-- gone:<owner> the attempts the client gave up (ARGV[6]); left:<owner> the owner's last
+-- releases that left entries in place (recursive_release.lua).
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
@@ -1062,22 +1063,20 @@ inline constexpr script recursive_acquire{
 -- ARGV[2]  the lease, ms (set again on every entry, unless the key has more left: another
 --          object of the owner may count on that)
 -- ARGV[3]  '1' to draw a fencing token on a new acquisition
--- ARGV[4]  the id for a new acquisition (each attempt of a lock() call draws its own)
--- ARGV[5]  '1' when the calling object holds no entry: an entry of this owner named ARGV[4]
---          (this very attempt, sent again after a lost reply) is then claimed as it is, not
---          re-entered
--- ARGV[6]  the attempts of this owner the client gave up, space-separated, or '', each as
---          '<id>/1/<release id>': its one entry, if it landed, is left now unless that release
---          landed (see ARGV[7] of recursive_release.lua), and never more (entries another object
---          of the owner joined stay); a first entry through an object (ARGV[5] '1') keeps their
---          ids in field gone:<owner>, so that one of them whose script lands only now, late,
---          writes nothing: it would add an entry no unlock() counts
+-- ARGV[4]  this attempt's id (each attempt of a lock() call draws its own), and the id of the
+--          acquisition it makes, if it makes one
+-- ARGV[5]  '1' when the calling object holds no entry (a first entry): one this attempt made
+--          already (it was sent again after a lost reply) is then claimed as it is
+-- ARGV[6]  the ids of the owner's attempts the client gave up, space-separated, or '': the entry
+--          each of them counted (firsts:<owner>) is left now, once; a first entry keeps their
+--          ids in gone:<owner>, so that one of them whose script lands only now, late, writes
+--          nothing (while the owner holds the lock: else it leaves its entry to its lease)
 -- ARGV[7]  the waiter id of this lock() call; an entry handed to it (an 'h' id, see _queue.lua)
---          is claimed as it is, with any re-entries other calls of the owner made since,
---          whatever ARGV[5] says, unless the client gave it up (ARGV[6]); the call then leaves
---          the queue. Until that claim the entry is the waiter's reservation, kept for the grace
---          only: other calls of the owner wait for the claim rather than enter it (their entry
---          would make it a lease, held for a waiter that may never come).
+--          and claimed by no attempt yet is claimed as it is, with any re-entries other calls of
+--          the owner made since, whatever ARGV[5] says; the call then leaves the queue. Until
+--          that claim the entry is the waiter's reservation, kept for the grace only: other
+--          calls of the owner wait for the claim rather than enter it (their entry would make it
+--          a lease, held for a waiter that may never come).
 -- ARGV[8]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[9]  the release channel; ARGV[10] the grace, ms, a told waiter has to come: a free lock
@@ -1107,18 +1106,16 @@ local function lease_key()
     local left = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
     redis.call('PEXPIRE', KEYS[1], math.max(left, tonumber(ARGV[2])))
 end
--- The ids of the given-up attempts, and what each leaves: {count, release id} by id.
-local gone_ids, gone_items = {}, {}
-for item in string.gmatch(ARGV[6], '%S+') do
-    local gone, count, release = string.match(item, '^([^/]+)/(%d+)/(%S+)$')
-    if gone then
-        gone_ids[#gone_ids + 1] = gone
-        gone_items[#gone_items + 1] = {gone, tonumber(count), release}
-    end
+local gone_ids = {}
+for gone in string.gmatch(ARGV[6], '%S+') do
+    gone_ids[#gone_ids + 1] = gone
 end
--- A new acquisition's entry, on a free lock.
-local function fresh()
+-- A new acquisition's entry, under this attempt's id: on a free lock, or (`in_place`) rewriting
+-- the hash of one that was freed here, whose other fields go (see _queue.lua: a key is never
+-- deleted and then written by one script).
+local function fresh(in_place)
     local fence = 0
+    local fields = {ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4], 'firsts:' .. ARGV[1], '=' .. ARGV[4]}
     if ARGV[3] == '1' then
         -- Never below the server's clock in microseconds, so tokens keep growing after a
         -- FLUSHALL or a restart without persistence.
@@ -1126,11 +1123,28 @@ local function fresh()
         local floor = tonumber(time[1]) * 1000000 + tonumber(time[2])
         fence = math.max((tonumber(redis.call('GET', KEYS[4])) or 0) + 1, floor)
         redis.call('SET', KEYS[4], string.format('%d', fence), 'PX', 86400000)
-        redis.call('HSET', KEYS[1], 'fence', string.format('%d', fence))
+        table.insert(fields, 'fence')
+        table.insert(fields, string.format('%d', fence))
     end
-    redis.call('HSET', KEYS[1], ARGV[1], 1, 'id:' .. ARGV[1], ARGV[4])
     if #gone_ids > 0 then
-        redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], table.concat(gone_ids, ' '))
+        table.insert(fields, 'gone:' .. ARGV[1])
+        table.insert(fields, table.concat(gone_ids, ' '))
+    end
+    local stale = {}
+    if in_place then
+        local kept = {}
+        for i = 1, #fields, 2 do
+            kept[fields[i]] = true
+        end
+        for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+            if not kept[field] then
+                stale[#stale + 1] = field
+            end
+        end
+    end
+    redis.call('HSET', KEYS[1], unpack(fields))
+    if #stale > 0 then
+        redis.call('HDEL', KEYS[1], unpack(stale))
     end
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, fence, ARGV[4]}
@@ -1149,38 +1163,26 @@ if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') 
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a reentrant lock')
 end
 local id = kind == 'hash' and redis.call('HGET', KEYS[1], 'id:' .. ARGV[1])
-local joins, joined_before = {}, {}
+-- The first entries the owner's count holds, and those of given-up attempts among them: each
+-- is left once, here.
+local firsts, counted, settles = {}, {}, {}
 if id then
-    for token in string.gmatch(redis.call('HGET', KEYS[1], 'joins:' .. ARGV[1]) or '', '%S+') do
-        joins[#joins + 1] = token
-        joined_before[token] = true
+    for maker, first in string.gmatch(redis.call('HGET', KEYS[1], 'firsts:' .. ARGV[1]) or '',
+                                      '(=?)(%S+)') do
+        firsts[#firsts + 1] = maker .. first
+        counted[first] = maker == '=' and 'made' or 'joined'
     end
-end
--- The given-up attempts whose entry is the owner's (made or joined), to leave unless they
--- landed.
-local given_up, settles = false, {}
-for _, item in ipairs(gone_items) do
-    if item[1] == id or joined_before[item[1]] then
-        given_up = true
-        settles[#settles + 1] = {item[2], item[3]}
-    end
-end
-if #settles > 0 then
-    local landed = {}
-    for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. ARGV[1]) or '', '%S+') do
-        landed[release] = true
-    end
-    local pending = {}
-    for _, s in ipairs(settles) do
-        if not landed[s[2]] then
-            landed[s[2]] = true  -- an item named twice leaves its entry once
-            pending[#pending + 1] = s
+    for _, gone in ipairs(gone_ids) do
+        if counted[gone] then
+            counted[gone] = nil  -- named twice, left once
+            settles[#settles + 1] = gone
         end
     end
-    settles = pending
 end
--- The owner's entry was handed to this call's waiter (and not given up since): claimed.
-local claim = id and not given_up and id == string.match(ARGV[7], '^h(%x+)%.')
+-- The owner's entry was handed to this call's waiter and no other attempt has claimed it:
+-- claimed (again, by an attempt sent again after a lost reply).
+local claim = id and (#firsts == 0 or counted[ARGV[4]] == 'made') and
+                  id == string.match(ARGV[7], '^h(%x+)%.')
 -- An acquisition the client gave up, landing after the owner's next first entry named it so:
 -- nothing to do (see ARGV[6]).
 if id and not claim and ARGV[5] == '1' then
@@ -1197,23 +1199,32 @@ local function note_given_up()
         redis.call('HSET', KEYS[1], 'gone:' .. ARGV[1], table.concat(gone_ids, ' '))
     end
 end
--- Joins the owner's entries: a re-entry, or, through an object holding none, a join counted once
--- per attempt however often it lands.
+-- Counts this attempt's first entry among firsts:<owner> (the newest 32 are kept); `maker` for
+-- a claim.
+local function count_first(maker)
+    for i = #firsts, 1, -1 do
+        local first = string.match(firsts[i], '^=?(%S+)')
+        if not counted[first] or first == ARGV[4] then
+            table.remove(firsts, i)  -- left here, or counted again below
+        end
+    end
+    table.insert(firsts, 1, (maker and '=' or '') .. ARGV[4])
+    redis.call('HSET', KEYS[1], 'firsts:' .. ARGV[1],
+               table.concat(firsts, ' ', 1, math.min(#firsts, 32)))
+end
+-- Joins the owner's entries: a re-entry, or, through an object holding none, a first entry.
 local function join()
-    if ARGV[5] ~= '1' then
-        redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-    elseif not joined_before[ARGV[4]] then
-        redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
-        redis.call('HSET', KEYS[1], 'joins:' .. ARGV[1],
-                   ARGV[4] .. ' ' .. table.concat(joins, ' ', 1, math.min(#joins, 31)))
+    redis.call('HINCRBY', KEYS[1], ARGV[1], 1)
+    if ARGV[5] == '1' then
+        count_first(false)
     end
     note_given_up()
     lease_key()
     return {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
--- This attempt landed before, its reply lost: its entry is this call's, as counted then (others
--- of the owner may have joined it since).
-local retried = id and not claim and ARGV[5] == '1' and id == ARGV[4]
+-- This attempt's first entry is counted already (it landed before, its reply lost): it is this
+-- call's as it is; the maker's is a new acquisition, a join's a re-entry.
+local retried = id and not claim and ARGV[5] == '1' and counted[ARGV[4]]
 -- An entry handed to a waiter of the owner is a reservation until that waiter claims it, and
 -- leaves the queue: while it still heads it, the entry is not claimed. (A queue key of another
 -- type is refused below, unless this is a re-entry that need not touch it.)
@@ -1481,28 +1492,28 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
--- The given-up attempt's entry is left, as its release would leave it; with none left the lock
--- is free, and taken as a free one is (the queue first).
-for _, s in ipairs(settles) do
-    local left = (tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0) - s[1]
+-- The given-up attempts' entries are left; with none left the lock is free, and taken as a free
+-- one is (the queue first), its hash still there to rewrite.
+local freed = false
+if #settles > 0 then
+    local left = (tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or 0) - #settles
     if left > 0 then
-        local landed = {}
-        for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. ARGV[1]) or '',
-                                     '%S+') do
-            landed[#landed + 1] = release
+        local kept = {}
+        for _, first in ipairs(firsts) do
+            if counted[string.match(first, '^=?(%S+)')] then
+                kept[#kept + 1] = first
+            end
         end
-        redis.call('HSET', KEYS[1], ARGV[1], left, 'left:' .. ARGV[1],
-                   s[2] .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 31)))
+        firsts = kept
+        redis.call('HSET', KEYS[1], ARGV[1], left, 'firsts:' .. ARGV[1], table.concat(kept, ' '))
     else
-        redis.call('DEL', KEYS[1])
-        kind, id, reserved = 'none', false, false
-        break
+        freed, id, reserved = true, false, false
     end
 end
 
 -- A new acquisition that leaves the queue, if it was in it.
 local function enter()
-    local entered = fresh()
+    local entered = fresh(freed)
     if ARGV[8] ~= '0' then
         queue_leave(queue, lapses, ARGV[7])
     end
@@ -1523,6 +1534,7 @@ if claim then
     -- The call leaves the queue, where its place was kept until it came. The mark stays: a call
     -- that acquires never leaves the queue itself, and one whose reply is lost and that gives up
     -- then still takes back its one entry.
+    count_first(true)
     lease_key()
     note_given_up()
     queue_leave(queue, lapses, ARGV[7])
@@ -1534,7 +1546,7 @@ if retried then
     if ARGV[8] ~= '0' then
         queue_leave(queue, lapses, ARGV[7])
     end
-    return {1, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+    return {retried == 'made' and 1 or 2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -1546,9 +1558,9 @@ elseif id then
     end
     return join()
 end
-if kind == 'none' then
+if kind == 'none' or freed then
     if not queue_prune(queue, lapses, now, channel) then
-        return fresh()  -- no one waits any more, and the queue is gone
+        return fresh(freed)  -- no one waits any more, and the queue is gone
     end
     if queue_allows(queue, ARGV[7]) then
         return enter()
@@ -1559,6 +1571,9 @@ if kind == 'none' then
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
     local left = (tonumber(redis.call('ZSCORE', lapses, head)) or now + grace) - now
     if left <= grace then
+        if freed then
+            redis.call('DEL', KEYS[1])
+        end
         return wait(left, now, time)
     end
     -- Its own prune finds nothing more to remove (this one just ran, at the same time): the queue
@@ -1569,7 +1584,7 @@ if kind == 'none' then
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "df9fb30f18d3cd3206bfd3ced29f2fcc04cfdef6"};
+    "6293000ce40e8a68d22dbd21c3c6dd09832a9167"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1644,19 +1659,20 @@ inline constexpr script recursive_release{
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- ARGV[1]  the owner id
--- ARGV[2]  how many entries to leave (1 for unlock; a huge count drops the acquisition)
+-- ARGV[2]  how many entries to leave (1 for unlock)
 -- ARGV[3]  the lease, ms, set again while entries remain unless the key has more left (another
 --          object of the owner may count on that); '0' keeps the key's TTL (a release finished
 --          in the background must not extend what its owner no longer renews)
 -- ARGV[4]  the release channel
--- ARGV[5]  the acquisition id the entries belong to, or the id of an attempt that joined them
---          (see joins:<owner> in recursive_acquire.lua)
+-- ARGV[5]  the acquisition id the entries belong to; with ARGV[8] '1', the id of an attempt the
+--          client gave up instead, whose one first entry (see firsts:<owner> in
+--          recursive_acquire.lua) is left if it is still counted (ARGV[2] is then 1)
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  this release's id, or '' (absent too); the client sends a release again should its
---          reply be lost: one whose id field
---          left:<owner> lists (the owner's last 32 named releases that left entries in place) had
---          landed and leaves nothing more, as it would take an entry another object of the owner
---          joined
+--          reply be lost: one whose id field left:<owner> lists (the owner's last 32 named
+--          releases that left entries in place) had landed and leaves nothing more, as it would
+--          take an entry another object of the owner joined
+-- ARGV[8]  '1' for a given-up attempt's entry (ARGV[5]); absent or '' otherwise
 -- Returns  2 released (key deleted or handed on) and a waiter told; 1 released, no one waits;
 --          0 still held (lease refreshed), or this release had landed already;
 --          -1 not the owner's (expired, held by another owner, or a later acquisition's)
@@ -1665,15 +1681,26 @@ local queue, lapses = KEYS[2], KEYS[3]
 -- A key of another type answers with an error: not ours either.
 local release = ARGV[7] or ''
 local entry = redis.pcall('HMGET', KEYS[1], 'id:' .. ARGV[1], ARGV[1], 'left:' .. ARGV[1],
-                          'joins:' .. ARGV[1])
+                          'firsts:' .. ARGV[1])
 if entry.err or not entry[1] then
     return -1
 end
-local ours = entry[1] == ARGV[5]
-for token in string.gmatch(entry[4] or '', '%S+') do
-    ours = ours or token == ARGV[5]
-end
-if not ours then
+-- A given-up attempt's entry is left once: its id leaves firsts:<owner> with it.
+local firsts
+if ARGV[8] == '1' then
+    local kept, found = {}, false
+    for first in string.gmatch(entry[4] or '', '%S+') do
+        if first == ARGV[5] or first == '=' .. ARGV[5] then
+            found = true
+        else
+            kept[#kept + 1] = first
+        end
+    end
+    if not found then
+        return -1
+    end
+    firsts, release = table.concat(kept, ' '), ''
+elseif entry[1] ~= ARGV[5] then
     return -1
 end
 local landed = {}
@@ -1690,6 +1717,11 @@ if left > 0 then
     local ttl = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
     redis.call('PEXPIRE', KEYS[1], math.max(ttl, tonumber(ARGV[3]), 1))
     redis.call('HSET', KEYS[1], ARGV[1], left)
+    if firsts == '' then
+        redis.call('HDEL', KEYS[1], 'firsts:' .. ARGV[1])
+    elseif firsts then
+        redis.call('HSET', KEYS[1], 'firsts:' .. ARGV[1], firsts)
+    end
     if release ~= '' then
         redis.call('HSET', KEYS[1], 'left:' .. ARGV[1],
                    release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 31)))
@@ -1956,7 +1988,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "53e86eb3f986f1d26785dd7e61eca16349a2346e"};
+    "9b57b233bc2b4c73581d47005fbe9cab53d65426"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -1965,10 +1997,12 @@ inline constexpr script shared_acquire{
 -- and no writer waits before it (so neither readers nor writers starve).
 -- Hash fields: mode = 'read' | 'write' | 'free' (marks the hash as a read-write lock);
 --   r:<owner>, w:<owner> = '<count> <expiry ms> <acquisition id>', each holder with its own
---   lease in server time; fence; left:<owner>, the owner's last releases that left entries in
---   place (see shared_release.lua); joins:<owner>, the owner's last attempts (mode and id,
---   '<r|w><id>') that joined its entry through an object holding none: one that lands again
---   counts no further entry, and a release or an unsettled item naming it leaves its entry.
+--   lease in server time; fence. Books beside them: firsts:r:<owner>, firsts:w:<owner>, the
+--   attempts whose first entries the entry's count holds (the creator's, and those that joined
+--   it through another object of the owner), newest first, the last 32, gone with the entry: an
+--   attempt that lands again counts nothing more, and one the client gave up leaves its entry
+--   once (its id is taken out); left:<owner>, the owner's last releases that left entries in
+--   place (see shared_release.lua).
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
@@ -1979,15 +2013,15 @@ inline constexpr script shared_acquire{
 -- ARGV[3]  the lease, ms
 -- ARGV[4]  '1' to draw a fencing token (writers)
 -- ARGV[5]  the waiter id of this lock() call: 'r...' for a reader, 'w...' for a writer
--- ARGV[6]  the id for a new acquisition (each attempt draws its own)
--- ARGV[7]  '1' when the calling object holds no entry in this mode: an entry of this owner in
---          this mode named ARGV[6] (a retry whose first reply was lost) is taken over, not
---          re-entered
+-- ARGV[6]  this attempt's id (each attempt draws its own), and the id of the acquisition it
+--          makes, if it makes one
+-- ARGV[7]  '1' when the calling object holds no entry in this mode (a first entry): one this
+--          attempt made already (it was sent again after a lost reply) is then this call's as
+--          it is
 -- ARGV[8]  what the owner left unsettled, separated by spaces, or '': '<id>/<count>/<release id>'
---          names a release of <count> entries of acquisition <id> whose reply was lost, or the
---          one entry of an attempt the client gave up (which may land after this); each is left
---          now unless it landed (see ARGV[7] of shared_release.lua), and never more: entries
---          another object of the owner joined stay
+--          a release of <count> entries of acquisition <id> whose reply was lost, left now unless
+--          it landed (see ARGV[7] of shared_release.lua); an attempt id alone, an attempt the
+--          client gave up, whose first entry is left if it is still counted (firsts:), once
 -- ARGV[9]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[10] the release channel; ARGV[11] the grace, ms, a told waiter has to come: when no one
@@ -2031,7 +2065,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 and redis.call('EXISTS', queue) == 0 then
     local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
     local fence = fenced and draw_fence(time) or 0
     redis.call('HSET', KEYS[1], want .. ':' .. me, '1 ' .. (now + lease) .. ' ' .. ARGV[6],
-               'mode', want == 'w' and 'write' or 'read')
+               'firsts:' .. want .. ':' .. me, ARGV[6], 'mode', want == 'w' and 'write' or 'read')
     redis.call('PEXPIRE', KEYS[1], lease)
     return {1, fence, ARGV[6]}
 end
@@ -2288,11 +2322,14 @@ if refused then
     return refused
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
-local unsettled = {}
+local unsettled, gone = {}, {}
 for item in string.gmatch(ARGV[8] or '', '%S+') do
     local id, count, release = string.match(item, '^([^/]+)/(%d+)/(%S+)$')
     if id then
-        unsettled[#unsettled + 1] = {id, tonumber(count), release}
+        unsettled[id] = unsettled[id] or {}
+        table.insert(unsettled[id], {tonumber(count), release})
+    elseif not string.find(item, '/', 1, true) then
+        gone[#gone + 1] = item
     end
 end
 if kind ~= 'none' and (kind ~= 'hash' or redis.call('HEXISTS', KEYS[1], 'mode') == 0) then
@@ -2308,10 +2345,30 @@ for release in string.gmatch(redis.call('HGET', KEYS[1], 'left:' .. me) or '', '
     settled[#settled + 1] = release
 end
 local kept = #settled
-local joins, joined_before = {}, {}
-for token in string.gmatch(redis.call('HGET', KEYS[1], 'joins:' .. me) or '', '%S+') do
-    joins[#joins + 1] = token
-    joined_before[token] = true
+-- Our first entries in each mode, by id (firsts:), in order.
+local firsts, counted = {}, {}
+local books = redis.call('HMGET', KEYS[1], 'firsts:r:' .. me, 'firsts:w:' .. me)
+for i, tag in ipairs({'r', 'w'}) do
+    firsts[tag], counted[tag] = {}, {}
+    for first in string.gmatch(books[i] or '', '%S+') do
+        firsts[tag][#firsts[tag] + 1] = first
+        counted[tag][first] = true
+    end
+end
+-- Writes the first entries still counted in mode `tag`, with `newest` first if given.
+local function write_firsts(tag, newest)
+    local list = {newest}
+    for _, first in ipairs(firsts[tag]) do
+        if counted[tag][first] and first ~= newest then
+            list[#list + 1] = first
+        end
+    end
+    if #list > 0 then
+        redis.call('HSET', KEYS[1], 'firsts:' .. tag .. ':' .. me,
+                   table.concat(list, ' ', 1, math.min(#list, 32)))
+    elseif #firsts[tag] > 0 then
+        redis.call('HDEL', KEYS[1], 'firsts:' .. tag .. ':' .. me)
+    end
 end
 
 -- Drop expired entries and settle ours; note ours (count, id, expiry), and who else holds or
@@ -2326,18 +2383,35 @@ for i = 1, #fields, 2 do
         -- keeps every number an exact integer here and in the waiter's clock arithmetic.
         expiry = math.min(tonumber(expiry), now + 1099511627776)
         count = tonumber(count)
-        for _, item in ipairs(owner == me and unsettled or {}) do
-            if (item[1] == id or joined_before[tag .. item[1]]) and not landed[item[3]] then
-                landed[item[3]] = true
-                table.insert(settled, 1, item[3])
-                count = count - item[2]
+        local left_firsts = false
+        if owner == me and (tag == 'r' or tag == 'w') then
+            for _, release in ipairs(unsettled[id] or {}) do
+                if not landed[release[2]] then
+                    landed[release[2]] = true
+                    table.insert(settled, 1, release[2])
+                    count = count - release[1]
+                end
+            end
+            for _, attempt in ipairs(gone) do
+                if counted[tag][attempt] then
+                    counted[tag][attempt] = nil  -- named twice, left once
+                    left_firsts = true
+                    count = count - 1
+                end
             end
         end
         if expiry <= now or count <= 0 then
             redis.call('HDEL', KEYS[1], fields[i])
+            if owner == me and firsts[tag] and #firsts[tag] > 0 then
+                redis.call('HDEL', KEYS[1], 'firsts:' .. tag .. ':' .. me)
+                firsts[tag], counted[tag] = {}, {}
+            end
         else
             if count < tonumber(string.match(fields[i + 1], '^%d+')) then
                 redis.call('HSET', KEYS[1], fields[i], count .. ' ' .. expiry .. ' ' .. id)
+            end
+            if left_firsts then
+                write_firsts(tag)
             end
             latest = math.max(latest, expiry)
             if owner == me then
@@ -2351,38 +2425,30 @@ for i = 1, #fields, 2 do
 end
 if not (mine.r or mine.w) then
     -- No entry of ours left for a release sent again to find: the ids go too.
-    if kept > 0 or #joins > 0 then
-        redis.call('HDEL', KEYS[1], 'left:' .. me, 'joins:' .. me)
-        joins = {}
+    if kept > 0 then
+        redis.call('HDEL', KEYS[1], 'left:' .. me)
     end
 elseif #settled > kept then
     redis.call('HSET', KEYS[1], 'left:' .. me,
                table.concat(settled, ' ', 1, math.min(#settled, 32)))
 end
 
--- Our own retried acquisition: taken over, whoever queued since, as this call's one entry
--- (another object of the owner may have joined it since: its entries stay counted).
-local retried = mine[want] and ARGV[7] == '1' and ids[want] == ARGV[6]
-local joined = 0
-if retried then
-    joined, mine[want] = mine[want] - 1, nil
-end
--- An object holding none joins the owner's entry: once per attempt, however often it lands.
-local join_token = want .. ARGV[6]
-local joining = mine[want] and ARGV[7] == '1' and not retried
-local rejoined = joining and joined_before[join_token]
+-- This attempt's first entry is counted already (it landed before, its reply lost): this call's
+-- as it is, whoever queued since; the creator's is a new acquisition, a join's a re-entry.
+local again = mine[want] and ARGV[7] == '1' and counted[want][ARGV[6]]
 local result
 local id = ids[want] or ARGV[6]
 if want == 'w' and mine.r and not mine.w then
     return {-1, 0, ''}
 elseif mine[want] then
-    result = {2, tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
+    result = {again and id == ARGV[6] and 1 or 2,
+              tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0, id}
 end
 -- Kept out by the holders, whatever the queue says: a waiter then joins before the queue is
 -- pruned, so that a prune that empties it never leaves the join writing keys it removed (see
 -- _queue.lua).
 local ticket, join = tonumber(time[1]) * 1000000 + tonumber(time[2]), ARGV[9] ~= '0'
-local blocked = not result and not retried and (others.w or (want == 'w' and others.r))
+local blocked = not result and (others.w or (want == 'w' and others.r))
 local queued = redis.call('EXISTS', queue) == 1
 if blocked and join then
     queue_join(queue, lapses, ARGV[5], now, ticket, longest + tonumber(ARGV[9]))
@@ -2391,7 +2457,7 @@ end
 if queued then
     queued = queue_prune(queue, lapses, now, channel)
 end
-if blocked or (not result and not retried and
+if blocked or (not result and
                not (want == 'r' and mine.w or not queued or queue_allows(queue, ARGV[5]))) then
     if latest > now then
         redis.call('PEXPIRE', KEYS[1], latest - now)
@@ -2427,10 +2493,12 @@ elseif not result then
 end
 -- An entry we keep keeps its expiry if that is later: every object of the owner that entered it
 -- counts on its own lease, and none may lose it to a shorter one.
-local count = (mine[want] or joined) + (rejoined and 0 or 1)
-if joining and not rejoined then
-    redis.call('HSET', KEYS[1], 'joins:' .. me,
-               join_token .. ' ' .. table.concat(joins, ' ', 1, math.min(#joins, 31)))
+local count = (mine[want] or 0) + (again and 0 or 1)
+if not mine[want] then
+    firsts[want] = {}  -- a new entry: its books start with it
+    write_firsts(want, ARGV[6])
+elseif ARGV[7] == '1' and not again then
+    write_firsts(want, ARGV[6])
 end
 redis.call('HSET', KEYS[1], want .. ':' .. me,
            count .. ' ' .. math.max(ends[want] or 0, now + lease) .. ' ' .. id,
@@ -2438,7 +2506,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "f45346b585692f5b0d24c4cabc2b5bd4959ab25c"};
+    "6d1ef633e89072fc995a433a087db19e07d87756"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -2529,14 +2597,16 @@ inline constexpr script shared_release{
 -- ARGV[2]  'r' or 'w'
 -- ARGV[3]  how many entries to leave (1 for unlock)
 -- ARGV[4]  the release channel
--- ARGV[5]  the acquisition id the entries belong to, or the id of an attempt that joined them
---          (see joins:<owner> in shared_acquire.lua)
+-- ARGV[5]  the acquisition id the entries belong to; with ARGV[8] '1', the id of an attempt the
+--          client gave up instead, whose one first entry (see firsts: in shared_acquire.lua) is
+--          left if it is still counted (ARGV[3] is then 1)
 -- ARGV[6]  the grace, ms, a told waiter has to come
 -- ARGV[7]  this release's id, or '' (absent too): the client sends a release again when its
 --          reply was lost, and the owner's next acquisition through that object settles it (see
 --          shared_acquire.lua): one whose id field left:<owner> lists (the owner's last 32 named
 --          releases that left entries in place) had landed and leaves nothing more, as it would
 --          take an entry another object of the owner joined
+-- ARGV[8]  '1' for a given-up attempt's entry (ARGV[5]); absent or '' otherwise
 -- Returns  2 released and waiters told; 1 released (the key is deleted when no one else holds);
 --          0 still held by outer entries, or this release had landed already; -1 not held
 --          (expired, never, or a later acquisition's)
@@ -2550,15 +2620,16 @@ local release = ARGV[7] or ''
 -- One read for our entry and for what the others hold: holders set the mode and the key's lease
 -- once we are out; with no one left, the key goes.
 local fields = redis.call('HGETALL', KEYS[1])
-local entry, landed_text, joins, writer, holders, latest = nil, '', '', false, false, now
+local books = 'firsts:' .. ARGV[2] .. ':' .. ARGV[1]
+local entry, landed_text, firsts, writer, holders, latest = nil, '', '', false, false, now
 local ours_in_other_mode = false
 for i = 1, #fields, 2 do
     if fields[i] == field then
         entry = fields[i + 1]
     elseif fields[i] == 'left:' .. ARGV[1] then
         landed_text = fields[i + 1]
-    elseif fields[i] == 'joins:' .. ARGV[1] then
-        joins = fields[i + 1]
+    elseif fields[i] == books then
+        firsts = fields[i + 1]
     else
         local tag = string.sub(fields[i], 1, 2)
         -- At most the longest lease (2^40 ms) from now: see shared_acquire.lua.
@@ -2573,11 +2644,25 @@ for i = 1, #fields, 2 do
     end
 end
 local count, expiry, id = string.match(entry or '', '^(%d+) (%d+) (%S+)$')
-local joined = false
-for token in string.gmatch(joins, '%S+') do
-    joined = joined or token == ARGV[2] .. ARGV[5]
+if not count or tonumber(expiry) <= now then
+    return -1
 end
-if not count or tonumber(expiry) <= now or (id ~= ARGV[5] and not joined) then
+-- A given-up attempt's entry is left once: its id leaves firsts: with it.
+local kept_firsts
+if ARGV[8] == '1' then
+    local kept, found = {}, false
+    for first in string.gmatch(firsts, '%S+') do
+        if first == ARGV[5] then
+            found = true
+        else
+            kept[#kept + 1] = first
+        end
+    end
+    if not found then
+        return -1
+    end
+    kept_firsts, release = table.concat(kept, ' '), ''
+elseif id ~= ARGV[5] then
     return -1
 end
 local landed = {}
@@ -2592,6 +2677,11 @@ if count > 0 then
     local ttl = math.min(redis.call('PTTL', KEYS[1]), 1099511627776)
     redis.call('PEXPIRE', KEYS[1], math.max(ttl, 1))
     redis.call('HSET', KEYS[1], field, count .. ' ' .. expiry .. ' ' .. id)
+    if kept_firsts == '' then
+        redis.call('HDEL', KEYS[1], books)
+    elseif kept_firsts then
+        redis.call('HSET', KEYS[1], books, kept_firsts)
+    end
     if release ~= '' then
         redis.call('HSET', KEYS[1], 'left:' .. ARGV[1],
                    release .. ' ' .. table.concat(landed, ' ', 1, math.min(#landed, 31)))
@@ -2604,10 +2694,10 @@ local function leave()
         redis.call('DEL', KEYS[1])
         return
     end
-    redis.call('HDEL', KEYS[1], field)
+    redis.call('HDEL', KEYS[1], field, books)
     if not ours_in_other_mode then
         -- No entry of ours left for a release sent again to find: the ids go too.
-        redis.call('HDEL', KEYS[1], 'left:' .. ARGV[1], 'joins:' .. ARGV[1])
+        redis.call('HDEL', KEYS[1], 'left:' .. ARGV[1])
     end
     if ARGV[2] == 'w' then
         redis.call('HDEL', KEYS[1], 'fence')
@@ -2882,7 +2972,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "39f339e8b0dda64088f7000ef17319c7cc0dde2f"};
+    "304dcfc1e6e14421be03835f15c46b0f76e9b66b"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
