@@ -117,11 +117,10 @@ std::string waiter_for(std::string_view owner) {
 }
 
 // Without `id`, offers the owner's id_for(). `holds_none` ('1': the calling object holds no
-// entry) and `given_up` (the attempts the client gave up, as '<id>/1/<release id>' items) default
-// to an object that holds
-// an entry and gave up nothing, so an owner's entry is re-entered. `keep` '0' is a try that does
-// not join the waiting queue; otherwise a refused attempt queues waiter_for(owner). A free lock
-// the queue keeps from the caller goes to the head for `grace` ms.
+// entry) and `given_up` (the ids of the attempts the client gave up) default to an object that
+// holds an entry and gave up nothing, so an owner's entry is re-entered. `keep` '0' is a try
+// that does not join the waiting queue; otherwise a refused attempt queues waiter_for(owner). A
+// free lock the queue keeps from the caller goes to the head for `grace` ms.
 redislock::reply run_acquire(redislock::client& client, std::string_view key,
                              std::string_view owner, std::string_view lease_ms,
                              std::string_view fencing, std::optional<std::string> id = std::nullopt,
@@ -232,6 +231,19 @@ redislock::reply run_release(redislock::client& client, std::string_view key,
         std::array<std::string_view, 3>{key, queue_key, lapse_key},
         std::array<std::string_view, 7>{owner, entries, lease_ms, channel, acquisition, grace,
                                         release_id});
+}
+
+// The release the reaper sends for an attempt the client gave up (ARGV[8] '1'): it leaves the
+// attempt's first entry while it is counted.
+redislock::reply run_attempt_release(redislock::client& client, std::string_view key,
+                                     std::string_view owner, std::string_view attempt) {
+    const std::string queue_key = redislock::detail::derived_key(key, "queue");
+    const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
+    const std::string channel = redislock::detail::derived_key(key, "released");
+    return redislock::detail::run_script(
+        client.connection(), redislock::detail::scripts::recursive_release,
+        std::array<std::string_view, 3>{key, queue_key, lapse_key},
+        std::array<std::string_view, 8>{owner, "1", "0", channel, attempt, "2000", "", "1"});
 }
 
 // o1 takes "s", the waiters (owner, waiter id) queue in this order, and o1's release hands the
@@ -683,7 +695,11 @@ TEST(RecursiveQueueLeaveScript, WaiterHandedTheLockThatGivesUpHandsItOn) {
 
 // The attempt that claimed a handed entry lost its reply, and its call gave up: its leave still
 // takes the entry back, so the lock is free for others, not held by no one for a lease.
-TEST(RecursiveQueueLeaveScript, WaiterWhoseClaimWentUnansweredTakesItsEntryBackWhenItGivesUp) {
+// A waiter gives up after its claim of the entry handed to it went unanswered, while another
+// object of the owner joined the claimed entry: the waiter's leave takes nothing back (a claimed
+// entry is named by the claim's attempt id, see recursive_acquire.lua), the reaper's release of
+// that attempt leaves it once, and the joiner keeps its entry.
+TEST(RecursiveQueueLeaveScript, WaiterWhoseClaimWentUnansweredLeavesItByTheClaimsIdOnly) {
     redis_server srv;
     redislock::client client{srv.uri()};
     const std::string o2 = handed_waiter("00b2", "o2");
@@ -691,10 +707,22 @@ TEST(RecursiveQueueLeaveScript, WaiterWhoseClaimWentUnansweredTakesItsEntryBackW
     ASSERT_EQ(integers(run_acquire(client, "s", "o2", "60000", "0", std::string{"c2"}, "1", "",
                                    "5000", o2)),
               (std::vector<std::int64_t>{1, 0}));  // this reply never reached the caller
+    ASSERT_EQ(integers(run_acquire(client, "s", "o2", "60000", "0", std::string{"j1"}, "1")).at(0),
+              2);
+    ASSERT_EQ(sole_count(srv, "s"), "2");
 
-    EXPECT_EQ(integers(run_leave(client, "s", o2)), std::vector<std::int64_t>{0});
+    for (int landing = 0; landing < 2; ++landing) {
+        EXPECT_EQ(integers(run_leave(client, "s", o2)), std::vector<std::int64_t>{0});
+        EXPECT_EQ(sole_count(srv, "s"), "2");
+        EXPECT_EQ(integers(run_attempt_release(client, "s", "o2", "c2")),
+                  std::vector<std::int64_t>{landing == 0 ? 0 : -1});
+        EXPECT_EQ(sole_count(srv, "s"), "1");
+    }
+    EXPECT_EQ(integers(run_acquire(client, "s", "o3", "60000", "0", std::nullopt, "1")).at(0), 0);
+    EXPECT_EQ(
+        integers(run_release(client, "s", "o2", "1", "0", "{s}:released", std::string{"00b2"})),
+        std::vector<std::int64_t>{1});
     EXPECT_EQ(exists(srv, "s"), "0");
-    EXPECT_EQ(integers(run_acquire(client, "s", "o3", "60000", "0", std::nullopt, "1")).at(0), 1);
 }
 
 // A call that counted the entry handed to it and then failed to record it gave the entry back
@@ -957,19 +985,6 @@ TEST(RecursiveAcquireScript, AttemptSentAgainAfterALostReplyClaimsItsEntryAsItIs
     EXPECT_EQ(srv.cli({"GET", "{s}:fence"}), std::to_string(first));
 }
 
-// The release the reaper sends for an attempt the client gave up (ARGV[8] '1'): it leaves the
-// attempt's first entry while it is counted.
-redislock::reply run_attempt_release(redislock::client& client, std::string_view key,
-                                     std::string_view owner, std::string_view attempt) {
-    const std::string queue_key = redislock::detail::derived_key(key, "queue");
-    const std::string lapse_key = redislock::detail::derived_key(key, "waiting");
-    const std::string channel = redislock::detail::derived_key(key, "released");
-    return redislock::detail::run_script(
-        client.connection(), redislock::detail::scripts::recursive_release,
-        std::array<std::string_view, 3>{key, queue_key, lapse_key},
-        std::array<std::string_view, 8>{owner, "1", "0", channel, attempt, "2000", "", "1"});
-}
-
 // An attempt the client gave up is left by the owner's next first entry naming it, its one entry
 // only and only once, whichever of that entry and the reaper's release comes first; the caller
 // then joins what other objects of the owner hold, or, with nothing left, enters anew, the hash
@@ -1005,9 +1020,9 @@ TEST(RecursiveAcquireScript, AttemptTheClientGaveUpIsLeftOnceAndTheRestJoined) {
     EXPECT_EQ(integers(run_attempt_release(client, "s", "o1", "old")),
               std::vector<std::int64_t>{-1});
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "4");
-    ASSERT_EQ(integers(run_release(client, "s", "o1", "4", "0", "{s}:released",
-                                   std::string{"old"})),
-              std::vector<std::int64_t>{1});
+    ASSERT_EQ(
+        integers(run_release(client, "s", "o1", "4", "0", "{s}:released", std::string{"old"})),
+        std::vector<std::int64_t>{1});
     ASSERT_EQ(exists(srv, "s"), "0");
 
     // Its one entry the only one: the lock is free, and entered anew in place.
@@ -1060,8 +1075,7 @@ TEST(RecursiveAcquireScript, AJoinIsCountedOnceAndLeftByItsAttemptsId) {
     // ARGV[8].
     EXPECT_EQ(integers(run_attempt_release(client, "s", "o1", "never")),
               std::vector<std::int64_t>{-1});
-    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "0", "{s}:released",
-                                   std::string{"j3"})),
+    EXPECT_EQ(integers(run_release(client, "s", "o1", "1", "0", "{s}:released", std::string{"j3"})),
               std::vector<std::int64_t>{-1});
     EXPECT_EQ(srv.cli({"HGET", "s", "o1"}), "2");
 }

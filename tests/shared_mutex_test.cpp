@@ -692,8 +692,8 @@ TEST(SharedAcquireScript, AttemptSentAgainClaimsItsEntryDespiteLaterWaiters) {
     EXPECT_EQ(queue_of(srv, "page"), std::vector<std::string>{"wV"});
 }
 
-// Entries of the owner named in the given-up list (acquisitions the object gave up whose release
-// may not have landed) are dropped before the owner enters; other owners' entries stay.
+// Releases of the owner whose reply was lost, named as '<acquisition>/<count>/<release id>', are
+// left before the owner enters, once, and only the owner's: other owners' entries stay.
 TEST(SharedAcquireScript, UnsettledItemsLeaveTheOwnersEntriesOnceAndNoMore) {
     redis_server srv;
     redislock::client client{srv.uri()};
@@ -705,8 +705,8 @@ TEST(SharedAcquireScript, UnsettledItemsLeaveTheOwnersEntriesOnceAndNoMore) {
 
     // Another object of the owner joins the write; ids of no first entry counted here, and
     // releases of another acquisition, leave nothing.
-    const reply joined = run_acquire(client, "doc", "A", "w", "30000", "1", "0", "other", "1",
-                                     "unrelated x/1/r0");
+    const reply joined =
+        run_acquire(client, "doc", "A", "w", "30000", "1", "0", "other", "1", "unrelated x/1/r0");
     EXPECT_EQ(verdict_of(joined), verdict(2, old_fence));
     EXPECT_EQ(acquisition_id(joined), "gw");
     ASSERT_EQ(parse_entry(hash_of(srv, "doc")["w:A"]).count, 2);
@@ -2612,13 +2612,12 @@ TEST(SharedMutex, ALockAfterTheLocalDeadlineIsAFirstEntryBeforeTheTimerTellsTheL
         redislock::basic_client<faulty_hiredis> client{conn};
         std::atomic<bool> telling{false};
         std::atomic<bool> let_timer_go{false};
-        auto blocker =
-            client.mutex("blocker", {.lease = 300ms, .on_lost = [&] {
-                                         telling = true;
-                                         for (int i = 0; i < 400 && !let_timer_go; ++i) {
-                                             std::this_thread::sleep_for(5ms);
-                                         }
-                                     }});
+        auto blocker = client.mutex("blocker", {.lease = 300ms, .on_lost = [&] {
+                                                    telling = true;
+                                                    for (int i = 0; i < 400 && !let_timer_go; ++i) {
+                                                        std::this_thread::sleep_for(5ms);
+                                                    }
+                                                }});
         auto m = client.shared_mutex("x", {.lease = 1s});
         blocker.lock();
         enter(m, kind);
@@ -2797,8 +2796,8 @@ TEST(SharedMutex, AnAttemptGivenUpAndJoinedLaterKeepsTheJoinersEntry) {
     const std::string during = srv.cli({"HGETALL", "x"});
     brief.unlock();
     ASSERT_TRUE(redislock::detail::background_reaper().wait_idle(5s));
-    std::cerr << "before: " << before << "\nduring: " << during << "\nafter: "
-              << srv.cli({"HGETALL", "x"}) << "\n";
+    std::cerr << "before: " << before << "\nduring: " << during
+              << "\nafter: " << srv.cli({"HGETALL", "x"}) << "\n";
     for (const auto& e : conn.log()) {
         std::cerr << "  sent " << e.name << " " << e.script << "\n";
     }

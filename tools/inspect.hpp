@@ -277,9 +277,9 @@ inline void read_shared(report& out, const std::vector<reply>& fields, std::int6
                                    entry->count, entry->expiry - now, entry->id});
         } else if (entry && field.starts_with("q:")) {
             out.waiting_writers.push_back({field.substr(2), entry->expiry - now, false});
-        } else if (field.starts_with("left:") || field.starts_with("joins:")) {
-            // The owner's last releases that landed, and attempts that joined its entries
-            // (see lua/shared_acquire.lua).
+        } else if (field.starts_with("left:") || field.starts_with("firsts:")) {
+            // The owner's last releases that landed, and the attempts whose first entries an
+            // entry counts (see lua/shared_acquire.lua).
         } else {
             out.other_fields.emplace_back(field, value);
         }
@@ -299,9 +299,9 @@ inline void read_recursive(report& out, const std::vector<reply>& fields) {
             // Marks an entry a release handed to a waiting owner (its id:<owner> names it).
         } else if (field.starts_with("gone:")) {
             // The acquisitions the owner's client gave up (see lua/recursive_acquire.lua).
-        } else if (field.starts_with("left:") || field.starts_with("joins:")) {
-            // The owner's last releases that landed, and attempts that joined its entries
-            // (see lua/recursive_acquire.lua).
+        } else if (field.starts_with("left:") || field.starts_with("firsts:")) {
+            // The owner's last releases that landed, and the attempts whose first entries the
+            // count holds (see lua/recursive_acquire.lua).
         } else if (const auto count = to_integer(value); count && *count > 0) {
             out.holders.push_back({field, "", *count, out.key_ttl_ms, ""});
         } else {

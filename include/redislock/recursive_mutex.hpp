@@ -4,16 +4,18 @@
 // a random id of the acquisition those entries belong to (a release or renewal names it, so one
 // made for an acquisition that was lost never acts on a later one of the same owner); with
 // fencing also field `fence` -> the first entry's token; handed:<owner id> marks an entry a
-// release kept for that owner's waiter (lua/_queue.lua); gone:<owner id> lists the acquisitions
-// the client gave up, so that one whose script lands late adds no entry
-// (lua/recursive_acquire.lua); left:<owner id> lists the owner's last releases that left entries
-// in place, so that one sent again after a lost reply leaves nothing more
-// (lua/recursive_release.lua). Each entry, re-entry and renewal sets the key's expiry to the lease,
-// but never shortens it: another object of the same owner may count on a longer one. The waiting
-// queue lives beside it, in {name}:queue and {name}:waiting (the same slot on Redis Cluster). The
-// owner id is the client's instance id plus the calling thread, or plus lock_options::owner when
-// set, so code that hops threads (coroutines, thread pools) can lock on one thread and unlock on
-// another. The same owner re-entering through another object for the same name is a re-entry.
+// release kept for that owner's waiter (lua/_queue.lua); firsts:<owner id> lists the attempts
+// whose first entries the count holds, so that one given up leaves its entry once, and one that
+// lands again counts nothing more; gone:<owner id> lists the attempts the client gave up, so that
+// one whose script lands late adds no entry (lua/recursive_acquire.lua); left:<owner id> lists
+// the owner's last releases that left entries in place, so that one sent again after a lost
+// reply leaves nothing more (lua/recursive_release.lua). Each entry, re-entry and renewal sets
+// the key's expiry to the lease, but never shortens it: another object of the same owner may
+// count on a longer one. The waiting queue lives beside it, in {name}:queue and {name}:waiting (the
+// same slot on Redis Cluster). The owner id is the client's instance id plus the calling thread, or
+// plus lock_options::owner when set, so code that hops threads (coroutines, thread pools) can lock
+// on one thread and unlock on another. The same owner re-entering through another object for the
+// same name is a re-entry.
 //
 // TimedLockable like std::recursive_timed_mutex: lock() by the holder re-enters (one round trip
 // that also refreshes the lease, never shortening it); each lock() is matched by one unlock().
@@ -134,7 +136,8 @@ public:
     /// also once a loss by expiry was told: then nothing is sent, the entries having been left
     /// in the background, or the release that still found them left them);
     /// errc::connection_failed or errc::server_failed (the object counts the entry out anyway;
-    /// a last entry is then dropped in the background). Takes at most the command timeout.
+    /// the release is then sent again in the background until answered, leaving its entries
+    /// once). Takes at most the command timeout.
     void unlock(std::error_code& ec) noexcept {
         typename state::left out;
         ec = handle::claim([&](state& st) { out = st.count_out(); });
@@ -223,7 +226,8 @@ public:
 
     /// Asks Redis whether any owner holds the lock (this one included): whether some owner's
     /// field counts entries of an acquisition its `id:<owner>` field names. A hash holding only
-    /// the books kept beside entries (fence, handed:, gone:, left: fields) is held by no one; an
+    /// the books kept beside entries (fence, handed:, gone:, left:, firsts: fields) is held by no
+    /// one; an
     /// entry a release handed to a waiter is held. A snapshot (see the top of this header). One
     /// round trip: a script that reads only (lua/recursive_query.lua).
     /// @throws redislock::invalid_argument on a moved-from object; redislock::connection_error;
@@ -321,7 +325,7 @@ private:
             std::lock_guard guard{state_->mutex};
             epoch = state_->epoch;
         }
-        tracker().expire_if_due(epoch);      // its deadline passed: lost, as the timer would say
+        tracker().expire_if_due(epoch);     // its deadline passed: lost, as the timer would say
         release::take_back(state_, epoch);  // if lost here and not taken back yet
         release::settle(state_, std::min(how.deadline, state_->core->untimed_deadline()));
         {

@@ -181,8 +181,8 @@ end
 -- that a head that does not come holds no one up for its lease; else the key is deleted.
 -- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
 -- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
--- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
--- queue_hand_on. True when someone was told.
+-- until the key goes or the hash is rewritten for a new acquisition). The first write is
+-- PEXPIRE, as in queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
     local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}

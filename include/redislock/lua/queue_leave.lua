@@ -33,12 +33,14 @@ if kind == 'string' then
         return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
     end
 end
--- A reentrant lock handed to this waiter: the entry the release made for it goes, and with it
--- the mark, so the leave sent again changes nothing. Re-entries other calls of the owner made
--- since stay.
+-- A reentrant lock handed to this waiter and claimed by none of its attempts: the entry the
+-- release made for it goes, and with it the mark, so the leave sent again changes nothing. Once
+-- an attempt claimed it (its id in firsts:<owner>), that attempt's id names the entry, and only
+-- it leaves it (recursive_acquire.lua): never both.
 local acquisition, owner = string.match(ARGV[1], '^h(%x+)%.%d+%.([^@]+)')
 if kind == 'hash' and acquisition and ARGV[4] ~= 'k' and
-    redis.call('HGET', KEYS[1], 'handed:' .. owner) == acquisition then
+    redis.call('HGET', KEYS[1], 'handed:' .. owner) == acquisition and
+    redis.call('HEXISTS', KEYS[1], 'firsts:' .. owner) == 0 then
     redis.call('HDEL', KEYS[1], 'handed:' .. owner)
     if redis.call('HINCRBY', KEYS[1], owner, -1) > 0 then
         return 0

@@ -3,9 +3,10 @@
 -- firsts:<owner> the attempts whose first entries the count holds (the one that made or claimed
 -- the acquisition, marked '=<id>', and those that joined it through another object of the
 -- owner), newest first, the last 32: an attempt that lands again counts nothing more, and one
--- the client gave up leaves its entry once (its id is taken out); handed:<owner> marks an entry a release handed to a waiter (_queue.lua);
--- gone:<owner> the attempts the client gave up (ARGV[6]); left:<owner> the owner's last
--- releases that left entries in place (recursive_release.lua).
+-- the client gave up leaves its entry once (its id is taken out); handed:<owner> marks an entry
+-- a release handed to a waiter (_queue.lua); gone:<owner> the attempts the client gave up
+-- (ARGV[6]); left:<owner> the owner's last releases that left entries in place
+-- (recursive_release.lua).
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
@@ -210,7 +211,12 @@ if #settles > 0 then
             end
         end
         firsts = kept
-        redis.call('HSET', KEYS[1], ARGV[1], left, 'firsts:' .. ARGV[1], table.concat(kept, ' '))
+        redis.call('HSET', KEYS[1], ARGV[1], left)
+        if #kept > 0 then
+            redis.call('HSET', KEYS[1], 'firsts:' .. ARGV[1], table.concat(kept, ' '))
+        else
+            redis.call('HDEL', KEYS[1], 'firsts:' .. ARGV[1])
+        end
     else
         freed, id, reserved = true, false, false
     end
@@ -282,9 +288,9 @@ if kind == 'none' or freed then
         return wait(left, now, time)
     end
     -- Its own prune finds nothing more to remove (this one just ran, at the same time): the queue
-    -- is kept.
+    -- is kept. The key may be gone now, not to be touched again (see _queue.lua): what it kept
+    -- for an 'h' head lasts the grace at most.
     queue_hand_on_entry(KEYS[1], queue, lapses, channel, now, grace)
-    local kept = redis.call('PTTL', KEYS[1])
-    return wait(kept > 0 and kept or grace, now, time)
+    return wait(grace, now, time)
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)

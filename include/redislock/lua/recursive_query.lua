@@ -3,7 +3,7 @@
 -- Layout: see recursive_acquire.lua. An owner holds the lock when its field counts entries and
 -- its field id:<owner> names the acquisition they belong to (an entry a release handed to the
 -- owner's waiter included). The other fields (fence, handed:<owner>, gone:<owner>, left:<owner>,
--- joins:<owner>) are books kept beside the entries: a hash holding only those is held by no one.
+-- firsts:<owner>) are books kept beside the entries: a hash holding only those is held by no one.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner whose entries to count, or ''
 -- Returns  {time left, count}: the holders' time left, ms (the key's: all of a holder's entries

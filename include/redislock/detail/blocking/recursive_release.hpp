@@ -53,11 +53,10 @@ struct recursive_release {
         } catch (...) {
             // Out of memory: the reaper still leaves it, or it expires with its lease.
         }
-        detail::leave_to_reaper(
-            st, held{owner, 0, attempt}, lease_end,
-            [](state& s, const held& e, steady::time_point deadline) {
-                return leave_attempt_once(s, e, deadline).is_integer();
-            });
+        detail::leave_to_reaper(st, held{owner, 0, attempt}, lease_end,
+                                [](state& s, const held& e, steady::time_point deadline) {
+                                    return leave_attempt_once(s, e, deadline).is_integer();
+                                });
     }
 
     // A release's id; none (all zero) when no random value could be drawn (a thread's first

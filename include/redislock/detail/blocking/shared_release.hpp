@@ -95,10 +95,10 @@ struct shared_release {
         } catch (...) {
             // Out of memory: the reaper still leaves it, or it expires with its lease.
         }
-        detail::leave_to_reaper(
-            st, ref, lease_end, [](state& s, const hold_ref& r, steady::time_point deadline) {
-                return leave_attempt_once(s, r, deadline).is_integer();
-            });
+        detail::leave_to_reaper(st, ref, lease_end,
+                                [](state& s, const hold_ref& r, steady::time_point deadline) {
+                                    return leave_attempt_once(s, r, deadline).is_integer();
+                                });
     }
 
     // Sends one release, named `release` (none: all zero) so that it leaves entries at most once
@@ -120,9 +120,8 @@ struct shared_release {
                                     steady::time_point deadline) {
         return detail::send_release(
             st, scripts::shared_release,
-            std::array<std::string_view, 8>{ref.owner, shared_mode_text(ref.kind), "1",
-                                            st.channel, ref.acquisition, st.grace_text.view(), "",
-                                            "1"},
+            std::array<std::string_view, 8>{ref.owner, shared_mode_text(ref.kind), "1", st.channel,
+                                            ref.acquisition, st.grace_text.view(), "", "1"},
             deadline);
     }
 

@@ -5,7 +5,8 @@
 // is queued here as a cleanup: a function that sends one compare-and-delete and says whether it
 // is done. The reaper retries it with backoff until the server answers or the entry's lease has
 // surely run out (then there is nothing left to clean). Cleanups are safe to repeat: each names
-// the acquisition it removes, so it never touches a later one.
+// what it removes (an acquisition, a release by its id, a given-up attempt's first entry), so it
+// never touches a later one, nor removes anything twice.
 //
 // Cleanups go in lanes, one per server (server_lane() names it), each with its own thread: an
 // attempt on a hung server blocks only the cleanups queued for that server, never another

@@ -1,6 +1,6 @@
 // detail::recursive_state: what a reentrant lock object (basic_recursive_mutex) keeps about its
 // acquisition and shares with its timer and watchdog callbacks: the holder's entry count, owner,
-// acquisition id, lease and fencing token, and the acquisition it last gave up. Its books are kept
+// acquisition id, lease and fencing token, and the attempts it gave up. Its books are kept
 // under its own mutex, which is never held across a round trip; lease_tracker finds the lease
 // through find_lease().
 #pragma once
@@ -222,7 +222,7 @@ struct recursive_state : lock_identity<C> {
     std::thread::id holder_thread;  // the same thread, as unlock_refused events name it
     std::uint64_t generation = 0;   // fork generation of the first entry
     std::string holder_owner;
-    std::string acquisition;  // id of the acquisition the entries belong to, in Redis
+    std::string acquisition;            // id of the acquisition the entries belong to, in Redis
     std::vector<std::string> given_up;  // the attempts this object gave up (remember_given_up())
     // The last release through this object whose reply was lost, until an answer settles it: the
     // object's next outermost lock() sends it first (joined instead, a lost reply of that lock()

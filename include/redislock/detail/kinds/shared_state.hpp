@@ -1,8 +1,9 @@
 // detail::shared_state: what a read-write lock object (basic_shared_mutex) keeps about its
 // holders and shares with its timer and watchdog callbacks: one shared_hold per owner and mode
 // held through the object, with its entry count, lease, fencing token and acquisition id, and what
-// it left unsettled (releases whose reply was lost, attempts it gave up). Its books are kept under its own mutex, which is never held across a
-// round trip; lease_tracker finds a hold's lease through find_lease().
+// it left unsettled (releases whose reply was lost, attempts it gave up). Its books are kept
+// under its own mutex, which is never held across a round trip; lease_tracker finds a hold's
+// lease through find_lease().
 #pragma once
 
 #include <algorithm>
