@@ -2551,7 +2551,7 @@ TEST(RecursiveMutex, AnAttemptGivenUpAndJoinedLaterKeepsTheJoinersEntry) {
     using faulty = redislock::test::faulty_connection<redislock::hiredis_connection>;
     faulty conn{srv.uri()};
     redislock::basic_client<faulty> client{conn};
-    auto brief = client.recursive_mutex("x", {.lease = 300ms, .owner = "task-9"});
+    auto brief = client.recursive_mutex("x", {.lease = 1500ms, .owner = "task-9"});
     auto joiner = client.recursive_mutex("x", {.lease = 30s, .owner = "task-9"});
     brief.lock();
     brief.unlock();  // both scripts are loaded
@@ -2560,18 +2560,20 @@ TEST(RecursiveMutex, AnAttemptGivenUpAndJoinedLaterKeepsTheJoinersEntry) {
               .script = "recursive_release",
               .action = redislock::test::fault_action::throw_before_send,
               .times = -1});
-    // The server sleeps: the attempt waits in its socket and runs when it wakes, after its
-    // caller gave it up.
-    std::thread sleeper{[&] { EXPECT_EQ(srv.cli({"DEBUG", "SLEEP", "0.5"}), "OK"); }};
-    std::this_thread::sleep_for(50ms);
     bool acquired = false;
-    try {
-        acquired = brief.try_lock_for(50ms);
-    } catch (const redislock::error&) {
+    {
+        // The server sleeps past the attempt's lease: the attempt waits in its socket and runs
+        // when it wakes, after its caller and the client's registry gave it up.
+        const redislock::test::server_asleep sleep{srv, 3s};
+        ASSERT_TRUE(sleep.asleep());
+        try {
+            acquired = brief.try_lock_for(50ms);
+        } catch (const redislock::error&) {
+        }
     }
     ASSERT_FALSE(acquired);
-    sleeper.join();
-    std::this_thread::sleep_for(50ms);
+    // It runs once the server wakes.
+    ASSERT_TRUE(redislock::test::eventually([&] { return srv.cli({"EXISTS", "x"}) == "1"; }, 1s));
     ASSERT_EQ(sole_count(srv, "x"), "1") << srv.cli({"HGETALL", "x"});
     joiner.lock();
     ASSERT_EQ(sole_count(srv, "x"), "2");

@@ -98,6 +98,37 @@ struct lost_counter {
     }
 };
 
+/// Has `srv` (started with `--enable-debug-command yes`) sleep for `length` (DEBUG SLEEP, from a
+/// thread of its own) and returns once the server is seen asleep: a PING on a fresh connection
+/// left unanswered for 100 ms, however late the sleep began on a busy machine. The destructor
+/// waits for the sleep to end. `asleep()` is false when no sleep was seen within 10 s.
+class server_asleep {
+public:
+    server_asleep(const redis_server& srv, std::chrono::milliseconds length)
+        : sleeper_{[&srv, length] {
+              (void)srv.cli({"DEBUG", "SLEEP", std::to_string(length.count() / 1000.0)});
+          }} {
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds{10};
+        while (!asleep_ && std::chrono::steady_clock::now() < give_up) {
+            const reply_probe probe =
+                probe_tcp(srv.host(), srv.port(), {"PING"}, std::chrono::milliseconds{100});
+            asleep_ = probe.connected && !probe.line;
+            if (!asleep_) {
+                std::this_thread::sleep_for(std::chrono::milliseconds{5});
+            }
+        }
+    }
+    server_asleep(const server_asleep&) = delete;
+    server_asleep& operator=(const server_asleep&) = delete;
+    ~server_asleep() { sleeper_.join(); }
+
+    bool asleep() const { return asleep_; }
+
+private:
+    std::thread sleeper_;
+    bool asleep_ = false;
+};
+
 /// Polls `done()` every 2 ms until it holds or `timeout` has passed; returns whether it held.
 template <class Predicate>
 bool eventually(Predicate done, std::chrono::milliseconds timeout = std::chrono::seconds{10}) {
