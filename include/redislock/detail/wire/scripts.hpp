@@ -257,8 +257,8 @@ end
 -- that a head that does not come holds no one up for its lease; else the key is deleted.
 -- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
 -- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
--- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
--- queue_hand_on. True when someone was told.
+-- until the key goes or the hash is rewritten for a new acquisition). The first write is
+-- PEXPIRE, as in queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
     local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
@@ -395,7 +395,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait}
 )lua",
-    "b95702728456767d306284e6d6a6cd3267ba98e1"};
+    "7b0b68ea9c91f39119627ce7addfb39c2c7a1f8e"};
 
 inline constexpr script mutex_extend{
     "mutex_extend",
@@ -645,8 +645,8 @@ end
 -- that a head that does not come holds no one up for its lease; else the key is deleted.
 -- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
 -- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
--- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
--- queue_hand_on. True when someone was told.
+-- until the key goes or the hash is rewritten for a new acquisition). The first write is
+-- PEXPIRE, as in queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
     local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
@@ -717,7 +717,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 2 or 1
 )lua",
-    "53e0ec4650133f3634dd9b3db182936e5e14f9f8"};
+    "7ce05f6593d31e27199b714250367e62c1ec849f"};
 
 inline constexpr script queue_leave{
     "queue_leave",
@@ -917,8 +917,8 @@ end
 -- that a head that does not come holds no one up for its lease; else the key is deleted.
 -- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
 -- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
--- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
--- queue_hand_on. True when someone was told.
+-- until the key goes or the hash is rewritten for a new acquisition). The first write is
+-- PEXPIRE, as in queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
     local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
@@ -1002,12 +1002,14 @@ if kind == 'string' then
         return queue_hand_on(KEYS[1], queue, lapses, ARGV[2], now, tonumber(ARGV[3])) and 1 or 0
     end
 end
--- A reentrant lock handed to this waiter: the entry the release made for it goes, and with it
--- the mark, so the leave sent again changes nothing. Re-entries other calls of the owner made
--- since stay.
+-- A reentrant lock handed to this waiter and claimed by none of its attempts: the entry the
+-- release made for it goes, and with it the mark, so the leave sent again changes nothing. Once
+-- an attempt claimed it (its id in firsts:<owner>), that attempt's id names the entry, and only
+-- it leaves it (recursive_acquire.lua): never both.
 local acquisition, owner = string.match(ARGV[1], '^h(%x+)%.%d+%.([^@]+)')
 if kind == 'hash' and acquisition and ARGV[4] ~= 'k' and
-    redis.call('HGET', KEYS[1], 'handed:' .. owner) == acquisition then
+    redis.call('HGET', KEYS[1], 'handed:' .. owner) == acquisition and
+    redis.call('HEXISTS', KEYS[1], 'firsts:' .. owner) == 0 then
     redis.call('HDEL', KEYS[1], 'handed:' .. owner)
     if redis.call('HINCRBY', KEYS[1], owner, -1) > 0 then
         return 0
@@ -1043,7 +1045,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "2a0917c785e457bb45ac94f8b76f1f553ad6fbbd"};
+    "4d6289be5d16194f7f5c6c3222d047db4650b2e9"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -1052,9 +1054,10 @@ inline constexpr script recursive_acquire{
 -- firsts:<owner> the attempts whose first entries the count holds (the one that made or claimed
 -- the acquisition, marked '=<id>', and those that joined it through another object of the
 -- owner), newest first, the last 32: an attempt that lands again counts nothing more, and one
--- the client gave up leaves its entry once (its id is taken out); handed:<owner> marks an entry a release handed to a waiter (_queue.lua);
--- gone:<owner> the attempts the client gave up (ARGV[6]); left:<owner> the owner's last
--- releases that left entries in place (recursive_release.lua).
+-- the client gave up leaves its entry once (its id is taken out); handed:<owner> marks an entry
+-- a release handed to a waiter (_queue.lua); gone:<owner> the attempts the client gave up
+-- (ARGV[6]); left:<owner> the owner's last releases that left entries in place
+-- (recursive_release.lua).
 -- KEYS[1]  the lock's hash
 -- KEYS[2]  the waiting queue; KEYS[3] its lapse times (see _queue.lua and mutex_acquire.lua)
 -- KEYS[4]  the fencing counter (same hash slot; expires a day after its last use), declared only
@@ -1424,8 +1427,8 @@ end
 -- that a head that does not come holds no one up for its lease; else the key is deleted.
 -- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
 -- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
--- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
--- queue_hand_on. True when someone was told.
+-- until the key goes or the hash is rewritten for a new acquisition). The first write is
+-- PEXPIRE, as in queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
     local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
@@ -1505,7 +1508,12 @@ if #settles > 0 then
             end
         end
         firsts = kept
-        redis.call('HSET', KEYS[1], ARGV[1], left, 'firsts:' .. ARGV[1], table.concat(kept, ' '))
+        redis.call('HSET', KEYS[1], ARGV[1], left)
+        if #kept > 0 then
+            redis.call('HSET', KEYS[1], 'firsts:' .. ARGV[1], table.concat(kept, ' '))
+        else
+            redis.call('HDEL', KEYS[1], 'firsts:' .. ARGV[1])
+        end
     else
         freed, id, reserved = true, false, false
     end
@@ -1577,14 +1585,14 @@ if kind == 'none' or freed then
         return wait(left, now, time)
     end
     -- Its own prune finds nothing more to remove (this one just ran, at the same time): the queue
-    -- is kept.
+    -- is kept. The key may be gone now, not to be touched again (see _queue.lua): what it kept
+    -- for an 'h' head lasts the grace at most.
     queue_hand_on_entry(KEYS[1], queue, lapses, channel, now, grace)
-    local kept = redis.call('PTTL', KEYS[1])
-    return wait(kept > 0 and kept or grace, now, time)
+    return wait(grace, now, time)
 end
 return wait(redis.call('PTTL', KEYS[1]), now, time)
 )lua",
-    "6293000ce40e8a68d22dbd21c3c6dd09832a9167"};
+    "9439c9a3a157f414d6d4856b5994fe4f8ec2c124"};
 
 inline constexpr script recursive_extend{
     "recursive_extend",
@@ -1611,7 +1619,7 @@ inline constexpr script recursive_query{
 -- Layout: see recursive_acquire.lua. An owner holds the lock when its field counts entries and
 -- its field id:<owner> names the acquisition they belong to (an entry a release handed to the
 -- owner's waiter included). The other fields (fence, handed:<owner>, gone:<owner>, left:<owner>,
--- joins:<owner>) are books kept beside the entries: a hash holding only those is held by no one.
+-- firsts:<owner>) are books kept beside the entries: a hash holding only those is held by no one.
 -- KEYS[1]  the lock's hash
 -- ARGV[1]  the owner whose entries to count, or ''
 -- Returns  {time left, count}: the holders' time left, ms (the key's: all of a holder's entries
@@ -1647,7 +1655,7 @@ end
 local ttl = redis.call('PTTL', KEYS[1])
 return {ttl == -1 and -1 or math.max(ttl, 1), mine}
 )lua",
-    "c913810b8a2fd16dd4f1a5fa73af737e746e7142"};
+    "a17ad564ab1a33db383fd19fbc11ff3b9481d60d"};
 
 inline constexpr script recursive_release{
     "recursive_release",
@@ -1916,8 +1924,8 @@ end
 -- that a head that does not come holds no one up for its lease; else the key is deleted.
 -- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
 -- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
--- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
--- queue_hand_on. True when someone was told.
+-- until the key goes or the hash is rewritten for a new acquisition). The first write is
+-- PEXPIRE, as in queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
     local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
@@ -1988,7 +1996,7 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return queue_hand_on_entry(KEYS[1], queue, lapses, ARGV[4], now, tonumber(ARGV[6])) and 2 or 1
 )lua",
-    "9b57b233bc2b4c73581d47005fbe9cab53d65426"};
+    "2a8bcf7e06cc64364f29766a251fa83766642970"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -2253,8 +2261,8 @@ end
 -- that a head that does not come holds no one up for its lease; else the key is deleted.
 -- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
 -- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
--- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
--- queue_hand_on. True when someone was told.
+-- until the key goes or the hash is rewritten for a new acquisition). The first write is
+-- PEXPIRE, as in queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
     local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
@@ -2506,7 +2514,7 @@ redis.call('HSET', KEYS[1], want .. ':' .. me,
 redis.call('PEXPIRE', KEYS[1], math.max(latest, now + lease) - now)
 return result
 )lua",
-    "6d1ef633e89072fc995a433a087db19e07d87756"};
+    "b2b75430b25bd7329f271bbeeeafe1d57f7fdd71"};
 
 inline constexpr script shared_extend{
     "shared_extend",
@@ -2893,8 +2901,8 @@ end
 -- that a head that does not come holds no one up for its lease; else the key is deleted.
 -- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
 -- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
--- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
--- queue_hand_on. True when someone was told.
+-- until the key goes or the hash is rewritten for a new acquisition). The first write is
+-- PEXPIRE, as in queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
     local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
@@ -2972,7 +2980,7 @@ end
 queue_notify(queue, lapses, ARGV[4], run, now, tonumber(ARGV[6]))
 return 2
 )lua",
-    "304dcfc1e6e14421be03835f15c46b0f76e9b66b"};
+    "c047a6bf1e271b754ff768b3d71fe3e54acf98bb"};
 
 /// The shared piece _queue.lua, as scripts include it.
 inline constexpr std::string_view queue_piece = R"lua(-- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -3158,8 +3166,8 @@ end
 -- that a head that does not come holds no one up for its lease; else the key is deleted.
 -- handed:<owner> marks the entry as the one made for that waiter: if it gives up instead, its
 -- leave takes back this one entry (a waiter that acquires never leaves, so the mark may stay
--- until the key goes or the owner's entry is taken over). The first write is PEXPIRE, as in
--- queue_hand_on. True when someone was told.
+-- until the key goes or the hash is rewritten for a new acquisition). The first write is
+-- PEXPIRE, as in queue_hand_on. True when someone was told.
 local function queue_hand_on_entry(key, q, w, channel, now, grace)
     redis.call('PEXPIRE', key, math.max(grace, 1))
     local run = queue_prune(q, w, now, channel) and queue_runners(q) or {}
