@@ -480,6 +480,112 @@ TEST(Inspect, ProgramRejectsBadUsageBadUrisAndUnreachableServers) {
         << down.err;
 }
 
+// An output stream another thread may read while run() writes to it.
+class shared_output : public std::streambuf {
+public:
+    std::string text() const {
+        std::lock_guard guard{mutex_};
+        return text_;
+    }
+
+protected:
+    int_type overflow(int_type c) override {
+        if (!traits_type::eq_int_type(c, traits_type::eof())) {
+            std::lock_guard guard{mutex_};
+            text_ += traits_type::to_char_type(c);
+        }
+        return traits_type::not_eof(c);
+    }
+    std::streamsize xsputn(const char* s, std::streamsize n) override {
+        std::lock_guard guard{mutex_};
+        text_.append(s, static_cast<std::size_t>(n));
+        return n;
+    }
+
+private:
+    mutable std::mutex mutex_;
+    std::string text_;
+};
+
+std::size_t occurrences(const std::string& text, std::string_view part) {
+    std::size_t n = 0;
+    for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) {
+        ++n;
+    }
+    return n;
+}
+
+TEST(Inspect, WatchShowsTheLockAgainEverySecondUntilItsCount) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.shared_mutex("reports", {.lease = 20s});
+    m.lock_shared();
+    shared_output out_buffer;
+    std::ostream out{&out_buffer};
+    std::ostringstream err;
+    std::istringstream in;
+    int status = -1;
+    const auto started = std::chrono::steady_clock::now();
+    const std::string uri = srv.uri();
+    std::thread watch{[&] {
+        const std::vector<std::string_view> args{uri, "reports", "--watch", "--count", "4"};
+        status = redislock::inspect::run(args, in, out, err);
+    }};
+    // Once the first view is out, the lock changes hands; a later view shows it.
+    const bool first_view =
+        eventually([&] { return contains(out_buffer.text(), "holders:"); }, 30s);
+    m.unlock_shared();
+    m.lock();
+    watch.join();
+    ASSERT_TRUE(first_view) << out_buffer.text() << err.str();
+    const auto took = std::chrono::steady_clock::now() - started;
+    const std::string text = out_buffer.text();
+    EXPECT_EQ(status, 0) << err.str();
+    EXPECT_TRUE(contains(text, "--- view 1 of 4, ")) << text;
+    EXPECT_TRUE(contains(text, "--- view 4 of 4, ")) << text;
+    EXPECT_FALSE(contains(text, "view 5")) << text;
+    EXPECT_EQ(occurrences(text, "lock:            reports\n"), 4u) << text;
+    EXPECT_TRUE(contains(text, "mode read")) << text;
+    EXPECT_TRUE(contains(text.substr(text.rfind("--- view")), "mode write")) << text;
+    EXPECT_GE(took, 3s) << "views are a second apart";
+    m.unlock();
+}
+
+TEST(Inspect, WatchGoesOnThroughViewsThatFailAndEndsWithTheLastOnesStatus) {
+    const int port = redislock::test::detail::pick_free_port();
+    const std::string unreachable = "redis://127.0.0.1:" + std::to_string(port);
+    const auto down = run_program({unreachable, "x", "--watch", "--count=2"});
+    EXPECT_EQ(down.status, 1);
+    EXPECT_EQ(occurrences(down.out, "--- view "), 2u) << down.out;
+    EXPECT_EQ(occurrences(down.err, "cannot reach Redis at 127.0.0.1:" + std::to_string(port)), 2u)
+        << down.err;
+}
+
+TEST(Inspect, WatchOptionsAreCheckedBeforeAnythingIsSent) {
+    for (const std::vector<std::string_view>& args :
+         {std::vector<std::string_view>{"redis://127.0.0.1:1", "x", "--count", "3"},
+          std::vector<std::string_view>{"redis://127.0.0.1:1", "x", "--watch", "--count", "0"},
+          std::vector<std::string_view>{"redis://127.0.0.1:1", "x", "--watch", "--count", "two"},
+          std::vector<std::string_view>{"redis://127.0.0.1:1", "x", "--watch", "--count"},
+          std::vector<std::string_view>{"redis://127.0.0.1:1", "x", "--watch",
+                                        "--force-release"}}) {
+        const auto refused = run_program(args);
+        EXPECT_EQ(refused.status, 2) << refused.out;
+        EXPECT_TRUE(contains(refused.err, "usage: redislock-inspect")) << refused.err;
+    }
+}
+
+TEST(Inspect, EveryUriTheClientTakesIsAccepted) {
+    // Checked, not connected: the first view would connect.
+    for (const std::string_view uri :
+         {"redis-sentinel://127.0.0.1:1,127.0.0.1:2#mymaster", "redis-cluster://127.0.0.1:1",
+          "unix:///nonexistent/redis.sock"}) {
+        const auto r = run_program({uri, "x"});
+        EXPECT_EQ(r.status, 1) << uri << ": " << r.err;
+    }
+    EXPECT_EQ(run_program({"redis-cluster://", "x"}).status, 2);
+}
+
 TEST(Inspect, NamesStartingWithADashFollowTheOptionsEnd) {
     redis_server srv;
     redislock::client client{srv.uri()};

@@ -1,4 +1,5 @@
-// redislock-inspect: what a lock holds on one Redis server, and freeing a stuck one.
+// redislock-inspect: what a lock holds on the Redis server that has it (one server, the master
+// Sentinel names, or the Cluster node serving its slot), and freeing a stuck one.
 //
 // inspect() reads a lock's key and its derived keys (fencing counter, fair-queue keys) in one
 // script, so what it reports is one moment of the server. force_release() deletes the lock's key
@@ -7,8 +8,11 @@
 // run() is the whole program over streams, so the tests drive it as a user would.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <istream>
 #include <optional>
 #include <ostream>
@@ -17,10 +21,13 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include <redislock/any_connection.hpp>
 #include <redislock/connection.hpp>
+#include <redislock/detail/topology/cluster_slot.hpp>
 #include <redislock/detail/wire/lock_keys.hpp>
 #include <redislock/detail/wire/scripts.hpp>
 #include <redislock/endpoint.hpp>
@@ -101,6 +108,10 @@ struct report {
     std::string fingerprint;  ///< the lock key's content as the server hashed it
     /// A simple lock kept free for the head of the fair queue after a release: that waiter's id.
     std::optional<std::string> kept_for;
+    /// False when the keys were read one by one: the name's Cluster slot was being migrated with
+    /// its keys split between two nodes (TRYAGAIN for commands on several of them), so the
+    /// report is not one moment of the server.
+    bool one_moment = true;
 };
 
 /// A key at the lock's name or a derived name is of a type no lock kind writes.
@@ -180,6 +191,29 @@ if waiting_kind == 'zset' then
 end
 return {now, lock_kind, content, redis.call('PTTL', KEYS[1]), fingerprint(lock_kind),
         fence_kind, fence, fence_ttl, queue_kind, waiting_kind, total, waiters}
+)lua";
+
+// KEYS: one of the keys snapshot_lua reads. ARGV[1]: most members of a sorted set read;
+// ARGV[2...]: members whose scores are wanted too (a queue's waiters in the waiting key).
+// Returns {server time in ms, type, content (a sorted set's first members with their scores),
+// PTTL, fingerprint (meaningful for the lock key only), members of a sorted set, scores}.
+inline constexpr std::string_view key_lua = R"lua(
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local kind = redis.call('TYPE', KEYS[1]).ok
+local content, members, scores = {}, 0, {}
+if kind == 'string' then
+    content = {redis.call('GET', KEYS[1])}
+elseif kind == 'hash' then
+    content = redis.call('HGETALL', KEYS[1])
+elseif kind == 'zset' then
+    members = redis.call('ZCARD', KEYS[1])
+    content = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
+    for i = 2, #ARGV do
+        scores[i - 1] = redis.call('ZSCORE', KEYS[1], ARGV[i])
+    end
+end
+return {now, kind, content, redis.call('PTTL', KEYS[1]), fingerprint(kind), members, scores}
 )lua";
 
 // KEYS: the lock, its queue and waiting keys. ARGV[1]: the fingerprint the caller saw;
@@ -324,7 +358,82 @@ inline void read_recursive(report& out, const std::vector<reply>& fields) {
 
 }  // namespace detail
 
-/// Reads the lock `name` and its derived keys in one script (EVAL), on one server.
+namespace detail {
+
+// The names of the slot a migration has split, for messages.
+inline std::string split_slot_text(std::string_view name) {
+    return "cluster slot " + std::to_string(redislock::detail::key_slot(name)) +
+           " is being migrated with its keys split between two nodes";
+}
+
+// One key read by key_lua.
+template <connection C>
+reply read_key(C& conn, const std::string& key, std::span<const std::string> members) {
+    const std::string script = std::string{fingerprint_lua} + std::string{key_lua};
+    const std::string limit = std::to_string(max_waiters);
+    std::vector<std::string_view> argv{"EVAL", script, "1", key, limit};
+    argv.insert(argv.end(), members.begin(), members.end());
+    reply r = conn.execute(argv);
+    r.throw_if_error();
+    return r;
+}
+
+// What snapshot_lua returns, put together from one read per key: the way to see a lock whose
+// slot a migration has split, where commands on several of its keys answer TRYAGAIN.
+template <connection C>
+reply snapshot_key_by_key(C& conn, const report& out) {
+    const reply lock = read_key(conn, out.name, {});
+    const reply fence = read_key(conn, out.fence_key, {});
+    const reply queue = read_key(conn, out.queue_key, {});
+    std::vector<std::string> queued;
+    const std::vector<reply>& queue_content = element(queue, 2).elements();
+    for (std::size_t i = 0; i + 1 < queue_content.size(); i += 2) {
+        queued.push_back(queue_content[i].text());
+    }
+    const reply waiting = read_key(conn, out.waiting_key, queued);
+
+    const std::string& fence_type = element(fence, 1).text();
+    const bool fence_string = fence_type == "string";
+    const std::string& queue_type = element(queue, 1).text();
+    const std::string& waiting_type = element(waiting, 1).text();
+    std::vector<reply> waiters;
+    if (queue_type == "zset") {
+        const std::vector<reply>& expiries = element(waiting, 6).elements();
+        for (std::size_t i = 0; i + 1 < queue_content.size(); i += 2) {
+            const std::size_t n = i / 2;
+            waiters.push_back(reply::array(
+                {queue_content[i], queue_content[i + 1],
+                 waiting_type == "zset" && n < expiries.size() ? expiries[n] : reply::nil()}));
+        }
+    } else if (waiting_type == "zset") {
+        const std::vector<reply>& content = element(waiting, 2).elements();
+        for (std::size_t i = 0; i + 1 < content.size(); i += 2) {
+            waiters.push_back(reply::array({content[i], reply::nil(), content[i + 1]}));
+        }
+    }
+    return reply::array({
+        element(lock, 0),
+        element(lock, 1),
+        element(lock, 2),
+        element(lock, 3),
+        element(lock, 4),
+        element(fence, 1),
+        fence_string && !element(fence, 2).elements().empty() ? element(fence, 2).elements()[0]
+                                                              : reply::nil(),
+        fence_string ? element(fence, 3) : reply::integer(-2),
+        element(queue, 1),
+        element(waiting, 1),
+        reply::integer(std::max(element(queue, 5).as_integer(), element(waiting, 5).as_integer())),
+        reply::array(std::move(waiters)),
+    });
+}
+
+}  // namespace detail
+
+/// Reads the lock `name` and its derived keys in one script (EVAL), on the server that has them
+/// (through a Cluster connection, the node serving the name's slot). While a migration has split
+/// that slot (the keys answer TRYAGAIN together), reads them one by one instead, and says so
+/// (report::one_moment).
 /// @throws unexpected_key_error when a key holds a type no lock kind writes (or a fencing counter
 ///         that is not a number); redislock::server_error for an error reply;
 ///         redislock::connection_error when the server cannot be reached.
@@ -341,7 +450,11 @@ report inspect(C& conn, std::string_view name) {
     const std::string limit = std::to_string(max_waiters);
     const std::string_view argv[] = {"EVAL",        script,          "4",  out.name, out.fence_key,
                                      out.queue_key, out.waiting_key, limit};
-    const reply r = conn.execute(argv);
+    reply r = conn.execute(argv);
+    if (r.is_error_code("TRYAGAIN")) {
+        r = detail::snapshot_key_by_key(conn, out);
+        out.one_moment = false;
+    }
     r.throw_if_error();
 
     const std::int64_t now = detail::element(r, 0).as_integer();
@@ -444,6 +557,10 @@ release_result force_release(C& conn, const report& seen) {
                                      seen.name,        seen.queue_key, seen.waiting_key,
                                      seen.fingerprint, channel};
     const reply r = conn.execute(argv);
+    if (r.is_error_code("TRYAGAIN")) {
+        throw unavailable_error{detail::split_slot_text(seen.name) +
+                                ": nothing was freed; free it once the migration has ended"};
+    }
     r.throw_if_error();
     const std::int64_t lock = detail::element(r, 0).as_integer();
     return {lock < 0, lock == 1, detail::element(r, 1).as_integer()};
@@ -518,6 +635,10 @@ inline std::string format(const report& r, std::string_view server = {}) {
             break;
     }
     line("kind", kind);
+    if (!r.one_moment) {
+        line("read", "key by key, not one moment: " + detail::split_slot_text(r.name) +
+                         " (commands on several of its keys answer TRYAGAIN)");
+    }
     if (r.kind != lock_kind::free) {
         line("key expires in", r.key_ttl_ms ? duration_text(*r.key_ttl_ms) : "never (no TTL)");
     }
@@ -613,19 +734,26 @@ inline std::string format(const report& r, std::string_view server = {}) {
 
 /// The program's usage text.
 inline constexpr std::string_view usage =
-    "usage: redislock-inspect URI NAME [--force-release [--yes]]\n"
+    "usage: redislock-inspect URI NAME [--force-release [--yes] | --watch [--count N]]\n"
     "\n"
-    "Shows the lock NAME on the Redis server at URI: its kind, holders (owner or token, count,\n"
-    "lease left), waiting writers, waiters and fencing counter.\n"
+    "Shows the lock NAME: its kind, holders (owner or token, count, lease left), waiting\n"
+    "writers, waiters and fencing counter, as the server that holds it has them.\n"
     "\n"
-    "  URI              redis://[user:password@]host[:port][/db], rediss://..., unix:///path\n"
+    "  URI              any URI the library's client takes:\n"
+    "                     redis://[user:password@]host[:port][/db], rediss://..., unix:///path\n"
+    "                     redis-sentinel://s1,s2#master (rediss-sentinel://): the master the\n"
+    "                       sentinels name\n"
+    "                     redis-cluster://seed1,seed2 (rediss-cluster://): the node serving\n"
+    "                       NAME's slot, following MOVED and ASK\n"
     "  --force-release  free the lock after confirmation: deletes its key and queue keys, never\n"
     "                   its fencing counter; nothing is freed if the lock changed since shown\n"
     "  --yes            do not ask for confirmation\n"
+    "  --watch          show the lock again every second, until interrupted\n"
+    "  --count N        with --watch: stop after N views\n"
     "  --               what follows is the URI and NAME, even if it starts with '-'\n"
     "\n"
-    "Exit status: 0 shown (and freed), 1 error, 2 bad usage or URI, 3 not freed (not confirmed,\n"
-    "or the lock changed since it was shown).\n";
+    "Exit status: 0 shown (and freed), 1 error (with --watch: the last view failed), 2 bad usage\n"
+    "or URI, 3 not freed (not confirmed, or the lock changed since it was shown).\n";
 
 /// The command line, parsed.
 struct arguments {
@@ -633,6 +761,8 @@ struct arguments {
     std::string name;
     bool force_release = false;
     bool yes = false;
+    bool watch = false;
+    std::optional<std::int64_t> count;  ///< --watch: the number of views; none: until interrupted
     bool help = false;
 };
 
@@ -642,7 +772,16 @@ inline arguments parse_arguments(std::span<const std::string_view> args) {
     arguments out;
     std::vector<std::string_view> positional;
     bool options_done = false;
-    for (const std::string_view arg : args) {
+    const auto parse_count = [&out](std::string_view text) {
+        const auto n = detail::to_integer(text);
+        if (!n || *n < 1) {
+            throw invalid_argument{"--count takes a whole number of views, 1 or more; got '" +
+                                   std::string{text} + "'"};
+        }
+        out.count = n;
+    };
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        const std::string_view arg = args[i];
         if (options_done || !arg.starts_with("-") || arg == "-") {
             positional.push_back(arg);
         } else if (arg == "--") {
@@ -651,6 +790,15 @@ inline arguments parse_arguments(std::span<const std::string_view> args) {
             out.force_release = true;
         } else if (arg == "--yes" || arg == "-y") {
             out.yes = true;
+        } else if (arg == "--watch" || arg == "-w") {
+            out.watch = true;
+        } else if (arg == "--count" || arg == "-n") {
+            if (i + 1 == args.size()) {
+                throw invalid_argument{"--count needs a number of views"};
+            }
+            parse_count(args[++i]);
+        } else if (arg.starts_with("--count=")) {
+            parse_count(arg.substr(std::string_view{"--count="}.size()));
         } else if (arg == "--help" || arg == "-h") {
             out.help = true;
         } else {
@@ -667,6 +815,13 @@ inline arguments parse_arguments(std::span<const std::string_view> args) {
     if (out.yes && !out.force_release) {
         throw invalid_argument{"--yes goes with --force-release"};
     }
+    if (out.count && !out.watch) {
+        throw invalid_argument{"--count goes with --watch"};
+    }
+    if (out.watch && out.force_release) {
+        throw invalid_argument{
+            "--watch and --force-release do not go together: watch, then free in another run"};
+    }
     out.uri = std::string{positional[0]};
     out.name = std::string{positional[1]};
     return out;
@@ -681,12 +836,47 @@ inline bool confirmed(std::istream& in) {
     return answer == "y" || answer == "Y" || answer == "yes" || answer == "YES";
 }
 
+/// Where the lock `name` was read through `conn`, for the report's first line: "host:port, db N"
+/// for one server, the master and the sentinels for Sentinel, the node serving the name's slot
+/// for a Cluster. Call it after a command, when the master or the slot map is known.
+inline std::string server_text(any_connection& conn, std::string_view name) {
+    if (const auto* node = conn.get<hiredis_connection>()) {
+        return node->config().describe() + ", db " + std::to_string(node->config().db);
+    }
+    if (auto* sentinel = conn.get<sentinel_connection>()) {
+        const endpoint master = sentinel->master();
+        return master.describe() + ", db " + std::to_string(master.db) + " (the master of " +
+               conn.config().describe() + ")";
+    }
+    const std::string node = conn.node_for_key(name);
+    return (node.empty() ? std::string{"unknown node"} : node) + " (cluster slot " +
+           std::to_string(redislock::detail::key_slot(name)) + ")";
+}
+
+namespace detail {
+
+// The line that starts each view of --watch: its number and wall-clock time (UTC).
+inline std::string view_heading(std::int64_t number, std::optional<std::int64_t> count) {
+    const std::time_t now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    char clock[32];
+    std::strftime(clock, sizeof clock, "%Y-%m-%d %H:%M:%S UTC", &utc);
+    std::string text = "--- view " + std::to_string(number);
+    if (count) {
+        text += " of " + std::to_string(*count);
+    }
+    return text + ", " + clock + " ---\n";
+}
+
+}  // namespace detail
+
 /// The program: `args` are the arguments after the program name; returns the exit status.
 inline int run(std::span<const std::string_view> args, std::istream& in, std::ostream& out,
                std::ostream& err) {
     constexpr std::string_view program = "redislock-inspect: ";
     arguments parsed;
-    endpoint ep;
+    std::optional<any_connection> conn;
     try {
         parsed = parse_arguments(args);
         if (parsed.help) {
@@ -694,29 +884,54 @@ inline int run(std::span<const std::string_view> args, std::istream& in, std::os
             return 0;
         }
         redislock::detail::check_name(parsed.name);
-        ep = endpoint::from_uri(parsed.uri);
+        // Connects nothing yet: the first command does, and says so if it cannot.
+        conn.emplace(any_connection::from_uri(parsed.uri));
     } catch (const invalid_argument& e) {
         err << program << e.what() << '\n' << usage;
         return 2;
     }
-    // One connection is all the program uses.
-    ep.pool_size = 1;
-    try {
-        std::optional<hiredis_connection> conn;
+    // One view: the report, or the error that kept it from being read (status 1).
+    const auto show = [&](report& seen) {
         try {
-            conn.emplace(ep);
-        } catch (const connection_error& e) {
-            err << program << "cannot reach Redis at " << ep.describe() << ": " << e.what() << '\n';
-            return 1;
-        } catch (const invalid_argument& e) {
-            err << program << e.what() << '\n';
-            return 2;
-        }
-        const report seen = inspect(*conn, parsed.name);
-        out << format(seen, ep.describe() + ", db " + std::to_string(ep.db));
-        if (!parsed.force_release) {
+            seen = inspect(*conn, parsed.name);
+            out << format(seen, server_text(*conn, parsed.name));
             return 0;
+        } catch (const unexpected_key_error& e) {
+            err << program << e.what() << '\n';
+        } catch (const timeout_error& e) {
+            err << program << "no answer from Redis at " << conn->config().describe() << ": "
+                << e.what() << '\n';
+        } catch (const connection_error& e) {
+            err << program << "cannot reach Redis at " << conn->config().describe() << ": "
+                << e.what() << '\n';
+        } catch (const error& e) {
+            err << program << e.what() << '\n';
         }
+        return 1;
+    };
+
+    report seen;
+    if (parsed.watch) {
+        // Views one second apart on the steady clock, whatever a view took (a slow one is
+        // followed at once by the next).
+        const auto started = std::chrono::steady_clock::now();
+        int status = 0;
+        for (std::int64_t view = 1; !parsed.count || view <= *parsed.count; ++view) {
+            if (view > 1) {
+                std::this_thread::sleep_until(started + std::chrono::seconds{view - 1});
+                out << '\n';
+            }
+            out << detail::view_heading(view, parsed.count);
+            status = show(seen);
+            out << std::flush;
+            err << std::flush;
+        }
+        return status;
+    }
+    if (const int status = show(seen); status != 0 || !parsed.force_release) {
+        return status;
+    }
+    try {
         if (!something_to_free(seen)) {
             out << "nothing to free: the lock is not held and has no queue\n";
             return 0;
@@ -743,9 +958,6 @@ inline int run(std::span<const std::string_view> args, std::istream& in, std::os
             << result.queue_keys_deleted << " queue key(s) deleted; fencing counter kept"
             << (seen.fence ? " at " + std::to_string(*seen.fence) : std::string{}) << '\n';
         return 0;
-    } catch (const unexpected_key_error& e) {
-        err << program << e.what() << '\n';
-        return 1;
     } catch (const error& e) {
         err << program << e.what() << '\n';
         return 1;

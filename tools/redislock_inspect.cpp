@@ -1,5 +1,6 @@
-// redislock-inspect URI NAME [--force-release [--yes]]: shows a lock's kind, holders, waiting
-// writers, waiters and fencing counter, and frees a stuck lock after confirmation.
+// redislock-inspect URI NAME [--force-release [--yes] | --watch [--count N]]: shows a lock's kind,
+// holders, waiting writers, waiters and fencing counter, again every second with --watch, and
+// frees a stuck lock after confirmation.
 // The program is tools/inspect.hpp's run(); see its usage text.
 
 #include <iostream>

@@ -1,0 +1,152 @@
+// redislock-inspect (tools/inspect.hpp) through the URIs of the other topologies: the master a
+// Sentinel names, and the Cluster node serving a name's slot, found from any seed (MOVED) and
+// while the slot migrates (ASK).
+
+#include "inspect.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <redislock/redislock.hpp>
+
+#include "support/redis_cluster.hpp"
+#include "support/redis_sentinel.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct program_result {
+    int status;
+    std::string out;
+    std::string err;
+};
+
+program_result run_program(std::vector<std::string_view> args) {
+    std::istringstream in;
+    std::ostringstream out;
+    std::ostringstream err;
+    const int status = redislock::inspect::run(args, in, out, err);
+    return {status, out.str(), err.str()};
+}
+
+bool contains(const std::string& text, std::string_view part) {
+    return text.find(part) != std::string::npos;
+}
+
+std::string cluster_uri(int seed_port) {
+    return "redis-cluster://127.0.0.1:" + std::to_string(seed_port);
+}
+
+// A master of `cluster` other than `port`.
+int other_master(const redislock::test::redis_cluster& cluster, int port) {
+    for (int master : cluster.masters()) {
+        if (master != port) {
+            return master;
+        }
+    }
+    return port;
+}
+
+TEST(TopologyInspect, SentinelUriShowsAndFreesTheLockOnTheMaster) {
+    redislock::test::redis_sentinel topo;
+    redislock::client client{topo.uri()};
+    auto m = client.mutex("jobs:7", {.lease = 20s, .fencing = true});
+    m.lock();
+
+    const auto shown = run_program({topo.uri(), "jobs:7"});
+    ASSERT_EQ(shown.status, 0) << shown.err;
+    EXPECT_TRUE(
+        contains(shown.out, "server:          127.0.0.1:" + std::to_string(topo.master_port()) +
+                                ", db 0 (the master of "))
+        << shown.out;
+    EXPECT_TRUE(contains(shown.out, "kind:            mutex")) << shown.out;
+    EXPECT_TRUE(contains(shown.out, std::to_string(m.fencing_token()))) << shown.out;
+
+    const auto freed = run_program({topo.uri(), "jobs:7", "--force-release", "--yes"});
+    EXPECT_EQ(freed.status, 0) << freed.err;
+    EXPECT_TRUE(contains(freed.out, "freed 'jobs:7': lock key deleted")) << freed.out;
+    EXPECT_FALSE(m.verify());
+    m.unlock();
+}
+
+TEST(TopologyInspect, ClusterUriFollowsMovedFromASeedThatDoesNotServeTheSlot) {
+    redislock::test::redis_cluster cluster{3, 0};
+    const std::string name = "orders:42";
+    const int owner = cluster.master_for_key(name);
+    const std::string uri = cluster_uri(other_master(cluster, owner));
+    redislock::client client{uri};
+    auto m = client.recursive_mutex(name, {.lease = 20s});
+    m.lock();
+
+    const auto shown = run_program({uri, name});
+    ASSERT_EQ(shown.status, 0) << shown.err;
+    EXPECT_TRUE(contains(shown.out, "server:          127.0.0.1:" + std::to_string(owner) +
+                                        " (cluster slot " +
+                                        std::to_string(redislock::detail::key_slot(name)) + ")"))
+        << shown.out;
+    EXPECT_TRUE(contains(shown.out, "kind:            recursive_mutex")) << shown.out;
+    EXPECT_TRUE(contains(shown.out, "count 1")) << shown.out;
+
+    const auto freed = run_program({uri, name, "--force-release", "--yes"});
+    EXPECT_EQ(freed.status, 0) << freed.err;
+    EXPECT_TRUE(contains(freed.out, "freed 'orders:42': lock key deleted")) << freed.out;
+    EXPECT_FALSE(m.verify());
+    m.unlock();
+}
+
+// Every key of the name has moved to the importing node and the slot is not handed over yet:
+// the source answers ASK, and commands on several keys, some of them absent (the queue keys),
+// TRYAGAIN. The tool reads the lock key by key where it now is and says so; it frees nothing
+// until the migration has ended.
+TEST(TopologyInspect, ClusterUriReadsALockWhoseSlotIsMigratingKeyByKey) {
+    redislock::test::redis_cluster cluster{3, 0};
+    const std::string name = "jobs:9";
+    const int slot = redislock::detail::key_slot(name);
+    const int from = cluster.master_for_key(name);
+    const int to = other_master(cluster, from);
+    const std::string uri = cluster_uri(from);
+    redislock::client client{uri};
+    auto m = client.mutex(name, {.lease = 30s, .fencing = true});
+    m.lock();
+
+    cluster.begin_migration(slot, from, to);
+    cluster.move_keys(slot, from, to);
+    const auto shown = run_program({uri, name});
+    EXPECT_EQ(shown.status, 0) << shown.err;
+    EXPECT_TRUE(contains(shown.out, "kind:            mutex")) << shown.out;
+    EXPECT_TRUE(contains(shown.out, "read:            key by key, not one moment: cluster slot " +
+                                        std::to_string(slot) + " is being migrated"))
+        << shown.out;
+    EXPECT_TRUE(contains(shown.out, std::to_string(m.fencing_token()))) << shown.out;
+    const auto refused = run_program({uri, name, "--force-release", "--yes"});
+    EXPECT_EQ(refused.status, 1) << refused.out;
+    EXPECT_TRUE(contains(refused.err, "is being migrated")) << refused.err;
+    EXPECT_TRUE(contains(refused.err, "nothing was freed")) << refused.err;
+    cluster.finish_migration(slot, from, to);
+
+    EXPECT_TRUE(m.verify());
+    const auto after = run_program({uri, name});
+    EXPECT_EQ(after.status, 0) << after.err;
+    EXPECT_TRUE(contains(after.out, "server:          127.0.0.1:" + std::to_string(to)))
+        << after.out;
+    EXPECT_FALSE(contains(after.out, "read:")) << after.out;
+    const auto freed = run_program({uri, name, "--force-release", "--yes"});
+    EXPECT_EQ(freed.status, 0) << freed.err;
+    EXPECT_TRUE(contains(freed.out, "freed 'jobs:9': lock key deleted")) << freed.out;
+    EXPECT_FALSE(m.verify());
+    m.unlock();
+}
+
+TEST(TopologyInspect, ClusterSeedsInARedisUriAreRefusedNamingTheClusterScheme) {
+    const auto refused = run_program({"redis://127.0.0.1:7000,127.0.0.1:7001", "x"});
+    EXPECT_EQ(refused.status, 2);
+    EXPECT_TRUE(contains(refused.err, "redis-cluster://")) << refused.err;
+}
+
+}  // namespace
