@@ -480,33 +480,6 @@ TEST(Inspect, ProgramRejectsBadUsageBadUrisAndUnreachableServers) {
         << down.err;
 }
 
-// An output stream another thread may read while run() writes to it.
-class shared_output : public std::streambuf {
-public:
-    std::string text() const {
-        std::lock_guard guard{mutex_};
-        return text_;
-    }
-
-protected:
-    int_type overflow(int_type c) override {
-        if (!traits_type::eq_int_type(c, traits_type::eof())) {
-            std::lock_guard guard{mutex_};
-            text_ += traits_type::to_char_type(c);
-        }
-        return traits_type::not_eof(c);
-    }
-    std::streamsize xsputn(const char* s, std::streamsize n) override {
-        std::lock_guard guard{mutex_};
-        text_.append(s, static_cast<std::size_t>(n));
-        return n;
-    }
-
-private:
-    mutable std::mutex mutex_;
-    std::string text_;
-};
-
 std::size_t occurrences(const std::string& text, std::string_view part) {
     std::size_t n = 0;
     for (auto at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) {
@@ -515,39 +488,100 @@ std::size_t occurrences(const std::string& text, std::string_view part) {
     return n;
 }
 
-TEST(Inspect, WatchShowsTheLockAgainEverySecondUntilItsCount) {
+using steady = std::chrono::steady_clock;
+
+TEST(Inspect, WatchShowsTheLockAgainEachSecondUntilItsCount) {
     redis_server srv;
     redislock::client client{srv.uri()};
     auto m = client.shared_mutex("reports", {.lease = 20s});
     m.lock_shared();
-    shared_output out_buffer;
-    std::ostream out{&out_buffer};
-    std::ostringstream err;
-    std::istringstream in;
-    int status = -1;
-    const auto started = std::chrono::steady_clock::now();
     const std::string uri = srv.uri();
-    std::thread watch{[&] {
-        const std::vector<std::string_view> args{uri, "reports", "--watch", "--count", "4"};
-        status = redislock::inspect::run(args, in, out, err);
-    }};
-    // Once the first view is out, the lock changes hands; a later view shows it.
-    const bool first_view =
-        eventually([&] { return contains(out_buffer.text(), "holders:"); }, 30s);
-    m.unlock_shared();
-    m.lock();
-    watch.join();
-    ASSERT_TRUE(first_view) << out_buffer.text() << err.str();
-    const auto took = std::chrono::steady_clock::now() - started;
-    const std::string text = out_buffer.text();
+    // Between the first two views the lock changes hands; the later views show it.
+    std::vector<steady::time_point> waited_for;
+    const auto wait_until = [&](steady::time_point t) {
+        waited_for.push_back(t);
+        if (waited_for.size() == 1) {
+            m.unlock_shared();
+            m.lock();
+        }
+        std::this_thread::sleep_until(t);
+    };
+    const std::vector<std::string_view> args{uri, "reports", "--watch", "--count", "3"};
+    std::istringstream in;
+    std::ostringstream out;
+    std::ostringstream err;
+    const auto started = steady::now();
+    const int status = redislock::inspect::run(args, in, out, err, wait_until);
+    const std::string text = out.str();
     EXPECT_EQ(status, 0) << err.str();
-    EXPECT_TRUE(contains(text, "--- view 1 of 4, ")) << text;
-    EXPECT_TRUE(contains(text, "--- view 4 of 4, ")) << text;
-    EXPECT_FALSE(contains(text, "view 5")) << text;
-    EXPECT_EQ(occurrences(text, "lock:            reports\n"), 4u) << text;
-    EXPECT_TRUE(contains(text, "mode read")) << text;
-    EXPECT_TRUE(contains(text.substr(text.rfind("--- view")), "mode write")) << text;
-    EXPECT_GE(took, 3s) << "views are a second apart";
+    const auto second = text.find("--- view 2 of 3, ");
+    const auto third = text.find("--- view 3 of 3, ");
+    ASSERT_TRUE(text.starts_with("--- view 1 of 3, ") && second != std::string::npos &&
+                third != std::string::npos)
+        << text;
+    EXPECT_FALSE(contains(text, "view 4")) << text;
+    EXPECT_EQ(occurrences(text, "lock:            reports\n"), 3u) << text;
+    EXPECT_TRUE(contains(text.substr(0, second), "mode read")) << text;
+    EXPECT_TRUE(contains(text.substr(second, third - second), "mode write")) << text;
+    EXPECT_TRUE(contains(text.substr(third), "mode write")) << text;
+    ASSERT_EQ(waited_for.size(), 2u);
+    EXPECT_GE(waited_for[0] - started, 1s) << "views are a second apart";
+    EXPECT_GE(waited_for[1] - waited_for[0], 1s) << "views are a second apart";
+    m.unlock();
+}
+
+// A view that began late (the one before took long: a hung server, a migration) sets the pace
+// from when it began: the views after it are a second apart again, not a burst catching up.
+TEST(Inspect, WatchResumesItsPaceAfterALateViewInsteadOfCatchingUp) {
+    redis_server srv;
+    const std::string uri = srv.uri();
+    std::vector<steady::time_point> waited_for;
+    std::vector<steady::time_point> resumed_at;
+    const auto wait_until = [&](steady::time_point t) {
+        waited_for.push_back(t);
+        std::this_thread::sleep_until(t + (waited_for.size() == 1 ? 2500ms : 0ms));
+        resumed_at.push_back(steady::now());
+    };
+    const std::vector<std::string_view> args{uri, "free-name", "--watch", "--count=3"};
+    std::istringstream in;
+    std::ostringstream out;
+    std::ostringstream err;
+    EXPECT_EQ(redislock::inspect::run(args, in, out, err, wait_until), 0) << err.str();
+    ASSERT_EQ(waited_for.size(), 2u);
+    EXPECT_GE(waited_for[1] - resumed_at[0], 1s);
+}
+
+// The release is sent once: were it sent again after a lost reply, the second run would find
+// the key the first one deleted gone and report "changed, nothing freed" for a freed lock.
+TEST(Inspect, ForceReleaseWhoseReplyIsLostSaysTheOutcomeIsUnknown) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto m = client.mutex("orders:42", {.lease = 20s});
+    m.lock();
+    redislock::hiredis_connection direct{srv.uri()};
+    struct reply_losing_connection {
+        redislock::hiredis_connection& inner;
+        std::vector<bool> repeatable{};
+        redislock::reply execute(redislock::command argv) { return execute(argv, {}); }
+        redislock::reply execute(redislock::command argv, const redislock::call_context& how) {
+            redislock::reply r = inner.execute(argv);
+            if (argv.size() > 2 && argv[2] == "3") {  // the release script: its reply is lost
+                repeatable.push_back(how.repeatable);
+                throw redislock::connection_error{"connection reset after sending"};
+            }
+            return r;
+        }
+    } conn{direct};
+    const auto seen = redislock::inspect::inspect(conn, "orders:42");
+    try {
+        (void)redislock::inspect::force_release(conn, seen);
+        ADD_FAILURE() << "a lost reply was taken for an outcome";
+    } catch (const redislock::inspect::outcome_unknown_error& e) {
+        EXPECT_TRUE(contains(e.what(), "may or may not have freed")) << e.what();
+    }
+    EXPECT_EQ(conn.repeatable, std::vector<bool>{false});
+    EXPECT_EQ(srv.cli({"EXISTS", "orders:42"}), "0");
+    EXPECT_FALSE(m.verify());
     m.unlock();
 }
 

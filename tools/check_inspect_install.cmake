@@ -1,10 +1,11 @@
 # Installs the build BUILD_DIR under WORK_DIR twice: the component "inspect" must give a
 # redislock-inspect under BINDIR that runs, and the component "development" must not.
-# usage: cmake -DBUILD_DIR=<build> -DWORK_DIR=<dir> -DBINDIR=<bin dir> -P check_inspect_install.cmake
-foreach(var IN ITEMS BUILD_DIR WORK_DIR BINDIR)
+# usage: cmake -DBUILD_DIR=<build> -DWORK_DIR=<dir> -DBINDIR=<bin dir> -DINCLUDEDIR=<include dir>
+#        -P check_inspect_install.cmake
+foreach(var IN ITEMS BUILD_DIR WORK_DIR BINDIR INCLUDEDIR)
     if(NOT DEFINED ${var})
         message(FATAL_ERROR "usage: cmake -DBUILD_DIR=<build> -DWORK_DIR=<dir> -DBINDIR=<bin> "
-                            "-P check_inspect_install.cmake")
+                            "-DINCLUDEDIR=<include> -P check_inspect_install.cmake")
     endif()
 endforeach()
 file(REMOVE_RECURSE ${WORK_DIR})
@@ -37,7 +38,7 @@ install_component(development ${WORK_DIR}/development)
 if(EXISTS ${WORK_DIR}/development/${BINDIR}/redislock-inspect)
     message(FATAL_ERROR "the component development installed redislock-inspect")
 endif()
-if(NOT EXISTS ${WORK_DIR}/development/include/redislock/redislock.hpp)
+if(NOT EXISTS ${WORK_DIR}/development/${INCLUDEDIR}/redislock/redislock.hpp)
     message(FATAL_ERROR "the component development did not install the headers")
 endif()
 message(STATUS "redislock-inspect installs as the component inspect, apart from the headers")

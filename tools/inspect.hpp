@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdint>
 #include <ctime>
+#include <exception>
+#include <functional>
 #include <istream>
 #include <optional>
 #include <ostream>
@@ -118,6 +120,12 @@ struct report {
 class unexpected_key_error : public std::runtime_error {
 public:
     using std::runtime_error::runtime_error;
+};
+
+/// force_release() sent the release and lost its reply: the lock may or may not be freed.
+class outcome_unknown_error : public connection_error {
+public:
+    using connection_error::connection_error;
 };
 
 /// What a simple lock's key holds while a release keeps it free for the waiter it told
@@ -360,10 +368,10 @@ inline void read_recursive(report& out, const std::vector<reply>& fields) {
 
 namespace detail {
 
-// The names of the slot a migration has split, for messages.
-inline std::string split_slot_text(std::string_view name) {
+// The slot of `name` being migrated, for messages.
+inline std::string migrating_slot_text(std::string_view name) {
     return "cluster slot " + std::to_string(redislock::detail::key_slot(name)) +
-           " is being migrated with its keys split between two nodes";
+           " is being migrated";
 }
 
 // One key read by key_lua.
@@ -376,6 +384,35 @@ reply read_key(C& conn, const std::string& key, std::span<const std::string> mem
     reply r = conn.execute(argv);
     r.throw_if_error();
     return r;
+}
+
+// How long a Cluster node is given to run the snapshot before it is asked again with the
+// connection's command timeout: a slot being migrated answers TRYAGAIN to commands on several
+// keys (some of them absent) until the call's deadline, and a view should not wait that long.
+inline constexpr std::chrono::milliseconds migration_probe{500};
+
+// Runs the snapshot script: on a Cluster first within migration_probe, so that a TRYAGAIN comes
+// back at once; a node that was merely slow is asked again (the script only reads).
+template <connection C>
+reply snapshot(C& conn, std::span<const std::string_view> argv) {
+    if constexpr (std::same_as<C, any_connection>) {
+        if (conn.kind() == topology::cluster) {
+            const call_context quick{.deadline =
+                                         std::chrono::steady_clock::now() + migration_probe};
+            try {
+                return conn.execute(argv, quick);
+            } catch (const timeout_error&) {
+                // slow, or the slot map still being read: the full command timeout below
+            }
+        }
+    }
+    return conn.execute(argv);
+}
+
+// `score` (a sorted-set score in server milliseconds, as text) moved by `shift` ms; nil stays nil.
+inline reply shifted_score(const reply& score, std::int64_t shift) {
+    const auto value = detail::score(score);
+    return value ? reply::string(std::to_string(*value + shift)) : reply::nil();
 }
 
 // What snapshot_lua returns, put together from one read per key: the way to see a lock whose
@@ -396,19 +433,24 @@ reply snapshot_key_by_key(C& conn, const report& out) {
     const bool fence_string = fence_type == "string";
     const std::string& queue_type = element(queue, 1).text();
     const std::string& waiting_type = element(waiting, 1).text();
+    // Claims expire on the waiting key's clock, which may be another node's during a
+    // migration: each is moved onto the lock key's clock, where time left is counted.
+    const std::int64_t shift = element(lock, 0).as_integer() - element(waiting, 0).as_integer();
     std::vector<reply> waiters;
     if (queue_type == "zset") {
         const std::vector<reply>& expiries = element(waiting, 6).elements();
         for (std::size_t i = 0; i + 1 < queue_content.size(); i += 2) {
             const std::size_t n = i / 2;
-            waiters.push_back(reply::array(
-                {queue_content[i], queue_content[i + 1],
-                 waiting_type == "zset" && n < expiries.size() ? expiries[n] : reply::nil()}));
+            waiters.push_back(reply::array({queue_content[i], queue_content[i + 1],
+                                            waiting_type == "zset" && n < expiries.size()
+                                                ? shifted_score(expiries[n], shift)
+                                                : reply::nil()}));
         }
     } else if (waiting_type == "zset") {
         const std::vector<reply>& content = element(waiting, 2).elements();
         for (std::size_t i = 0; i + 1 < content.size(); i += 2) {
-            waiters.push_back(reply::array({content[i], reply::nil(), content[i + 1]}));
+            waiters.push_back(
+                reply::array({content[i], reply::nil(), shifted_score(content[i + 1], shift)}));
         }
     }
     return reply::array({
@@ -450,7 +492,7 @@ report inspect(C& conn, std::string_view name) {
     const std::string limit = std::to_string(max_waiters);
     const std::string_view argv[] = {"EVAL",        script,          "4",  out.name, out.fence_key,
                                      out.queue_key, out.waiting_key, limit};
-    reply r = conn.execute(argv);
+    reply r = detail::snapshot(conn, argv);
     if (r.is_error_code("TRYAGAIN")) {
         r = detail::snapshot_key_by_key(conn, out);
         out.one_moment = false;
@@ -556,9 +598,22 @@ release_result force_release(C& conn, const report& seen) {
     const std::string_view argv[] = {"EVAL",           script,         "3",
                                      seen.name,        seen.queue_key, seen.waiting_key,
                                      seen.fingerprint, channel};
-    const reply r = conn.execute(argv);
+    // Never sent twice: a second run after a lost reply would find the key gone, and report
+    // "changed, nothing freed" for a lock the first run freed.
+    reply r;
+    try {
+        if constexpr (contextual_connection<C>) {
+            r = conn.execute(argv, call_context{.key = seen.name, .repeatable = false});
+        } else {
+            r = conn.execute(argv);
+        }
+    } catch (const connection_error& e) {
+        throw outcome_unknown_error{
+            "the release of '" + seen.name + "' was sent and its reply was lost (" + e.what() +
+            "): it may or may not have freed the lock; run again to see the lock as it is now"};
+    }
     if (r.is_error_code("TRYAGAIN")) {
-        throw unavailable_error{detail::split_slot_text(seen.name) +
+        throw unavailable_error{detail::migrating_slot_text(seen.name) +
                                 ": nothing was freed; free it once the migration has ended"};
     }
     r.throw_if_error();
@@ -636,7 +691,7 @@ inline std::string format(const report& r, std::string_view server = {}) {
     }
     line("kind", kind);
     if (!r.one_moment) {
-        line("read", "key by key, not one moment: " + detail::split_slot_text(r.name) +
+        line("read", "key by key, not one moment: " + detail::migrating_slot_text(r.name) +
                          " (commands on several of its keys answer TRYAGAIN)");
     }
     if (r.kind != lock_kind::free) {
@@ -837,21 +892,40 @@ inline bool confirmed(std::istream& in) {
 }
 
 /// Where the lock `name` was read through `conn`, for the report's first line: "host:port, db N"
-/// for one server, the master and the sentinels for Sentinel, the node serving the name's slot
-/// for a Cluster. Call it after a command, when the master or the slot map is known.
-inline std::string server_text(any_connection& conn, std::string_view name) {
+/// for one server, the master and the sentinels for Sentinel, the node the slot map names for
+/// the name's slot on a Cluster, with the slot and, when the slot is being migrated (`migrating`)
+/// or the read followed ASK (`asked`), that the data came partly or wholly from the node
+/// importing it. Call it after the read, when the master or the slot map is known.
+inline std::string server_text(any_connection& conn, std::string_view name, bool migrating = false,
+                               bool asked = false) {
     if (const auto* node = conn.get<hiredis_connection>()) {
         return node->config().describe() + ", db " + std::to_string(node->config().db);
     }
     if (auto* sentinel = conn.get<sentinel_connection>()) {
-        const endpoint master = sentinel->master();
-        return master.describe() + ", db " + std::to_string(master.db) + " (the master of " +
-               conn.config().describe() + ")";
+        try {
+            const endpoint master = sentinel->master();
+            return master.describe() + ", db " + std::to_string(master.db) + " (the master of " +
+                   conn.config().describe() + ")";
+        } catch (const error&) {
+            // a failover under way since the read: no master confirmed right now
+            return "the master of " + conn.config().describe();
+        }
     }
     const std::string node = conn.node_for_key(name);
-    return (node.empty() ? std::string{"unknown node"} : node) + " (cluster slot " +
-           std::to_string(redislock::detail::key_slot(name)) + ")";
+    std::string text = (node.empty() ? std::string{"unknown node"} : node) + " (cluster slot " +
+                       std::to_string(redislock::detail::key_slot(name));
+    if (asked) {
+        text +=
+            ", being migrated: the slot map's owner; keys read through ASK on the node "
+            "importing it";
+    } else if (migrating) {
+        text += ", being migrated";
+    }
+    return text + ")";
 }
+
+/// What run() waits with between the views of --watch: until the given time.
+using view_wait = std::function<void(std::chrono::steady_clock::time_point)>;
 
 namespace detail {
 
@@ -872,8 +946,12 @@ inline std::string view_heading(std::int64_t number, std::optional<std::int64_t>
 }  // namespace detail
 
 /// The program: `args` are the arguments after the program name; returns the exit status.
-inline int run(std::span<const std::string_view> args, std::istream& in, std::ostream& out,
-               std::ostream& err) {
+/// `wait_until` paces --watch (the tests step through the views with it).
+inline int run(
+    std::span<const std::string_view> args, std::istream& in, std::ostream& out, std::ostream& err,
+    const view_wait& wait_until = [](std::chrono::steady_clock::time_point t) {
+        std::this_thread::sleep_until(t);
+    }) {
     constexpr std::string_view program = "redislock-inspect: ";
     arguments parsed;
     std::optional<any_connection> conn;
@@ -891,10 +969,16 @@ inline int run(std::span<const std::string_view> args, std::istream& in, std::os
         return 2;
     }
     // One view: the report, or the error that kept it from being read (status 1).
+    const auto asks = [&] {
+        const auto* cluster = conn->get<hiredis_cluster_connection>();
+        return cluster != nullptr ? cluster->ask_redirections() : std::uint64_t{0};
+    };
     const auto show = [&](report& seen) {
         try {
+            const std::uint64_t asked_before = asks();
             seen = inspect(*conn, parsed.name);
-            out << format(seen, server_text(*conn, parsed.name));
+            out << format(seen,
+                          server_text(*conn, parsed.name, !seen.one_moment, asks() > asked_before));
             return 0;
         } catch (const unexpected_key_error& e) {
             err << program << e.what() << '\n';
@@ -906,21 +990,24 @@ inline int run(std::span<const std::string_view> args, std::istream& in, std::os
                 << e.what() << '\n';
         } catch (const error& e) {
             err << program << e.what() << '\n';
+        } catch (const std::exception& e) {
+            err << program << e.what() << '\n';
         }
         return 1;
     };
 
     report seen;
     if (parsed.watch) {
-        // Views one second apart on the steady clock, whatever a view took (a slow one is
-        // followed at once by the next).
-        const auto started = std::chrono::steady_clock::now();
+        // A view a second after the one before began; one that took longer (a hung server, a
+        // migration) is followed at once, and the pace resumes from there, never in a burst.
+        auto next = std::chrono::steady_clock::now();
         int status = 0;
         for (std::int64_t view = 1; !parsed.count || view <= *parsed.count; ++view) {
             if (view > 1) {
-                std::this_thread::sleep_until(started + std::chrono::seconds{view - 1});
+                wait_until(next);
                 out << '\n';
             }
+            next = std::max(next, std::chrono::steady_clock::now()) + std::chrono::seconds{1};
             out << detail::view_heading(view, parsed.count);
             status = show(seen);
             out << std::flush;
