@@ -26,6 +26,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "torture/faults.hpp"
@@ -111,7 +112,25 @@ struct findings {
 
 class checker {
 public:
-    explicit checker(const run_data& d) : d_{d}, p_{*d.the_plan} {}
+    explicit checker(const run_data& d) : d_{d}, p_{*d.the_plan} {
+        // The lateness records of each process by start, for lateness(): a soak's journal holds
+        // millions of entries and the checks ask about lateness for many of them.
+        for (const auto& e : d_.entries) {
+            if (e.type != record_type::late || e.process < 0) {
+                continue;
+            }
+            const auto p = static_cast<std::size_t>(e.process);
+            if (p >= late_by_process_.size()) {
+                late_by_process_.resize(p + 1);
+                longest_late_.resize(p + 1, 0);
+            }
+            late_by_process_[p].emplace_back(e.t1, e.t2);
+            longest_late_[p] = std::max(longest_late_[p], e.t2);
+        }
+        for (auto& lates : late_by_process_) {
+            std::sort(lates.begin(), lates.end());
+        }
+    }
 
     findings run() {
         exclusion();
@@ -220,7 +239,8 @@ private:
     int path_of(int process, int client) const { return client_of(process, client).path; }
 
     bool path_matches(const fault_record& f, int process, int client) const {
-        return f.path == -2 || f.path == path_of(process, client);
+        const int path = path_of(process, client);
+        return f.path == -2 || f.path == path || (f.path == -3 && path >= 0);
     }
 
     // Faults during [from, to] (each stretched by `slack(f)` after its end) that touch `name`
@@ -244,11 +264,18 @@ private:
 
     // How late the process's own scheduler was, at most, during [from, to].
     std::int64_t lateness(int process, std::int64_t from, std::int64_t to) const {
+        if (process < 0 || static_cast<std::size_t>(process) >= late_by_process_.size()) {
+            return 0;
+        }
+        const auto p = static_cast<std::size_t>(process);
+        const auto& lates = late_by_process_[p];
         std::int64_t worst = 0;
-        for (const auto& e : d_.entries) {
-            if (e.type == record_type::late && e.process == process && e.t1 <= to &&
-                e.t1 + e.t2 >= from) {
-                worst = std::max(worst, e.t2);
+        // Each record is (start, how late); none lasts longer than the process's longest.
+        auto it = std::lower_bound(lates.begin(), lates.end(),
+                                   std::pair{from - longest_late_[p], std::int64_t{0}});
+        for (; it != lates.end() && it->first <= to; ++it) {
+            if (it->first + it->second >= from) {
+                worst = std::max(worst, it->second);
             }
         }
         return worst;
@@ -520,11 +547,41 @@ private:
 
     // ---- liveness --------------------------------------------------------------------------
 
+    // How a hold's span ended, for its description.
+    enum class hold_end { killed, lost, lost_by_expiry, released, released_quietly };
+
     struct span {
         std::int64_t from, to;
         std::int64_t bound;  ///< after `to`, how long a waiter may still wait
-        std::string why;
+        std::string why;     ///< what it is, unless `hold` says (built only for a report)
+        const hold_span* hold = nullptr;
+        hold_end end = hold_end::released;
     };
+
+    std::string describe(const span& b) const {
+        if (b.hold == nullptr) {
+            return b.why;
+        }
+        std::string why = hold_desc(*b.hold);
+        switch (b.end) {
+            case hold_end::killed:
+                return why + ", its process killed";
+            case hold_end::lost:
+                return why + ", found lost " + at(b.to);
+            case hold_end::lost_by_expiry:
+                return why + ", found lost " + at(b.to) + " (by expiry, no fault around)";
+            case hold_end::released:
+                return why + ", released " + at(b.to);
+            case hold_end::released_quietly:
+                return why + ", released " + at(b.to) + " (no fault around)";
+        }
+        return why;
+    }
+
+    // Per name, the faults applied that touch it, by start: a soak's waiters look at these only,
+    // and at those whose time can overlap theirs (none lasts longer than the name's longest).
+    std::vector<std::vector<const fault_record*>> faults_by_name_;
+    std::vector<std::int64_t> longest_fault_;
 
     // The holds of each name in order of acquisition, so that a waiter looks only at those near
     // its call: a soak's journal holds millions.
@@ -582,6 +639,22 @@ private:
     void liveness() {
         const auto all = holds();
         const hold_index idx = index_holds(all);
+        faults_by_name_.assign(64, {});
+        longest_fault_.assign(64, 0);
+        for (const auto& f : d_.faults) {
+            for (std::size_t n = 0; n < 64; ++n) {
+                if (f.applied && f.touches(static_cast<int>(n))) {
+                    faults_by_name_[n].push_back(&f);
+                    longest_fault_[n] =
+                        std::max(longest_fault_[n], f.end + f.block_slack_ns - f.start);
+                }
+            }
+        }
+        for (auto& faults : faults_by_name_) {
+            std::sort(
+                faults.begin(), faults.end(),
+                [](const fault_record* a, const fault_record* b) { return a->start < b->start; });
+        }
         for (const auto& w : d_.entries) {
             if (w.type != record_type::call ||
                 w.op != static_cast<std::uint8_t>(call_op::acquire)) {
@@ -604,11 +677,20 @@ private:
     void check_waiter(const entry& w, const hold_index& idx) {
         const int n = w.name;
         const client_spec& c = client_of(w.process, w.client);
+        static const std::vector<const fault_record*> none;
+        const auto& name_faults =
+            n >= 0 && n < 64 ? faults_by_name_[static_cast<std::size_t>(n)] : none;
         std::vector<span> busy;
         // A blocking fault on the name, on the holder's or the waiter's path, during [from, to].
+        const std::int64_t longest_fault =
+            n >= 0 && n < 64 ? longest_fault_[static_cast<std::size_t>(n)] : 0;
         const auto fault_near = [&](const hold_span& h, std::int64_t from, std::int64_t to) {
-            for (const auto& f : d_.faults) {
-                if (!f.applied || !f.touches(n) || !f.blocks) {
+            auto it = std::lower_bound(
+                name_faults.begin(), name_faults.end(), from - longest_fault,
+                [](const fault_record* f, std::int64_t t) { return f->start < t; });
+            for (; it != name_faults.end() && (*it)->start <= to; ++it) {
+                const fault_record& f = **it;
+                if (!f.blocks) {
                     continue;
                 }
                 if (!path_matches(f, h.process, h.client) &&
@@ -637,9 +719,14 @@ private:
         // cannot make the waiter due any later than the call's own round trip.
         idx.each(n, w.t1 - idx.reach, w.t2, [&](const hold_span& h) {
             const std::int64_t until = h.occupied_until();
+            // Every allowance below ends within its lease + 3 s: one that ended before the call
+            // began cannot make the waiter due later than its own first answer.
+            if (until + std::int64_t{h.lease_ms} * ms + 3000 * ms < w.t1) {
+                return;
+            }
             const std::int64_t loose = std::int64_t{h.lease_ms} * ms + 100 * ms;
             std::int64_t bound = loose;
-            std::string why = hold_desc(h);
+            hold_end end = hold_end::released;
             if (h.killed) {
                 // Its span already lasts its lease past the kill. No release tells the
                 // waiters: they see the key gone within the drift allowance and their backoff,
@@ -648,9 +735,9 @@ private:
                 if (waiter_killed(until - std::int64_t{h.lease_ms} * ms - 2500 * ms, until)) {
                     bound += 2500 * ms;
                 }
-                why += ", its process killed";
+                end = hold_end::killed;
             } else if (h.lost) {
-                why += ", found lost " + at(until);
+                end = hold_end::lost;
                 const std::int64_t lease = std::int64_t{h.lease_ms} * ms;
                 if (!fault_near(h, h.acquired - 1000 * ms, until + 2000 * ms) &&
                     lateness(h.process, until - lease / 3 - 50 * ms, until) < 20 * ms) {
@@ -660,22 +747,20 @@ private:
                     if (waiter_killed(until - lease - 2500 * ms, until)) {
                         bound += 2500 * ms;
                     }
-                    why += " (by expiry, no fault around)";
+                    end = hold_end::lost_by_expiry;
                 }
-            } else {
-                why += ", released " + at(until);
-                if (!fault_near(h, until - 1000 * ms, until + 1000 * ms)) {
-                    // Released with nothing going on: the waiter is told at once (README,
-                    // "Waiting"); a second covers a busy machine and a waiter that polls.
-                    bound = std::min(loose, 1000 * ms);
-                    why += " (no fault around)";
-                }
+            } else if (!fault_near(h, until - 1000 * ms, until + 1000 * ms)) {
+                // Released with nothing going on: the waiter is told at once (README,
+                // "Waiting"); a second covers a busy machine and a waiter that polls.
+                bound = std::min(loose, 1000 * ms);
+                end = hold_end::released_quietly;
             }
-            busy.push_back({h.acquired, until, bound, why});
+            busy.push_back({h.acquired, until, bound, {}, &h, end});
         });
         // Faults that keep the name from being taken, on the waiter's path.
-        for (const auto& f : d_.faults) {
-            if (!f.applied || !f.touches(n) || f.start > w.t2) {
+        for (const fault_record* fp : name_faults) {
+            const fault_record& f = *fp;
+            if (f.start > w.t2) {
                 continue;
             }
             const bool blocks = f.blocks || (f.replicas_only && w.min_replicas > 0);
@@ -742,18 +827,32 @@ private:
             const int attempt_ms = c.connect_timeout_ms + c.command_timeout_ms;
             const std::int64_t first_answer = w.t1 + 100 * ms + std::int64_t{attempt_ms} * ms;
             std::int64_t due = first_answer;
-            std::string after = "nothing (free when the call started)";
+            // What the waiter waited after, described only for a report.
+            const span* after_span = nullptr;
+            bool after_nothing_for_a_while = false;
             std::int64_t latest = 0;
             for (const auto& b : busy) {
                 if (b.to <= s && b.to + b.bound > due) {
                     due = b.to + b.bound;
-                    after = b.why;
+                    after_span = &b;
+                    after_nothing_for_a_while = false;
                 }
                 if (b.to <= s && b.to > latest && due == first_answer) {
                     latest = b.to;
-                    after = "nothing for a while (free when the call started); the last: " + b.why;
+                    after_span = &b;
+                    after_nothing_for_a_while = true;
                 }
             }
+            if (next <= due) {
+                s = next;
+                continue;
+            }
+            std::string after =
+                after_span == nullptr ? std::string{"nothing (free when the call started)"}
+                : after_nothing_for_a_while
+                    ? "nothing for a while (free when the call started); the last: " +
+                          describe(*after_span)
+                    : describe(*after_span);
             std::string dead;
             for (const auto& k : d_.kills) {
                 for (const auto& wt : k.waits) {
@@ -1060,6 +1159,8 @@ private:
 
     const run_data& d_;
     const plan& p_;
+    std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> late_by_process_;
+    std::vector<std::int64_t> longest_late_;
     findings out_;
 };
 

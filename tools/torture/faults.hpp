@@ -47,7 +47,7 @@ struct fault_record {
     std::int64_t start = 0;       ///< ns
     std::int64_t end = 0;         ///< healed, ns
     std::uint64_t names = ~0ULL;  ///< bit per name it touched
-    int path = -2;                ///< -2: every client path; k: only through proxy k
+    int path = -2;  ///< -2: every client path; -3: every path through a proxy; k: only proxy k
     bool blocks = true;
     bool errors_ok = true;
     bool replicas_only = false;     ///< only replicas: matters to min_replicas > 0 only

@@ -150,7 +150,8 @@ public:
         }
     }
 
-    /// The client paths it touches: -2 all, else the proxy's.
+    /// The client paths it touches: -2 all, -3 every path through a proxy (packets cannot be
+    /// dropped without iptables: every proxy stalls instead), else the proxy's.
     int path() const {
         switch (kind_) {
             case fault_kind::proxy_stall:
@@ -158,7 +159,7 @@ public:
             case fault_kind::proxy_delay:
                 return proxy_;
             case fault_kind::net_drop:
-                return dropped_ ? -2 : proxy_;
+                return dropped_ ? -2 : -3;
             default:
                 return -2;
         }
