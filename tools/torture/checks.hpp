@@ -317,7 +317,7 @@ private:
             h.let_go = e.t3;
             h.free = e.t4;
             h.fence = e.value;
-            h.lost = e.op == static_cast<std::uint8_t>(hold_end::lost);
+            h.lost = e.op == static_cast<std::uint8_t>(torture::hold_end::lost);
             h.min_replicas = e.min_replicas;
             out.push_back(h);
         }
@@ -547,15 +547,15 @@ private:
 
     // ---- liveness --------------------------------------------------------------------------
 
-    // How a hold's span ended, for its description.
-    enum class hold_end { killed, lost, lost_by_expiry, released, released_quietly };
+    // How a hold's span ended, for its description (not the journal's torture::hold_end).
+    enum class span_end { killed, lost, lost_by_expiry, released, released_quietly };
 
     struct span {
         std::int64_t from, to;
         std::int64_t bound;  ///< after `to`, how long a waiter may still wait
         std::string why;     ///< what it is, unless `hold` says (built only for a report)
         const hold_span* hold = nullptr;
-        hold_end end = hold_end::released;
+        span_end end = span_end::released;
     };
 
     std::string describe(const span& b) const {
@@ -564,15 +564,15 @@ private:
         }
         std::string why = hold_desc(*b.hold);
         switch (b.end) {
-            case hold_end::killed:
+            case span_end::killed:
                 return why + ", its process killed";
-            case hold_end::lost:
+            case span_end::lost:
                 return why + ", found lost " + at(b.to);
-            case hold_end::lost_by_expiry:
+            case span_end::lost_by_expiry:
                 return why + ", found lost " + at(b.to) + " (by expiry, no fault around)";
-            case hold_end::released:
+            case span_end::released:
                 return why + ", released " + at(b.to);
-            case hold_end::released_quietly:
+            case span_end::released_quietly:
                 return why + ", released " + at(b.to) + " (no fault around)";
         }
         return why;
@@ -726,7 +726,7 @@ private:
             }
             const std::int64_t loose = std::int64_t{h.lease_ms} * ms + 100 * ms;
             std::int64_t bound = loose;
-            hold_end end = hold_end::released;
+            span_end end = span_end::released;
             if (h.killed) {
                 // Its span already lasts its lease past the kill. No release tells the
                 // waiters: they see the key gone within the drift allowance and their backoff,
@@ -735,9 +735,9 @@ private:
                 if (waiter_killed(until - std::int64_t{h.lease_ms} * ms - 2500 * ms, until)) {
                     bound += 2500 * ms;
                 }
-                end = hold_end::killed;
+                end = span_end::killed;
             } else if (h.lost) {
-                end = hold_end::lost;
+                end = span_end::lost;
                 const std::int64_t lease = std::int64_t{h.lease_ms} * ms;
                 if (!fault_near(h, h.acquired - 1000 * ms, until + 2000 * ms) &&
                     lateness(h.process, until - lease / 3 - 50 * ms, until) < 20 * ms) {
@@ -747,13 +747,13 @@ private:
                     if (waiter_killed(until - lease - 2500 * ms, until)) {
                         bound += 2500 * ms;
                     }
-                    end = hold_end::lost_by_expiry;
+                    end = span_end::lost_by_expiry;
                 }
             } else if (!fault_near(h, until - 1000 * ms, until + 1000 * ms)) {
                 // Released with nothing going on: the waiter is told at once (README,
                 // "Waiting"); a second covers a busy machine and a waiter that polls.
                 bound = std::min(loose, 1000 * ms);
-                end = hold_end::released_quietly;
+                end = span_end::released_quietly;
             }
             busy.push_back({h.acquired, until, bound, {}, &h, end});
         });
