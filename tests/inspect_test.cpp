@@ -19,6 +19,7 @@
 
 #include <redislock/redislock.hpp>
 
+#include "support/inspect_program.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/redis_server.hpp"
 #include "support/test_util.hpp"
@@ -27,26 +28,9 @@ namespace {
 
 using namespace std::chrono_literals;
 using redislock::inspect::lock_kind;
+using redislock::test::contains;
 using redislock::test::eventually;
 using redislock::test::redis_server;
-
-struct program_result {
-    int status;
-    std::string out;
-    std::string err;
-};
-
-program_result run_program(std::vector<std::string_view> args, std::string input = {}) {
-    std::istringstream in{std::move(input)};
-    std::ostringstream out;
-    std::ostringstream err;
-    const int status = redislock::inspect::run(args, in, out, err);
-    return {status, out.str(), err.str()};
-}
-
-bool contains(const std::string& text, std::string_view part) {
-    return text.find(part) != std::string::npos;
-}
 
 TEST(Inspect, AFreeNameIsReportedFreeWithNoFence) {
     redis_server srv;
@@ -309,7 +293,7 @@ TEST(Inspect, KeysOfUnexpectedTypesAreClearErrors) {
     EXPECT_NO_THROW(redislock::inspect::inspect(conn, "orders:42"));
 
     srv.cli({"SADD", "orders:42", "x"});
-    const auto out = run_program({srv.uri(), "orders:42"});
+    const auto out = redislock::test::run_inspect({srv.uri(), "orders:42"});
     EXPECT_EQ(out.status, 1);
     EXPECT_TRUE(contains(out.err, "holds a set, which is not a redislock lock")) << out.err;
 }
@@ -424,22 +408,22 @@ TEST(Inspect, ProgramAsksBeforeFreeingAndTellsWhatItDid) {
     m.lock();
     const std::string uri = srv.uri();
 
-    auto shown = run_program({uri, "orders:42"});
+    auto shown = redislock::test::run_inspect({uri, "orders:42"});
     EXPECT_EQ(shown.status, 0) << shown.err;
     EXPECT_TRUE(contains(shown.out, "server:          127.0.0.1:" + std::to_string(srv.port()) +
                                         ", db 0\nlock:            orders:42\n"))
         << shown.out;
 
-    auto declined = run_program({uri, "orders:42", "--force-release"}, "n\n");
+    auto declined = redislock::test::run_inspect({uri, "orders:42", "--force-release"}, "n\n");
     EXPECT_EQ(declined.status, 3);
     EXPECT_TRUE(contains(declined.out, "[y/N] not confirmed: nothing was freed")) << declined.out;
     EXPECT_EQ(srv.cli({"EXISTS", "orders:42"}), "1");
 
-    auto no_answer = run_program({uri, "orders:42", "--force-release"});
+    auto no_answer = redislock::test::run_inspect({uri, "orders:42", "--force-release"});
     EXPECT_EQ(no_answer.status, 3);
     EXPECT_EQ(srv.cli({"EXISTS", "orders:42"}), "1");
 
-    auto freed = run_program({uri, "--force-release", "orders:42"}, "y\n");
+    auto freed = redislock::test::run_inspect({uri, "--force-release", "orders:42"}, "y\n");
     EXPECT_EQ(freed.status, 0) << freed.err;
     EXPECT_TRUE(contains(freed.out,
                          "freed 'orders:42': lock key deleted, 0 queue key(s) deleted; "
@@ -449,32 +433,32 @@ TEST(Inspect, ProgramAsksBeforeFreeingAndTellsWhatItDid) {
     EXPECT_EQ(srv.cli({"EXISTS", "orders:42"}), "0");
     EXPECT_EQ(srv.cli({"EXISTS", "{orders:42}:fence"}), "1");
 
-    auto nothing = run_program({uri, "orders:42", "--force-release", "--yes"});
+    auto nothing = redislock::test::run_inspect({uri, "orders:42", "--force-release", "--yes"});
     EXPECT_EQ(nothing.status, 0);
     EXPECT_TRUE(contains(nothing.out, "nothing to free")) << nothing.out;
     m.unlock();
 }
 
 TEST(Inspect, ProgramRejectsBadUsageBadUrisAndUnreachableServers) {
-    auto none = run_program({});
+    auto none = redislock::test::run_inspect({});
     EXPECT_EQ(none.status, 2);
     EXPECT_TRUE(contains(none.err, "expected URI and NAME")) << none.err;
     EXPECT_TRUE(contains(none.err, "usage: redislock-inspect")) << none.err;
 
-    EXPECT_EQ(run_program({"redis://127.0.0.1:1", "x", "--frobnicate"}).status, 2);
-    EXPECT_EQ(run_program({"redis://127.0.0.1:1", "x", "--yes"}).status, 2);
-    EXPECT_EQ(run_program({"redis://127.0.0.1:1", ""}).status, 2);
-    EXPECT_EQ(run_program({"--help"}).status, 0);
+    EXPECT_EQ(redislock::test::run_inspect({"redis://127.0.0.1:1", "x", "--frobnicate"}).status, 2);
+    EXPECT_EQ(redislock::test::run_inspect({"redis://127.0.0.1:1", "x", "--yes"}).status, 2);
+    EXPECT_EQ(redislock::test::run_inspect({"redis://127.0.0.1:1", ""}).status, 2);
+    EXPECT_EQ(redislock::test::run_inspect({"--help"}).status, 0);
 
-    auto bad_uri = run_program({"http://127.0.0.1:6379", "x"});
+    auto bad_uri = redislock::test::run_inspect({"http://127.0.0.1:6379", "x"});
     EXPECT_EQ(bad_uri.status, 2);
     EXPECT_TRUE(contains(bad_uri.err, "bad Redis URI 'http://127.0.0.1:6379'")) << bad_uri.err;
-    EXPECT_EQ(run_program({"redis://127.0.0.1:99999", "x"}).status, 2);
+    EXPECT_EQ(redislock::test::run_inspect({"redis://127.0.0.1:99999", "x"}).status, 2);
 
     // A loopback port nobody listens on.
     const int port = redislock::test::detail::pick_free_port();
     const std::string unreachable = "redis://127.0.0.1:" + std::to_string(port);
-    auto down = run_program({unreachable, "x"});
+    auto down = redislock::test::run_inspect({unreachable, "x"});
     EXPECT_EQ(down.status, 1);
     EXPECT_TRUE(contains(down.err, "cannot reach Redis at 127.0.0.1:" + std::to_string(port)))
         << down.err;
@@ -588,7 +572,7 @@ TEST(Inspect, ForceReleaseWhoseReplyIsLostSaysTheOutcomeIsUnknown) {
 TEST(Inspect, WatchGoesOnThroughViewsThatFailAndEndsWithTheLastOnesStatus) {
     const int port = redislock::test::detail::pick_free_port();
     const std::string unreachable = "redis://127.0.0.1:" + std::to_string(port);
-    const auto down = run_program({unreachable, "x", "--watch", "--count=2"});
+    const auto down = redislock::test::run_inspect({unreachable, "x", "--watch", "--count=2"});
     EXPECT_EQ(down.status, 1);
     EXPECT_EQ(occurrences(down.out, "--- view "), 2u) << down.out;
     EXPECT_EQ(occurrences(down.err, "cannot reach Redis at 127.0.0.1:" + std::to_string(port)), 2u)
@@ -603,7 +587,7 @@ TEST(Inspect, WatchOptionsAreCheckedBeforeAnythingIsSent) {
           std::vector<std::string_view>{"redis://127.0.0.1:1", "x", "--watch", "--count"},
           std::vector<std::string_view>{"redis://127.0.0.1:1", "x", "--watch",
                                         "--force-release"}}) {
-        const auto refused = run_program(args);
+        const auto refused = redislock::test::run_inspect(args);
         EXPECT_EQ(refused.status, 2) << refused.out;
         EXPECT_TRUE(contains(refused.err, "usage: redislock-inspect")) << refused.err;
     }
@@ -614,10 +598,10 @@ TEST(Inspect, EveryUriTheClientTakesIsAccepted) {
     for (const std::string_view uri :
          {"redis-sentinel://127.0.0.1:1,127.0.0.1:2#mymaster", "redis-cluster://127.0.0.1:1",
           "unix:///nonexistent/redis.sock"}) {
-        const auto r = run_program({uri, "x"});
+        const auto r = redislock::test::run_inspect({uri, "x"});
         EXPECT_EQ(r.status, 1) << uri << ": " << r.err;
     }
-    EXPECT_EQ(run_program({"redis-cluster://", "x"}).status, 2);
+    EXPECT_EQ(redislock::test::run_inspect({"redis-cluster://", "x"}).status, 2);
 }
 
 TEST(Inspect, NamesStartingWithADashFollowTheOptionsEnd) {
@@ -625,7 +609,7 @@ TEST(Inspect, NamesStartingWithADashFollowTheOptionsEnd) {
     redislock::client client{srv.uri()};
     auto m = client.mutex("-odd", {.lease = 5s});
     std::unique_lock guard{m};
-    auto shown = run_program({"--", srv.uri(), "-odd"});
+    auto shown = redislock::test::run_inspect({"--", srv.uri(), "-odd"});
     EXPECT_EQ(shown.status, 0) << shown.err;
     EXPECT_TRUE(contains(shown.out, "kind:            mutex")) << shown.out;
 }

@@ -2,19 +2,18 @@
 // Sentinel names, and the Cluster node serving a name's slot, found from any seed (MOVED) and
 // while the slot migrates (ASK).
 
-#include "inspect.hpp"
-
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
-#include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <redislock/redislock.hpp>
 
+#include "support/inspect_program.hpp"
 #include "support/redis_cluster.hpp"
 #include "support/redis_sentinel.hpp"
 
@@ -22,23 +21,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct program_result {
-    int status;
-    std::string out;
-    std::string err;
-};
-
-program_result run_program(std::vector<std::string_view> args) {
-    std::istringstream in;
-    std::ostringstream out;
-    std::ostringstream err;
-    const int status = redislock::inspect::run(args, in, out, err);
-    return {status, out.str(), err.str()};
-}
-
-bool contains(const std::string& text, std::string_view part) {
-    return text.find(part) != std::string::npos;
-}
+using redislock::test::contains;
+using redislock::test::run_inspect;
 
 std::string cluster_uri(int seed_port) {
     return "redis-cluster://127.0.0.1:" + std::to_string(seed_port);
@@ -54,13 +38,36 @@ int other_master(const redislock::test::redis_cluster& cluster, int port) {
     return port;
 }
 
+// A cluster, a fenced mutex held on `name` through a seed on the master serving its slot, and
+// another master to migrate that slot to.
+struct lock_in_a_slot_to_move {
+    explicit lock_in_a_slot_to_move(std::string lock_name)
+        : name{std::move(lock_name)},
+          slot{redislock::detail::key_slot(name)},
+          from{cluster.master_for_key(name)},
+          to{other_master(cluster, from)},
+          uri{cluster_uri(from)},
+          client{uri},
+          m{client.mutex(name, {.lease = 30s, .fencing = true})} {
+        m.lock();
+    }
+    redislock::test::redis_cluster cluster{3, 0};
+    std::string name;
+    int slot;
+    int from;
+    int to;
+    std::string uri;
+    redislock::client client;
+    redislock::mutex m;
+};
+
 TEST(TopologyInspect, SentinelUriShowsAndFreesTheLockOnTheMaster) {
     redislock::test::redis_sentinel topo;
     redislock::client client{topo.uri()};
     auto m = client.mutex("jobs:7", {.lease = 20s, .fencing = true});
     m.lock();
 
-    const auto shown = run_program({topo.uri(), "jobs:7"});
+    const auto shown = run_inspect({topo.uri(), "jobs:7"});
     ASSERT_EQ(shown.status, 0) << shown.err;
     EXPECT_TRUE(
         contains(shown.out, "server:          127.0.0.1:" + std::to_string(topo.master_port()) +
@@ -69,7 +76,7 @@ TEST(TopologyInspect, SentinelUriShowsAndFreesTheLockOnTheMaster) {
     EXPECT_TRUE(contains(shown.out, "kind:            mutex")) << shown.out;
     EXPECT_TRUE(contains(shown.out, std::to_string(m.fencing_token()))) << shown.out;
 
-    const auto freed = run_program({topo.uri(), "jobs:7", "--force-release", "--yes"});
+    const auto freed = run_inspect({topo.uri(), "jobs:7", "--force-release", "--yes"});
     EXPECT_EQ(freed.status, 0) << freed.err;
     EXPECT_TRUE(contains(freed.out, "freed 'jobs:7': lock key deleted")) << freed.out;
     EXPECT_FALSE(m.verify());
@@ -85,7 +92,7 @@ TEST(TopologyInspect, ClusterUriShowsAndFreesTheLockOnTheNodeOfItsSlot) {
     auto m = client.recursive_mutex(name, {.lease = 20s});
     m.lock();
 
-    const auto shown = run_program({uri, name});
+    const auto shown = run_inspect({uri, name});
     ASSERT_EQ(shown.status, 0) << shown.err;
     EXPECT_TRUE(contains(shown.out, "server:          127.0.0.1:" + std::to_string(owner) +
                                         " (cluster slot " +
@@ -94,7 +101,7 @@ TEST(TopologyInspect, ClusterUriShowsAndFreesTheLockOnTheNodeOfItsSlot) {
     EXPECT_TRUE(contains(shown.out, "kind:            recursive_mutex")) << shown.out;
     EXPECT_TRUE(contains(shown.out, "count 1")) << shown.out;
 
-    const auto freed = run_program({uri, name, "--force-release", "--yes"});
+    const auto freed = run_inspect({uri, name, "--force-release", "--yes"});
     EXPECT_EQ(freed.status, 0) << freed.err;
     EXPECT_TRUE(contains(freed.out, "freed 'orders:42': lock key deleted")) << freed.out;
     EXPECT_FALSE(m.verify());
@@ -135,26 +142,19 @@ TEST(TopologyInspect, ClusterConnectionFollowsMovedAfterTheSlotMoved) {
 // view reads the lock key by key (the absent queue keys make commands on several keys answer
 // TRYAGAIN) and finds it where it is.
 TEST(TopologyInspect, ClusterUriReadsALockWhoseSlotMigrationHasBegunOrMovedPartOfItsKeys) {
-    redislock::test::redis_cluster cluster{3, 0};
-    const std::string name = "jobs:11";
-    const int slot = redislock::detail::key_slot(name);
-    const int from = cluster.master_for_key(name);
-    const int to = other_master(cluster, from);
-    const std::string uri = cluster_uri(from);
-    redislock::client client{uri};
-    auto m = client.mutex(name, {.lease = 30s, .fencing = true});
-    m.lock();
+    lock_in_a_slot_to_move held{"jobs:11"};
+    auto& [cluster, name, slot, from, to, uri, client, m] = held;
     const std::string token =
         redislock::inspect::inspect(client.connection(), name).holders.at(0).who;
 
     cluster.begin_migration(slot, from, to);
-    const auto begun = run_program({uri, name});
+    const auto begun = run_inspect({uri, name});
     EXPECT_EQ(begun.status, 0) << begun.err;
     EXPECT_TRUE(contains(begun.out, token)) << begun.out;
     EXPECT_TRUE(contains(begun.out, std::to_string(m.fencing_token()))) << begun.out;
 
     cluster.command(from, {"MIGRATE", "127.0.0.1", std::to_string(to), name, "0", "5000"});
-    const auto partly = run_program({uri, name});
+    const auto partly = run_inspect({uri, name});
     EXPECT_EQ(partly.status, 0) << partly.err;
     EXPECT_TRUE(contains(partly.out, token)) << partly.out;
     EXPECT_TRUE(contains(partly.out, std::to_string(m.fencing_token()))) << partly.out;
@@ -173,19 +173,12 @@ TEST(TopologyInspect, ClusterUriReadsALockWhoseSlotMigrationHasBegunOrMovedPartO
 // TRYAGAIN. The tool reads the lock key by key where it now is and says so; it frees nothing
 // until the migration has ended.
 TEST(TopologyInspect, ClusterUriReadsALockWhoseSlotIsMigratingKeyByKey) {
-    redislock::test::redis_cluster cluster{3, 0};
-    const std::string name = "jobs:9";
-    const int slot = redislock::detail::key_slot(name);
-    const int from = cluster.master_for_key(name);
-    const int to = other_master(cluster, from);
-    const std::string uri = cluster_uri(from);
-    redislock::client client{uri};
-    auto m = client.mutex(name, {.lease = 30s, .fencing = true});
-    m.lock();
+    lock_in_a_slot_to_move held{"jobs:9"};
+    auto& [cluster, name, slot, from, to, uri, client, m] = held;
 
     cluster.begin_migration(slot, from, to);
     cluster.move_keys(slot, from, to);
-    const auto shown = run_program({uri, name});
+    const auto shown = run_inspect({uri, name});
     EXPECT_EQ(shown.status, 0) << shown.err;
     EXPECT_TRUE(contains(shown.out, "kind:            mutex")) << shown.out;
     EXPECT_TRUE(contains(shown.out, "read:            key by key, not one moment: cluster slot " +
@@ -193,19 +186,19 @@ TEST(TopologyInspect, ClusterUriReadsALockWhoseSlotIsMigratingKeyByKey) {
         << shown.out;
     EXPECT_TRUE(contains(shown.out, "keys read through ASK on the node importing it")) << shown.out;
     EXPECT_TRUE(contains(shown.out, std::to_string(m.fencing_token()))) << shown.out;
-    const auto refused = run_program({uri, name, "--force-release", "--yes"});
+    const auto refused = run_inspect({uri, name, "--force-release", "--yes"});
     EXPECT_EQ(refused.status, 1) << refused.out;
     EXPECT_TRUE(contains(refused.err, "is being migrated")) << refused.err;
     EXPECT_TRUE(contains(refused.err, "nothing was freed")) << refused.err;
     cluster.finish_migration(slot, from, to);
 
     EXPECT_TRUE(m.verify());
-    const auto after = run_program({uri, name});
+    const auto after = run_inspect({uri, name});
     EXPECT_EQ(after.status, 0) << after.err;
     EXPECT_TRUE(contains(after.out, "server:          127.0.0.1:" + std::to_string(to)))
         << after.out;
     EXPECT_FALSE(contains(after.out, "read:")) << after.out;
-    const auto freed = run_program({uri, name, "--force-release", "--yes"});
+    const auto freed = run_inspect({uri, name, "--force-release", "--yes"});
     EXPECT_EQ(freed.status, 0) << freed.err;
     EXPECT_TRUE(contains(freed.out, "freed 'jobs:9': lock key deleted")) << freed.out;
     EXPECT_FALSE(m.verify());
@@ -213,7 +206,7 @@ TEST(TopologyInspect, ClusterUriReadsALockWhoseSlotIsMigratingKeyByKey) {
 }
 
 TEST(TopologyInspect, ClusterSeedsInARedisUriAreRefusedNamingTheClusterScheme) {
-    const auto refused = run_program({"redis://127.0.0.1:7000,127.0.0.1:7001", "x"});
+    const auto refused = run_inspect({"redis://127.0.0.1:7000,127.0.0.1:7001", "x"});
     EXPECT_EQ(refused.status, 2);
     EXPECT_TRUE(contains(refused.err, "redis-cluster://")) << refused.err;
 }
