@@ -842,6 +842,11 @@ private:
                 s = next;
                 continue;
             }
+            const std::int64_t late = next - due;
+            if (lateness(w.process, s, next) >= late || !slow_servers(s, next, late).empty()) {
+                ++out_.excused["liveness"];
+                return;
+            }
             std::string after =
                 after_span == nullptr ? std::string{"nothing (free when the call started)"}
                 : after_nothing_for_a_while
@@ -860,27 +865,18 @@ private:
             if (!dead.empty()) {
                 after += "; waiters of it killed at" + dead;
             }
-            if (next > due) {
-                const std::int64_t late = next - due;
-                if (lateness(w.process, s, next) >= late || !slow_servers(s, next, late).empty()) {
-                    ++out_.excused["liveness"];
-                    return;
-                }
-                report("liveness", due,
-                       std::string{to_string(static_cast<call_kind>(w.call))} +
-                           (w.flags & flag_shared ? " (read)" : "") + " of " + lock_desc(n) +
-                           " by " + who(w.process, w.thread, w.episode, w.flags) + " (lease " +
-                           std::to_string(w.lease_ms) + " ms, call " + at(w.t1) + " to " +
-                           at(w.t2) +
-                           (w.result == static_cast<std::uint8_t>(outcome::acquired)
-                                ? ", acquired"
-                                : ", not acquired") +
-                           "): free from " + at(s) + ", due by " + at(due) + ", still waiting " +
-                           std::to_string(late / ms) + " ms later; last before it: " + after +
-                           describe_faults(n, s - 3000 * ms, next));
-                return;
-            }
-            s = next;
+            report(
+                "liveness", due,
+                std::string{to_string(static_cast<call_kind>(w.call))} +
+                    (w.flags & flag_shared ? " (read)" : "") + " of " + lock_desc(n) + " by " +
+                    who(w.process, w.thread, w.episode, w.flags) + " (lease " +
+                    std::to_string(w.lease_ms) + " ms, call " + at(w.t1) + " to " + at(w.t2) +
+                    (w.result == static_cast<std::uint8_t>(outcome::acquired) ? ", acquired"
+                                                                              : ", not acquired") +
+                    "): free from " + at(s) + ", due by " + at(due) + ", still waiting " +
+                    std::to_string(late / ms) + " ms later; last before it: " + after +
+                    describe_faults(n, s - 3000 * ms, next));
+            return;
         }
     }
 
