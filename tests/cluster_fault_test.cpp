@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <future>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <random>
@@ -256,12 +257,14 @@ TEST_F(ClusterUnderChange, ReshardingUnderLoadKeepsExclusionAndCounters) {
             while (std::chrono::steady_clock::now() < end) {
                 const int slot = slots[rng() % slots.size()];
                 const int from = owner[slot];
-                int to = masters[rng() % masters.size()];
-                if (to == from) {
-                    to = masters[(std::find(masters.begin(), masters.end(), to) - masters.begin() +
-                                  1) %
-                                 masters.size()];
-                }
+                // A target that knows every master's epoch first: another would wait for gossip.
+                std::vector<int> targets;
+                std::copy_if(masters.begin(), masters.end(), std::back_inserter(targets),
+                             [&](int m) { return m != from; });
+                std::shuffle(targets.begin(), targets.end(), rng);
+                std::stable_partition(targets.begin(), targets.end(),
+                                      [&](int m) { return cluster_->knows_current_epochs(m); });
+                const int to = targets.front();
                 cluster_->begin_migration(slot, from, to);
                 std::this_thread::sleep_for(5ms);
                 cluster_->move_keys(slot, from, to, 5ms);

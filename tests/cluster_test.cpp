@@ -198,6 +198,56 @@ TEST(ClusterRedirect, MapRefreshesAreRateLimitedAcrossThreads) {
         << "200 MOVED replies in " << watch.elapsed().count() << " ms";
 }
 
+// Right after a migration or a failover two nodes can each name the other as the slot's owner
+// until gossip settles which one it is. That is a pause, not a failure: the call reads the map
+// again and keeps trying within its deadline.
+TEST(ClusterRedirect, NodesThatNameEachOtherAreAskedAgainUntilTheyAgree) {
+    fake_redis_node a;
+    fake_redis_node b;
+    const int pa = a.port();
+    const auto ranges = [pa] { return std::vector<std::tuple<int, int, int>>{{0, 16383, pa}}; };
+    std::atomic<int> bounces{0};
+    a.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        return ++bounces <= 40 ? resp::error("MOVED " + slot_text(c.argv[1]) + " " + b.address())
+                               : resp::bulk("settled");
+    }));
+    b.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        ++bounces;
+        return resp::error("MOVED " + slot_text(c.argv[1]) + " " + a.address());
+    }));
+    hiredis_cluster_connection conn{a.uri()};
+    reply r;
+    ASSERT_NO_THROW(
+        r = conn.execute(std::array<std::string_view, 2>{"GET", "orders:7"},
+                         call_context{.deadline = std::chrono::steady_clock::now() + 20s}));
+    EXPECT_EQ(r.text(), "settled");
+}
+
+// Nodes that never agree end the call at its deadline, saying so.
+TEST(ClusterRedirect, NodesThatNeverAgreeEndTheCallAtItsDeadline) {
+    fake_redis_node a;
+    fake_redis_node b;
+    const int pa = a.port();
+    const auto ranges = [pa] { return std::vector<std::tuple<int, int, int>>{{0, 16383, pa}}; };
+    a.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        return resp::error("MOVED " + slot_text(c.argv[1]) + " " + b.address());
+    }));
+    b.on_command(cluster_handler(ranges, [&](const fake_command& c) {
+        return resp::error("MOVED " + slot_text(c.argv[1]) + " " + a.address());
+    }));
+    hiredis_cluster_connection conn{a.uri()};
+    redislock::test::stopwatch watch;
+    try {
+        (void)conn.execute(std::array<std::string_view, 2>{"GET", "orders:7"},
+                           call_context{.deadline = std::chrono::steady_clock::now() + 300ms});
+        ADD_FAILURE() << "a slot no node serves was served";
+    } catch (const redislock::timeout_error& e) {
+        EXPECT_NE(std::string_view{e.what()}.find("disagree"), std::string_view::npos) << e.what();
+    }
+    EXPECT_GE(watch.elapsed(), 100ms) << "asked again after pauses, not given up at once";
+    EXPECT_GT(a.received("GET").size(), 17u);
+}
+
 TEST(ClusterRedirect, AskSendsAskingThenTheCommandOnOneConnectionAndKeepsTheMap) {
     fake_redis_node a;
     fake_redis_node b;

@@ -78,7 +78,8 @@ struct cluster_node_info {
     int port = 0;
     bool master = false;
     bool failed = false;
-    std::string master_id;                         ///< for a replica
+    std::string master_id;  ///< for a replica
+    std::uint64_t config_epoch = 0;
     std::vector<std::pair<int, int>> slot_ranges;  ///< for a master
 };
 
@@ -233,6 +234,7 @@ public:
             info.failed = words[2].find("fail") != std::string::npos &&
                           words[2].find("fail?") == std::string::npos;
             info.master_id = words[3];
+            info.config_epoch = std::stoull(words[6]);
             for (std::size_t i = 8; i < words.size(); ++i) {
                 if (words[i].starts_with("[")) {
                     continue;  // a slot being imported or migrated
@@ -312,8 +314,38 @@ public:
         finish_migration(slot, from, to);
     }
 
-    /// Step 1 of a migration: IMPORTING on the target, then MIGRATING on the source.
+    /// Whether the master on `port` knows every master's current config epoch (each master's
+    /// own report). A target that takes a slot takes the epoch one above the highest it knows:
+    /// while another master's latest epoch has not reached it by gossip, both can end with the
+    /// same epoch, and a claim of the source's sent before it let go can then take the slot back
+    /// from the target for good, each node sending clients to the other. Redis leaves pacing
+    /// migrations to the operator; a test that moves slots many times a second must do it.
+    bool knows_current_epochs(int port) const {
+        const auto view = nodes(port);
+        for (int master : masters(port)) {
+            if (!running(master)) {
+                continue;
+            }
+            std::uint64_t own = 0;
+            for (const auto& n : nodes(master)) {
+                if (n.port == master) {
+                    own = n.config_epoch;
+                }
+            }
+            const auto seen = std::find_if(view.begin(), view.end(),
+                                           [&](const auto& n) { return n.port == master; });
+            if (seen == view.end() || seen->config_epoch != own) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    /// Step 1 of a migration: IMPORTING on the target, then MIGRATING on the source. Waits
+    /// first until the target knows every master's epoch (knows_current_epochs).
     void begin_migration(int slot, int from, int to) const {
+        wait_until("node " + std::to_string(to) + " knows every master's epoch",
+                   [&] { return knows_current_epochs(to); });
         const std::string s = std::to_string(slot);
         command(to, {"CLUSTER", "SETSLOT", s, "IMPORTING", node_id(from)});
         command(from, {"CLUSTER", "SETSLOT", s, "MIGRATING", node_id(to)});

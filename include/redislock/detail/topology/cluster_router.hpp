@@ -43,7 +43,7 @@ protected:
     // with the default 2 s, long enough for a replica to take over a failed master (node
     // timeout plus election, about 4 s with a 2 s node timeout).
     static constexpr int deadline_factor = 3;
-    // More redirections than this for one command means the nodes disagree; stop following.
+    // More redirections than this for one command means the nodes disagree; pause, then retry.
     static constexpr int max_redirections = 16;
     static constexpr std::chrono::milliseconds first_backoff{2};
     static constexpr std::chrono::milliseconds max_backoff{100};
@@ -261,10 +261,15 @@ protected:
             it.target = nullptr;
             if (auto redirect = detail::parse_redirection(r)) {
                 if (++it.redirections > max_redirections) {
-                    throw connection_error{"redislock: cluster slot " +
-                                           std::to_string(redirect->slot) + " redirected " +
-                                           std::to_string(max_redirections) + " times; last to " +
-                                           redirect->address()};
+                    // Nodes that name each other, as they can for a moment after a migration or
+                    // a failover until gossip settles the owner: read the map again and pause.
+                    it.problem = "slot " + std::to_string(redirect->slot) + " redirected " +
+                                 std::to_string(max_redirections) + " times in a row, last to " +
+                                 redirect->address() + ": the nodes disagree on its owner";
+                    it.redirections = 0;
+                    it.refusal.reset();
+                    o.wait = o.stale_map = o.unsettled = true;
+                    continue;
                 }
                 detail::cluster_node& to = node_at(
                     redirect->host.empty() ? node.config().host : redirect->host, redirect->port);
