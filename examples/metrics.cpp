@@ -93,7 +93,7 @@ private:
     }
 
     static constexpr std::size_t event_types =
-        static_cast<std::size_t>(redislock::event_type::evicting_server) + 1;
+        static_cast<std::size_t>(redislock::event_type::permits_differ) + 1;
     static constexpr std::size_t loss_reasons =
         static_cast<std::size_t>(redislock::loss_reason::client_shutdown) + 1;
 

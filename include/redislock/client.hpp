@@ -35,11 +35,13 @@
 
 #include <redislock/client_options.hpp>
 #include <redislock/connection.hpp>
+#include <redislock/counting_semaphore.hpp>
 #include <redislock/detail/engine/client_core.hpp>
 #include <redislock/events.hpp>
 #include <redislock/lock_options.hpp>
 #include <redislock/mutex.hpp>
 #include <redislock/recursive_mutex.hpp>
+#include <redislock/semaphore_options.hpp>
 #include <redislock/shared_mutex.hpp>
 
 namespace redislock {
@@ -97,6 +99,12 @@ public:
         return basic_shared_mutex<C>{*this, name, std::move(options)};
     }
 
+    /// A counting semaphore of leased permits on `name` (counting_semaphore.hpp).
+    /// @throws redislock::invalid_argument
+    basic_counting_semaphore<C> semaphore(std::string_view name, semaphore_options options = {}) {
+        return basic_counting_semaphore<C>{*this, name, std::move(options)};
+    }
+
     /// The connection the client's locks share, for commands of the caller's own.
     C& connection() noexcept { return core_->connection; }
 
@@ -113,6 +121,8 @@ private:
     friend class basic_recursive_mutex;
     template <redislock::connection D>
     friend class basic_shared_mutex;
+    template <redislock::connection D>
+    friend class basic_counting_semaphore;
 
     std::shared_ptr<detail::client_core<C>> core_;
 };

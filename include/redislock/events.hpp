@@ -60,6 +60,11 @@
 //                    | need noeviction. Asked with one INFO when   |
 //                    | the client is made, only when a hook is set |
 //                    | (for a Cluster: one master)                 |
+//   permits_differ   | a semaphore object's acquisition found a    | name, kind (semaphore),
+//                    | count of permits in Redis other than its    | detail (both counts)
+//                    | semaphore_options::permits: the stored count|
+//                    | stands (set_permits() changes it). Once per |
+//                    | object, on the thread of the acquire call   |
 //
 // A lock's events come from its own calls, the client's watchdog and its loss timer; the
 // connection's from the connection (see below). An acquisition reports acquired once, then
@@ -155,6 +160,7 @@ enum class event_type {
     lease_too_short,       ///< a watchdog lease below 6 x the connection's command_timeout
     late_grant,            ///< a grant whose reply came after its lease ran out was given back
     evicting_server,       ///< the server's maxmemory-policy may evict locks (not noeviction)
+    permits_differ,        ///< a semaphore found a count of permits other than its options'
 };
 
 /// Which lock an event is about.
@@ -165,6 +171,7 @@ enum class lock_kind {
     shared_mutex_write,  ///< basic_shared_mutex, write side
     shared_mutex_read,   ///< basic_shared_mutex, read side
     redlock_mutex,       ///< basic_redlock_mutex (redlock_options::on_event)
+    semaphore,           ///< basic_counting_semaphore
 };
 
 /// Why a held lock was lost (lock_event::reason, lock_options::on_lost_reason).
@@ -246,6 +253,8 @@ constexpr std::string_view to_string(event_type type) noexcept {
             return "late_grant";
         case event_type::evicting_server:
             return "evicting_server";
+        case event_type::permits_differ:
+            return "permits_differ";
     }
     return "unknown";
 }
@@ -265,6 +274,8 @@ constexpr std::string_view to_string(lock_kind kind) noexcept {
             return "shared_mutex_read";
         case lock_kind::redlock_mutex:
             return "redlock_mutex";
+        case lock_kind::semaphore:
+            return "semaphore";
     }
     return "unknown";
 }

@@ -8,6 +8,7 @@
 #include <redislock/client_options.hpp>
 #include <redislock/cluster.hpp>
 #include <redislock/connection.hpp>
+#include <redislock/counting_semaphore.hpp>
 #include <redislock/endpoint.hpp>
 #include <redislock/error.hpp>
 #include <redislock/events.hpp>
@@ -21,6 +22,7 @@
 #include <redislock/redlock_options.hpp>
 #include <redislock/reply.hpp>
 #include <redislock/script.hpp>
+#include <redislock/semaphore_options.hpp>
 #include <redislock/sentinel.hpp>
 #include <redislock/sentinel_endpoint.hpp>
 #include <redislock/shared_mutex.hpp>
@@ -38,6 +40,8 @@ using mutex = basic_mutex<any_connection>;
 using recursive_mutex = basic_recursive_mutex<any_connection>;
 /// The read-write lock of a redislock::client.
 using shared_mutex = basic_shared_mutex<any_connection>;
+/// The counting semaphore of leased permits of a redislock::client (client.semaphore()).
+using counting_semaphore = basic_counting_semaphore<any_connection>;
 /// The watchdog of a redislock::client.
 using watchdog = basic_watchdog<any_connection>;
 

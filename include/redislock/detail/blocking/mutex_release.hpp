@@ -1,8 +1,9 @@
-// detail::mutex_release: how a simple lock object (basic_mutex) releases an acquisition in
-// Redis: the compare-and-delete script's round trip and what its answer means, and a release, or
-// an acquisition abandoned mid-flight, that could not be finished, handed to the client's reaper.
-// Static functions on the object's mutex_state, which the reaper keeps alive while it retries;
-// none holds the state's mutex.
+// detail::mutex_release: how a simple lock object (basic_mutex), or a semaphore's permit
+// (basic_counting_semaphore), releases an acquisition in Redis: the compare-and-delete script's
+// round trip and what its answer means, and a release, or an acquisition abandoned mid-flight,
+// that could not be finished, handed to the client's reaper. Static functions on the object's
+// state (mutex_state, or one that extends it and names its own release_script and
+// release_keys()), which the reaper keeps alive while it retries; none holds the state's mutex.
 #pragma once
 
 #include <array>
@@ -23,9 +24,9 @@
 
 namespace redislock::detail {
 
-template <connection C>
+template <connection C, class State>
 struct mutex_release {
-    using state = mutex_state<C>;
+    using state = State;
     using given_up = typename state::given_up;
 
     enum class release_outcome { released, handed_on, not_ours, unreachable, refused };
@@ -36,15 +37,15 @@ struct mutex_release {
                                         steady::time_point deadline,
                                         bool waiters_likely = false) noexcept {
         try {
-            const auto keys = st.queue_keys();
+            const auto keys = st.release_keys();
             const std::array<std::string_view, 3> args{token.view(), st.channel,
                                                        st.grace_text.view()};
             const call_context how{{}, deadline};
             const reply r =
                 waiters_likely
-                    ? detail::run_script_after_ping(st.core->connection, scripts::mutex_release,
+                    ? detail::run_script_after_ping(st.core->connection, state::release_script,
                                                     keys, args, how, &st.core->events)
-                    : detail::run_script(st.core->connection, scripts::mutex_release, keys, args,
+                    : detail::run_script(st.core->connection, state::release_script, keys, args,
                                          how, &st.core->events);
             if (r.is_integer()) {
                 switch (r.as_integer()) {

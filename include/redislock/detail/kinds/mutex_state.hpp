@@ -4,9 +4,11 @@
 // round trip; lease_tracker finds the lease through find_lease().
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -16,11 +18,16 @@
 #include <redislock/detail/kinds/tracked_lease.hpp>
 #include <redislock/detail/util/token.hpp>
 #include <redislock/detail/waiting/backoff.hpp>
+#include <redislock/detail/wire/scripts.hpp>
 #include <redislock/events.hpp>
+#include <redislock/script.hpp>
 
 namespace redislock::detail {
 
 template <connection C>
+struct mutex_state;
+
+template <connection C, class State = mutex_state<C>>
 struct mutex_release;
 
 // What a simple lock object shares with its timer and watchdog callbacks.
@@ -28,6 +35,10 @@ template <connection C>
 struct mutex_state : lock_identity<C> {
     using lock_identity<C>::lock_identity;
     using lease_key = detail::token;  // an acquisition is named by its token
+
+    // How mutex_release gives an acquisition back: lua/mutex_release.lua on these keys.
+    static constexpr const script& release_script = scripts::mutex_release;
+    std::array<std::string_view, 3> release_keys() const { return this->queue_keys(); }
 
     bool caller_is_holder() const { return this->caller_is(holder); }
     // Held by the parent this process was forked from: only the parent may release it.

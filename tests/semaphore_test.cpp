@@ -1,0 +1,389 @@
+#include <redislock/counting_semaphore.hpp>
+
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <redislock/redislock.hpp>
+
+#include "support/exclusion.hpp"
+#include "support/redis_server.hpp"
+#include "support/test_util.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+using redislock::errc;
+using redislock::semaphore_options;
+using redislock::test::eventually;
+using redislock::test::redis_server;
+
+static_assert(noexcept(std::declval<redislock::counting_semaphore&>().release()));
+static_assert(!std::is_copy_constructible_v<redislock::counting_semaphore>);
+static_assert(std::is_nothrow_move_constructible_v<redislock::counting_semaphore>);
+static_assert(
+    !std::is_copy_constructible_v<redislock::permit_guard<redislock::counting_semaphore>>);
+static_assert(
+    std::is_nothrow_move_constructible_v<redislock::permit_guard<redislock::counting_semaphore>>);
+
+TEST(Semaphore, NoMoreObjectsHoldAPermitThanThereArePermits) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto a = client.semaphore("exports", {.permits = 2, .lease = 5s});
+    auto b = client.semaphore("exports", {.permits = 2, .lease = 5s});
+    auto c = client.semaphore("exports", {.permits = 2, .lease = 5s});
+    EXPECT_EQ(a.available_permits(), 2);
+    ASSERT_TRUE(a.try_acquire());
+    ASSERT_TRUE(b.try_acquire());
+    EXPECT_EQ(a.available_permits(), 0);
+    EXPECT_FALSE(c.try_acquire());
+    EXPECT_FALSE(c.try_acquire_for(100ms));
+    EXPECT_EQ(srv.cli({"ZCARD", "exports"}), "2");
+    EXPECT_EQ(srv.cli({"GET", "{exports}:permits"}), "2");
+    EXPECT_TRUE(a.owned());
+    EXPECT_GT(a.remaining(), 4s);
+
+    a.release();
+    EXPECT_FALSE(a.owned());
+    EXPECT_TRUE(c.try_acquire());
+    b.release();
+    c.release();
+    EXPECT_EQ(a.available_permits(), 2);
+    EXPECT_EQ(srv.cli({"EXISTS", "exports"}), "0");
+    EXPECT_TRUE(eventually([&] {
+        return srv.cli({"EXISTS", "{exports}:queue", "{exports}:waiting"}) == "0";
+    }));
+    EXPECT_EQ(srv.cli({"EXISTS", "{exports}:permits"}), "1") << "the count is kept";
+}
+
+TEST(Semaphore, AnObjectHoldsOnePermitAndAnyThreadMayGiveItBack) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto s = client.semaphore("one", {.permits = 3, .lease = 5s});
+    ASSERT_TRUE(s.try_acquire());
+    try {
+        (void)s.try_acquire();
+        ADD_FAILURE() << "a second permit on one object";
+    } catch (const std::system_error& e) {
+        EXPECT_EQ(e.code(), std::errc::resource_deadlock_would_occur);
+    }
+    std::error_code ec;
+    std::thread other{[&] { s.release(ec); }};
+    other.join();
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_EQ(srv.cli({"EXISTS", "one"}), "0");
+    s.release(ec);
+    EXPECT_EQ(ec, errc::not_held);
+}
+
+TEST(Semaphore, BadOptionsAndForeignKeysAreRefused) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    EXPECT_THROW((void)client.semaphore("s", {.permits = 0}), redislock::invalid_argument);
+    EXPECT_THROW((void)client.semaphore("", {.permits = 1}), redislock::invalid_argument);
+    auto s = client.semaphore("s", {.permits = 2});
+    EXPECT_THROW((void)s.set_permits(0), redislock::invalid_argument);
+    srv.cli({"SET", "s", "not a semaphore"});
+    EXPECT_THROW((void)s.try_acquire(), redislock::error);
+    EXPECT_EQ(srv.cli({"GET", "s"}), "not a semaphore");
+    EXPECT_EQ(srv.cli({"EXISTS", "{s}:permits"}), "0") << "nothing written by a refused call";
+    EXPECT_THROW((void)s.available_permits(), redislock::error);
+    srv.cli({"DEL", "s"});
+    srv.cli({"SET", "{s}:permits", "many"});
+    EXPECT_THROW((void)s.try_acquire(), redislock::error);
+    EXPECT_EQ(srv.cli({"EXISTS", "s"}), "0");
+}
+
+TEST(Semaphore, TheStoredCountStandsAndADifferentOneIsTold) {
+    redis_server srv;
+    struct told_event {
+        redislock::lock_kind kind;
+        std::string name;
+        std::string detail;  // the event's views last only for the hook's call
+    };
+    std::mutex m;
+    std::vector<told_event> told;
+    redislock::client client{
+        srv.uri(), {.on_event = [&](const redislock::lock_event& e) {
+            if (e.type == redislock::event_type::permits_differ) {
+                std::lock_guard guard{m};
+                told.push_back({e.kind, std::string{e.name}, std::string{e.detail}});
+            }
+        }}};
+    auto first = client.semaphore("pool", {.permits = 1});
+    ASSERT_TRUE(first.try_acquire());
+    auto second = client.semaphore("pool", {.permits = 3});
+    EXPECT_FALSE(second.try_acquire()) << "the stored count (1) stands";
+    EXPECT_FALSE(second.try_acquire());
+    std::lock_guard guard{m};
+    ASSERT_EQ(told.size(), 1U) << "once per object";
+    EXPECT_EQ(told[0].kind, redislock::lock_kind::semaphore);
+    EXPECT_EQ(told[0].name, "pool");
+    EXPECT_NE(told[0].detail.find("1 permits"), std::string::npos) << told[0].detail;
+    EXPECT_EQ(redislock::to_string(redislock::event_type::permits_differ), "permits_differ");
+}
+
+TEST(Semaphore, LoweringTheCountRevokesNothingAndRaisingItWakesAWaiter) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto a = client.semaphore("lanes", {.permits = 2, .lease = 10s});
+    auto b = client.semaphore("lanes", {.permits = 2, .lease = 10s});
+    auto c = client.semaphore("lanes", {.permits = 2, .lease = 10s});
+    ASSERT_TRUE(a.try_acquire());
+    ASSERT_TRUE(b.try_acquire());
+    EXPECT_EQ(a.set_permits(1), 2);
+    EXPECT_TRUE(a.extend(10s)) << "a held permit is not revoked";
+    EXPECT_TRUE(b.extend(10s));
+    a.release();
+    EXPECT_FALSE(c.try_acquire()) << "one holder is all one permit allows";
+    EXPECT_EQ(c.available_permits(), 0);
+
+    std::atomic<bool> got{false};
+    std::thread waiter{[&] { got = c.try_acquire_for(20s); }};
+    ASSERT_TRUE(eventually([&] { return srv.cli({"ZCARD", "{lanes}:queue"}) == "1"; }));
+    EXPECT_EQ(a.set_permits(3), 1);
+    waiter.join();
+    EXPECT_TRUE(got.load()) << "the new permit went to the waiter";
+    EXPECT_TRUE(b.owned()) << "while the other holder kept its own";
+    b.release();
+    c.release();
+}
+
+TEST(Semaphore, WaitersGetPermitsInTheOrderTheyCame) {
+    redis_server srv;
+    redislock::client holder_client{srv.uri()};
+    auto holder = holder_client.semaphore("fifo", {.permits = 1, .lease = 20s});
+    ASSERT_TRUE(holder.try_acquire());
+    // Two clients: in one process the threads of one name line up locally as well.
+    redislock::client first_client{srv.uri()};
+    redislock::client second_client{srv.uri()};
+    auto first = first_client.semaphore("fifo", {.permits = 1, .lease = 20s});
+    auto second = second_client.semaphore("fifo", {.permits = 1, .lease = 20s});
+    std::mutex m;
+    std::vector<std::string> order;
+    std::thread one{[&] {
+        if (first.try_acquire_for(30s)) {
+            std::lock_guard guard{m};
+            order.push_back("first");
+        }
+    }};
+    ASSERT_TRUE(eventually([&] { return srv.cli({"ZCARD", "{fifo}:queue"}) == "1"; }));
+    std::thread two{[&] {
+        if (second.try_acquire_for(30s)) {
+            std::lock_guard guard{m};
+            order.push_back("second");
+        }
+    }};
+    ASSERT_TRUE(eventually([&] { return srv.cli({"ZCARD", "{fifo}:queue"}) == "2"; }));
+    holder.release();
+    one.join();
+    EXPECT_TRUE(second.available_permits() == 0);
+    first.release();
+    two.join();
+    second.release();
+    ASSERT_EQ(order.size(), 2U);
+    EXPECT_EQ(order[0], "first");
+    EXPECT_EQ(order[1], "second");
+}
+
+TEST(Semaphore, FencingTokensGrowAcrossPermits) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto a = client.semaphore("fenced", {.permits = 2, .fencing = true});
+    auto b = client.semaphore("fenced", {.permits = 2, .fencing = true});
+    ASSERT_TRUE(a.try_acquire());
+    ASSERT_TRUE(b.try_acquire());
+    const auto ta = a.fencing_token();
+    const auto tb = b.fencing_token();
+    EXPECT_GT(ta, 0);
+    EXPECT_GT(tb, ta);
+    a.release();
+    ASSERT_TRUE(a.try_acquire());
+    EXPECT_GT(a.fencing_token(), tb);
+    a.release();
+    b.release();
+    EXPECT_EQ(a.fencing_token(), 0);
+}
+
+TEST(Semaphore, APermitNotRenewedIsLostAndTheWatchdogKeepsOne) {
+    redis_server srv;
+    redislock::client client{srv.uri() + "?command_timeout=100"};
+    std::atomic<int> lost{0};
+    auto brief =
+        client.semaphore("leases", {.permits = 2, .lease = 200ms, .on_lost = [&] { ++lost; }});
+    auto kept = client.semaphore(
+        "leases", {.permits = 2, .lease = 1s, .watchdog = true, .on_lost = [&] { ++lost; }});
+    ASSERT_TRUE(brief.try_acquire());
+    ASSERT_TRUE(kept.try_acquire());
+    const auto stopped = brief.lost_token();
+    ASSERT_TRUE(eventually([&] { return stopped.stop_requested(); }, 5s));
+    EXPECT_FALSE(brief.owned());
+    std::this_thread::sleep_for(1500ms);
+    EXPECT_TRUE(kept.owned()) << "renewed past its 1 s lease";
+    EXPECT_EQ(lost.load(), 1);
+    EXPECT_EQ(kept.available_permits(), 1) << "the lapsed permit is free again";
+    std::error_code ec;
+    brief.release(ec);
+    EXPECT_EQ(ec, errc::lock_lost);
+    kept.release(ec);
+    EXPECT_FALSE(ec) << ec.message();
+}
+
+TEST(Semaphore, ADeadHoldersPermitComesBackWhenItsLeaseEnds) {
+    redis_server srv;
+    {
+        redislock::test::child_process child{[&](redislock::test::line_channel& channel) {
+            redislock::client client{srv.uri()};
+            auto s = client.semaphore("crash", {.permits = 1, .lease = 700ms});
+            if (!s.try_acquire()) {
+                return 1;
+            }
+            channel.send("held");
+            ::_exit(0);  // dies holding it: no release
+        }};
+        ASSERT_EQ(child.channel().receive(10s).value_or(""), "held");
+        EXPECT_EQ(child.wait(10s), 0);
+    }
+    redislock::client client{srv.uri()};
+    auto s = client.semaphore("crash", {.permits = 1, .lease = 5s});
+    EXPECT_FALSE(s.try_acquire());
+    EXPECT_TRUE(s.try_acquire_for(10s));
+    s.release();
+}
+
+TEST(Semaphore, PermitGuardHoldsForAScope) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto s = client.semaphore("scoped", {.permits = 1});
+    auto other = client.semaphore("scoped", {.permits = 1});
+    {
+        redislock::permit_guard guard{s};
+        EXPECT_TRUE(guard.owns_permit());
+        redislock::permit_guard tried{other, std::try_to_lock};
+        EXPECT_FALSE(tried);
+        redislock::permit_guard moved{std::move(guard)};
+        EXPECT_TRUE(moved.owns_permit());
+        EXPECT_FALSE(guard.owns_permit());
+        EXPECT_TRUE(s.owned());
+    }
+    EXPECT_FALSE(s.owned());
+    EXPECT_TRUE(other.try_acquire());
+    other.release();
+}
+
+// Outside check: processes x threads take permits (2 of them) through kill -9 of a holder,
+// SIGSTOP past the lease and CLIENT KILL; each records its time inside (from the grant until it
+// gives back or its local deadline, whichever comes first) in shared memory, and no moment may
+// see more than 2 inside.
+TEST(SemaphoreFaults, NeverMoreHoldersThanPermitsThroughKillsStopsAndDisconnects) {
+    constexpr int permits = 2;
+    constexpr int processes = 4;
+    constexpr int threads = 2;
+    constexpr std::size_t slots = 20000;
+    struct shared_log {
+        std::atomic<std::size_t> used;
+        redislock::test::hold_interval intervals[slots];
+    };
+    void* memory = ::mmap(nullptr, sizeof(shared_log), PROT_READ | PROT_WRITE,
+                          MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(memory, MAP_FAILED);
+    auto* log = new (memory) shared_log{};
+    redis_server srv;
+    std::vector<std::unique_ptr<redislock::test::child_process>> children;
+    for (int p = 0; p < processes; ++p) {
+        children.push_back(std::make_unique<redislock::test::child_process>(
+            [&](redislock::test::line_channel& channel) {
+                redislock::client client{srv.uri()};
+                std::vector<std::thread> workers;
+                const auto end = std::chrono::steady_clock::now() + 6s;
+                for (int t = 0; t < threads; ++t) {
+                    workers.emplace_back([&] {
+                        auto s = client.semaphore("faulty", {.permits = permits, .lease = 400ms});
+                        while (std::chrono::steady_clock::now() < end) {
+                            try {
+                                if (!s.try_acquire_for(1s)) {
+                                    continue;
+                                }
+                            } catch (const redislock::error&) {
+                                continue;
+                            }
+                            const std::int64_t enter = redislock::test::monotonic_ns();
+                            const std::int64_t until =
+                                enter +
+                                std::chrono::duration_cast<std::chrono::nanoseconds>(s.remaining())
+                                    .count();
+                            std::this_thread::sleep_for(5ms);
+                            const std::int64_t left =
+                                std::min(redislock::test::monotonic_ns(), until);
+                            s.release();
+                            const std::size_t at = log->used.fetch_add(1);
+                            if (at < slots) {
+                                log->intervals[at] = {enter, left};
+                            }
+                        }
+                    });
+                }
+                for (auto& w : workers) {
+                    w.join();
+                }
+                channel.send("done");
+                return 0;
+            }));
+    }
+    std::this_thread::sleep_for(1500ms);
+    ::kill(children[0]->pid(), SIGKILL);
+    std::this_thread::sleep_for(500ms);
+    ::kill(children[1]->pid(), SIGSTOP);
+    std::this_thread::sleep_for(1200ms);  // three leases
+    ::kill(children[1]->pid(), SIGCONT);
+    (void)srv.client_kill_all();
+    for (std::size_t i = 1; i < children.size(); ++i) {
+        EXPECT_EQ(children[i]->channel().receive(30s).value_or(""), "done") << "process " << i;
+        EXPECT_EQ(children[i]->wait(10s), 0);
+    }
+    (void)children[0]->wait(10s);
+
+    const std::size_t n = std::min(log->used.load(), slots);
+    std::vector<std::pair<std::int64_t, int>> edges;
+    for (std::size_t i = 0; i < n; ++i) {
+        edges.emplace_back(log->intervals[i].enter_ns, +1);
+        edges.emplace_back(log->intervals[i].exit_ns, -1);
+    }
+    std::sort(edges.begin(), edges.end());  // an exit before an entry at the same instant
+    int inside = 0;
+    int most = 0;
+    for (const auto& [at, step] : edges) {
+        inside += step;
+        most = std::max(most, inside);
+    }
+    EXPECT_LE(most, permits);
+    EXPECT_GT(n, 50U) << "too little work to prove anything";
+    std::printf("[ permits  ] %zu holds, at most %d at once\n", n, most);
+    // Nothing left but the count, once the killed holder's lease and queue places lapse.
+    EXPECT_TRUE(eventually(
+        [&] {
+            return srv.cli({"EXISTS", "faulty", "{faulty}:queue", "{faulty}:waiting"}) == "0";
+        },
+        15s));
+    ::munmap(memory, sizeof(shared_log));
+}
+
+}  // namespace
