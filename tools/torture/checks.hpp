@@ -1005,6 +1005,17 @@ private:
                 ++out_.excused["error"];
                 return;
             }
+            // An acquisition needs a quorum only: the lock may be on 3 of the 5 masters (a key
+            // a failed release left on the others until the reaper removed it, a master that
+            // did not answer in time). Then one faulted master is enough to keep a later call
+            // on the held lock from a quorum, as its answer shows: fewer than 3 "ok", and
+            // among the others, one that could not answer while a master was faulted.
+            const auto [ok, unreachable] = quorum_answers(e.text);
+            if (!out.empty() && unreachable > 0 && ok < 3 &&
+                static_cast<call_op>(e.op) != call_op::acquire) {
+                ++out_.excused["error"];
+                return;
+            }
         } else if (transient(cls) &&
                    !slow_servers(e.t1 - 100 * ms, e.t2, std::int64_t{c.command_timeout_ms} * ms / 2)
                         .empty()) {
@@ -1016,6 +1027,36 @@ private:
                    who(e.process, e.thread, e.episode, e.flags) + " (" + at(e.t1) + " to " +
                    at(e.t2) + ") failed: " + what + (e.text.empty() ? "" : ": " + e.text) +
                    describe_faults(e.name, e.t1 - 3000 * ms, e.t2));
+    }
+
+    // How the masters answered, as a quorum_error's text lists them ("host:port: answer"):
+    // {"ok" answers, answers that are neither "ok" nor "not ours" (errors, no answer)}.
+    static std::pair<int, int> quorum_answers(const std::string& text) {
+        int ok = 0;
+        int unreachable = 0;
+        for (std::size_t at = text.find("127.0.0.1:"); at != std::string::npos;
+             at = text.find("127.0.0.1:", at + 1)) {
+            const std::size_t colon = text.find(": ", at);
+            if (colon == std::string::npos) {
+                break;
+            }
+            const std::string_view answer = std::string_view{text}.substr(colon + 2);
+            if (answer.starts_with("ok")) {
+                ++ok;
+            } else if (!answer.starts_with("not ours")) {
+                ++unreachable;
+                // An error's own text may name the master again ("connection to 127.0.0.1:p
+                // failed"): skip to the next master's line.
+                const std::size_t next = text.find("   127.0.0.1:", colon);
+                if (next == std::string::npos) {
+                    break;
+                }
+                at = next + 2;
+                continue;
+            }
+            at = colon;
+        }
+        return {ok, unreachable};
     }
 
     // The Redlock masters (ports) that could not answer for the lock during a call: those faulted
