@@ -73,6 +73,46 @@ TEST(Inspect, MutexShowsItsTokenLeaseAndFencingCounter) {
     EXPECT_TRUE(contains(text, "fencing counter: " + std::to_string(m.fencing_token()))) << text;
 }
 
+TEST(Inspect, SemaphoreShowsItsPermitsHoldersAndWaiters) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto a = client.semaphore("exports", {.permits = 2, .lease = 5s, .fencing = true});
+    auto b = client.semaphore("exports", {.permits = 2, .lease = 5s});
+    ASSERT_TRUE(a.try_acquire());
+    ASSERT_TRUE(b.try_acquire());
+    auto waiter = client.semaphore("exports", {.permits = 2, .lease = 5s});
+    std::thread waiting{[&] { (void)waiter.try_acquire_for(20s); }};
+    ASSERT_TRUE(eventually([&] { return srv.cli({"ZCARD", "{exports}:queue"}) == "1"; }));
+
+    const auto r = redislock::inspect::inspect(client.connection(), "exports");
+    EXPECT_EQ(r.kind, lock_kind::semaphore);
+    ASSERT_EQ(r.holders.size(), 2U);
+    for (const auto& h : r.holders) {
+        ASSERT_TRUE(h.remaining_ms);
+        EXPECT_GT(*h.remaining_ms, 0);
+        EXPECT_LE(*h.remaining_ms, 5000);
+    }
+    ASSERT_TRUE(r.permits);
+    EXPECT_EQ(*r.permits, 2);
+    EXPECT_EQ(r.waiter_total, 1);
+    ASSERT_TRUE(r.fence);
+    EXPECT_EQ(*r.fence, a.fencing_token());
+    const std::string text = redislock::inspect::format(r);
+    EXPECT_TRUE(contains(text, "kind:            counting_semaphore")) << text;
+    EXPECT_TRUE(contains(text, "permits:         2 ({exports}:permits), 0 free")) << text;
+    EXPECT_TRUE(contains(text, "  permit " + r.holders[0].who + "  count 1  lease ")) << text;
+
+    const auto freed = redislock::inspect::force_release(client.connection(), r);
+    EXPECT_TRUE(freed.lock_deleted);
+    waiting.join();
+    EXPECT_TRUE(waiter.owned()) << "the waiter was told and took a permit";
+    EXPECT_EQ(srv.cli({"GET", "{exports}:permits"}), "2") << "the count is kept";
+    waiter.release();
+    const auto after = redislock::inspect::inspect(client.connection(), "exports");
+    EXPECT_EQ(after.kind, lock_kind::free);
+    EXPECT_TRUE(contains(redislock::inspect::format(after), "2 free"));
+}
+
 TEST(Inspect, RecursiveMutexShowsTheOwnerItsCountAndAcquisition) {
     redis_server srv;
     redislock::client client{srv.uri()};

@@ -45,6 +45,7 @@ enum class lock_kind {
     mutex,            ///< a string: the holder's token
     recursive_mutex,  ///< a hash without a `mode` field: owner -> count
     shared_mutex,     ///< a hash with a `mode` field: per-holder leases
+    semaphore,        ///< a sorted set: permit id -> when its lease ends
 };
 
 /// The name the library's API uses for a kind ("none" for a free lock).
@@ -56,6 +57,8 @@ inline std::string_view kind_name(lock_kind kind) {
             return "recursive_mutex";
         case lock_kind::shared_mutex:
             return "shared_mutex";
+        case lock_kind::semaphore:
+            return "counting_semaphore";
         case lock_kind::free:
             break;
     }
@@ -64,7 +67,7 @@ inline std::string_view kind_name(lock_kind kind) {
 
 /// One holder of a lock.
 struct holder {
-    std::string who;   ///< mutex: the token; the other kinds: the owner id
+    std::string who;   ///< mutex: the token; semaphore: the permit id; the others: the owner id
     std::string mode;  ///< shared_mutex: "read" or "write"; empty for the other kinds
     std::int64_t count = 1;
     /// Lease left in ms (0 or less: expired, dropped by the next acquisition); none when the
@@ -105,6 +108,10 @@ struct report {
     std::int64_t fence_ttl_ms = -2;
     std::vector<std::pair<std::string, std::string>> other_fields;  ///< fields of no known role
     std::string fence_key;
+    std::string permits_key;  ///< a semaphore's count of permits
+    /// The count of permits stored at permits_key, whatever the name holds now (a free
+    /// semaphore keeps it).
+    std::optional<std::int64_t> permits;
     std::string queue_key;
     std::string waiting_key;
     std::string fingerprint;  ///< the lock key's content as the server hashed it
@@ -152,12 +159,19 @@ local function fingerprint(kind)
                                 fields[i + 1]
         end
         table.sort(parts)
+    elseif kind == 'zset' then
+        local members = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+        for i = 1, #members, 2 do
+            parts[#parts + 1] = #members[i] .. ':' .. members[i] .. #members[i + 1] .. ':' ..
+                                members[i + 1]
+        end
     end
     return redis.sha1hex(kind .. '|' .. table.concat(parts, '|'))
 end
 )lua";
 
-// KEYS: the lock, its fencing counter, queue and waiting keys. ARGV[1]: most waiters listed.
+// KEYS: the lock, its fencing counter, queue and waiting keys, and a semaphore's count of
+// permits. ARGV[1]: most waiters (and a semaphore's holders) listed.
 inline constexpr std::string_view snapshot_lua = R"lua(
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -168,6 +182,8 @@ if lock_kind == 'string' then
     content = {redis.call('GET', KEYS[1])}
 elseif lock_kind == 'hash' then
     content = redis.call('HGETALL', KEYS[1])
+elseif lock_kind == 'zset' then
+    content = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
 end
 local fence_kind = kind_of(KEYS[2])
 local fence, fence_ttl = false, -2
@@ -197,8 +213,11 @@ if waiting_kind == 'zset' then
         end
     end
 end
+local permits_kind = kind_of(KEYS[5])
+local permits = permits_kind == 'string' and redis.call('GET', KEYS[5]) or false
 return {now, lock_kind, content, redis.call('PTTL', KEYS[1]), fingerprint(lock_kind),
-        fence_kind, fence, fence_ttl, queue_kind, waiting_kind, total, waiters}
+        fence_kind, fence, fence_ttl, queue_kind, waiting_kind, total, waiters, permits_kind,
+        permits}
 )lua";
 
 // KEYS: one of the keys snapshot_lua reads. ARGV[1]: most members of a sorted set read;
@@ -428,6 +447,7 @@ reply snapshot_key_by_key(C& conn, const report& out) {
         queued.push_back(queue_content[i].text());
     }
     const reply waiting = read_key(conn, out.waiting_key, queued);
+    const reply permits = read_key(conn, out.permits_key, {});
 
     const std::string& fence_type = element(fence, 1).text();
     const bool fence_string = fence_type == "string";
@@ -467,6 +487,10 @@ reply snapshot_key_by_key(C& conn, const report& out) {
         element(waiting, 1),
         reply::integer(std::max(element(queue, 5).as_integer(), element(waiting, 5).as_integer())),
         reply::array(std::move(waiters)),
+        element(permits, 1),
+        element(permits, 1).text() == "string" && !element(permits, 2).elements().empty()
+            ? element(permits, 2).elements()[0]
+            : reply::nil(),
     });
 }
 
@@ -487,11 +511,13 @@ report inspect(C& conn, std::string_view name) {
     out.fence_key = redislock::detail::derived_key(name, "fence");
     out.queue_key = redislock::detail::derived_key(name, "queue");
     out.waiting_key = redislock::detail::derived_key(name, "waiting");
+    out.permits_key = redislock::detail::derived_key(name, "permits");
     const std::string script =
         std::string{detail::fingerprint_lua} + std::string{detail::snapshot_lua};
     const std::string limit = std::to_string(max_waiters);
-    const std::string_view argv[] = {"EVAL",        script,          "4",  out.name, out.fence_key,
-                                     out.queue_key, out.waiting_key, limit};
+    const std::string_view argv[] = {"EVAL",          script,          "5",
+                                     out.name,        out.fence_key,   out.queue_key,
+                                     out.waiting_key, out.permits_key, limit};
     reply r = detail::snapshot(conn, argv);
     if (r.is_error_code("TRYAGAIN")) {
         r = detail::snapshot_key_by_key(conn, out);
@@ -528,10 +554,30 @@ report inspect(C& conn, std::string_view name) {
         } else {
             detail::read_recursive(out, content);
         }
+    } else if (type == "zset") {
+        out.kind = lock_kind::semaphore;
+        for (std::size_t i = 0; i + 1 < content.size(); i += 2) {
+            const auto ends = detail::score(content[i + 1]);
+            out.holders.push_back({content[i].text(), "", 1,
+                                   ends ? std::optional<std::int64_t>{*ends - now} : std::nullopt,
+                                   ""});
+        }
     } else {
         throw unexpected_key_error{
             "the key '" + out.name + "' holds a " + type +
-            ", which is not a redislock lock (a lock is a string or a hash)"};
+            ", which is not a redislock lock (a lock is a string or a hash, a semaphore a "
+            "sorted set)"};
+    }
+    const std::string& permits_type = detail::element(r, 12).text();
+    if (permits_type == "string") {
+        out.permits = detail::to_integer(detail::element(r, 13).text());
+        if (!out.permits) {
+            throw unexpected_key_error{"the count of permits '" + out.permits_key + "' holds '" +
+                                       detail::element(r, 13).text() + "', which is not a number"};
+        }
+    } else if (permits_type != "none") {
+        throw unexpected_key_error{"the count of permits '" + out.permits_key + "' holds a " +
+                                   permits_type + ", not a string"};
     }
 
     const std::string& fence_type = detail::element(r, 5).text();
@@ -688,6 +734,9 @@ inline std::string format(const report& r, std::string_view server = {}) {
         case lock_kind::shared_mutex:
             kind += " (a hash of per-holder leases), mode " + printable(r.mode);
             break;
+        case lock_kind::semaphore:
+            kind += " (a sorted set of permit -> end of its lease)";
+            break;
     }
     line("kind", kind);
     if (!r.one_moment) {
@@ -696,6 +745,14 @@ inline std::string format(const report& r, std::string_view server = {}) {
     }
     if (r.kind != lock_kind::free) {
         line("key expires in", r.key_ttl_ms ? duration_text(*r.key_ttl_ms) : "never (no TTL)");
+    }
+    if (r.permits) {
+        std::int64_t live = 0;
+        for (const holder& h : r.holders) {
+            live += !h.remaining_ms || *h.remaining_ms > 0 ? 1 : 0;
+        }
+        line("permits", std::to_string(*r.permits) + " (" + printable(r.permits_key) + "), " +
+                            std::to_string(std::max<std::int64_t>(*r.permits - live, 0)) + " free");
     }
 
     if (r.kept_for) {
@@ -712,7 +769,10 @@ inline std::string format(const report& r, std::string_view server = {}) {
         if (!h.mode.empty()) {
             out << h.mode << ' ';
         }
-        out << (r.kind == lock_kind::mutex ? "token " : "owner ") << printable(h.who);
+        out << (r.kind == lock_kind::mutex       ? "token "
+                : r.kind == lock_kind::semaphore ? "permit "
+                                                 : "owner ")
+            << printable(h.who);
         if (const auto pid = owner_process(h.who)) {
             out << " (process " << *pid << ')';
         }
@@ -791,8 +851,9 @@ inline std::string format(const report& r, std::string_view server = {}) {
 inline constexpr std::string_view usage =
     "usage: redislock-inspect URI NAME [--force-release [--yes] | --watch [--count N]]\n"
     "\n"
-    "Shows the lock NAME: its kind, holders (owner or token, count, lease left), waiting\n"
-    "writers, waiters and fencing counter, as the server that holds it has them.\n"
+    "Shows the lock or semaphore NAME: its kind, holders (owner, token or permit, count, lease\n"
+    "left), a semaphore's permits, waiting writers, waiters and fencing counter, as the server\n"
+    "that holds it has them.\n"
     "\n"
     "  URI              any URI the library's client takes:\n"
     "                     redis://[user:password@]host[:port][/db], rediss://..., unix:///path\n"
