@@ -20,8 +20,9 @@
 //
 // Usage: contention_bench [--seconds=N] [--wait-spin-us=N] [--kind=K]
 //   --wait-spin-us   the library's client_options::wait_spin (default: the library's default)
-//   --kind           the library's lock: mutex (default), recursive_mutex, or shared_mutex
-//                    (its write lock); the raw variants stay the same
+//   --kind           the library's lock: mutex (default), recursive_mutex, shared_mutex (its
+//                    write lock), or semaphore (a counting_semaphore of 2 permits: up to 2
+//                    inside at once, so overlap counts a third); the raw variants stay the same
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -145,7 +146,8 @@ private:
 // Inside the lock: notes re-wins and overlaps, then runs the work's one command.
 template <class Work>
 void critical_section(shared_page& page, int me, worker_result& out, Work&& work) {
-    if (page.inside.fetch_add(1) != 0) {
+    const int allowed = library_kind == "semaphore" ? 2 : 1;
+    if (page.inside.fetch_add(1) >= allowed) {
         page.overlaps.fetch_add(1);
     }
     if (page.last_holder.exchange(me) == me) {
@@ -199,6 +201,8 @@ void library_worker(const std::string& uri, shared_page& page, int me,
         loop(client->recursive_mutex(lock_name, options));
     } else if (library_kind == "shared_mutex") {
         loop(client->shared_mutex(lock_name, options));
+    } else if (library_kind == "semaphore") {
+        loop(client->semaphore(lock_name, {.permits = 2, .lease = 10s}));
     } else {
         loop(client->mutex(lock_name, options));
     }
@@ -336,12 +340,13 @@ int main(int argc, char** argv) {
         } else if (std::strncmp(argv[i], "--kind=", 7) == 0 &&
                    (std::string_view{argv[i] + 7} == "mutex" ||
                     std::string_view{argv[i] + 7} == "recursive_mutex" ||
-                    std::string_view{argv[i] + 7} == "shared_mutex")) {
+                    std::string_view{argv[i] + 7} == "shared_mutex" ||
+                    std::string_view{argv[i] + 7} == "semaphore")) {
             library_kind = argv[i] + 7;
         } else {
             std::fprintf(stderr,
                          "usage: %s [--seconds=N] [--wait-spin-us=N] "
-                         "[--kind=mutex|recursive_mutex|shared_mutex]\n",
+                         "[--kind=mutex|recursive_mutex|shared_mutex|semaphore]\n",
                          argv[0]);
             return 2;
         }

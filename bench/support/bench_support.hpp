@@ -200,12 +200,13 @@ struct library_arguments {
           channel{redislock::detail::derived_key(name, "released")},
           queue{redislock::detail::derived_key(name, "queue")},
           lapses{redislock::detail::derived_key(name, "waiting")},
+          permits{redislock::detail::derived_key(name, "permits")},
           lease{std::to_string(redislock::lock_options{}.lease.count())},
           grace{std::to_string(
               redislock::detail::handoff_grace(redislock::lock_options{}.lease).count())},
           owner{redislock::detail::owner_id(redislock::detail::token::random().str(), "")} {}
 
-    std::string name, fence, channel, queue, lapses, lease, grace, owner;
+    std::string name, fence, channel, queue, lapses, permits, lease, grace, owner;
 };
 
 // One uncontended acquisition and its release of a lock kind with entry scripts, sent by hand
