@@ -32,6 +32,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using redislock::errc;
+using redislock::reply;
 using redislock::semaphore_options;
 using redislock::test::eventually;
 using redislock::test::redis_server;
@@ -287,6 +288,97 @@ TEST(Semaphore, PermitGuardHoldsForAScope) {
     EXPECT_FALSE(s.owned());
     EXPECT_TRUE(other.try_acquire());
     other.release();
+}
+
+TEST(Semaphore, CountsBeyondWhatScriptsKeepExactAreRefusedBeforeAnythingIsWritten) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    EXPECT_THROW((void)client.semaphore("big", {.permits = 100'000'000'000'000'000}),
+                 redislock::invalid_argument);
+    auto s = client.semaphore("big", {.permits = 1'000'000'000'000});
+    ASSERT_TRUE(s.try_acquire());
+    EXPECT_EQ(srv.cli({"GET", "{big}:permits"}), "1000000000000") << "digits, not 1e+12";
+    EXPECT_EQ(s.available_permits(), 999'999'999'999);
+    EXPECT_THROW((void)s.set_permits(100'000'000'000'000'000), redislock::invalid_argument);
+    s.release();
+
+    // The scripts refuse such a count themselves, writing nothing.
+    namespace scripts = redislock::detail::scripts;
+    const std::array<std::string_view, 4> keys{"huge", "{huge}:queue", "{huge}:waiting",
+                                               "{huge}:permits"};
+    const reply r = redislock::detail::run_script(
+        client.connection(), scripts::semaphore_acquire, keys,
+        std::array<std::string_view, 8>{"p1", "5000", "0", "w", "0", "{huge}:released", "100",
+                                        "100000000000000000"},
+        {}, nullptr);
+    EXPECT_TRUE(r.is_error());
+    const reply set = redislock::detail::run_script(
+        client.connection(), scripts::semaphore_set_permits, keys,
+        std::array<std::string_view, 3>{"100000000000000000", "{huge}:released", "100"}, {},
+        nullptr);
+    EXPECT_TRUE(set.is_error());
+    EXPECT_EQ(srv.cli({"EXISTS", "huge", "{huge}:permits"}), "0");
+}
+
+TEST(Semaphore, OneAcquireCallAtATimePerObject) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto shared = client.semaphore("shared:object", {.permits = 3, .lease = 5s});
+    std::atomic<int> acquired{0};
+    std::atomic<int> refused{0};
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+        threads.emplace_back([&] {
+            ++ready;
+            while (ready.load() < 2) {
+            }
+            try {
+                if (shared.try_acquire_for(2s)) {
+                    ++acquired;
+                }
+            } catch (const std::system_error& e) {
+                EXPECT_EQ(e.code(), std::errc::resource_deadlock_would_occur);
+                ++refused;
+            }
+        });
+    }
+    for (auto& t : threads) {
+        t.join();
+    }
+    EXPECT_EQ(acquired.load(), 1);
+    EXPECT_EQ(refused.load(), 1);
+    EXPECT_EQ(srv.cli({"ZCARD", "shared:object"}), "1") << "one permit per object";
+    shared.release();
+    EXPECT_EQ(srv.cli({"EXISTS", "shared:object"}), "0");
+}
+
+// A waiter told it may take a free permit that gives up instead passes its turn on: the
+// waiters behind it are told at once, not when a lease ends.
+TEST(Semaphore, AToldWaiterThatLeavesTellsTheNextOne) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    namespace scripts = redislock::detail::scripts;
+    const std::string now_ms = srv.cli({"EVAL",
+                                        "local t = redis.call('TIME') return "
+                                        "t[1] * 1000 + math.floor(t[2] / 1000)",
+                                        "0"});
+    const long long now = std::stoll(now_ms);
+    srv.cli({"ZADD", "turns", std::to_string(now + 60'000), "holder"});
+    srv.cli({"SET", "{turns}:permits", "2"});
+    for (const auto& [id, ticket] : {std::pair{"wB", "1"}, {"wC", "2"}, {"wD", "3"}}) {
+        srv.cli({"ZADD", "{turns}:queue", ticket, id});
+        srv.cli({"ZADD", "{turns}:waiting", std::to_string(now + 60'000), id});
+    }
+    const reply r = redislock::detail::run_script(
+        client.connection(), scripts::queue_leave,
+        std::array<std::string_view, 4>{"turns", "{turns}:queue", "{turns}:waiting",
+                                        "{turns}:permits"},
+        std::array<std::string_view, 5>{"wB", "{turns}:released", "100", "s", "2"}, {}, nullptr);
+    ASSERT_EQ(r, reply::integer(1)) << r.text();
+    EXPECT_EQ(srv.cli({"ZSCORE", "{turns}:queue", "wB"}), "");
+    const long long c_lapses = std::stoll(srv.cli({"ZSCORE", "{turns}:waiting", "wC"}));
+    EXPECT_LE(c_lapses, now + 10'000) << "C was told: its entry lapses with the grace now";
 }
 
 // Outside check: processes x threads take permits (2 of them) through kill -9 of a holder,

@@ -27,8 +27,18 @@ std::string cluster_scheme_uri(const redislock::test::redis_cluster& cluster,
     return "redis-cluster://" + seeds.substr(std::string_view{"redis://"}.size());
 }
 
-TEST(TopologySemaphore, PermitsFollowTheirSlotThroughAMigrationWithAWaiterQueued) {
-    redislock::test::redis_cluster cluster{3, 0};
+class TopologySemaphoreCluster : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() { cluster_ = new redislock::test::redis_cluster{3, 0}; }
+    static void TearDownTestSuite() {
+        delete cluster_;
+        cluster_ = nullptr;
+    }
+    static inline redislock::test::redis_cluster* cluster_ = nullptr;
+};
+
+TEST_F(TopologySemaphoreCluster, PermitsFollowTheirSlotThroughAMigrationWithAWaiterQueued) {
+    redislock::test::redis_cluster& cluster = *cluster_;
     redislock::client c{cluster_scheme_uri(cluster, "command_timeout=5000")};
     const std::string name = "jobs:export";
     auto a = c.semaphore(name, {.permits = 2, .lease = 30s});
@@ -68,6 +78,39 @@ TEST(TopologySemaphore, PermitsFollowTheirSlotThroughAMigrationWithAWaiterQueued
     rival.release();
     EXPECT_EQ(cluster.command(to, {"EXISTS", name}), "0");
     EXPECT_EQ(cluster.command(to, {"GET", "{" + name + "}:permits"}), "2");
+}
+
+// On a slot being migrated whose keys are all still on the source, an acquisition that finds
+// only lapsed holders never removes the holders' key and then writes it: Redis would refuse
+// that write ("non local key") after the writes before it.
+TEST_F(TopologySemaphoreCluster, AGrantOnAMigratingSourceWithOnlyLapsedHoldersWritesNothingTwice) {
+    redislock::test::redis_cluster& cluster = *cluster_;
+    redislock::client c{cluster_scheme_uri(cluster, "command_timeout=5000")};
+    const std::string name = "jobs:lapsed";
+    const int slot = cluster.key_slot(name);
+    const int from = cluster.master_for_slot(slot);
+    const auto masters = cluster.masters();
+    const int to = masters.front() == from ? masters.back() : masters.front();
+    const std::string tag = "{" + name + "}";
+    // Every key of the name on the source: a holder whose lease ended (the key kept alive by a
+    // longer one that was given back), a waiter, the count and the fencing counter.
+    cluster.command(from, {"ZADD", name, "1000", "lapsed-permit"});
+    cluster.command(from, {"PEXPIRE", name, "60000"});
+    cluster.command(from, {"ZADD", tag + ":queue", "1", "wother"});
+    cluster.command(from, {"ZADD", tag + ":waiting", "99999999999999", "wother"});
+    cluster.command(from, {"SET", tag + ":permits", "2"});
+    cluster.command(from, {"SET", tag + ":fence", "5"});
+    cluster.begin_migration(slot, from, to);
+    auto s = c.semaphore(name, {.permits = 2, .lease = 30s, .fencing = true});
+    EXPECT_TRUE(s.try_acquire_for(5s));
+    EXPECT_GT(s.fencing_token(), 5);
+    EXPECT_EQ(cluster.command(from, {"ZCARD", name}), "1") << "the lapsed holder went";
+    s.release();
+    cluster.move_keys(slot, from, to);
+    cluster.finish_migration(slot, from, to);
+    for (const std::string& key : {tag + ":queue", tag + ":waiting", tag + ":fence"}) {
+        cluster.command(to, {"DEL", key});
+    }
 }
 
 TEST(TopologySemaphore, APermitOutlivesAPlannedSentinelFailover) {

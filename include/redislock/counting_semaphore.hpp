@@ -8,7 +8,8 @@
 // Shaped like std::counting_semaphore, with one difference that leases make necessary: each
 // object holds at most one permit, and release(), remaining(), lost_token() and
 // fencing_token() refer to it; k permits are k objects. The object, not a thread, holds it:
-// any thread may release it. acquire() on an object that holds its permit throws
+// any thread may release it. acquire() on an object that holds its permit, or while another
+// thread's acquire call on it is under way, throws
 // std::system_error(resource_deadlock_would_occur).
 //
 // In Redis (lua/semaphore_acquire.lua): a sorted set of the holders' permit ids, scored by when
@@ -200,13 +201,12 @@ public:
     /// Sets the count of permits in Redis for every object of the name. Held permits are never
     /// revoked: a lower count only stops grants until enough are given back; a higher one
     /// tells the waiters that may take the new permits. Returns the count before (-1: none was
-    /// stored). @throws redislock::invalid_argument for a count below 1 or a moved-from object;
+    /// stored; a call sent again after its reply was lost sees its own count).
+    /// @throws redislock::invalid_argument for a count out of [1, 10^12] or a moved-from object;
     /// redislock::connection_error; redislock::server_error.
     std::int64_t set_permits(std::int64_t permits) {
         const state& st = checked();
-        if (permits < 1) {
-            throw invalid_argument{"redislock: a semaphore has at least 1 permit"};
-        }
+        detail::check_permits(permits);
         const detail::decimal text{permits};
         const reply r = detail::run_script(
             *st.conn, detail::scripts::semaphore_set_permits, st.release_keys(),
@@ -249,19 +249,32 @@ private:
         checked();
         {
             std::lock_guard guard{state_->mutex};
-            if (state_->held) {
+            if (state_->held || state_->acquiring) {
                 throw std::system_error{
                     std::make_error_code(std::errc::resource_deadlock_would_occur),
-                    "redislock: acquire() of '" + state_->name +
-                        "' by an object that holds a permit (k permits are k objects)"};
+                    "redislock: acquire() of '" + state_->name + "' by an object that " +
+                        (state_->held ? "holds" : "is already acquiring") +
+                        " a permit (k permits are k objects)"};
             }
+            state_->acquiring = true;
         }
+        // One call at a time per object: another thread's would take a second permit.
+        struct acquiring_ends {
+            state& st;
+            ~acquiring_ends() {
+                std::lock_guard guard{st.mutex};
+                st.acquiring = false;
+            }
+        } ends{*state_};
         return detail::acquire_in_line(
             *state_,
             [this](const call_context& how, const detail::queue_place& place) {
                 return attempt(how, place);
             },
-            deadline, stop, detail::line_options{.kind = lock_kind::semaphore});
+            deadline, stop,
+            detail::line_options{.count_key = state_->permits_key,
+                                 .assumed_count = state_->permits_text.view(),
+                                 .kind = lock_kind::semaphore});
     }
 
     // One attempt (lua/semaphore_acquire.lua): std::nullopt when acquired, else how long to

@@ -19,7 +19,7 @@ namespace redislock {
 struct semaphore_options {
     /// The count of permits, written to Redis only when none is stored there yet: the first
     /// object to acquire sets it for everyone, later ones find it (one that finds another count
-    /// is told as permits_differ, events.hpp), and set_permits() changes it. At least 1.
+    /// is told as permits_differ, events.hpp), and set_permits() changes it. From 1 to 10^12.
     std::int64_t permits = 1;
     /// How long Redis keeps this object's permit if its holder goes silent; in (0, max_lease].
     std::chrono::milliseconds lease{30'000};

@@ -8,7 +8,11 @@
 -- ARGV[3]  the grace, ms, a told waiter has to come
 -- ARGV[4]  'm' for a simple lock (then kept free for the next head), '' for the other kinds,
 --          'k' for a reentrant waiter that counted the entry handed to it (and gave it back
---          itself): the entry is then not taken back
+--          itself): the entry is then not taken back; 's' for a semaphore: KEYS[1] is its
+--          holders (see semaphore_acquire.lua), KEYS[4] its count of permits, and ARGV[5] the
+--          count to assume when none is stored: the waiters that may take the free permits are
+--          told
+-- KEYS[4]  (semaphore only) the count of permits
 -- Returns  1 left and waiters told; 0 left
 -- Errors   ERR when a queue key is not a sorted set; nothing is written then.
 --#include _queue.lua
@@ -19,10 +23,28 @@ if refused then
 end
 -- Whether anyone is left: once the queue is gone its keys are not touched again (see _queue.lua),
 -- and a lock kept for this waiter is simply freed.
-local waiting = queue_leave(queue, lapses, ARGV[1])
 local kind = redis.call('TYPE', KEYS[1]).ok
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if ARGV[4] == 's' then
+    if kind ~= 'none' and kind ~= 'zset' then
+        return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a semaphore')
+    end
+    local stored = redis.pcall('GET', KEYS[4])
+    stored = type(stored) == 'string' and #stored <= 13 and tonumber(stored)
+    local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+    if not queue_leave(queue, lapses, ARGV[1]) or not queue_prune(queue, lapses, now, ARGV[2]) then
+        return 0
+    end
+    local free = (stored or tonumber(ARGV[5]) or 1) - live
+    if free < 1 then
+        return 0
+    end
+    queue_notify(queue, lapses, ARGV[2], redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1),
+                 now, tonumber(ARGV[3]))
+    return 1
+end
+local waiting = queue_leave(queue, lapses, ARGV[1])
 if kind == 'string' then
     local holder = redis.call('GET', KEYS[1])
     if holder == 'queued:' .. ARGV[1] or holder == string.match(ARGV[1], '^g(%x+)%.') then

@@ -14,7 +14,8 @@
 -- ARGV[5]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[6]  the release channel; ARGV[7] the grace, ms, a told waiter has to come
--- ARGV[8]  the count of permits to write when none exists
+-- ARGV[8]  the count of permits to write when none exists (1 to 10^12: every count here stays
+--          an exact integer, and Redis writes it back as digits)
 -- Returns  {1, fencing token or 0, count} acquired (also when this very attempt, sent again
 --          after its reply was lost, had acquired: a fenced one then draws a new token, as the
 --          first was never seen); {0, ms, count} not acquired: wait at most ms for a message
@@ -22,11 +23,15 @@
 --          ERR when a queue key is not a sorted set or an argument is missing; nothing is
 --          written then.
 local holders, queue, lapses, permits = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local channel, grace, wanted = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local channel, grace = ARGV[6], tonumber(ARGV[7])
+local wanted = string.match(ARGV[8] or '', '^%d+$') and #ARGV[8] <= 13 and tonumber(ARGV[8])
+if wanted and wanted > 1000000000000 then
+    wanted = nil
+end
 if ARGV[3] == '1' and not KEYS[5] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[5]')
 end
-if not channel or not grace or grace < 1 or not wanted then
+if not channel or not grace or grace < 1 or not wanted or wanted < 1 then
     return redis.error_reply('ERR an acquisition names the release channel, the grace and ' ..
                              'the count of permits (ARGV[6] to ARGV[8])')
 end
@@ -40,11 +45,13 @@ if kind ~= 'none' and kind ~= 'zset' then
     return redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
 end
 local stored = redis.pcall('GET', permits)
-if type(stored) == 'table' or (stored and not string.match(stored, '^%d+$')) then
+if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
     return redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
 end
 local last = ARGV[3] == '1' and redis.call('GET', KEYS[5])
-if last and (#last > 16 or not string.match(last, '^%d+$')) then
+-- At most 2^53 - 1: above it a token would not grow by one.
+if last and (#last > 16 or not string.match(last, '^%d+$') or
+    tonumber(last) > 9007199254740990) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[5] .. ' is not a fencing counter')
 end
 local count = tonumber(stored) or wanted
@@ -72,12 +79,14 @@ if allowed then
         redis.call('SET', KEYS[5], string.format('%d', fence), 'PX', 86400000)
     end
     if not stored then
-        redis.call('SET', permits, count)
+        redis.call('SET', permits, ARGV[8])
     end
-    if live < redis.call('ZCARD', holders) then
+    -- Added before the lapsed entries go, so the key is never removed and then touched (see
+    -- _queue.lua).
+    redis.call('ZADD', holders, now + lease, ARGV[1])
+    if live + 1 < redis.call('ZCARD', holders) then
         redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
     end
-    redis.call('ZADD', holders, now + lease, ARGV[1])
     if redis.call('PTTL', holders) < lease then
         redis.call('PEXPIRE', holders, lease)
     end
@@ -86,18 +95,18 @@ if allowed then
     end
     return {1, fence, count}
 end
--- Not this waiter's turn. Permits free for waiters ahead of it: those are told (an entry that
--- lapses later than the grace was not told yet, or not since a permit came free), and this one
--- waits for their grace at most. Else the wait is until the first lease ends.
+-- Not this waiter's turn. Permits free for waiters ahead of it: those are told when one of them
+-- was not yet (its entry lapses later than the grace: not told since a permit came free), and
+-- this one waits for their grace at most. Else the wait is until the first lease ends.
 local wait
 if free > 0 and queued then
-    local run = {}
-    for _, ahead in ipairs(redis.call('ZRANGE', queue, 0, free - 1)) do
+    local run = redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1)
+    for _, ahead in ipairs(run) do
         if (tonumber(redis.call('ZSCORE', lapses, ahead)) or now) > now + grace then
-            run[#run + 1] = ahead
+            queue_notify(queue, lapses, channel, run, now, grace)
+            break
         end
     end
-    queue_notify(queue, lapses, channel, run, now, grace)
     wait = grace
 else
     local first = redis.call('ZRANGEBYSCORE', holders, '(' .. now, '+inf', 'WITHSCORES',

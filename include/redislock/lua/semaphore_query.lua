@@ -8,7 +8,7 @@ if kind ~= 'none' and kind ~= 'zset' then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a semaphore')
 end
 local stored = redis.pcall('GET', KEYS[2])
-if type(stored) == 'table' or (stored and not string.match(stored, '^%d+$')) then
+if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a count of permits')
 end
 local time = redis.call('TIME')

@@ -7,6 +7,7 @@
 -- ARGV[1]  our permit id
 -- ARGV[2]  the release channel
 -- ARGV[3]  the grace, ms, a told waiter has to come
+-- ARGV[4]  the count of permits to assume when none is stored (lost: evicted, or a failover)
 -- Returns  1 released, no one told; 2 released and waiters told; 0 not ours (its lease ended,
 --          or it was never granted): an entry left past its lease is removed all the same
 -- Errors   WRONGTYPE when a key holds another type; ERR when a queue key is not a sorted set;
@@ -22,7 +23,7 @@ if kind ~= 'none' and kind ~= 'zset' then
     return redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
 end
 local stored = redis.pcall('GET', permits)
-if type(stored) == 'table' then
+if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
     return redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
 end
 local time = redis.call('TIME')
@@ -41,10 +42,10 @@ live = live - 1
 if redis.call('EXISTS', queue) == 0 or not queue_prune(queue, lapses, now, ARGV[2]) then
     return 1
 end
-local free = (tonumber(stored) or 0) - live
+local free = (tonumber(stored) or tonumber(ARGV[4]) or 1) - live
 if free < 1 then
     return 1
 end
-queue_notify(queue, lapses, ARGV[2], redis.call('ZRANGE', queue, 0, free - 1), now,
-             tonumber(ARGV[3]))
+local run = redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1)
+queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 2

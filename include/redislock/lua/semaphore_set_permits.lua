@@ -11,8 +11,10 @@
 -- Errors   WRONGTYPE when a key holds another type; ERR when a queue key is not a sorted set or
 --          ARGV[1] is not a count; nothing is written then.
 local holders, queue, lapses, permits = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-if not string.match(ARGV[1] or '', '^%d+$') then
-    return redis.error_reply('ERR the count of permits is a whole number (ARGV[1])')
+local count = string.match(ARGV[1] or '', '^%d+$') and #ARGV[1] <= 13 and tonumber(ARGV[1])
+if not count or count < 1 or count > 1000000000000 then
+    return redis.error_reply('ERR the count of permits is a whole number from 1 to 10^12 ' ..
+                             '(ARGV[1])')
 end
 --#include _queue.lua
 local refused = queue_check(queue, lapses)
@@ -24,15 +26,15 @@ if kind ~= 'none' and kind ~= 'zset' then
     return redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
 end
 local stored = redis.pcall('GET', permits)
-if type(stored) == 'table' or (stored and not string.match(stored, '^%d+$')) then
+if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
     return redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('SET', permits, ARGV[1])
-local free = tonumber(ARGV[1]) - redis.call('ZCOUNT', holders, '(' .. now, '+inf')
+local free = count - redis.call('ZCOUNT', holders, '(' .. now, '+inf')
 if free > 0 and redis.call('EXISTS', queue) == 1 and queue_prune(queue, lapses, now, ARGV[2]) then
-    queue_notify(queue, lapses, ARGV[2], redis.call('ZRANGE', queue, 0, free - 1), now,
-                 tonumber(ARGV[3]))
+    queue_notify(queue, lapses, ARGV[2], redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1),
+                 now, tonumber(ARGV[3]))
 end
 return tonumber(stored) or -1

@@ -38,8 +38,7 @@ struct mutex_release {
                                         bool waiters_likely = false) noexcept {
         try {
             const auto keys = st.release_keys();
-            const std::array<std::string_view, 3> args{token.view(), st.channel,
-                                                       st.grace_text.view()};
+            const auto args = st.release_args(token);
             const call_context how{{}, deadline};
             const reply r =
                 waiters_likely

@@ -36,9 +36,13 @@ struct mutex_state : lock_identity<C> {
     using lock_identity<C>::lock_identity;
     using lease_key = detail::token;  // an acquisition is named by its token
 
-    // How mutex_release gives an acquisition back: lua/mutex_release.lua on these keys.
+    // How mutex_release gives an acquisition back: lua/mutex_release.lua on these keys, with
+    // these arguments.
     static constexpr const script& release_script = scripts::mutex_release;
     std::array<std::string_view, 3> release_keys() const { return this->queue_keys(); }
+    std::array<std::string_view, 3> release_args(const detail::token& t) const {
+        return {t.view(), this->channel, this->grace_text.view()};
+    }
 
     bool caller_is_holder() const { return this->caller_is(holder); }
     // Held by the parent this process was forked from: only the parent may release it.

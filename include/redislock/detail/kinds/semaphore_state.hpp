@@ -28,13 +28,22 @@
 
 namespace redislock::detail {
 
+/// The most permits a semaphore may have: every count stays an exact integer in its scripts.
+inline constexpr std::int64_t max_permits = 1'000'000'000'000;
+
+/// @throws redislock::invalid_argument for a count of permits out of [1, max_permits].
+inline void check_permits(std::int64_t permits) {
+    if (permits < 1 || permits > max_permits) {
+        throw invalid_argument{"redislock: a semaphore has from 1 to 10^12 permits, not " +
+                               std::to_string(permits)};
+    }
+}
+
 /// The lock_options a semaphore's permit is kept with. The owner makes the object, not the
 /// calling thread, the holder: a permit may be given back from any thread, as with
 /// std::counting_semaphore.
 inline lock_options permit_options(const semaphore_options& o) {
-    if (o.permits < 1) {
-        throw invalid_argument{"redislock: a semaphore has at least 1 permit"};
-    }
+    check_permits(o.permits);
     return lock_options{.lease = o.lease,
                         .watchdog = o.watchdog,
                         .fencing = o.fencing,
@@ -58,10 +67,14 @@ struct semaphore_state : mutex_state<C> {
           permits{o.permits},
           permits_text{o.permits} {}
 
-    // How mutex_release gives a permit back: lua/semaphore_release.lua on these keys.
+    // How mutex_release gives a permit back: lua/semaphore_release.lua on these keys, with
+    // these arguments.
     static constexpr const script& release_script = scripts::semaphore_release;
     std::array<std::string_view, 4> release_keys() const {
         return {this->name, this->queue_key, this->lapse_key, permits_key};
+    }
+    std::array<std::string_view, 4> release_args(const detail::token& t) const {
+        return {t.view(), this->channel, this->grace_text.view(), permits_text.view()};
     }
 
     // After the loss of permit `t` by expiry: gives it back in the background (see
@@ -83,6 +96,7 @@ struct semaphore_state : mutex_state<C> {
     std::int64_t permits;     // semaphore_options::permits
     decimal permits_text;
     std::atomic<bool> differ_told{false};  // permits_differ told by this object
+    bool acquiring = false;                // an acquire call is under way (guarded by the mutex)
 };
 
 }  // namespace redislock::detail

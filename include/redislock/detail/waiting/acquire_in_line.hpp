@@ -68,22 +68,34 @@ struct queue_place {
 /// at once if the server answers within a few milliseconds, so a process that exits right after
 /// giving up leaves nothing handed to it; else in the background, for at least 2 s and until
 /// `lapses_by`, when its entry lapses by itself (until then a release may still hand the lock to
-/// it).
+/// it). A semaphore's waiter (kind 's') also names its count of permits, `count_key`, and the
+/// count to assume when none is stored.
 template <connection C>
 void leave_queue(const lock_identity<C>& lk, const std::string& waiter, std::string_view kind,
-                 steady::time_point lapses_by) noexcept {
+                 steady::time_point lapses_by, std::string_view count_key = {},
+                 std::string_view assumed_count = {}) noexcept {
     try {
         // Made inside the try: its copies allocate, and this runs from a destructor.
         const auto leave = [core = lk.core, key = lk.name, queue = lk.queue_key,
                             lapses = lk.lapse_key, channel = lk.channel, waiter,
-                            grace = std::string{lk.grace_text.view()},
-                            kind](steady::time_point deadline) {
+                            grace = std::string{lk.grace_text.view()}, kind,
+                            count = std::string{count_key},
+                            assumed = std::string{assumed_count}](steady::time_point deadline) {
             try {
-                const reply r = detail::run_script(
-                    core->connection, scripts::queue_leave,
-                    std::array<std::string_view, 3>{key, queue, lapses},
-                    std::array<std::string_view, 4>{waiter, channel, grace, kind},
-                    call_context{key, deadline}, &core->events);
+                const call_context how{key, deadline};
+                const reply r =
+                    count.empty()
+                        ? detail::run_script(
+                              core->connection, scripts::queue_leave,
+                              std::array<std::string_view, 3>{key, queue, lapses},
+                              std::array<std::string_view, 4>{waiter, channel, grace, kind}, how,
+                              &core->events)
+                        : detail::run_script(
+                              core->connection, scripts::queue_leave,
+                              std::array<std::string_view, 4>{key, queue, lapses, count},
+                              std::array<std::string_view, 5>{waiter, channel, grace, kind,
+                                                              assumed},
+                              how, &core->events);
                 return !r.is_error() || r.is_error_code("WRONGTYPE");
             } catch (...) {
                 return false;
@@ -105,6 +117,10 @@ struct line_options {
                            // same owner: its first attempt skips the gate, since its own release
                            // is what the threads in the gate wait for
     bool simple = false;   // a simple lock (see queue_leave.lua)
+    // A semaphore's count of permits, and the count its object assumes while none is stored:
+    // a semaphore's waiter that leaves tells those that may take the free permits.
+    std::string_view count_key = {};
+    std::string_view assumed_count = {};
     // The lock may be handed to this waiter: kept for it under a token of its own, for a simple
     // lock (see queue_hand_on), or, with `owner` set, as an entry of that owner, for a reentrant
     // lock (see queue_hand_on_entry), until its next attempt takes it; the owner then holds
@@ -167,16 +183,21 @@ bool acquire_in_line(const lock_identity<C>& lk, Attempt&& attempt, steady::time
         bool& acquired;
         bool& counted;
         const steady::time_point& lapses_by;
-        bool simple;
+        const line_options& line;
         ~cleanup() {
             if (slot) {
                 room.notify.withdraw(listen, waiter);
             }
             if (joined && !acquired) {
-                leave_queue(lk, waiter, simple ? "m" : counted ? "k" : "", lapses_by);
+                leave_queue(lk, waiter,
+                            !line.count_key.empty() ? "s"
+                            : line.simple           ? "m"
+                            : counted               ? "k"
+                                                    : "",
+                            lapses_by, line.count_key, line.assumed_count);
             }
         }
-    } on_exit{lk, room, listen, waiter, slot, joined, acquired, counted, lapses_by, line.simple};
+    } on_exit{lk, room, listen, waiter, slot, joined, acquired, counted, lapses_by, line};
 
     const local_gates::view gate = room.gates.look(lk.name);
     // Whether the last attempt got a definite "not acquired": until then a possible re-entry

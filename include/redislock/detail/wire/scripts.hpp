@@ -731,7 +731,11 @@ inline constexpr script queue_leave{
 -- ARGV[3]  the grace, ms, a told waiter has to come
 -- ARGV[4]  'm' for a simple lock (then kept free for the next head), '' for the other kinds,
 --          'k' for a reentrant waiter that counted the entry handed to it (and gave it back
---          itself): the entry is then not taken back
+--          itself): the entry is then not taken back; 's' for a semaphore: KEYS[1] is its
+--          holders (see semaphore_acquire.lua), KEYS[4] its count of permits, and ARGV[5] the
+--          count to assume when none is stored: the waiters that may take the free permits are
+--          told
+-- KEYS[4]  (semaphore only) the count of permits
 -- Returns  1 left and waiters told; 0 left
 -- Errors   ERR when a queue key is not a sorted set; nothing is written then.
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
@@ -988,10 +992,28 @@ if refused then
 end
 -- Whether anyone is left: once the queue is gone its keys are not touched again (see _queue.lua),
 -- and a lock kept for this waiter is simply freed.
-local waiting = queue_leave(queue, lapses, ARGV[1])
 local kind = redis.call('TYPE', KEYS[1]).ok
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+if ARGV[4] == 's' then
+    if kind ~= 'none' and kind ~= 'zset' then
+        return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a semaphore')
+    end
+    local stored = redis.pcall('GET', KEYS[4])
+    stored = type(stored) == 'string' and #stored <= 13 and tonumber(stored)
+    local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
+    if not queue_leave(queue, lapses, ARGV[1]) or not queue_prune(queue, lapses, now, ARGV[2]) then
+        return 0
+    end
+    local free = (stored or tonumber(ARGV[5]) or 1) - live
+    if free < 1 then
+        return 0
+    end
+    queue_notify(queue, lapses, ARGV[2], redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1),
+                 now, tonumber(ARGV[3]))
+    return 1
+end
+local waiting = queue_leave(queue, lapses, ARGV[1])
 if kind == 'string' then
     local holder = redis.call('GET', KEYS[1])
     if holder == 'queued:' .. ARGV[1] or holder == string.match(ARGV[1], '^g(%x+)%.') then
@@ -1045,7 +1067,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "4d6289be5d16194f7f5c6c3222d047db4650b2e9"};
+    "26a8d4af5c5e0418a0ceb047705860931dd9b182"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -2016,7 +2038,8 @@ inline constexpr script semaphore_acquire{
 -- ARGV[5]  '0' for a try that does not wait; else ms an entry in the queue outlives the wait
 --          this reply asks for
 -- ARGV[6]  the release channel; ARGV[7] the grace, ms, a told waiter has to come
--- ARGV[8]  the count of permits to write when none exists
+-- ARGV[8]  the count of permits to write when none exists (1 to 10^12: every count here stays
+--          an exact integer, and Redis writes it back as digits)
 -- Returns  {1, fencing token or 0, count} acquired (also when this very attempt, sent again
 --          after its reply was lost, had acquired: a fenced one then draws a new token, as the
 --          first was never seen); {0, ms, count} not acquired: wait at most ms for a message
@@ -2024,11 +2047,15 @@ inline constexpr script semaphore_acquire{
 --          ERR when a queue key is not a sorted set or an argument is missing; nothing is
 --          written then.
 local holders, queue, lapses, permits = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local channel, grace, wanted = ARGV[6], tonumber(ARGV[7]), tonumber(ARGV[8])
+local channel, grace = ARGV[6], tonumber(ARGV[7])
+local wanted = string.match(ARGV[8] or '', '^%d+$') and #ARGV[8] <= 13 and tonumber(ARGV[8])
+if wanted and wanted > 1000000000000 then
+    wanted = nil
+end
 if ARGV[3] == '1' and not KEYS[5] then
     return redis.error_reply('ERR a fenced acquisition declares its fencing counter as KEYS[5]')
 end
-if not channel or not grace or grace < 1 or not wanted then
+if not channel or not grace or grace < 1 or not wanted or wanted < 1 then
     return redis.error_reply('ERR an acquisition names the release channel, the grace and ' ..
                              'the count of permits (ARGV[6] to ARGV[8])')
 end
@@ -2288,11 +2315,13 @@ if kind ~= 'none' and kind ~= 'zset' then
     return redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
 end
 local stored = redis.pcall('GET', permits)
-if type(stored) == 'table' or (stored and not string.match(stored, '^%d+$')) then
+if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
     return redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
 end
 local last = ARGV[3] == '1' and redis.call('GET', KEYS[5])
-if last and (#last > 16 or not string.match(last, '^%d+$')) then
+-- At most 2^53 - 1: above it a token would not grow by one.
+if last and (#last > 16 or not string.match(last, '^%d+$') or
+    tonumber(last) > 9007199254740990) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[5] .. ' is not a fencing counter')
 end
 local count = tonumber(stored) or wanted
@@ -2320,12 +2349,14 @@ if allowed then
         redis.call('SET', KEYS[5], string.format('%d', fence), 'PX', 86400000)
     end
     if not stored then
-        redis.call('SET', permits, count)
+        redis.call('SET', permits, ARGV[8])
     end
-    if live < redis.call('ZCARD', holders) then
+    -- Added before the lapsed entries go, so the key is never removed and then touched (see
+    -- _queue.lua).
+    redis.call('ZADD', holders, now + lease, ARGV[1])
+    if live + 1 < redis.call('ZCARD', holders) then
         redis.call('ZREMRANGEBYSCORE', holders, '-inf', now)
     end
-    redis.call('ZADD', holders, now + lease, ARGV[1])
     if redis.call('PTTL', holders) < lease then
         redis.call('PEXPIRE', holders, lease)
     end
@@ -2334,18 +2365,18 @@ if allowed then
     end
     return {1, fence, count}
 end
--- Not this waiter's turn. Permits free for waiters ahead of it: those are told (an entry that
--- lapses later than the grace was not told yet, or not since a permit came free), and this one
--- waits for their grace at most. Else the wait is until the first lease ends.
+-- Not this waiter's turn. Permits free for waiters ahead of it: those are told when one of them
+-- was not yet (its entry lapses later than the grace: not told since a permit came free), and
+-- this one waits for their grace at most. Else the wait is until the first lease ends.
 local wait
 if free > 0 and queued then
-    local run = {}
-    for _, ahead in ipairs(redis.call('ZRANGE', queue, 0, free - 1)) do
+    local run = redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1)
+    for _, ahead in ipairs(run) do
         if (tonumber(redis.call('ZSCORE', lapses, ahead)) or now) > now + grace then
-            run[#run + 1] = ahead
+            queue_notify(queue, lapses, channel, run, now, grace)
+            break
         end
     end
-    queue_notify(queue, lapses, channel, run, now, grace)
     wait = grace
 else
     local first = redis.call('ZRANGEBYSCORE', holders, '(' .. now, '+inf', 'WITHSCORES',
@@ -2359,7 +2390,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait, count}
 )lua",
-    "e9f195d51d5a945b023c0278ce9e72719990e883"};
+    "34f84bd79dbaba679342d79ad7b0dd46ca159edb"};
 
 inline constexpr script semaphore_extend{
     "semaphore_extend",
@@ -2397,14 +2428,14 @@ if kind ~= 'none' and kind ~= 'zset' then
     return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a semaphore')
 end
 local stored = redis.pcall('GET', KEYS[2])
-if type(stored) == 'table' or (stored and not string.match(stored, '^%d+$')) then
+if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a count of permits')
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 return {tonumber(stored) or -1, redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')}
 )lua",
-    "97a7e0dd265371911b5a85d6d97f748bd8b36d29"};
+    "4e79232d2ee1a9d6acb0a62ba50267b788b9bfb7"};
 
 inline constexpr script semaphore_release{
     "semaphore_release",
@@ -2417,6 +2448,7 @@ inline constexpr script semaphore_release{
 -- ARGV[1]  our permit id
 -- ARGV[2]  the release channel
 -- ARGV[3]  the grace, ms, a told waiter has to come
+-- ARGV[4]  the count of permits to assume when none is stored (lost: evicted, or a failover)
 -- Returns  1 released, no one told; 2 released and waiters told; 0 not ours (its lease ended,
 --          or it was never granted): an entry left past its lease is removed all the same
 -- Errors   WRONGTYPE when a key holds another type; ERR when a queue key is not a sorted set;
@@ -2678,7 +2710,7 @@ if kind ~= 'none' and kind ~= 'zset' then
     return redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
 end
 local stored = redis.pcall('GET', permits)
-if type(stored) == 'table' then
+if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
     return redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
 end
 local time = redis.call('TIME')
@@ -2697,15 +2729,15 @@ live = live - 1
 if redis.call('EXISTS', queue) == 0 or not queue_prune(queue, lapses, now, ARGV[2]) then
     return 1
 end
-local free = (tonumber(stored) or 0) - live
+local free = (tonumber(stored) or tonumber(ARGV[4]) or 1) - live
 if free < 1 then
     return 1
 end
-queue_notify(queue, lapses, ARGV[2], redis.call('ZRANGE', queue, 0, free - 1), now,
-             tonumber(ARGV[3]))
+local run = redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1)
+queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 2
 )lua",
-    "602641b60f03fb2ab166bfc499148efcdf4fd2d5"};
+    "3505d1643e8cbd6563db07c19070337d3b83bead"};
 
 inline constexpr script semaphore_set_permits{
     "semaphore_set_permits",
@@ -2722,8 +2754,10 @@ inline constexpr script semaphore_set_permits{
 -- Errors   WRONGTYPE when a key holds another type; ERR when a queue key is not a sorted set or
 --          ARGV[1] is not a count; nothing is written then.
 local holders, queue, lapses, permits = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-if not string.match(ARGV[1] or '', '^%d+$') then
-    return redis.error_reply('ERR the count of permits is a whole number (ARGV[1])')
+local count = string.match(ARGV[1] or '', '^%d+$') and #ARGV[1] <= 13 and tonumber(ARGV[1])
+if not count or count < 1 or count > 1000000000000 then
+    return redis.error_reply('ERR the count of permits is a whole number from 1 to 10^12 ' ..
+                             '(ARGV[1])')
 end
 -- The fair waiting queue beside a lock: q orders waiter ids by arrival (a sorted set, id ->
 -- ticket in server µs), w says when each entry lapses unless its waiter comes back (id -> ms).
@@ -2981,20 +3015,20 @@ if kind ~= 'none' and kind ~= 'zset' then
     return redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
 end
 local stored = redis.pcall('GET', permits)
-if type(stored) == 'table' or (stored and not string.match(stored, '^%d+$')) then
+if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
     return redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('SET', permits, ARGV[1])
-local free = tonumber(ARGV[1]) - redis.call('ZCOUNT', holders, '(' .. now, '+inf')
+local free = count - redis.call('ZCOUNT', holders, '(' .. now, '+inf')
 if free > 0 and redis.call('EXISTS', queue) == 1 and queue_prune(queue, lapses, now, ARGV[2]) then
-    queue_notify(queue, lapses, ARGV[2], redis.call('ZRANGE', queue, 0, free - 1), now,
-                 tonumber(ARGV[3]))
+    queue_notify(queue, lapses, ARGV[2], redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1),
+                 now, tonumber(ARGV[3]))
 end
 return tonumber(stored) or -1
 )lua",
-    "4ce43c7df0c54deb0d041256576441e5795a3f5a"};
+    "c89191aa74a824e4722c051eeba0de80c2a2325c"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
