@@ -403,9 +403,11 @@ public:
     /// Takes over the permit `s` holds.
     permit_guard(Semaphore& s, std::adopt_lock_t) noexcept : semaphore_{&s}, held_{true} {}
 
+    /// Takes over `other`'s permit; `other` holds none after.
     permit_guard(permit_guard&& other) noexcept
         : semaphore_{std::exchange(other.semaphore_, nullptr)},
           held_{std::exchange(other.held_, false)} {}
+    /// Gives back this guard's permit, then takes over `other`'s.
     permit_guard& operator=(permit_guard&& other) noexcept {
         if (this != &other) {
             release();
@@ -425,7 +427,9 @@ public:
             semaphore_->release();
         }
     }
+    /// Whether the guard holds a permit (it gives it back when destroyed).
     bool owns_permit() const noexcept { return held_; }
+    /// owns_permit().
     explicit operator bool() const noexcept { return held_; }
 
 private:
