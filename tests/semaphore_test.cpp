@@ -270,6 +270,23 @@ TEST(Semaphore, ADeadHoldersPermitComesBackWhenItsLeaseEnds) {
     s.release();
 }
 
+TEST(Semaphore, VerifyAsksRedisWhetherThePermitIsStillLive) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    std::atomic<int> lost{0};
+    auto s = client.semaphore("checked", {.permits = 2, .lease = 10s, .on_lost = [&] { ++lost; }});
+    EXPECT_FALSE(s.verify()) << "nothing held";
+    ASSERT_TRUE(s.try_acquire());
+    EXPECT_TRUE(s.verify());
+    srv.cli({"DEL", "checked"});  // freed by hand
+    EXPECT_FALSE(s.verify());
+    EXPECT_EQ(lost.load(), 1);
+    EXPECT_FALSE(s.owned());
+    std::error_code ec;
+    s.release(ec);
+    EXPECT_EQ(ec, errc::lock_lost);
+}
+
 TEST(Semaphore, PermitGuardHoldsForAScope) {
     redis_server srv;
     redislock::client client{srv.uri()};

@@ -174,6 +174,36 @@ public:
     /// off or none is held. Strictly increases across the permits granted for the name.
     std::int64_t fencing_token() const { return handle::held_fence(); }
 
+    /// Asks Redis whether the permit this object holds is still live there, on a node that is
+    /// still a master (ROLE). A permit found lost calls on_lost. False at once when none is
+    /// held. @throws redislock::connection_error; redislock::server_error (the permit is not
+    /// taken for lost).
+    bool verify() {
+        std::optional<detail::token> token = held_token();
+        if (!token) {
+            return false;
+        }
+        const auto deadline = state_->core->untimed_deadline();
+        const reply r = detail::run_script(
+            *state_->conn, detail::scripts::semaphore_query,
+            std::array<std::string_view, 2>{state_->name, state_->permits_key},
+            std::array{token->view()}, call_context{{}, deadline}, &state_->core->events);
+        if (r.is_error()) {
+            detail::throw_reply_error(r, "verify", state_->name);
+        }
+        if (!r.is_array() || r.elements().size() != 3 || !r.elements()[2].is_integer()) {
+            throw server_error{"redislock: unexpected reply to a semaphore query"};
+        }
+        if (r.elements()[2].as_integer() == 1 &&
+            detail::serves_as_master(*state_->conn, state_->name, deadline)) {
+            return true;
+        }
+        // Gone from the holders (its lease ended there, or it was freed by hand) or held on a
+        // demoted master: the server cannot vouch for it.
+        tracker().lose(*token, loss_reason::server_lost);
+        return false;
+    }
+
     /// Asks Redis how many permits are free now: the count (this object's
     /// semaphore_options::permits while none is stored) less the live holders, never below 0.
     /// A snapshot, which may be stale by the time the caller looks; one round trip that changes
@@ -189,7 +219,7 @@ public:
         if (r.is_error()) {
             detail::throw_reply_error(r, "query", st.name);
         }
-        if (!r.is_array() || r.elements().size() != 2 || !r.elements()[0].is_integer() ||
+        if (!r.is_array() || r.elements().size() != 3 || !r.elements()[0].is_integer() ||
             !r.elements()[1].is_integer()) {
             throw server_error{"redislock: unexpected reply to a semaphore query"};
         }

@@ -1,6 +1,7 @@
 // redislock-torture: one face for every client and lock kind the workers drive, over the
 // library's public API only: redislock::client, sentinel_client, cluster_client and
-// redlock_client, and their mutex, recursive_mutex, shared_mutex and redlock mutex.
+// redlock_client, and their mutex, recursive_mutex, shared_mutex, counting_semaphore (of
+// semaphore_permits permits) and redlock mutex.
 #pragma once
 
 #include <chrono>
@@ -154,6 +155,21 @@ public:
                     return std::make_unique<
                         lock_of<decltype(client_->shared_mutex(name, options))>>(
                         client_->shared_mutex(name, options));
+                case lock_type::semaphore: {
+                    const semaphore_options s{.permits = semaphore_permits,
+                                              .lease = options.lease,
+                                              .watchdog = options.watchdog,
+                                              .fencing = options.fencing,
+                                              .on_lost = options.on_lost,
+                                              .backoff_min = options.backoff_min,
+                                              .backoff_max = options.backoff_max,
+                                              .max_hold = options.max_hold,
+                                              .min_replicas = options.min_replicas,
+                                              .replica_timeout = options.replica_timeout,
+                                              .on_lost_reason = options.on_lost_reason};
+                    return std::make_unique<lock_of<decltype(client_->semaphore(name, s))>>(
+                        client_->semaphore(name, s));
+                }
             }
             return nullptr;
         } else {

@@ -23,7 +23,7 @@ inline constexpr const char* usage_text =
                          [--help]
 
 A seeded schedule explorer for redislock: P worker processes x T threads run a plan of lock
-operations drawn from the seed (every lock kind; several objects per owner with different
+operations drawn from the seed (every lock kind and the semaphore; several objects per owner with different
 leases, re-entry, extend, verify, try_lock_for with random deadlines, stop requests, watchdog
 and fencing on and off, fork(), a client destroyed while its lock lives) against a topology the
 tool starts itself, while it injects the faults of that topology (slot migrations with and

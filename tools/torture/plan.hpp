@@ -47,7 +47,10 @@ inline std::string_view to_string(topology_kind t) {
     return "?";
 }
 
-enum class lock_type { mutex, recursive, shared };
+enum class lock_type { mutex, recursive, shared, semaphore };
+
+/// The permits of every semaphore name of a run.
+inline constexpr int semaphore_permits = 2;
 
 inline std::string_view to_string(lock_type t) {
     switch (t) {
@@ -57,6 +60,8 @@ inline std::string_view to_string(lock_type t) {
             return "recursive_mutex";
         case lock_type::shared:
             return "shared_mutex";
+        case lock_type::semaphore:
+            return "counting_semaphore";
     }
     return "?";
 }
@@ -402,7 +407,7 @@ inline episode draw_episode(rng& r, const run_shape& shape, const std::vector<lo
     for (int i = 0; i < steps; ++i) {
         inner_step s;
         s.at_ms = r.between(0, e.hold_ms);
-        const bool reentrant = type != lock_type::mutex;
+        const bool reentrant = type == lock_type::recursive || type == lock_type::shared;
         switch (r.weighted({reentrant ? 60 : 0, 20, 20})) {
             case 0: {
                 s.what = inner_step::kind::reenter;
@@ -568,10 +573,10 @@ inline plan draw_plan(const run_shape& shape) {
     for (int i = 0; i < name_count; ++i) {
         if (redlock) {
             p.names.push_back(lock_type::mutex);
-        } else if (i < 3) {
+        } else if (i < 4) {
             p.names.push_back(static_cast<lock_type>(i));  // every kind at least once
         } else {
-            p.names.push_back(static_cast<lock_type>(names.between(0, 2)));
+            p.names.push_back(static_cast<lock_type>(names.between(0, 3)));
         }
     }
     if (shape.topology == topology_kind::single || shape.topology == topology_kind::given) {
@@ -592,7 +597,9 @@ inline plan draw_plan(const run_shape& shape) {
             rng tr = root.stream("thread", static_cast<std::uint64_t>(pi * 1000 + ti));
             for (int n = 0; n < name_count; ++n) {
                 const lock_type type = p.names[static_cast<std::size_t>(n)];
-                const int count = type == lock_type::mutex ? tr.between(1, 2) : tr.between(2, 3);
+                const int count = type == lock_type::mutex || type == lock_type::semaphore
+                                      ? tr.between(1, 2)
+                                      : tr.between(2, 3);
                 const bool explicit_owner = tr.percent(20);
                 for (int k = 0; k < count; ++k) {
                     t.objects.push_back(

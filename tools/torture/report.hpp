@@ -193,7 +193,8 @@ inline void print_fault(std::ostream& out, const checker& c, const fault_record&
 
 struct summary {
     std::size_t acquisitions = 0;
-    std::size_t acquisitions_of[3] = {};  ///< by kind: mutex, recursive_mutex, shared_mutex
+    /// By kind: mutex, recursive_mutex, shared_mutex, counting_semaphore.
+    std::size_t acquisitions_of[4] = {};
     std::size_t faults_applied = 0;
     std::size_t faults_planned = 0;
     std::size_t faults_unplanned = 0;  ///< changes the topology made on its own
@@ -221,7 +222,8 @@ inline void print_findings(std::ostream& out, const findings& f, std::size_t mos
 inline void print_summary(std::ostream& out, const plan& p, const summary& s, const findings& f) {
     out << "summary " << to_string(p.shape.topology) << ": acquisitions " << s.acquisitions
         << " (mutex " << s.acquisitions_of[0] << ", recursive_mutex " << s.acquisitions_of[1]
-        << ", shared_mutex " << s.acquisitions_of[2] << ")"
+        << ", shared_mutex " << s.acquisitions_of[2] << ", counting_semaphore "
+        << s.acquisitions_of[3] << ")"
         << ", faults " << s.faults_applied << " of " << s.faults_planned << " applied";
     if (s.faults_unplanned > 0) {
         out << " (and " << s.faults_unplanned << " unplanned)";

@@ -288,7 +288,7 @@ inline run_outcome run_one(const options& o, topology_kind kind, std::uint64_t s
 
     const std::string prefix = names_prefix(shape);
     std::vector<std::string> names;
-    static constexpr const char* kinds[] = {"mx", "rec", "rw"};
+    static constexpr const char* kinds[] = {"mx", "rec", "rw", "sem"};
     for (std::size_t i = 0; i < p.names.size(); ++i) {
         names.push_back(prefix + ":" + kinds[static_cast<int>(p.names[i])] + ":" +
                         std::to_string(i));

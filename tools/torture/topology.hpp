@@ -157,7 +157,8 @@ public:
         return rec;
     }
 
-    /// Every key of the run left on the masters but fencing counters: "key (type, pttl)".
+    /// Every key of the run left on the masters but fencing counters and semaphores' counts of
+    /// permits (configuration, kept without expiry): "key (type, pttl)".
     std::vector<std::string> leftovers(const std::string& prefix) {
         std::vector<std::string> found;
         for (const int port : masters()) {
@@ -173,7 +174,9 @@ public:
                 cursor = r.elements.front();
                 for (std::size_t i = 1; i < r.elements.size(); ++i) {
                     const std::string& key = r.elements[i];
-                    if (key.size() > 7 && key.ends_with("}:fence") && key.front() == '{') {
+                    if (key.size() > 7 && key.front() == '{' &&
+                        (key.ends_with("}:fence") ||
+                         (key.ends_with("}:permits") && key.find(":sem:") != std::string::npos))) {
                         continue;
                     }
                     const node_reply type = ask(port, {"TYPE", key});

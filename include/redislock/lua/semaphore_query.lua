@@ -1,7 +1,10 @@
--- How many permits of a counting semaphore are free now: available_permits(). Reads only.
+-- How many permits of a counting semaphore are free now, and whether one is still held:
+-- available_permits() and verify(). Reads only.
 -- KEYS[1]  the holders (see semaphore_acquire.lua)
 -- KEYS[2]  the count of permits
--- Returns  {count of permits, or -1 when none is stored yet; live holders}
+-- ARGV[1]  (optional) a permit id
+-- Returns  {count of permits, or -1 when none is stored yet; live holders; 1 when ARGV[1] names
+--          a live permit, else 0}
 -- Errors   WRONGTYPE when a key holds another type.
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'none' and kind ~= 'zset' then
@@ -13,4 +16,6 @@ if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stor
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-return {tonumber(stored) or -1, redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')}
+local mine = ARGV[1] and tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+return {tonumber(stored) or -1, redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'),
+        (mine and mine > now) and 1 or 0}
