@@ -23,16 +23,17 @@ inline constexpr const char* usage_text =
                          [--help]
 
 A seeded schedule explorer for redislock: P worker processes x T threads run a plan of lock
-operations drawn from the seed (every lock kind and the semaphore; several objects per owner with different
-leases, re-entry, extend, verify, try_lock_for with random deadlines, stop requests, watchdog
-and fencing on and off, fork(), a client destroyed while its lock lives) against a topology the
-tool starts itself, while it injects the faults of that topology (slot migrations with and
-without REPLACE, graceful and forced failovers, kill -9 and restart, SIGSTOP, CLIENT KILL,
-CLIENT PAUSE, DEBUG SLEEP, OOM, eviction of queue keys, a stalled or slow network path through a
-proxy, packets to a server dropped, kill -9 of a waiting process). From outside Redis it checks:
-no two holders at once, fencing tokens that strictly increase, timed calls that return by their
-deadline + 50 ms, waiters that get a free lock in time, no error without a fault that allows it,
-nothing left in Redis but fencing counters, no leaked descriptor or thread.
+operations drawn from the seed (every lock kind and semaphores; several objects per owner with
+different leases, re-entry, extend, verify, try_lock_for with random deadlines, stop requests,
+watchdog and fencing on and off, fork(), a client destroyed while its lock lives) against a
+topology the tool starts itself, while it injects the faults of that topology (slot migrations
+with and without REPLACE, graceful and forced failovers, kill -9 and restart, SIGSTOP, CLIENT
+KILL, CLIENT PAUSE, DEBUG SLEEP, OOM, eviction of queue keys, a stalled or slow network path
+through a proxy, packets to a server dropped, kill -9 of a waiting process). From outside Redis
+it checks: no two holders at once (no more than its 2 permits for a semaphore), fencing tokens
+that strictly increase, timed calls that return by their deadline + 50 ms, waiters that get a
+free lock in time, no error without a fault that allows it, nothing left in Redis but fencing
+counters and semaphores' counts, no leaked descriptor or thread.
 
   --topology T    single (one server, default), sentinel (a master, two replicas, three
                   sentinels), cluster (three masters with a replica each), redlock (five
