@@ -58,6 +58,9 @@ TEST(Semaphore, NoMoreObjectsHoldAPermitThanThereArePermits) {
     EXPECT_FALSE(c.try_acquire());
     EXPECT_FALSE(c.try_acquire_for(100ms));
     EXPECT_EQ(srv.cli({"ZCARD", "exports"}), "2");
+    EXPECT_NE(srv.cli({"ZSCORE", "exports", a.permit_id()}), "") << "each permit has its own id";
+    EXPECT_NE(a.permit_id(), b.permit_id());
+    EXPECT_EQ(c.permit_id(), "");
     EXPECT_EQ(srv.cli({"GET", "{exports}:permits"}), "2");
     EXPECT_TRUE(a.owned());
     EXPECT_GT(a.remaining(), 4s);

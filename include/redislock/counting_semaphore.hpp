@@ -160,6 +160,14 @@ public:
         return ours;
     }
 
+    /// The id of the permit held now (its member in the holders' sorted set, as
+    /// redislock-inspect lists it); empty when none is held.
+    /// @throws redislock::invalid_argument on a moved-from object.
+    std::string permit_id() const {
+        std::optional<detail::token> token = held_token();
+        return token ? token->str() : std::string{};
+    }
+
     /// Local, conservative estimate of how long the permit stays ours (as
     /// basic_mutex::remaining()); zero when none is held or it is known lost.
     std::chrono::milliseconds remaining() const { return handle::held_remaining(); }
