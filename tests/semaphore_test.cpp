@@ -18,6 +18,7 @@
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -399,6 +400,86 @@ TEST(Semaphore, AToldWaiterThatLeavesTellsTheNextOne) {
     EXPECT_EQ(srv.cli({"ZSCORE", "{turns}:queue", "wB"}), "");
     const long long c_lapses = std::stoll(srv.cli({"ZSCORE", "{turns}:waiting", "wC"}));
     EXPECT_LE(c_lapses, now + 10'000) << "C was told: its entry lapses with the grace now";
+}
+
+// Two waiters told they may take the two free permits never come: their standby, the third,
+// takes one when their places lapse, and the fourth is told of the other at once, not when a
+// lease ends.
+TEST(Semaphore, AGrantLeavingPermitsFreeTellsTheNextWaiters) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    namespace scripts = redislock::detail::scripts;
+    const long long now = std::stoll(srv.cli(
+        {"EVAL", "local t = redis.call('TIME') return t[1] * 1000 + math.floor(t[2] / 1000)",
+         "0"}));
+    srv.cli({"SET", "{gone}:permits", "2"});
+    for (const auto& [id, ticket, lapse] : {std::tuple{"w1", "1", now - 1},
+                                            {"w2", "2", now - 1},
+                                            {"w3", "3", now + 60'000},
+                                            {"w4", "4", now + 60'000}}) {
+        srv.cli({"ZADD", "{gone}:queue", ticket, id});
+        srv.cli({"ZADD", "{gone}:waiting", std::to_string(lapse), id});
+    }
+    const reply r = redislock::detail::run_script(
+        client.connection(), scripts::semaphore_acquire,
+        std::array<std::string_view, 4>{"gone", "{gone}:queue", "{gone}:waiting", "{gone}:permits"},
+        std::array<std::string_view, 8>{"p3", "5000", "0", "w3", "2000", "{gone}:released", "100",
+                                        "2"},
+        {}, nullptr);
+    ASSERT_TRUE(r.is_array()) << r.text();
+    EXPECT_EQ(r.elements()[0], reply::integer(1)) << "the standby takes a permit";
+    const long long w4_lapses = std::stoll(srv.cli({"ZSCORE", "{gone}:waiting", "w4"}));
+    EXPECT_LE(w4_lapses, now + 10'000) << "w4 was told of the permit still free";
+}
+
+// A count that is not a whole number (written by another program) makes a leaving waiter
+// assume its object's count: it never writes and then fails.
+TEST(Semaphore, AWaiterLeavesWhateverTheStoredCountHolds) {
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    namespace scripts = redislock::detail::scripts;
+    srv.cli({"SET", "{odd}:permits", "3.5"});
+    srv.cli({"ZADD", "{odd}:queue", "1", "wX", "2", "wY"});
+    srv.cli({"ZADD", "{odd}:waiting", "99999999999999", "wX", "99999999999999", "wY"});
+    const reply r = redislock::detail::run_script(
+        client.connection(), scripts::queue_leave,
+        std::array<std::string_view, 4>{"odd", "{odd}:queue", "{odd}:waiting", "{odd}:permits"},
+        std::array<std::string_view, 5>{"wX", "{odd}:released", "100", "s", "2"}, {}, nullptr);
+    EXPECT_FALSE(r.is_error()) << r.text();
+    EXPECT_EQ(srv.cli({"ZSCORE", "{odd}:queue", "wX"}), "");
+}
+
+// A child forked while another thread of its parent waits in acquire() on an object may use its
+// copy of that object: the parent's call is not the child's.
+TEST(Semaphore, AChildForkedDuringAnAcquireMayAcquireThroughItsCopy) {
+#if defined(__SANITIZE_THREAD__)
+    GTEST_SKIP() << "ThreadSanitizer cannot follow a child forked from a multi-threaded process";
+#endif
+    redis_server srv;
+    redislock::client client{srv.uri()};
+    auto holder = client.semaphore("forked", {.permits = 1, .lease = 10s});
+    ASSERT_TRUE(holder.try_acquire());
+    auto waiting = client.semaphore("forked", {.permits = 1, .lease = 10s});
+    std::thread waiter{[&] { (void)waiting.try_acquire_for(3s); }};
+    ASSERT_TRUE(eventually([&] { return srv.cli({"ZCARD", "{forked}:queue"}) == "1"; }));
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        int code = 1;
+        try {
+            code = waiting.try_acquire() ? 2 : 0;  // the one permit is held: false, no throw
+        } catch (...) {
+            code = 3;
+        }
+        ::_exit(code);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "3: the child's acquire threw";
+    holder.release();
+    waiter.join();
+    waiting.release();
 }
 
 // Outside check: processes x threads take permits (2 of them) through kill -9 of a holder,

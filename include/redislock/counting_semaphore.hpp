@@ -287,7 +287,7 @@ private:
         checked();
         {
             std::lock_guard guard{state_->mutex};
-            if (state_->held || state_->acquiring) {
+            if (state_->held || state_->acquiring_here()) {
                 throw std::system_error{
                     std::make_error_code(std::errc::resource_deadlock_would_occur),
                     "redislock: acquire() of '" + state_->name + "' by an object that " +
@@ -295,6 +295,7 @@ private:
                         " a permit (k permits are k objects)"};
             }
             state_->acquiring = true;
+            state_->acquiring_generation = detail::current_fork_generation();
         }
         // One call at a time per object: another thread's would take a second permit.
         struct acquiring_ends {

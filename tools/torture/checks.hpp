@@ -401,10 +401,20 @@ private:
             if (p_.names[static_cast<std::size_t>(b.name)] == lock_type::semaphore) {
                 // Up to semaphore_permits holders at once; each thread holds one permit at most.
                 std::vector<const hold_span*> others;
+                int excused = 0;
                 for (const auto& a : list) {
-                    if (a.actor != b.actor && write_loss_between(a, b) == nullptr) {
-                        others.push_back(&a);
+                    if (a.actor == b.actor) {
+                        continue;
                     }
+                    if (write_loss_between(a, b) == nullptr) {
+                        others.push_back(&a);
+                    } else {
+                        ++excused;
+                    }
+                }
+                if (static_cast<int>(others.size()) < semaphore_permits &&
+                    static_cast<int>(others.size()) + excused >= semaphore_permits) {
+                    ++out_.excused["exclusion"];
                 }
                 if (static_cast<int>(others.size()) >= semaphore_permits) {
                     const hold_span& a = *others.front();

@@ -31,7 +31,8 @@ if ARGV[4] == 's' then
         return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a semaphore')
     end
     local stored = redis.pcall('GET', KEYS[4])
-    stored = type(stored) == 'string' and #stored <= 13 and tonumber(stored)
+    stored = type(stored) == 'string' and #stored <= 13 and string.match(stored, '^%d+$') and
+                 tonumber(stored)
     local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
     if not queue_leave(queue, lapses, ARGV[1]) or not queue_prune(queue, lapses, now, ARGV[2]) then
         return 0

@@ -68,6 +68,19 @@ local free = count - live
 if queued and free > 0 then
     queued = queue_prune(queue, lapses, now, channel)
 end
+-- Tells the first k waiters (at most 64) they may go, when one of them was not told since a
+-- permit came free (its entry lapses later than the grace): one told waiter that did not come
+-- makes way for the next only through its standby, so a grant or an attempt that finds permits
+-- free for those ahead of it tells them again.
+local function tell_first(k)
+    local run = redis.call('ZRANGE', queue, 0, math.min(k, 64) - 1)
+    for _, ahead in ipairs(run) do
+        if (tonumber(redis.call('ZSCORE', lapses, ahead)) or now) > now + grace then
+            queue_notify(queue, lapses, channel, run, now, grace)
+            return
+        end
+    end
+end
 -- The queue lets this waiter go when it stands among the first `free` entries, or, not in it,
 -- when fewer than `free` wait.
 local allowed = resent or (free > 0 and (not queued or
@@ -90,23 +103,17 @@ if allowed then
     if redis.call('PTTL', holders) < lease then
         redis.call('PEXPIRE', holders, lease)
     end
-    if queued then
-        queue_leave(queue, lapses, id)
+    local left = resent and free or free - 1
+    if queued and queue_leave(queue, lapses, id) and left > 0 then
+        tell_first(left)
     end
     return {1, fence, count}
 end
--- Not this waiter's turn. Permits free for waiters ahead of it: those are told when one of them
--- was not yet (its entry lapses later than the grace: not told since a permit came free), and
--- this one waits for their grace at most. Else the wait is until the first lease ends.
+-- Not this waiter's turn. Permits free for waiters ahead of it: those are told (tell_first),
+-- and this one waits for their grace at most. Else the wait is until the first lease ends.
 local wait
 if free > 0 and queued then
-    local run = redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1)
-    for _, ahead in ipairs(run) do
-        if (tonumber(redis.call('ZSCORE', lapses, ahead)) or now) > now + grace then
-            queue_notify(queue, lapses, channel, run, now, grace)
-            break
-        end
-    end
+    tell_first(free)
     wait = grace
 else
     local first = redis.call('ZRANGEBYSCORE', holders, '(' .. now, '+inf', 'WITHSCORES',

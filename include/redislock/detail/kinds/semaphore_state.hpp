@@ -96,7 +96,14 @@ struct semaphore_state : mutex_state<C> {
     std::int64_t permits;     // semaphore_options::permits
     decimal permits_text;
     std::atomic<bool> differ_told{false};  // permits_differ told by this object
-    bool acquiring = false;                // an acquire call is under way (guarded by the mutex)
+    // An acquire call under way, and in which fork generation (guarded by the mutex): a child
+    // forked meanwhile has no such call, whatever its copy of the flag says.
+    bool acquiring = false;
+    std::uint64_t acquiring_generation = 0;
+
+    bool acquiring_here() const {
+        return acquiring && acquiring_generation == current_fork_generation();
+    }
 };
 
 }  // namespace redislock::detail

@@ -1000,7 +1000,8 @@ if ARGV[4] == 's' then
         return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a semaphore')
     end
     local stored = redis.pcall('GET', KEYS[4])
-    stored = type(stored) == 'string' and #stored <= 13 and tonumber(stored)
+    stored = type(stored) == 'string' and #stored <= 13 and string.match(stored, '^%d+$') and
+                 tonumber(stored)
     local live = redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
     if not queue_leave(queue, lapses, ARGV[1]) or not queue_prune(queue, lapses, now, ARGV[2]) then
         return 0
@@ -1067,7 +1068,7 @@ end
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 1
 )lua",
-    "26a8d4af5c5e0418a0ceb047705860931dd9b182"};
+    "0ba08e531b4d41f142e3dc086712395616f68363"};
 
 inline constexpr script recursive_acquire{
     "recursive_acquire",
@@ -2338,6 +2339,19 @@ local free = count - live
 if queued and free > 0 then
     queued = queue_prune(queue, lapses, now, channel)
 end
+-- Tells the first k waiters (at most 64) they may go, when one of them was not told since a
+-- permit came free (its entry lapses later than the grace): one told waiter that did not come
+-- makes way for the next only through its standby, so a grant or an attempt that finds permits
+-- free for those ahead of it tells them again.
+local function tell_first(k)
+    local run = redis.call('ZRANGE', queue, 0, math.min(k, 64) - 1)
+    for _, ahead in ipairs(run) do
+        if (tonumber(redis.call('ZSCORE', lapses, ahead)) or now) > now + grace then
+            queue_notify(queue, lapses, channel, run, now, grace)
+            return
+        end
+    end
+end
 -- The queue lets this waiter go when it stands among the first `free` entries, or, not in it,
 -- when fewer than `free` wait.
 local allowed = resent or (free > 0 and (not queued or
@@ -2360,23 +2374,17 @@ if allowed then
     if redis.call('PTTL', holders) < lease then
         redis.call('PEXPIRE', holders, lease)
     end
-    if queued then
-        queue_leave(queue, lapses, id)
+    local left = resent and free or free - 1
+    if queued and queue_leave(queue, lapses, id) and left > 0 then
+        tell_first(left)
     end
     return {1, fence, count}
 end
--- Not this waiter's turn. Permits free for waiters ahead of it: those are told when one of them
--- was not yet (its entry lapses later than the grace: not told since a permit came free), and
--- this one waits for their grace at most. Else the wait is until the first lease ends.
+-- Not this waiter's turn. Permits free for waiters ahead of it: those are told (tell_first),
+-- and this one waits for their grace at most. Else the wait is until the first lease ends.
 local wait
 if free > 0 and queued then
-    local run = redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1)
-    for _, ahead in ipairs(run) do
-        if (tonumber(redis.call('ZSCORE', lapses, ahead)) or now) > now + grace then
-            queue_notify(queue, lapses, channel, run, now, grace)
-            break
-        end
-    end
+    tell_first(free)
     wait = grace
 else
     local first = redis.call('ZRANGEBYSCORE', holders, '(' .. now, '+inf', 'WITHSCORES',
@@ -2390,7 +2398,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait, count}
 )lua",
-    "34f84bd79dbaba679342d79ad7b0dd46ca159edb"};
+    "2818dcc137cb3b1a5120a1ef590ef0934cc0d0c8"};
 
 inline constexpr script semaphore_extend{
     "semaphore_extend",
