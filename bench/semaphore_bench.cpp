@@ -33,7 +33,9 @@
 
 namespace {
 
-redislock::semaphore_options bench_options() { return {.permits = 2}; }
+redislock::semaphore_options bench_options() {
+    return {.permits = 2};
+}
 
 // An uncontended acquisition and its release sent by hand: the library's semaphore_acquire and
 // semaphore_release with the arguments it sends for acquire() + release() when no one waits.
@@ -51,8 +53,8 @@ auto own_scripts(redislock::bench::raw_baseline& raw) {
                 a.lease,   "0", "w", "0",    a.channel, a.grace,  "2"};
         },
         [](std::string_view sha, const lock& a, std::string_view id) {
-            return std::array<std::string_view, 10>{"EVALSHA",  sha, "4",       a.name, a.queue,
-                                                    a.lapses, a.permits, id, a.channel, a.grace};
+            return std::array<std::string_view, 10>{"EVALSHA", sha,       "4", a.name,    a.queue,
+                                                    a.lapses,  a.permits, id,  a.channel, a.grace};
         }};
 }
 
