@@ -244,7 +244,7 @@ summary_notes+=("gcc11: builds, runs no tests")
 threaded_and_fault_tests=(
     mutex_test recursive_mutex_test shared_mutex_test safety_test fault_exclusion_test
     fault_matrix_test fault_proxy_test faulty_connection_test watchdog_test waiting_test
-    events_test hiredis_test client_test reconnect_relay_test internals_test
+    events_test hiredis_test client_test reconnect_relay_test internals_test semaphore_test
 )
 joined() {
     local IFS=$1

@@ -347,6 +347,50 @@ private:
                 out.push_back(h);
             }
         }
+        // A forked child dies with its parent (PR_SET_PDEATHSIG): one that had acquired when
+        // its process was killed logged no hold, and published none for the kill to find. Its
+        // lock lives until its lease runs out.
+        std::uint32_t orphan = 0;
+        for (const auto& e : d_.entries) {
+            if (e.type != record_type::call || (e.flags & flag_fork_child) == 0 ||
+                e.op != static_cast<std::uint8_t>(call_op::acquire) ||
+                e.result != static_cast<std::uint8_t>(outcome::acquired)) {
+                continue;
+            }
+            const auto logged = std::find_if(out.begin(), out.end(), [&](const hold_span& h) {
+                return h.process == e.process && h.thread == e.thread && h.episode == e.episode &&
+                       h.name == e.name && (h.flags & flag_fork_child) != 0;
+            });
+            if (logged != out.end()) {
+                continue;
+            }
+            const kill_event* first = nullptr;  // the process's first kill after the grant
+            for (const auto& k : d_.kills) {
+                if (k.process == e.process && k.at >= e.t2 && (!first || k.at < first->at)) {
+                    first = &k;
+                }
+            }
+            if (first != nullptr) {
+                const kill_event& k = *first;
+                hold_span h;
+                h.name = e.name;
+                h.process = e.process;
+                h.thread = e.thread;
+                h.flags = e.flags;
+                h.lease_ms = e.lease_ms;
+                h.client = e.client;
+                h.actor = 0xf0000000u + orphan++;  // no worker thread's
+                h.episode = e.episode;
+                h.call_start = e.t1;
+                h.acquired = e.t2;
+                h.last_owned = e.t2;
+                h.let_go = k.at;
+                h.free = k.at + std::int64_t{e.lease_ms} * ms;
+                h.killed = true;
+                h.min_replicas = e.min_replicas;
+                out.push_back(h);
+            }
+        }
         return out;
     }
 
