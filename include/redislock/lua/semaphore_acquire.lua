@@ -40,13 +40,11 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
-local kind = redis.call('TYPE', holders).ok
-if kind ~= 'none' and kind ~= 'zset' then
-    return redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
-end
-local stored = redis.pcall('GET', permits)
-if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
-    return redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
+--#include _semaphore.lua
+local stored
+stored, refused = semaphore_read(holders, permits)
+if refused then
+    return refused
 end
 local last = ARGV[3] == '1' and redis.call('GET', KEYS[5])
 -- At most 2^53 - 1: above it a token would not grow by one.
@@ -54,7 +52,7 @@ if last and (#last > 16 or not string.match(last, '^%d+$') or
     tonumber(last) > 9007199254740990) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[5] .. ' is not a fencing counter')
 end
-local count = tonumber(stored) or wanted
+local count = stored or wanted
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local lease = tonumber(ARGV[2])

@@ -6,16 +6,13 @@
 -- Returns  {count of permits, or -1 when none is stored yet; live holders; 1 when ARGV[1] names
 --          a live permit, else 0}
 -- Errors   WRONGTYPE when a key holds another type.
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'none' and kind ~= 'zset' then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a semaphore')
-end
-local stored = redis.pcall('GET', KEYS[2])
-if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a count of permits')
+--#include _semaphore.lua
+local stored, refused = semaphore_read(KEYS[1], KEYS[2])
+if refused then
+    return refused
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local mine = ARGV[1] and tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
-return {tonumber(stored) or -1, redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'),
+return {stored or -1, redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'),
         (mine and mine > now) and 1 or 0}

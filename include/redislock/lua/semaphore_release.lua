@@ -18,13 +18,11 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
-local kind = redis.call('TYPE', holders).ok
-if kind ~= 'none' and kind ~= 'zset' then
-    return redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
-end
-local stored = redis.pcall('GET', permits)
-if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
-    return redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
+--#include _semaphore.lua
+local stored
+stored, refused = semaphore_read(holders, permits)
+if refused then
+    return refused
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -42,7 +40,7 @@ live = live - 1
 if redis.call('EXISTS', queue) == 0 or not queue_prune(queue, lapses, now, ARGV[2]) then
     return 1
 end
-local free = (tonumber(stored) or tonumber(ARGV[4]) or 1) - live
+local free = (stored or tonumber(ARGV[4]) or 1) - live
 if free < 1 then
     return 1
 end

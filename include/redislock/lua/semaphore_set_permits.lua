@@ -21,13 +21,11 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
-local kind = redis.call('TYPE', holders).ok
-if kind ~= 'none' and kind ~= 'zset' then
-    return redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
-end
-local stored = redis.pcall('GET', permits)
-if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
-    return redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
+--#include _semaphore.lua
+local stored
+stored, refused = semaphore_read(holders, permits)
+if refused then
+    return refused
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -37,4 +35,4 @@ if free > 0 and redis.call('EXISTS', queue) == 1 and queue_prune(queue, lapses, 
     queue_notify(queue, lapses, ARGV[2], redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1),
                  now, tonumber(ARGV[3]))
 end
-return tonumber(stored) or -1
+return stored or -1

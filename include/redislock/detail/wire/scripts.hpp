@@ -2311,13 +2311,26 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
-local kind = redis.call('TYPE', holders).ok
-if kind ~= 'none' and kind ~= 'zset' then
-    return redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
+-- What every semaphore script reads first (see semaphore_acquire.lua): the holders, a sorted set
+-- or nothing, and the count of permits, at most 13 digits or nothing. Reads only.
+-- Returns the stored count (false when none is stored) and nil; or nil and the error reply for
+-- a key of another type or a count that is not a whole number.
+local function semaphore_read(holders, permits)
+    local kind = redis.call('TYPE', holders).ok
+    if kind ~= 'none' and kind ~= 'zset' then
+        return nil,
+               redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
+    end
+    local stored = redis.pcall('GET', permits)
+    if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
+        return nil, redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
+    end
+    return stored and tonumber(stored), nil
 end
-local stored = redis.pcall('GET', permits)
-if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
-    return redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
+local stored
+stored, refused = semaphore_read(holders, permits)
+if refused then
+    return refused
 end
 local last = ARGV[3] == '1' and redis.call('GET', KEYS[5])
 -- At most 2^53 - 1: above it a token would not grow by one.
@@ -2325,7 +2338,7 @@ if last and (#last > 16 or not string.match(last, '^%d+$') or
     tonumber(last) > 9007199254740990) then
     return redis.error_reply('WRONGTYPE ' .. KEYS[5] .. ' is not a fencing counter')
 end
-local count = tonumber(stored) or wanted
+local count = stored or wanted
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local lease = tonumber(ARGV[2])
@@ -2398,7 +2411,7 @@ if ARGV[5] ~= '0' then
 end
 return {0, wait, count}
 )lua",
-    "2818dcc137cb3b1a5120a1ef590ef0934cc0d0c8"};
+    "6fc278f53d4d09a12dabb42eeb551b3df2aec88a"};
 
 inline constexpr script semaphore_extend{
     "semaphore_extend",
@@ -2434,21 +2447,33 @@ inline constexpr script semaphore_query{
 -- Returns  {count of permits, or -1 when none is stored yet; live holders; 1 when ARGV[1] names
 --          a live permit, else 0}
 -- Errors   WRONGTYPE when a key holds another type.
-local kind = redis.call('TYPE', KEYS[1]).ok
-if kind ~= 'none' and kind ~= 'zset' then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' holds a key that is not a semaphore')
+-- What every semaphore script reads first (see semaphore_acquire.lua): the holders, a sorted set
+-- or nothing, and the count of permits, at most 13 digits or nothing. Reads only.
+-- Returns the stored count (false when none is stored) and nil; or nil and the error reply for
+-- a key of another type or a count that is not a whole number.
+local function semaphore_read(holders, permits)
+    local kind = redis.call('TYPE', holders).ok
+    if kind ~= 'none' and kind ~= 'zset' then
+        return nil,
+               redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
+    end
+    local stored = redis.pcall('GET', permits)
+    if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
+        return nil, redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
+    end
+    return stored and tonumber(stored), nil
 end
-local stored = redis.pcall('GET', KEYS[2])
-if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[2] .. ' is not a count of permits')
+local stored, refused = semaphore_read(KEYS[1], KEYS[2])
+if refused then
+    return refused
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local mine = ARGV[1] and tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
-return {tonumber(stored) or -1, redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'),
+return {stored or -1, redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'),
         (mine and mine > now) and 1 or 0}
 )lua",
-    "f615eda8d14ae3dc36e820bb5e037695664fb168"};
+    "9e44f9eac71eda4cf8ca25ed910fa6b9e4dce672"};
 
 inline constexpr script semaphore_release{
     "semaphore_release",
@@ -2718,13 +2743,26 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
-local kind = redis.call('TYPE', holders).ok
-if kind ~= 'none' and kind ~= 'zset' then
-    return redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
+-- What every semaphore script reads first (see semaphore_acquire.lua): the holders, a sorted set
+-- or nothing, and the count of permits, at most 13 digits or nothing. Reads only.
+-- Returns the stored count (false when none is stored) and nil; or nil and the error reply for
+-- a key of another type or a count that is not a whole number.
+local function semaphore_read(holders, permits)
+    local kind = redis.call('TYPE', holders).ok
+    if kind ~= 'none' and kind ~= 'zset' then
+        return nil,
+               redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
+    end
+    local stored = redis.pcall('GET', permits)
+    if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
+        return nil, redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
+    end
+    return stored and tonumber(stored), nil
 end
-local stored = redis.pcall('GET', permits)
-if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
-    return redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
+local stored
+stored, refused = semaphore_read(holders, permits)
+if refused then
+    return refused
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -2742,7 +2780,7 @@ live = live - 1
 if redis.call('EXISTS', queue) == 0 or not queue_prune(queue, lapses, now, ARGV[2]) then
     return 1
 end
-local free = (tonumber(stored) or tonumber(ARGV[4]) or 1) - live
+local free = (stored or tonumber(ARGV[4]) or 1) - live
 if free < 1 then
     return 1
 end
@@ -2750,7 +2788,7 @@ local run = redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1)
 queue_notify(queue, lapses, ARGV[2], run, now, tonumber(ARGV[3]))
 return 2
 )lua",
-    "3505d1643e8cbd6563db07c19070337d3b83bead"};
+    "fd6d0b7ae3baf718c85d7e4a47199c9b520299dd"};
 
 inline constexpr script semaphore_set_permits{
     "semaphore_set_permits",
@@ -3023,13 +3061,26 @@ local refused = queue_check(queue, lapses)
 if refused then
     return refused
 end
-local kind = redis.call('TYPE', holders).ok
-if kind ~= 'none' and kind ~= 'zset' then
-    return redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
+-- What every semaphore script reads first (see semaphore_acquire.lua): the holders, a sorted set
+-- or nothing, and the count of permits, at most 13 digits or nothing. Reads only.
+-- Returns the stored count (false when none is stored) and nil; or nil and the error reply for
+-- a key of another type or a count that is not a whole number.
+local function semaphore_read(holders, permits)
+    local kind = redis.call('TYPE', holders).ok
+    if kind ~= 'none' and kind ~= 'zset' then
+        return nil,
+               redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
+    end
+    local stored = redis.pcall('GET', permits)
+    if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
+        return nil, redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
+    end
+    return stored and tonumber(stored), nil
 end
-local stored = redis.pcall('GET', permits)
-if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
-    return redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
+local stored
+stored, refused = semaphore_read(holders, permits)
+if refused then
+    return refused
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
@@ -3039,9 +3090,9 @@ if free > 0 and redis.call('EXISTS', queue) == 1 and queue_prune(queue, lapses, 
     queue_notify(queue, lapses, ARGV[2], redis.call('ZRANGE', queue, 0, math.min(free, 64) - 1),
                  now, tonumber(ARGV[3]))
 end
-return tonumber(stored) or -1
+return stored or -1
 )lua",
-    "c89191aa74a824e4722c051eeba0de80c2a2325c"};
+    "ce48c5164b61e99279678283cc88c21146f4e4c1"};
 
 inline constexpr script shared_acquire{
     "shared_acquire",
@@ -4274,6 +4325,25 @@ local function queue_check(q, w)
                                      ', not a waiting queue')
         end
     end
+end
+)lua";
+
+/// The shared piece _semaphore.lua, as scripts include it.
+inline constexpr std::string_view semaphore_piece = R"lua(-- What every semaphore script reads first (see semaphore_acquire.lua): the holders, a sorted set
+-- or nothing, and the count of permits, at most 13 digits or nothing. Reads only.
+-- Returns the stored count (false when none is stored) and nil; or nil and the error reply for
+-- a key of another type or a count that is not a whole number.
+local function semaphore_read(holders, permits)
+    local kind = redis.call('TYPE', holders).ok
+    if kind ~= 'none' and kind ~= 'zset' then
+        return nil,
+               redis.error_reply('WRONGTYPE ' .. holders .. ' holds a key that is not a semaphore')
+    end
+    local stored = redis.pcall('GET', permits)
+    if type(stored) == 'table' or (stored and (#stored > 13 or not string.match(stored, '^%d+$'))) then
+        return nil, redis.error_reply('WRONGTYPE ' .. permits .. ' is not a count of permits')
+    end
+    return stored and tonumber(stored), nil
 end
 )lua";
 
