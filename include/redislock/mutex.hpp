@@ -63,6 +63,7 @@
 #include <redislock/detail/blocking/lock_handle.hpp>
 #include <redislock/detail/blocking/mutex_release.hpp>
 #include <redislock/detail/blocking/timed_lockable.hpp>
+#include <redislock/detail/blocking/token_extend.hpp>
 #include <redislock/detail/engine/client_core.hpp>
 #include <redislock/detail/kinds/holder_query.hpp>
 #include <redislock/detail/kinds/lock_identity.hpp>
@@ -130,27 +131,8 @@ public:
         if (!token) {
             return false;
         }
-        const detail::decimal lease_text{lease.count()};
-        const auto sent = detail::steady::now();
-        const bool shortening = tracker().extend_sending(*token, sent, lease);
-        bool ours = false;
-        try {
-            const reply r = detail::run_script(*state_->conn, detail::scripts::mutex_extend,
-                                               std::array{std::string_view{state_->name}},
-                                               std::array{token->view(), lease_text.view()},
-                                               call_context{{}, state_->core->untimed_deadline()},
-                                               &state_->core->events);
-            ours = tracker().extend_replied(*token, r, sent, lease);
-        } catch (...) {
-            if (shortening) {
-                tracker().extend_returned(*token);
-            }
-            throw;
-        }
-        if (shortening) {
-            tracker().extend_returned(*token);
-        }
-        return ours;
+        return detail::extend_token(tracker(), *state_, detail::scripts::mutex_extend, *token,
+                                    lease);
     }
 
     /// Local, conservative estimate of how long the lock stays ours: the lease counted from when
